@@ -1,0 +1,163 @@
+//! What a container runtime reports about pods: the listing the PLEG diffs, and the status it
+//! inspects for pods that changed.
+
+use std::fmt;
+
+/// A pod's uid as the runtime knows it (from the sandbox metadata).
+pub type PodUid = String;
+
+/// A container's (or sandbox's) state in a listing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ContainerState {
+    /// Created but not started.
+    Created,
+    /// Running (for a sandbox: ready).
+    Running,
+    /// Exited (for a sandbox: not ready).
+    Exited,
+    /// The runtime does not know.
+    Unknown,
+}
+
+impl ContainerState {
+    /// Lower-case name, as used in metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ContainerState::Created => "created",
+            ContainerState::Running => "running",
+            ContainerState::Exited => "exited",
+            ContainerState::Unknown => "unknown",
+        }
+    }
+}
+
+/// One container or sandbox in a listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Container {
+    /// Runtime id.
+    pub id: String,
+    /// State at listing time.
+    pub state: ContainerState,
+}
+
+impl Container {
+    /// A container with this id and state.
+    pub fn new(id: impl Into<String>, state: ContainerState) -> Self {
+        Container {
+            id: id.into(),
+            state,
+        }
+    }
+}
+
+/// A pod as a runtime listing shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RuntimePod {
+    /// Pod uid.
+    pub uid: PodUid,
+    /// Pod name.
+    pub name: String,
+    /// Pod namespace.
+    pub namespace: String,
+    /// Application containers.
+    pub containers: Vec<Container>,
+    /// Sandboxes (a pod may have several when its sandbox was recreated).
+    pub sandboxes: Vec<Container>,
+}
+
+impl RuntimePod {
+    /// A pod with only a uid.
+    pub fn new(uid: impl Into<String>) -> Self {
+        RuntimePod {
+            uid: uid.into(),
+            ..Default::default()
+        }
+    }
+
+    /// Containers then sandboxes: the PLEG treats both alike.
+    pub fn all_containers(&self) -> impl Iterator<Item = &Container> {
+        self.containers.iter().chain(self.sandboxes.iter())
+    }
+
+    /// The state of a container or sandbox by id, if listed.
+    pub fn state_of(&self, id: &str) -> Option<ContainerState> {
+        self.all_containers().find(|c| c.id == id).map(|c| c.state)
+    }
+}
+
+/// A sandbox's readiness in a pod status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SandboxState {
+    /// The sandbox runs and its network is set up.
+    Ready,
+    /// Stopped: its network namespace is gone (or going).
+    NotReady,
+}
+
+/// One sandbox in an inspected status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxStatus {
+    /// Sandbox id.
+    pub id: String,
+    /// Ready or not.
+    pub state: SandboxState,
+    /// Addresses the runtime reports for it (empty once it stopped).
+    pub ips: Vec<String>,
+}
+
+/// One container in an inspected status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerStatus {
+    /// Container id.
+    pub id: String,
+    /// State.
+    pub state: ContainerState,
+}
+
+/// The inspected status of one pod.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PodStatus {
+    /// Pod uid.
+    pub uid: PodUid,
+    /// Pod name.
+    pub name: String,
+    /// Pod namespace.
+    pub namespace: String,
+    /// Pod IPs (all families), possibly preserved from an earlier status.
+    pub ips: Vec<String>,
+    /// Sandbox statuses, newest first as the runtime reports them.
+    pub sandbox_statuses: Vec<SandboxStatus>,
+    /// Container statuses.
+    pub container_statuses: Vec<ContainerStatus>,
+}
+
+impl PodStatus {
+    /// The empty status of a pod: what a cache miss returns.
+    pub fn empty(uid: &str) -> Self {
+        PodStatus {
+            uid: uid.to_owned(),
+            ..Default::default()
+        }
+    }
+}
+
+/// A runtime call that failed (listing or inspection). Cloneable so the cache can keep it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct SourceError {
+    message: String,
+}
+
+impl SourceError {
+    /// An error with this message.
+    pub fn new(message: impl Into<String>) -> Self {
+        SourceError {
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for SourceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}

@@ -1,0 +1,6 @@
+//! ipreclaim: reclaims leaked IP addresses from whereabouts-style IPAM pools.
+//!
+//! The binary's subcommands are wired in `main.rs`; the shared pod lifecycle core lives in
+//! the `podlife` crate.
+
+pub use podlife;
