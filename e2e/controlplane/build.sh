@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, kubectl, etcd, helm and crictl from their Go modules into a cache
+# Builds kube-apiserver, kubectl, etcd and helm from their Go modules into a cache
 # outside the work tree, and reuses what is already there. Prints the bin directory last.
 #   IPRECLAIM_CACHE  cache root (default ~/.cache/ipreclaim)
 set -euo pipefail
@@ -47,9 +47,12 @@ GO
   for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ld="$ld -X $p.gitVersion=$v -X $p.gitMajor=$major -X $p.gitMinor=$minor -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
   done
-  (cd "$dir" && go mod tidy -e >/dev/null 2>&1 || true
-   cd "$dir" && go build -trimpath -tags selinux,notest -ldflags "$ld" -o "$bin/kube-apiserver-$v" k8s.io/kubernetes/cmd/kube-apiserver
-   cd "$dir" && go build -trimpath -tags selinux,notest -ldflags "$ld" -o "$bin/kubectl-$v" k8s.io/kubernetes/cmd/kubectl)
+  (
+    cd "$dir"
+    go mod tidy -e >/dev/null 2>&1
+    go build -trimpath -tags selinux,notest -ldflags "$ld" -o "$bin/kube-apiserver-$v" k8s.io/kubernetes/cmd/kube-apiserver
+    go build -trimpath -tags selinux,notest -ldflags "$ld" -o "$bin/kubectl-$v" k8s.io/kubernetes/cmd/kubectl
+  )
 }
 
 build_etcd() {
@@ -72,8 +75,11 @@ package tools
 
 import _ "go.etcd.io/etcd/server/v3"
 GO
-  (cd "$dir" && go mod tidy -e >/dev/null 2>&1 || true
-   cd "$dir" && go build -trimpath -ldflags "-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=$v" -o "$bin/etcd-$v" go.etcd.io/etcd/server/v3)
+  (
+    cd "$dir"
+    go mod tidy -e >/dev/null 2>&1
+    go build -trimpath -ldflags "-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=$v" -o "$bin/etcd-$v" go.etcd.io/etcd/server/v3
+  )
 }
 
 build_plain() { # name module-path/cmd version
@@ -88,17 +94,15 @@ start=$(date +%s)
 what=${1:-all}
 case $what in
   all) build_etcd; build_kubernetes
-       build_plain helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION"
-       build_plain crictl sigs.k8s.io/cri-tools/cmd/crictl "$CRICTL_VERSION" ;;
+       build_plain helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" ;;
   kubernetes) build_kubernetes ;;
   etcd) build_etcd ;;
   helm) build_plain helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" ;;
-  crictl) build_plain crictl sigs.k8s.io/cri-tools/cmd/crictl "$CRICTL_VERSION" ;;
-  *) log "usage: $0 [all|kubernetes|etcd|helm|crictl]"; exit 2 ;;
+  *) log "usage: $0 [all|kubernetes|etcd|helm]"; exit 2 ;;
 esac
 # Unversioned links so tools find the pinned build.
-for n in kube-apiserver kubectl etcd helm crictl; do
-  v_var=$(case $n in kube-apiserver|kubectl) echo "$KUBERNETES_VERSION";; etcd) echo "$ETCD_VERSION";; helm) echo "$HELM_VERSION";; crictl) echo "$CRICTL_VERSION";; esac)
+for n in kube-apiserver kubectl etcd helm; do
+  v_var=$(case $n in kube-apiserver|kubectl) echo "$KUBERNETES_VERSION";; etcd) echo "$ETCD_VERSION";; helm) echo "$HELM_VERSION";; esac)
   [[ -x "$bin/$n-$v_var" ]] && ln -sf "$n-$v_var" "$bin/$n"
 done
 log "setup took $(( $(date +%s) - start ))s"

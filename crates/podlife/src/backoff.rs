@@ -111,7 +111,11 @@ mod tests {
     #[test]
     fn doubles_up_to_max_and_expires() {
         let clock = FakeClock::new();
-        let b = Backoff::new(Duration::from_secs(1), Duration::from_secs(4), clock.clone());
+        let b = Backoff::new(
+            Duration::from_secs(1),
+            Duration::from_secs(4),
+            clock.clone(),
+        );
         let k = "img".to_string();
         let mut seen = vec![];
         for _ in 0..4 {
@@ -120,16 +124,27 @@ mod tests {
         }
         assert_eq!(seen, [1, 2, 4, 4]);
         clock.step(Duration::from_secs(9));
-        assert!(!b.is_in_backoff_since(&k, clock.now()), "expired after 2 x max");
+        assert!(
+            !b.is_in_backoff_since(&k, clock.now()),
+            "expired after 2 x max"
+        );
         b.next(&k, clock.now(), Some("boom".into()));
-        assert_eq!(b.get(&k), Duration::from_secs(1), "restarts at initial once expired");
+        assert_eq!(
+            b.get(&k),
+            Duration::from_secs(1),
+            "restarts at initial once expired"
+        );
         assert_eq!(b.last_error(&k).as_deref(), Some("boom"));
     }
 
     #[test]
     fn gc_removes_only_stale_entries() {
         let clock = FakeClock::new();
-        let b = Backoff::new(Duration::from_secs(1), Duration::from_secs(10), clock.clone());
+        let b = Backoff::new(
+            Duration::from_secs(1),
+            Duration::from_secs(10),
+            clock.clone(),
+        );
         b.next(&"old".to_string(), clock.now(), None);
         clock.step(Duration::from_secs(15));
         b.next(&"new".to_string(), clock.now(), None);

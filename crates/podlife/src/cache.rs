@@ -98,11 +98,17 @@ impl PodStatusCache {
         self.len() == 0
     }
 
-    fn get_if_newer_than(&self, uid: &str, min: Instant) -> Option<(PodStatus, Option<SourceError>)> {
+    fn get_if_newer_than(
+        &self,
+        uid: &str,
+        min: Instant,
+    ) -> Option<(PodStatus, Option<SourceError>)> {
         let inner = self.lock();
         let global_newer = inner.timestamp.is_some_and(|t| t > min);
         match inner.pods.get(uid) {
-            Some(e) if e.modified > min || global_newer => Some((e.status.clone(), e.error.clone())),
+            Some(e) if e.modified > min || global_newer => {
+                Some((e.status.clone(), e.error.clone()))
+            }
             None if global_newer => Some((PodStatus::empty(uid), None)),
             _ => None,
         }
@@ -110,7 +116,11 @@ impl PodStatusCache {
 
     /// Waits until the pod's entry, or the global timestamp, is newer than `min`, and returns
     /// the status then cached (an empty status when the pod is unknown).
-    pub async fn get_newer_than(&self, uid: &str, min: Instant) -> (PodStatus, Option<SourceError>) {
+    pub async fn get_newer_than(
+        &self,
+        uid: &str,
+        min: Instant,
+    ) -> (PodStatus, Option<SourceError>) {
         let mut rx = self.changed.subscribe();
         loop {
             rx.borrow_and_update();
@@ -126,7 +136,11 @@ impl PodStatusCache {
 /// The kubelet's IP preservation: a torn-down sandbox reports no IP, but the addresses a dead
 /// pod had must stay visible. Returns the IPs to cache for `new`, given the previously cached
 /// status and error of the same pod.
-pub fn preserve_ips(old: &PodStatus, old_error: Option<&SourceError>, new: &PodStatus) -> Vec<String> {
+pub fn preserve_ips(
+    old: &PodStatus,
+    old_error: Option<&SourceError>,
+    new: &PodStatus,
+) -> Vec<String> {
     if !new.ips.is_empty() || old_error.is_some() || old.ips.is_empty() {
         return new.ips.clone();
     }
@@ -183,9 +197,9 @@ mod tests {
         let s = Duration::from_secs;
         // (cache time, pod modified, request, returns without waiting)
         let cases = [
-            (t, t, t - s(1), true),               // both newer
-            (t, t - s(2), t - s(1), true),        // global newer
-            (t - s(2), t, t - s(1), true),        // pod newer
+            (t, t, t - s(1), true),                // both newer
+            (t, t - s(2), t - s(1), true),         // global newer
+            (t - s(2), t, t - s(1), true),         // pod newer
             (t - s(2), t - s(2), t - s(1), false), // both older
         ];
         for (i, (cache_time, modified, request, ready)) in cases.into_iter().enumerate() {
@@ -274,10 +288,17 @@ mod tests {
         };
         let mut dead = status("p");
         dead.sandbox_statuses = vec![sandbox(SandboxState::NotReady)];
-        assert_eq!(preserve_ips(&old, None, &dead), old.ips, "dead sandbox keeps all old IPs");
+        assert_eq!(
+            preserve_ips(&old, None, &dead),
+            old.ips,
+            "dead sandbox keeps all old IPs"
+        );
         let mut ready = status("p");
         ready.sandbox_statuses = vec![sandbox(SandboxState::Ready)];
-        assert!(preserve_ips(&old, None, &ready).is_empty(), "a ready sandbox reports the truth");
+        assert!(
+            preserve_ips(&old, None, &ready).is_empty(),
+            "a ready sandbox reports the truth"
+        );
         let mut running = status("p");
         running.container_statuses = vec![container(ContainerState::Running)];
         assert!(preserve_ips(&old, None, &running).is_empty());
@@ -285,7 +306,10 @@ mod tests {
         exited.container_statuses = vec![container(ContainerState::Exited)];
         assert_eq!(preserve_ips(&old, None, &exited), old.ips);
         let err = SourceError::new("x");
-        assert!(preserve_ips(&old, Some(&err), &dead).is_empty(), "an errored entry is not trusted");
+        assert!(
+            preserve_ips(&old, Some(&err), &dead).is_empty(),
+            "an errored entry is not trusted"
+        );
         let fresh = with_ips(dead.clone(), &["198.18.0.1"]);
         assert_eq!(preserve_ips(&old, None, &fresh), fresh.ips);
     }

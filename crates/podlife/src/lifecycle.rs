@@ -310,7 +310,10 @@ mod tests {
         assert_eq!(work.update.pod, "r");
         assert!(t.complete_terminating(&"r"));
         assert!(t.complete_terminated(&"r"));
-        assert!(t.sync_known(&HashSet::new()).is_empty(), "finished runtime pod forgotten");
+        assert!(
+            t.sync_known(&HashSet::new()).is_empty(),
+            "finished runtime pod forgotten"
+        );
     }
 
     #[test]
@@ -325,7 +328,10 @@ mod tests {
         );
         assert!(t.restart_requested(&"p"));
         let work = t.next_work(&"p").unwrap();
-        assert_eq!(work.update.pod, "old", "the create is not merged into the old pod");
+        assert_eq!(
+            work.update.pod, "old",
+            "the create is not merged into the old pod"
+        );
         assert_eq!(work.state, PodState::Terminating);
         assert!(t.complete_terminating(&"p"));
         assert_eq!(
@@ -335,7 +341,10 @@ mod tests {
         );
         assert!(t.complete_terminated(&"p"));
         let desired = HashSet::from(["p"]);
-        assert!(!t.sync_known(&desired).contains_key("p"), "forgotten so it can restart");
+        assert!(
+            !t.sync_known(&desired).contains_key("p"),
+            "forgotten so it can restart"
+        );
         assert_eq!(
             t.update("p", PodUpdate::new(UpdateKind::Create, "new")),
             UpdateOutcome::Accepted
@@ -362,16 +371,40 @@ mod tests {
         let desired = HashSet::from(["kept"]);
         let known = t.sync_known(&desired);
         assert_eq!(known.len(), 3);
-        assert_eq!(known["kept"], KnownPod { state: PodState::Syncing, orphan: false });
-        assert_eq!(known["orphan"], KnownPod { state: PodState::Terminating, orphan: true });
-        assert_eq!(known["stuck"], KnownPod { state: PodState::Terminating, orphan: true });
+        assert_eq!(
+            known["kept"],
+            KnownPod {
+                state: PodState::Syncing,
+                orphan: false
+            }
+        );
+        assert_eq!(
+            known["orphan"],
+            KnownPod {
+                state: PodState::Terminating,
+                orphan: true
+            }
+        );
+        assert_eq!(
+            known["stuck"],
+            KnownPod {
+                state: PodState::Terminating,
+                orphan: true
+            }
+        );
         assert!(!known.contains_key("finished"));
 
         // Orphans got a kill replaying their last update; the desired pod got nothing.
         let work = t.next_work(&"orphan").unwrap();
-        assert_eq!((work.update.kind, work.update.pod), (UpdateKind::Kill, "orphan"));
+        assert_eq!(
+            (work.update.kind, work.update.pod),
+            (UpdateKind::Kill, "orphan")
+        );
         let work = t.next_work(&"stuck").unwrap();
-        assert_eq!((work.update.kind, work.update.pod), (UpdateKind::Kill, "stuck"));
+        assert_eq!(
+            (work.update.kind, work.update.pod),
+            (UpdateKind::Kill, "stuck")
+        );
         assert_eq!(t.next_work(&"kept"), None);
 
         // Once the orphan finishes, the next sync forgets it.
@@ -387,7 +420,13 @@ mod tests {
         let mut t = Tracker::new();
         t.update("p", PodUpdate::new(UpdateKind::Create, "p"));
         let known = t.sync_known(&HashSet::new());
-        assert_eq!(known["p"], KnownPod { state: PodState::Terminating, orphan: true });
+        assert_eq!(
+            known["p"],
+            KnownPod {
+                state: PodState::Terminating,
+                orphan: true
+            }
+        );
         assert_eq!(t.next_work(&"p").unwrap().update.kind, UpdateKind::Kill);
     }
 }

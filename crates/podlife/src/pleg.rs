@@ -25,7 +25,10 @@ pub trait PodSource: Send + Sync {
     /// Every pod the runtime knows, with all its containers and sandboxes (running or not).
     fn list_pods(&self) -> impl Future<Output = Result<Vec<RuntimePod>, SourceError>> + Send;
     /// The full status of one listed pod.
-    fn pod_status(&self, pod: &RuntimePod) -> impl Future<Output = Result<PodStatus, SourceError>> + Send;
+    fn pod_status(
+        &self,
+        pod: &RuntimePod,
+    ) -> impl Future<Output = Result<PodStatus, SourceError>> + Send;
 }
 
 /// What happened to a pod.
@@ -250,11 +253,7 @@ fn compute_pod_events(uid: &str, rec: &PodRecord, out: &mut Vec<PodLifecycleEven
         return;
     }
     let mut seen: Vec<&str> = Vec::new();
-    for c in old
-        .into_iter()
-        .chain(new)
-        .flat_map(|p| p.all_containers())
-    {
+    for c in old.into_iter().chain(new).flat_map(|p| p.all_containers()) {
         if seen.contains(&c.id.as_str()) {
             continue;
         }
@@ -360,18 +359,32 @@ impl<S: PodSource> Pleg<S> {
     }
 
     fn record_counts(&self, pods: &[RuntimePod]) {
-        let mut by_state = BTreeMap::new();
+        const STATES: [ContainerState; 4] = [
+            ContainerState::Created,
+            ContainerState::Running,
+            ContainerState::Exited,
+            ContainerState::Unknown,
+        ];
+        let mut counts = [0usize; STATES.len()];
         let mut running_pods = 0;
         for pod in pods {
             for c in &pod.containers {
-                *by_state.entry(c.state).or_insert(0) += 1;
+                counts[c.state as usize] += 1;
             }
-            if pod.sandboxes.iter().any(|s| s.state == ContainerState::Running) {
+            if pod
+                .sandboxes
+                .iter()
+                .any(|s| s.state == ContainerState::Running)
+            {
                 running_pods += 1;
             }
         }
         let mut m = self.metrics();
-        m.containers_by_state = by_state;
+        m.containers_by_state = STATES
+            .into_iter()
+            .zip(counts)
+            .filter(|(_, n)| *n > 0)
+            .collect();
         m.running_pods = running_pods;
     }
 
@@ -380,8 +393,19 @@ impl<S: PodSource> Pleg<S> {
             rec.current = None;
         }
         for pod in pods {
-            let uid = pod.uid.clone();
-            self.records.entry(uid).or_default().current = Some(pod);
+            match self.records.get_mut(&pod.uid) {
+                Some(rec) => rec.current = Some(pod),
+                None => {
+                    let uid = pod.uid.clone();
+                    self.records.insert(
+                        uid,
+                        PodRecord {
+                            old: None,
+                            current: Some(pod),
+                        },
+                    );
+                }
+            }
         }
         // A pod that never produced an event and vanished has nothing left to compare.
         self.records

@@ -91,7 +91,11 @@ impl<T: Hash + Eq + Clone + Send> RateLimiter<T> for ItemFastSlowRateLimiter<T> 
         let mut failures = self.failures.lock().expect("limiter poisoned");
         let n = failures.entry(item.clone()).or_insert(0);
         *n = n.saturating_add(1);
-        if *n <= self.max_fast { self.fast } else { self.slow }
+        if *n <= self.max_fast {
+            self.fast
+        } else {
+            self.slow
+        }
     }
 
     fn forget(&self, item: &T) {
@@ -143,13 +147,21 @@ impl<T> MaxOfRateLimiter<T> {
 
 impl<T> RateLimiter<T> for MaxOfRateLimiter<T> {
     fn when(&self, item: &T) -> Duration {
-        self.limiters.iter().map(|l| l.when(item)).max().unwrap_or_default()
+        self.limiters
+            .iter()
+            .map(|l| l.when(item))
+            .max()
+            .unwrap_or_default()
     }
     fn forget(&self, item: &T) {
         self.limiters.iter().for_each(|l| l.forget(item));
     }
     fn num_requeues(&self, item: &T) -> u32 {
-        self.limiters.iter().map(|l| l.num_requeues(item)).max().unwrap_or(0)
+        self.limiters
+            .iter()
+            .map(|l| l.num_requeues(item))
+            .max()
+            .unwrap_or(0)
     }
 }
 
@@ -321,6 +333,20 @@ impl<T: Hash + Eq + Clone + Send + 'static> WorkQueue<T> {
         self.lock().waiting.len()
     }
 
+    /// Takes a ready item without waiting and marks it as processing.
+    pub fn try_get(&self) -> Option<T> {
+        let mut s = self.lock();
+        self.promote(&mut s);
+        Self::take_locked(&mut s)
+    }
+
+    fn take_locked(s: &mut State<T>) -> Option<T> {
+        let item = s.queue.pop_front()?;
+        s.dirty.remove(&item);
+        s.processing.insert(item.clone());
+        Some(item)
+    }
+
     /// Waits for an item and marks it as processing. `None` once the queue is shut down and
     /// nothing is left in it.
     pub async fn get(&self) -> Option<T> {
@@ -331,9 +357,7 @@ impl<T: Hash + Eq + Clone + Send + 'static> WorkQueue<T> {
             let deadline = {
                 let mut s = self.lock();
                 let deadline = self.promote(&mut s);
-                if let Some(item) = s.queue.pop_front() {
-                    s.dirty.remove(&item);
-                    s.processing.insert(item.clone());
+                if let Some(item) = Self::take_locked(&mut s) {
                     return Some(item);
                 }
                 if s.shutting_down {

@@ -139,7 +139,12 @@ impl InFlightLimit {
     pub async fn acquire(&self) -> InFlightPermit {
         let permit = match &self.semaphore {
             // The semaphore is never closed, so acquisition cannot fail.
-            Some(s) => Some(s.clone().acquire_owned().await.expect("semaphore never closed")),
+            Some(s) => Some(
+                s.clone()
+                    .acquire_owned()
+                    .await
+                    .expect("semaphore never closed"),
+            ),
             None => None,
         };
         InFlightPermit { _permit: permit }
@@ -148,7 +153,11 @@ impl InFlightLimit {
     /// Takes a free slot if there is one.
     pub fn try_acquire(&self) -> Option<InFlightPermit> {
         match &self.semaphore {
-            Some(s) => s.clone().try_acquire_owned().ok().map(|p| InFlightPermit { _permit: Some(p) }),
+            Some(s) => s
+                .clone()
+                .try_acquire_owned()
+                .ok()
+                .map(|p| InFlightPermit { _permit: Some(p) }),
             None => Some(InFlightPermit { _permit: None }),
         }
     }

@@ -60,20 +60,31 @@ impl PodSource for FakeRuntime {
         s.statuses
             .get_mut(&pod.uid)
             .and_then(|q| q.pop_front())
-            .unwrap_or_else(|| Err(SourceError::new(format!("no status scripted for {}", pod.uid))))
+            .unwrap_or_else(|| {
+                Err(SourceError::new(format!(
+                    "no status scripted for {}",
+                    pod.uid
+                )))
+            })
     }
 }
 
 fn pod(uid: &str, containers: &[(&str, ContainerState)]) -> RuntimePod {
     RuntimePod {
-        containers: containers.iter().map(|(id, s)| Container::new(*id, *s)).collect(),
+        containers: containers
+            .iter()
+            .map(|(id, s)| Container::new(*id, *s))
+            .collect(),
         ..RuntimePod::new(uid)
     }
 }
 
 fn pod_with_sandboxes(uid: &str, sandboxes: &[(&str, ContainerState)]) -> RuntimePod {
     RuntimePod {
-        sandboxes: sandboxes.iter().map(|(id, s)| Container::new(*id, *s)).collect(),
+        sandboxes: sandboxes
+            .iter()
+            .map(|(id, s)| Container::new(*id, *s))
+            .collect(),
         ..RuntimePod::new(uid)
     }
 }
@@ -203,7 +214,10 @@ fn event_channel_full() {
         ];
         let got = drain(&mut h.events);
         assert_eq!(got.len(), 4);
-        assert!(got.iter().all(|e| all.contains(e)), "unexpected events: {got:?}");
+        assert!(
+            got.iter().all(|e| all.contains(e)),
+            "unexpected events: {got:?}"
+        );
         assert_eq!(h.pleg.handle().metrics().dropped_events, 4);
     });
 }
@@ -211,8 +225,10 @@ fn event_channel_full() {
 fn report_missing_containers(relists: usize) {
     tokio_test::block_on(async {
         let mut h = harness(false, 100);
-        h.runtime
-            .set_pods(vec![pod("1234", &[("c1", Running), ("c2", Running), ("c3", Exited)])]);
+        h.runtime.set_pods(vec![pod(
+            "1234",
+            &[("c1", Running), ("c2", Running), ("c3", Exited)],
+        )]);
         for _ in 0..relists {
             h.pleg.relist().await;
             drain(&mut h.events);
@@ -281,24 +297,32 @@ fn relist_with_cache() {
         let cache = h.cache.clone().unwrap();
         let (pods, statuses, events) = pods_statuses_events(2);
         h.runtime.set_pods(pods.clone());
-        h.runtime.script_status("test-pod-0", Ok(statuses[0].clone()));
+        h.runtime
+            .script_status("test-pod-0", Ok(statuses[0].clone()));
         let err = SourceError::new("unable to get status");
         h.runtime.script_status("test-pod-1", Err(err.clone()));
         h.pleg.relist().await;
 
         assert_eq!(cache.get("test-pod-0"), (statuses[0].clone(), None));
         // The failed inspection is cached too, with its error.
-        assert_eq!(cache.get("test-pod-1"), (PodStatus::empty("test-pod-1"), Some(err)));
+        assert_eq!(
+            cache.get("test-pod-1"),
+            (PodStatus::empty("test-pod-1"), Some(err))
+        );
         // No event for the pod whose inspection failed.
         assert_eq!(drain(&mut h.events), vec![events[0].clone()]);
 
-        h.runtime.script_status("test-pod-1", Ok(statuses[1].clone()));
+        h.runtime
+            .script_status("test-pod-1", Ok(statuses[1].clone()));
         h.pleg.relist().await;
         assert_eq!(cache.get("test-pod-0"), (statuses[0].clone(), None));
         assert_eq!(cache.get("test-pod-1"), (statuses[1].clone(), None));
         // Now that its status could be read, its change is reported.
         assert_eq!(drain(&mut h.events), vec![events[1].clone()]);
-        assert_eq!(h.runtime.status_calls(), ["test-pod-0", "test-pod-1", "test-pod-1"]);
+        assert_eq!(
+            h.runtime.status_calls(),
+            ["test-pod-0", "test-pod-1", "test-pod-1"]
+        );
     });
 }
 
@@ -309,13 +333,17 @@ fn remove_cache_entry() {
         let cache = h.cache.clone().unwrap();
         let (pods, statuses, _) = pods_statuses_events(1);
         h.runtime.set_pods(pods);
-        h.runtime.script_status("test-pod-0", Ok(statuses[0].clone()));
+        h.runtime
+            .script_status("test-pod-0", Ok(statuses[0].clone()));
         h.pleg.relist().await;
         assert_eq!(cache.get("test-pod-0"), (statuses[0].clone(), None));
         // Gone from the runtime: gone from the cache.
         h.runtime.set_pods(vec![]);
         h.pleg.relist().await;
-        assert_eq!(cache.get("test-pod-0"), (PodStatus::empty("test-pod-0"), None));
+        assert_eq!(
+            cache.get("test-pod-0"),
+            (PodStatus::empty("test-pod-0"), None)
+        );
         assert!(cache.is_empty());
     });
 }
@@ -341,7 +369,11 @@ fn healthy() {
 
         h.runtime.fail_listing(None);
         h.pleg.relist().await;
-        assert_eq!(handle.healthy(), Ok(()), "recovers after a successful relist");
+        assert_eq!(
+            handle.healthy(),
+            Ok(()),
+            "recovers after a successful relist"
+        );
     });
 }
 
@@ -356,7 +388,11 @@ fn failed_listing_leaves_records_and_relist_time_untouched() {
         h.clock.step(Duration::from_secs(30));
         h.runtime.fail_listing(Some("down"));
         h.pleg.relist().await;
-        assert_eq!(drain(&mut h.events), vec![], "no events from a failed listing");
+        assert_eq!(
+            drain(&mut h.events),
+            vec![],
+            "no events from a failed listing"
+        );
         // Health is measured from the last successful relist.
         h.clock.step(Duration::from_secs(151));
         assert_eq!(
@@ -372,7 +408,10 @@ fn failed_listing_leaves_records_and_relist_time_untouched() {
         h.pleg.relist().await;
         assert_eq!(
             drain(&mut h.events),
-            sorted(vec![ev("1234", ContainerDied, "c1"), ev("1234", ContainerRemoved, "c1")])
+            sorted(vec![
+                ev("1234", ContainerDied, "c1"),
+                ev("1234", ContainerRemoved, "c1")
+            ])
         );
     });
 }
@@ -397,7 +436,10 @@ fn relist_with_reinspection() {
         h.runtime.script_status("test-pod", Ok(good.clone()));
         h.pleg.relist().await;
         assert_eq!(cache.get("test-pod"), (good.clone(), None));
-        assert_eq!(drain(&mut h.events), vec![ev("test-pod", ContainerStarted, "infra")]);
+        assert_eq!(
+            drain(&mut h.events),
+            vec![ev("test-pod", ContainerStarted, "infra")]
+        );
 
         // Listing 2: a transient container appears and inspection fails.
         h.runtime
@@ -405,7 +447,10 @@ fn relist_with_reinspection() {
         let err = SourceError::new("inspection error");
         h.runtime.script_status("test-pod", Err(err.clone()));
         h.pleg.relist().await;
-        assert_eq!(cache.get("test-pod"), (PodStatus::empty("test-pod"), Some(err)));
+        assert_eq!(
+            cache.get("test-pod"),
+            (PodStatus::empty("test-pod"), Some(err))
+        );
         assert_eq!(drain(&mut h.events), vec![]);
 
         // Listing 3: the transient container is gone again. The listing equals the record of
@@ -431,13 +476,16 @@ fn reinspection_failure_is_retried_and_other_pods_are_unaffected() {
         let mut h = harness(true, 100);
         let (pods, statuses, events) = pods_statuses_events(2);
         h.runtime.set_pods(pods);
-        h.runtime.script_status("test-pod-0", Ok(statuses[0].clone()));
-        h.runtime.script_status("test-pod-1", Err(SourceError::new("e1")));
+        h.runtime
+            .script_status("test-pod-0", Ok(statuses[0].clone()));
+        h.runtime
+            .script_status("test-pod-1", Err(SourceError::new("e1")));
         h.pleg.relist().await;
         assert_eq!(drain(&mut h.events), vec![events[0].clone()]);
         h.runtime.status_calls();
         // Still failing: retried each relist, only for that pod.
-        h.runtime.script_status("test-pod-1", Err(SourceError::new("e2")));
+        h.runtime
+            .script_status("test-pod-1", Err(SourceError::new("e2")));
         h.pleg.relist().await;
         assert_eq!(h.runtime.status_calls(), ["test-pod-1"]);
         assert_eq!(drain(&mut h.events), vec![]);
@@ -459,11 +507,15 @@ fn relist_ip_change_case(ips: &[&str]) {
             }],
             ..PodStatus::empty("test-pod-0")
         };
-        h.runtime.set_pods(vec![pod("test-pod-0", &[("c0", Running)])]);
+        h.runtime
+            .set_pods(vec![pod("test-pod-0", &[("c0", Running)])]);
         h.runtime.script_status("test-pod-0", Ok(running.clone()));
         h.pleg.relist().await;
         assert_eq!(cache.get("test-pod-0"), (running, None));
-        assert_eq!(drain(&mut h.events), vec![ev("test-pod-0", ContainerStarted, "c0")]);
+        assert_eq!(
+            drain(&mut h.events),
+            vec![ev("test-pod-0", ContainerStarted, "c0")]
+        );
 
         // The container exits and the runtime no longer reports an IP.
         let exited = PodStatus {
@@ -473,15 +525,23 @@ fn relist_ip_change_case(ips: &[&str]) {
             }],
             ..PodStatus::empty("test-pod-0")
         };
-        h.runtime.set_pods(vec![pod("test-pod-0", &[("c0", Exited)])]);
+        h.runtime
+            .set_pods(vec![pod("test-pod-0", &[("c0", Exited)])]);
         h.runtime.script_status("test-pod-0", Ok(exited.clone()));
         h.pleg.relist().await;
         let expected = PodStatus {
             ips: ips.clone(),
             ..exited
         };
-        assert_eq!(cache.get("test-pod-0"), (expected, None), "the old IPs are preserved");
-        assert_eq!(drain(&mut h.events), vec![ev("test-pod-0", ContainerDied, "c0")]);
+        assert_eq!(
+            cache.get("test-pod-0"),
+            (expected, None),
+            "the old IPs are preserved"
+        );
+        assert_eq!(
+            drain(&mut h.events),
+            vec![ev("test-pod-0", ContainerDied, "c0")]
+        );
     });
 }
 
@@ -572,7 +632,10 @@ fn run_relists_every_period_on_the_injected_clock() {
     assert!(run.is_woken());
     assert_pending!(run.poll());
     assert_eq!(handle.metrics().relists, 2);
-    assert_eq!(handle.metrics().last_relist_interval, Some(Duration::from_secs(3600)));
+    assert_eq!(
+        handle.metrics().last_relist_interval,
+        Some(Duration::from_secs(3600))
+    );
     stop_tx.send(()).unwrap();
     assert!(run.poll().is_ready(), "stops on shutdown");
 }

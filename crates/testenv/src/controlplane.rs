@@ -1,0 +1,392 @@
+//! A real kube-apiserver backed by a real etcd, on loopback ports, secure serving with a
+//! generated CA, RBAC on, and service-account tokens that work.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::wait::{await_condition, conditions};
+use kube::{Client, Config};
+use rand::Rng;
+use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+
+use crate::procs::{binary, free_port, run_dir, spawn_supervised, workspace_root};
+
+/// How long to wait for etcd or kube-apiserver to become ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// A running etcd + kube-apiserver.
+pub struct ControlPlane {
+    dir: PathBuf,
+    /// `https://127.0.0.1:<port>`.
+    pub server: String,
+    admin_token: String,
+    etcd: Mutex<Child>,
+    apiserver: Mutex<Child>,
+    apiserver_cmd: Vec<String>,
+}
+
+impl std::fmt::Debug for ControlPlane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlPlane")
+            .field("server", &self.server)
+            .field("dir", &self.dir)
+            .finish()
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        for child in [&self.apiserver, &self.etcd] {
+            if let Ok(mut c) = child.lock() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+fn write(path: &Path, contents: impl AsRef<[u8]>) -> Result<()> {
+    std::fs::write(path, contents).with_context(|| format!("write {}", path.display()))
+}
+
+/// The CA, the serving certificate and the service-account key, as files in `dir`.
+fn write_pki(dir: &Path) -> Result<()> {
+    let mut ca = CertificateParams::new(Vec::<String>::new())?;
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name.push(DnType::CommonName, "ipreclaim-testenv-ca");
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_key = KeyPair::generate()?;
+    let ca_cert = ca.self_signed(&ca_key)?;
+    let issuer = Issuer::new(ca, ca_key);
+
+    let mut serving = CertificateParams::new(vec![
+        "127.0.0.1".to_string(),
+        "localhost".to_string(),
+        "kubernetes.default.svc".to_string(),
+    ])?;
+    serving.distinguished_name.push(DnType::CommonName, "kube-apiserver");
+    serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    serving.use_authority_key_identifier_extension = true;
+    let serving_key = KeyPair::generate()?;
+    let serving_cert = serving.signed_by(&serving_key, &issuer)?;
+
+    write(&dir.join("ca.pem"), ca_cert.pem())?;
+    write(&dir.join("apiserver.pem"), serving_cert.pem())?;
+    write(&dir.join("apiserver-key.pem"), serving_key.serialize_pem())?;
+    let sa_key = KeyPair::generate()?;
+    write(&dir.join("sa-key.pem"), sa_key.serialize_pem())?;
+    write(&dir.join("sa.pub"), sa_key.public_key_pem())?;
+    Ok(())
+}
+
+fn random_suffix(len: usize) -> String {
+    const CHARS: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let mut rng = rand::rng();
+    (0..len)
+        .map(|_| CHARS[rng.random_range(0..CHARS.len())] as char)
+        .collect()
+}
+
+fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
+impl ControlPlane {
+    /// The control plane shared by every test of this process, started on first use.
+    /// Panics with the reason (and how to fix it) if it cannot start.
+    pub fn shared() -> &'static ControlPlane {
+        static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+        let started = SHARED.get_or_init(|| {
+            // Own thread: start() blocks on a runtime of its own, which cannot nest in a test's.
+            std::thread::spawn(|| ControlPlane::start().map_err(|e| format!("{e:#}")))
+                .join()
+                .unwrap_or_else(|_| Err("control plane start panicked".into()))
+        });
+        match started {
+            Ok(cp) => cp,
+            Err(e) => panic!("testenv: cannot start the control plane: {e}"),
+        }
+    }
+
+    /// Starts a private etcd + kube-apiserver (blocking; call it outside an async runtime or
+    /// from `spawn_blocking`). They stop when it is dropped or the process exits.
+    pub fn start() -> Result<ControlPlane> {
+        let etcd_bin = binary("etcd")?;
+        let apiserver_bin = binary("kube-apiserver")?;
+        let dir = run_dir(&format!("controlplane-{}", random_suffix(4)))?;
+        write_pki(&dir)?;
+        let admin_token = random_suffix(32);
+        write(
+            &dir.join("tokens.csv"),
+            format!("{admin_token},testenv-admin,testenv-admin,\"system:masters\"\n"),
+        )?;
+
+        let (client_port, peer_port, secure_port) = (free_port()?, free_port()?, free_port()?);
+        let etcd_url = format!("http://127.0.0.1:{client_port}");
+        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let mut etcd = Command::new(&etcd_bin);
+        etcd.args([
+            "--name=testenv",
+            &format!("--data-dir={}", dir.join("etcd").display()),
+            &format!("--listen-client-urls={etcd_url}"),
+            &format!("--advertise-client-urls={etcd_url}"),
+            &format!("--listen-peer-urls={peer_url}"),
+            &format!("--initial-advertise-peer-urls={peer_url}"),
+            &format!("--initial-cluster=testenv={peer_url}"),
+            "--unsafe-no-fsync",
+            "--log-level=warn",
+        ]);
+        let etcd = spawn_supervised(etcd, &dir.join("etcd.log"))?;
+
+        let d = |f: &str| dir.join(f).display().to_string();
+        let apiserver_cmd: Vec<String> = vec![
+            apiserver_bin.display().to_string(),
+            format!("--etcd-servers={etcd_url}"),
+            format!("--cert-dir={}", d("certs")),
+            format!("--tls-cert-file={}", d("apiserver.pem")),
+            format!("--tls-private-key-file={}", d("apiserver-key.pem")),
+            format!("--client-ca-file={}", d("ca.pem")),
+            format!("--token-auth-file={}", d("tokens.csv")),
+            format!("--secure-port={secure_port}"),
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
+            // Data only: no service traffic exists here.
+            "--service-cluster-ip-range=10.0.0.0/24".into(),
+            "--allow-privileged=true".into(),
+            "--disable-admission-plugins=ServiceAccount".into(),
+            "--authorization-mode=RBAC".into(),
+            "--service-account-issuer=https://kubernetes.default.svc".into(),
+            format!("--service-account-key-file={}", d("sa.pub")),
+            format!("--service-account-signing-key-file={}", d("sa-key.pem")),
+            "--enable-priority-and-fairness=false".into(),
+            "--v=1".into(),
+        ];
+        let cp = ControlPlane {
+            server: format!("https://127.0.0.1:{secure_port}"),
+            admin_token,
+            etcd: Mutex::new(etcd),
+            apiserver: Mutex::new(Self::spawn_apiserver(&apiserver_cmd, &dir)?),
+            apiserver_cmd,
+            dir,
+        };
+        write(&cp.kubeconfig_path(), cp.kubeconfig_yaml(&cp.admin_token))?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        rt.block_on(cp.wait_ready())?;
+        Ok(cp)
+    }
+
+    fn spawn_apiserver(cmd: &[String], dir: &Path) -> Result<Child> {
+        let mut c = Command::new(&cmd[0]);
+        c.args(&cmd[1..]);
+        spawn_supervised(c, &dir.join("kube-apiserver.log"))
+    }
+
+    /// The directory with this control plane's certificates, logs and kubeconfig.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// A kubeconfig file with admin credentials.
+    pub fn kubeconfig_path(&self) -> PathBuf {
+        self.dir.join("kubeconfig")
+    }
+
+    fn kubeconfig_yaml(&self, token: &str) -> String {
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: testenv\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\nusers:\n- name: user\n  user:\n    token: {token}\ncontexts:\n- name: testenv\n  context:\n    cluster: testenv\n    user: user\n    namespace: default\ncurrent-context: testenv\n",
+            server = self.server,
+            ca = self.dir.join("ca.pem").display(),
+        )
+    }
+
+    async fn client_with_token(&self, token: &str) -> Result<Client> {
+        let kubeconfig = Kubeconfig::from_yaml(&self.kubeconfig_yaml(token))?;
+        let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+        Ok(Client::try_from(config)?)
+    }
+
+    /// An admin client (group system:masters). Create one per test: a client belongs to the
+    /// tokio runtime it was made in.
+    pub async fn client(&self) -> Client {
+        self.client_with_token(&self.admin_token)
+            .await
+            .expect("admin client from a generated kubeconfig")
+    }
+
+    /// Waits until `/readyz` answers ok, failing early if the apiserver process exited.
+    pub async fn wait_ready(&self) -> Result<()> {
+        let client = self.client_with_token(&self.admin_token).await?;
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let req = http::Request::get("/readyz").body(Vec::new())?;
+            let last = match client.request_text(req).await {
+                Ok(body) if body.trim() == "ok" => return Ok(()),
+                Ok(body) => body,
+                Err(e) => e.to_string(),
+            };
+            if let Some(status) = self.apiserver.lock().expect("apiserver lock").try_wait()? {
+                bail!(
+                    "kube-apiserver exited ({status}); last log lines:\n{}",
+                    log_tail(&self.dir.join("kube-apiserver.log"))
+                );
+            }
+            if let Some(status) = self.etcd.lock().expect("etcd lock").try_wait()? {
+                bail!("etcd exited ({status}); last log lines:\n{}", log_tail(&self.dir.join("etcd.log")));
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "kube-apiserver not ready after {READY_TIMEOUT:?} ({last}); last log lines:\n{}",
+                    log_tail(&self.dir.join("kube-apiserver.log"))
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Kills kube-apiserver (etcd keeps the data) and starts it again on the same port.
+    pub async fn restart_apiserver(&self) -> Result<()> {
+        {
+            let mut child = self.apiserver.lock().expect("apiserver lock");
+            child.kill()?;
+            child.wait()?;
+            *child = Self::spawn_apiserver(&self.apiserver_cmd, &self.dir)?;
+        }
+        self.wait_ready().await
+    }
+
+    /// Kills kube-apiserver and leaves it down until [`start_apiserver`](Self::start_apiserver).
+    pub fn stop_apiserver(&self) -> Result<()> {
+        let mut child = self.apiserver.lock().expect("apiserver lock");
+        child.kill()?;
+        child.wait()?;
+        Ok(())
+    }
+
+    /// Starts kube-apiserver again after [`stop_apiserver`](Self::stop_apiserver).
+    pub async fn start_apiserver(&self) -> Result<()> {
+        {
+            let mut child = self.apiserver.lock().expect("apiserver lock");
+            *child = Self::spawn_apiserver(&self.apiserver_cmd, &self.dir)?;
+        }
+        self.wait_ready().await
+    }
+
+    /// Creates a fresh namespace named after `prefix` with a random suffix, and returns its name.
+    pub async fn namespace(&self, client: &Client, prefix: &str) -> String {
+        let clean: String = prefix
+            .to_lowercase()
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .take(50)
+            .collect();
+        let name = format!("{}-{}", clean.trim_matches('-'), random_suffix(6));
+        let ns = Namespace {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap_or_else(|e| panic!("create namespace {name}: {e}"));
+        name
+    }
+
+    /// Applies every CRD in the workspace's `crds/` directory and waits until each is established.
+    pub async fn install_crds(&self, client: &Client) -> Result<Vec<String>> {
+        install_crds_from(client, &workspace_root().join("crds")).await
+    }
+
+    /// A client that acts as ServiceAccount `namespace/name` (created if missing), with a
+    /// token from the TokenRequest API.
+    pub async fn service_account_client(&self, admin: &Client, namespace: &str, name: &str) -> Result<Client> {
+        let sas = Api::<ServiceAccount>::namespaced(admin.clone(), namespace);
+        if sas.get_opt(name).await?.is_none() {
+            let sa = ServiceAccount {
+                metadata: kube::api::ObjectMeta {
+                    name: Some(name.into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            sas.create(&PostParams::default(), &sa).await?;
+        }
+        let request = TokenRequest {
+            spec: Some(TokenRequestSpec {
+                audiences: Some(vec!["https://kubernetes.default.svc".into()]),
+                expiration_seconds: Some(3600),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let token = sas
+            .create_token_request(name, &PostParams::default(), &request)
+            .await
+            .context("TokenRequest")?
+            .status
+            .and_then(|s| s.token)
+            .ok_or_else(|| anyhow!("TokenRequest returned no token"))?;
+        self.client_with_token(&token).await
+    }
+
+    /// A kubeconfig for `token` (for tools such as kubectl and helm run by tests).
+    pub fn write_kubeconfig_for_token(&self, token: &str, path: &Path) -> Result<()> {
+        write(path, self.kubeconfig_yaml(token))
+    }
+}
+
+/// Applies every `*.yaml` CRD document under `dir` and waits until each is established.
+pub async fn install_crds_from(client: &Client, dir: &Path) -> Result<Vec<String>> {
+    let api = Api::<CustomResourceDefinition>::all(client.clone());
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .with_context(|| format!("read {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    entries.sort();
+    if entries.is_empty() {
+        bail!("no CRD YAML in {}", dir.display());
+    }
+    let mut names = Vec::new();
+    for path in entries {
+        let text = std::fs::read_to_string(&path)?;
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let value: serde_yaml::Value = serde::Deserialize::deserialize(doc)?;
+            if value.is_null() {
+                continue;
+            }
+            let crd: CustomResourceDefinition =
+                serde_yaml::from_value(value).with_context(|| format!("parse {}", path.display()))?;
+            let name = crd.metadata.name.clone().context("CRD without a name")?;
+            api.patch(&name, &PatchParams::apply("testenv").force(), &Patch::Apply(&crd))
+                .await
+                .with_context(|| format!("apply CRD {name}"))?;
+            names.push(name);
+        }
+    }
+    for name in &names {
+        let established = await_condition(api.clone(), name, conditions::is_crd_established());
+        tokio::time::timeout(Duration::from_secs(30), established)
+            .await
+            .with_context(|| format!("CRD {name} not established in 30s"))??;
+    }
+    Ok(names)
+}

@@ -1,0 +1,107 @@
+//! Child processes that die with the test process, binaries from the setup cache, free ports.
+
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::mpsc;
+
+use anyhow::{Context, Result, bail};
+
+type SpawnRequest = (Command, mpsc::Sender<std::io::Result<Child>>);
+
+/// Children are spawned from one thread that never exits: PR_SET_PDEATHSIG fires when the
+/// spawning *thread* ends, so spawning from a test's thread would kill the shared control plane
+/// as soon as that test finished. When the test process exits, the children get SIGKILL.
+fn spawner() -> &'static mpsc::Sender<SpawnRequest> {
+    static SPAWNER: OnceLock<mpsc::Sender<SpawnRequest>> = OnceLock::new();
+    SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<SpawnRequest>();
+        std::thread::Builder::new()
+            .name("testenv-spawner".into())
+            .spawn(move || {
+                for (mut cmd, reply) in rx {
+                    // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+                    unsafe {
+                        cmd.pre_exec(|| {
+                            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                                return Err(std::io::Error::last_os_error());
+                            }
+                            Ok(())
+                        });
+                    }
+                    let _ = reply.send(cmd.spawn());
+                }
+            })
+            .expect("spawn testenv-spawner thread");
+        tx
+    })
+}
+
+/// Starts `cmd` with stdout and stderr appended to `log`; it is killed when this process exits.
+pub fn spawn_supervised(mut cmd: Command, log: &Path) -> Result<Child> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("open log {}", log.display()))?;
+    cmd.stdin(Stdio::null())
+        .stdout(file.try_clone()?)
+        .stderr(file);
+    let program = cmd.get_program().to_string_lossy().into_owned();
+    let (tx, rx) = mpsc::channel();
+    spawner()
+        .send((cmd, tx))
+        .map_err(|_| anyhow::anyhow!("testenv spawner thread is gone"))?;
+    rx.recv()
+        .context("testenv spawner thread did not answer")?
+        .with_context(|| format!("start {program}"))
+}
+
+/// The directory with the Go-built binaries: `$IPRECLAIM_BIN_DIR`, else the setup cache.
+pub fn bin_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("IPRECLAIM_BIN_DIR") {
+        return PathBuf::from(dir);
+    }
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
+    std::env::var_os("IPRECLAIM_CACHE")
+        .map_or_else(|| home.join(".cache/ipreclaim"), PathBuf::from)
+        .join("bin")
+}
+
+/// The path of a Go-built binary, or an error that says how to build it.
+pub fn binary(name: &str) -> Result<PathBuf> {
+    let path = bin_dir().join(name);
+    if !path.is_file() {
+        bail!(
+            "{} not found: run scripts/setup.sh (or e2e/controlplane/build.sh) to build it, \
+             or set IPRECLAIM_BIN_DIR to the directory that holds it",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// The workspace root (where `crds/` and `target/` are).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("crates/testenv is two levels below the workspace root")
+        .to_path_buf()
+}
+
+/// A directory under `target/testenv/` for logs and state of this test process.
+pub fn run_dir(what: &str) -> Result<PathBuf> {
+    let dir = workspace_root()
+        .join("target/testenv")
+        .join(format!("{what}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
