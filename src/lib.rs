@@ -3,4 +3,6 @@
 //! The binary's subcommands are wired in `main.rs`; the shared pod lifecycle core lives in
 //! the `podlife` crate.
 
+pub mod api;
+
 pub use podlife;

@@ -15,7 +15,10 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::wait::{await_condition, conditions};
 use kube::{Client, Config};
 use rand::Rng;
-use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
 
 use crate::procs::{binary, free_port, run_dir, spawn_supervised, workspace_root};
 
@@ -61,7 +64,8 @@ fn write(path: &Path, contents: impl AsRef<[u8]>) -> Result<()> {
 fn write_pki(dir: &Path) -> Result<()> {
     let mut ca = CertificateParams::new(Vec::<String>::new())?;
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name.push(DnType::CommonName, "ipreclaim-testenv-ca");
+    ca.distinguished_name
+        .push(DnType::CommonName, "ipreclaim-testenv-ca");
     ca.key_usages = vec![
         KeyUsagePurpose::KeyCertSign,
         KeyUsagePurpose::CrlSign,
@@ -76,7 +80,9 @@ fn write_pki(dir: &Path) -> Result<()> {
         "localhost".to_string(),
         "kubernetes.default.svc".to_string(),
     ])?;
-    serving.distinguished_name.push(DnType::CommonName, "kube-apiserver");
+    serving
+        .distinguished_name
+        .push(DnType::CommonName, "kube-apiserver");
     serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     serving.use_authority_key_identifier_extension = true;
     let serving_key = KeyPair::generate()?;
@@ -217,7 +223,8 @@ impl ControlPlane {
 
     async fn client_with_token(&self, token: &str) -> Result<Client> {
         let kubeconfig = Kubeconfig::from_yaml(&self.kubeconfig_yaml(token))?;
-        let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+        let config =
+            Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
         Ok(Client::try_from(config)?)
     }
 
@@ -247,7 +254,10 @@ impl ControlPlane {
                 );
             }
             if let Some(status) = self.etcd.lock().expect("etcd lock").try_wait()? {
-                bail!("etcd exited ({status}); last log lines:\n{}", log_tail(&self.dir.join("etcd.log")));
+                bail!(
+                    "etcd exited ({status}); last log lines:\n{}",
+                    log_tail(&self.dir.join("etcd.log"))
+                );
             }
             if Instant::now() > deadline {
                 bail!(
@@ -317,7 +327,12 @@ impl ControlPlane {
 
     /// A client that acts as ServiceAccount `namespace/name` (created if missing), with a
     /// token from the TokenRequest API.
-    pub async fn service_account_client(&self, admin: &Client, namespace: &str, name: &str) -> Result<Client> {
+    pub async fn service_account_client(
+        &self,
+        admin: &Client,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Client> {
         let sas = Api::<ServiceAccount>::namespaced(admin.clone(), namespace);
         if sas.get_opt(name).await?.is_none() {
             let sa = ServiceAccount {
@@ -373,12 +388,16 @@ pub async fn install_crds_from(client: &Client, dir: &Path) -> Result<Vec<String
             if value.is_null() {
                 continue;
             }
-            let crd: CustomResourceDefinition =
-                serde_yaml::from_value(value).with_context(|| format!("parse {}", path.display()))?;
+            let crd: CustomResourceDefinition = serde_yaml::from_value(value)
+                .with_context(|| format!("parse {}", path.display()))?;
             let name = crd.metadata.name.clone().context("CRD without a name")?;
-            api.patch(&name, &PatchParams::apply("testenv").force(), &Patch::Apply(&crd))
-                .await
-                .with_context(|| format!("apply CRD {name}"))?;
+            api.patch(
+                &name,
+                &PatchParams::apply("testenv").force(),
+                &Patch::Apply(&crd),
+            )
+            .await
+            .with_context(|| format!("apply CRD {name}"))?;
             names.push(name);
         }
     }

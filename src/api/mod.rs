@@ -1,0 +1,164 @@
+//! The custom resources ipreclaim reads and writes, wire-compatible with whereabouts v0.9
+//! (`whereabouts.cni.cncf.io/v1alpha1`) and Multus (`k8s.cni.cncf.io/v1`).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::{CustomResource, CustomResourceExt};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// IPPoolSpec defines the desired state of IPPool.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "whereabouts.cni.cncf.io",
+    version = "v1alpha1",
+    kind = "IPPool",
+    plural = "ippools",
+    singular = "ippool",
+    namespaced,
+    doc = "IPPool is the Schema for the ippools API"
+)]
+pub struct IPPoolSpec {
+    /// Range is a RFC 4632/4291-style string that represents an IP address and prefix length in CIDR notation
+    pub range: String,
+    /// Allocations is the set of allocated IPs for the given range. Its indices are a direct mapping to the
+    /// IP with the same index/offset for the pool's range.
+    pub allocations: BTreeMap<String, IPAllocation>,
+}
+
+/// IPAllocation represents metadata about the pod/container owner of a specific IP
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct IPAllocation {
+    /// The sandbox (container) ID that holds the address.
+    pub id: String,
+    /// The owning pod as "namespace/name".
+    pub podref: String,
+    /// The interface inside the pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ifname: Option<String>,
+    /// IPAMClaimRef is "namespace/name" of the IPAMClaim that owns this
+    /// allocation. Empty for legacy pod-scoped allocations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipamclaimref: Option<String>,
+}
+
+/// OverlappingRangeIPReservationSpec defines the desired state of OverlappingRangeIPReservation
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "whereabouts.cni.cncf.io",
+    version = "v1alpha1",
+    kind = "OverlappingRangeIPReservation",
+    plural = "overlappingrangeipreservations",
+    singular = "overlappingrangeipreservation",
+    namespaced,
+    doc = "OverlappingRangeIPReservation is the Schema for the OverlappingRangeIPReservations API"
+)]
+pub struct OverlappingRangeIPReservationSpec {
+    /// The sandbox (container) ID that holds the address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub containerid: Option<String>,
+    /// The owning pod as "namespace/name".
+    pub podref: String,
+    /// The interface inside the pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ifname: Option<String>,
+    /// IPAMClaimRef is "namespace/name" of the IPAMClaim that owns this
+    /// reservation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipamclaimref: Option<String>,
+}
+
+/// NodeSlicePoolSpec defines the desired state of NodeSlicePool
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "whereabouts.cni.cncf.io",
+    version = "v1alpha1",
+    kind = "NodeSlicePool",
+    plural = "nodeslicepools",
+    singular = "nodeslicepool",
+    namespaced,
+    status = "NodeSlicePoolStatus",
+    doc = "NodeSlicePool is the Schema for the nodesliceippools API"
+)]
+pub struct NodeSlicePoolSpec {
+    /// Range is a RFC 4632/4291-style string that represents an IP address and prefix length in CIDR notation
+    /// this refers to the entire range where the node is allocated a subset
+    pub range: String,
+    /// The size of each node's slice, as a prefix length such as "/28".
+    #[serde(rename = "sliceSize")]
+    pub slice_size: String,
+}
+
+/// NodeSlicePoolStatus defines the desired state of NodeSlicePool
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct NodeSlicePoolStatus {
+    /// Which node holds which slice.
+    pub allocations: Vec<NodeSliceAllocation>,
+}
+
+/// One node's slice of a NodeSlicePool.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct NodeSliceAllocation {
+    /// The node.
+    #[serde(rename = "nodeName")]
+    pub node_name: String,
+    /// Its slice, as a CIDR.
+    #[serde(rename = "sliceRange")]
+    pub slice_range: String,
+}
+
+/// NetworkAttachmentDefinitionSpec: the CNI configuration of a secondary network.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[kube(
+    group = "k8s.cni.cncf.io",
+    version = "v1",
+    kind = "NetworkAttachmentDefinition",
+    plural = "network-attachment-definitions",
+    singular = "network-attachment-definition",
+    shortname = "net-attach-def",
+    namespaced,
+    doc = "NetworkAttachmentDefinition is a CRD schema specified by the Network Plumbing Working Group to express the intent for attaching pods to one or more logical or physical networks."
+)]
+pub struct NetworkAttachmentDefinitionSpec {
+    /// The CNI configuration (a single config or a conflist) as a JSON string.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<String>,
+}
+
+/// The CRDs ipreclaim works with, as the apiserver should hold them.
+pub fn crds() -> Vec<CustomResourceDefinition> {
+    let mut node_slice = NodeSlicePool::crd();
+    // Upstream declares no status subresource: whereabouts writes status with a plain update,
+    // which a status subresource would silently ignore.
+    for v in &mut node_slice.spec.versions {
+        v.subresources = None;
+    }
+    vec![
+        IPPool::crd(),
+        OverlappingRangeIPReservation::crd(),
+        node_slice,
+        NetworkAttachmentDefinition::crd(),
+    ]
+}
+
+/// Every CRD as one multi-document YAML stream (what `ipreclaim crds` prints and `crds/` holds).
+pub fn crds_yaml() -> Result<String, serde_yaml::Error> {
+    let mut out = String::new();
+    for crd in crds() {
+        out.push_str("---\n");
+        out.push_str(&serde_yaml::to_string(&crd)?);
+    }
+    Ok(out)
+}
+
+/// File name under `crds/` for each CRD, with its YAML.
+pub fn crd_files() -> Result<Vec<(String, String)>, serde_yaml::Error> {
+    crds()
+        .into_iter()
+        .map(|crd| {
+            let name = crd.metadata.name.clone().unwrap_or_default();
+            Ok((format!("{name}.yaml"), serde_yaml::to_string(&crd)?))
+        })
+        .collect()
+}

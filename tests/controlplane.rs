@@ -1,0 +1,216 @@
+//! The test control plane itself, against the real kube-apiserver and etcd.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use ipreclaim::api::{IPAllocation, IPPool, IPPoolSpec};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use testenv::ControlPlane;
+
+const NETWORK_STATUS: &str = "k8s.v1.cni.cncf.io/network-status";
+const WAIT: Duration = Duration::from_secs(30);
+
+fn pod(name: &str, network_status: &str) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            annotations: Some(BTreeMap::from([(
+                NETWORK_STATUS.into(),
+                network_status.into(),
+            )])),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![Container {
+                name: "app".into(),
+                image: Some("localhost/ipreclaim/pause:1".into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+const STATUS_JSON: &str = r#"[{"name":"default/net1","interface":"net1","ips":["192.0.2.10"],"mac":"02:00:00:00:00:01","default":false}]"#;
+
+/// Waits for the next watcher event that satisfies `pred`.
+async fn next_matching<S, F>(stream: &mut S, what: &str, mut pred: F) -> Event<Pod>
+where
+    S: futures::Stream<Item = Result<Event<Pod>, watcher::Error>> + Unpin,
+    F: FnMut(&Event<Pod>) -> bool,
+{
+    tokio::time::timeout(WAIT, async {
+        loop {
+            match stream.try_next().await {
+                Ok(Some(e)) if pred(&e) => return e,
+                Ok(Some(_)) | Err(_) => continue,
+                Ok(None) => panic!("watch stream ended while waiting for {what}"),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no watch event for {what} within {WAIT:?}"))
+}
+
+fn is_apply_of(e: &Event<Pod>, name: &str) -> bool {
+    matches!(e, Event::Apply(p) | Event::InitApply(p) if p.metadata.name.as_deref() == Some(name))
+}
+
+#[tokio::test]
+async fn pod_with_network_status_is_created_watched_and_deleted() {
+    let cp = ControlPlane::shared();
+    let client = cp.client().await;
+    let ns = cp.namespace(&client, "cp-pod").await;
+    let pods = Api::<Pod>::namespaced(client, &ns);
+    let mut events = watcher::watcher(pods.clone(), watcher::Config::default()).boxed();
+    next_matching(&mut events, "initial list", |e| {
+        matches!(e, Event::InitDone)
+    })
+    .await;
+
+    pods.create(&PostParams::default(), &pod("web-0", STATUS_JSON))
+        .await
+        .unwrap();
+    let Event::Apply(seen) =
+        next_matching(&mut events, "pod created", |e| is_apply_of(e, "web-0")).await
+    else {
+        unreachable!()
+    };
+    let annotations = seen.metadata.annotations.unwrap();
+    assert_eq!(annotations[NETWORK_STATUS], STATUS_JSON);
+    let uid = seen.metadata.uid.unwrap();
+
+    // No kubelet runs here: only a zero-grace delete removes the pod at once.
+    pods.delete("web-0", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    let deleted = next_matching(&mut events, "pod deleted", |e| {
+        matches!(e, Event::Delete(_))
+    })
+    .await;
+    let Event::Delete(gone) = deleted else {
+        unreachable!()
+    };
+    assert_eq!(gone.metadata.uid.as_deref(), Some(uid.as_str()));
+    assert!(pods.get_opt("web-0").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn graceful_delete_without_kubelet_leaves_the_pod_terminating() {
+    let cp = ControlPlane::shared();
+    let client = cp.client().await;
+    let ns = cp.namespace(&client, "cp-terminating").await;
+    let pods = Api::<Pod>::namespaced(client, &ns);
+    let mut p = pod("web-0", STATUS_JSON);
+    p.spec.as_mut().unwrap().node_name = Some("node-a".into());
+    pods.create(&PostParams::default(), &p).await.unwrap();
+    pods.delete("web-0", &DeleteParams::default())
+        .await
+        .unwrap();
+    let still = pods.get("web-0").await.unwrap();
+    assert!(
+        still.metadata.deletion_timestamp.is_some(),
+        "pod is Terminating"
+    );
+}
+
+#[tokio::test]
+async fn watch_survives_an_apiserver_restart() {
+    // A private control plane: restarting the shared one would disturb the other tests.
+    let cp = tokio::task::spawn_blocking(ControlPlane::start)
+        .await
+        .unwrap()
+        .expect("start a private control plane");
+    let client = cp.client().await;
+    let ns = cp.namespace(&client, "cp-restart").await;
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns);
+    pods.create(&PostParams::default(), &pod("before", STATUS_JSON))
+        .await
+        .unwrap();
+
+    let mut events = watcher::watcher(pods.clone(), watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    next_matching(&mut events, "pod before restart", |e| {
+        is_apply_of(e, "before")
+    })
+    .await;
+
+    cp.restart_apiserver()
+        .await
+        .expect("restart kube-apiserver");
+
+    // etcd kept the data, and the same watcher sees what happens after the restart.
+    assert!(
+        pods.get_opt("before").await.unwrap().is_some(),
+        "data survived the restart"
+    );
+    pods.create(&PostParams::default(), &pod("after", STATUS_JSON))
+        .await
+        .unwrap();
+    next_matching(&mut events, "pod after restart", |e| {
+        is_apply_of(e, "after")
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn service_account_without_permissions_gets_403() {
+    let cp = ControlPlane::shared();
+    let admin = cp.client().await;
+    let ns = cp.namespace(&admin, "cp-rbac").await;
+    let sa = cp
+        .service_account_client(&admin, &ns, "nobody")
+        .await
+        .expect("token for a fresh ServiceAccount");
+    let err = Api::<Pod>::namespaced(sa.clone(), &ns)
+        .list(&Default::default())
+        .await
+        .expect_err("a ServiceAccount without RBAC must not list pods");
+    match err {
+        kube::Error::Api(status) => assert_eq!(status.code, 403, "{status:?}"),
+        other => panic!("expected a 403, got {other}"),
+    }
+    // The token itself is valid: the apiserver knows who is asking.
+    let who = sa.apiserver_version().await;
+    assert!(
+        who.is_ok(),
+        "an authenticated ServiceAccount may read /version: {who:?}"
+    );
+}
+
+#[tokio::test]
+async fn crds_install_and_an_ippool_is_created() {
+    let cp = ControlPlane::shared();
+    let client = cp.client().await;
+    let installed = cp.install_crds(&client).await.expect("install crds/");
+    assert!(
+        installed.contains(&"ippools.whereabouts.cni.cncf.io".to_string()),
+        "{installed:?}"
+    );
+    let ns = cp.namespace(&client, "cp-crd").await;
+    let pools = Api::<IPPool>::namespaced(client, &ns);
+    let pool = IPPool::new(
+        "198.18.0.0-24",
+        IPPoolSpec {
+            range: "198.18.0.0/24".into(),
+            allocations: BTreeMap::from([(
+                "5".to_string(),
+                IPAllocation {
+                    id: "sandbox-1".into(),
+                    podref: format!("{ns}/web-0"),
+                    ifname: Some("net1".into()),
+                    ipamclaimref: None,
+                },
+            )]),
+        },
+    );
+    pools.create(&PostParams::default(), &pool).await.unwrap();
+    let got = pools.get("198.18.0.0-24").await.unwrap();
+    assert_eq!(got.spec, pool.spec);
+}
