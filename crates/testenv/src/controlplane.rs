@@ -133,7 +133,7 @@ impl ControlPlane {
     pub fn start() -> Result<ControlPlane> {
         let etcd_bin = binary("etcd")?;
         let apiserver_bin = binary("kube-apiserver")?;
-        let dir = run_dir(&format!("controlplane-{}", random_suffix(4)))?;
+        let dir = run_dir("controlplane")?;
         write_pki(&dir)?;
         let admin_token = random_suffix(32);
         write(

@@ -92,11 +92,13 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// A directory under `target/testenv/` for logs and state of this test process.
+/// A new directory under `target/testenv/` for the logs and state of one started component.
 pub fn run_dir(what: &str) -> Result<PathBuf> {
+    static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = workspace_root()
         .join("target/testenv")
-        .join(format!("{what}-{}", std::process::id()));
+        .join(format!("{what}-{}-{seq}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     Ok(dir)
 }

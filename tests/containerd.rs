@@ -1,0 +1,217 @@
+//! The test containerd itself, through k8s-cri over its unix socket.
+
+use std::net::IpAddr;
+
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use k8s_cri::v1::{
+    ContainerConfig, ContainerMetadata, ContainerState, CreateContainerRequest, ImageSpec,
+    LinuxPodSandboxConfig, ListContainersRequest, ListPodSandboxRequest, PodSandboxConfig,
+    PodSandboxMetadata, PodSandboxState, PodSandboxStatusRequest, RemovePodSandboxRequest,
+    RunPodSandboxRequest, StartContainerRequest, StopPodSandboxRequest,
+};
+use testenv::Containerd;
+use testenv::containerd::SANDBOX_IMAGE;
+use tonic::transport::Channel;
+
+fn sandbox_config(name: &str, uid: &str, log_dir: &str) -> PodSandboxConfig {
+    PodSandboxConfig {
+        metadata: Some(PodSandboxMetadata {
+            name: name.into(),
+            uid: uid.into(),
+            namespace: "cri-test".into(),
+            attempt: 0,
+        }),
+        hostname: name.into(),
+        log_directory: log_dir.into(),
+        linux: Some(LinuxPodSandboxConfig::default()),
+        ..Default::default()
+    }
+}
+
+async fn sandbox_state_and_ip(
+    client: &mut RuntimeServiceClient<Channel>,
+    id: &str,
+) -> (i32, String) {
+    let status = client
+        .pod_sandbox_status(PodSandboxStatusRequest {
+            pod_sandbox_id: id.into(),
+            verbose: false,
+        })
+        .await
+        .expect("PodSandboxStatus")
+        .into_inner()
+        .status
+        .expect("a sandbox status");
+    let ip = status.network.map(|n| n.ip).unwrap_or_default();
+    (status.state, ip)
+}
+
+async fn sandbox_ids(client: &mut RuntimeServiceClient<Channel>) -> Vec<(String, i32)> {
+    client
+        .list_pod_sandbox(ListPodSandboxRequest::default())
+        .await
+        .expect("ListPodSandbox")
+        .into_inner()
+        .items
+        .into_iter()
+        .map(|s| (s.id, s.state))
+        .collect()
+}
+
+async fn container_states(client: &mut RuntimeServiceClient<Channel>) -> Vec<(String, i32)> {
+    client
+        .list_containers(ListContainersRequest::default())
+        .await
+        .expect("ListContainers")
+        .into_inner()
+        .containers
+        .into_iter()
+        .map(|c| (c.id, c.state))
+        .collect()
+}
+
+#[tokio::test]
+async fn sandbox_lifecycle_with_an_ip_through_cri() {
+    let containerd = tokio::task::spawn_blocking(Containerd::start)
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("cannot start containerd: {e:#}"));
+    let mut client = containerd.client().await.expect("CRI client");
+    let log_dir = containerd.dir().join("pod-logs");
+    std::fs::create_dir_all(&log_dir).unwrap();
+    let config = sandbox_config("web-0", "uid-web-0", log_dir.to_str().unwrap());
+
+    // Run: READY, with an address from the test CNI plugin.
+    let id = client
+        .run_pod_sandbox(RunPodSandboxRequest {
+            config: Some(config.clone()),
+            runtime_handler: String::new(),
+        })
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "RunPodSandbox: {e}; see {}",
+                containerd.log_path().display()
+            )
+        })
+        .into_inner()
+        .pod_sandbox_id;
+    let (state, ip) = sandbox_state_and_ip(&mut client, &id).await;
+    assert_eq!(state, PodSandboxState::SandboxReady as i32);
+    let ip: IpAddr = ip
+        .parse()
+        .unwrap_or_else(|_| panic!("sandbox IP {ip:?} is not an address"));
+    let net: ipnet::IpNet = testenv::containerd::CNI_SUBNET.parse().unwrap();
+    assert!(net.contains(&ip), "{ip} comes from the test plugin's range");
+    assert_eq!(
+        sandbox_ids(&mut client).await,
+        [(id.clone(), PodSandboxState::SandboxReady as i32)]
+    );
+
+    // A container in it (the sandbox image doubles as the container image).
+    let cid = client
+        .create_container(CreateContainerRequest {
+            pod_sandbox_id: id.clone(),
+            config: Some(ContainerConfig {
+                metadata: Some(ContainerMetadata {
+                    name: "app".into(),
+                    attempt: 0,
+                }),
+                image: Some(ImageSpec {
+                    image: SANDBOX_IMAGE.into(),
+                    ..Default::default()
+                }),
+                log_path: "app.log".into(),
+                ..Default::default()
+            }),
+            sandbox_config: Some(config),
+        })
+        .await
+        .expect("CreateContainer")
+        .into_inner()
+        .container_id;
+    assert_eq!(
+        container_states(&mut client).await,
+        [(cid.clone(), ContainerState::ContainerCreated as i32)]
+    );
+    client
+        .start_container(StartContainerRequest {
+            container_id: cid.clone(),
+        })
+        .await
+        .expect("StartContainer");
+    assert_eq!(
+        container_states(&mut client).await,
+        [(cid.clone(), ContainerState::ContainerRunning as i32)]
+    );
+
+    // Stop: NOTREADY and no IP any more; its container exited.
+    client
+        .stop_pod_sandbox(StopPodSandboxRequest {
+            pod_sandbox_id: id.clone(),
+        })
+        .await
+        .expect("StopPodSandbox");
+    let (state, ip) = sandbox_state_and_ip(&mut client, &id).await;
+    assert_eq!(state, PodSandboxState::SandboxNotready as i32);
+    assert_eq!(ip, "", "a stopped sandbox reports no IP");
+    assert_eq!(
+        sandbox_ids(&mut client).await,
+        [(id.clone(), PodSandboxState::SandboxNotready as i32)]
+    );
+    assert_eq!(
+        container_states(&mut client).await,
+        [(cid, ContainerState::ContainerExited as i32)]
+    );
+
+    // Remove: gone from both listings.
+    client
+        .remove_pod_sandbox(RemovePodSandboxRequest {
+            pod_sandbox_id: id.clone(),
+        })
+        .await
+        .expect("RemovePodSandbox");
+    assert_eq!(sandbox_ids(&mut client).await, []);
+    assert_eq!(container_states(&mut client).await, []);
+    let gone = client
+        .pod_sandbox_status(PodSandboxStatusRequest {
+            pod_sandbox_id: id,
+            verbose: false,
+        })
+        .await
+        .expect_err("status of a removed sandbox");
+    assert_eq!(gone.code(), tonic::Code::NotFound);
+}
+
+#[tokio::test]
+async fn each_sandbox_gets_its_own_ip() {
+    let containerd = tokio::task::spawn_blocking(Containerd::start)
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("cannot start containerd: {e:#}"));
+    let mut client = containerd.client().await.expect("CRI client");
+    let log_dir = containerd.dir().join("pod-logs");
+    std::fs::create_dir_all(&log_dir).unwrap();
+    let mut ips = Vec::new();
+    for i in 0..3 {
+        let config = sandbox_config(
+            &format!("p{i}"),
+            &format!("uid-{i}"),
+            log_dir.to_str().unwrap(),
+        );
+        let id = client
+            .run_pod_sandbox(RunPodSandboxRequest {
+                config: Some(config),
+                runtime_handler: String::new(),
+            })
+            .await
+            .expect("RunPodSandbox")
+            .into_inner()
+            .pod_sandbox_id;
+        ips.push(sandbox_state_and_ip(&mut client, &id).await.1);
+    }
+    let mut unique = ips.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), 3, "{ips:?}");
+}
