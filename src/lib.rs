@@ -4,5 +4,7 @@
 //! the `podlife` crate.
 
 pub mod api;
+pub mod ipam;
+pub mod reclaim;
 
 pub use podlife;

@@ -1,0 +1,14 @@
+//! The whereabouts domain, pure: IPAM config parsing, pool and reservation naming,
+//! offset <-> IP, pool allocations, and the pod network-status annotation.
+
+pub mod config;
+pub mod naming;
+pub mod network_status;
+pub mod pool;
+
+pub use config::{IpRange, IpamConfig, NadConfigError, parse_nad_config};
+pub use naming::{ippool_name, reservation_name};
+pub use network_status::{
+    NETWORK_STATUS_ANNOTATION, NetworkAttachment, NetworkStatusError, parse_network_status,
+};
+pub use pool::{PoolAllocations, PoolEntry, PoolProblem, ip_at, offset_of, pool_allocations};
