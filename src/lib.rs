@@ -4,7 +4,9 @@
 //! the `podlife` crate.
 
 pub mod api;
+pub mod controller;
 pub mod ipam;
 pub mod reclaim;
+pub mod telemetry;
 
 pub use podlife;

@@ -13,6 +13,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the controller: release the addresses of deleted pods and sweep for leaks.
+    Controller(Box<ipreclaim::controller::ControllerArgs>),
     /// Print the CRDs ipreclaim works with (whereabouts' and the NetworkAttachmentDefinition) as YAML.
     Crds {
         /// Write one file per CRD into this directory instead of printing.
@@ -21,8 +23,28 @@ enum Command {
     },
 }
 
+async fn run_controller(args: ipreclaim::controller::ControllerArgs) -> anyhow::Result<()> {
+    ipreclaim::telemetry::init_logging(args.log_format);
+    let client = kube::Client::try_default()
+        .await
+        .context("no Kubernetes client config (set KUBECONFIG, or run in a pod)")?;
+    let shutdown = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("install SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    };
+    ipreclaim::controller::run(client, args, shutdown, |_| {}).await
+}
+
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
+        Command::Controller(args) => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+            .block_on(run_controller(*args))?,
         Command::Crds { write_dir: None } => print!("{}", ipreclaim::api::crds_yaml()?),
         Command::Crds {
             write_dir: Some(dir),

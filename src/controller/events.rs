@@ -1,0 +1,134 @@
+//! Kubernetes Events, with whereabouts' reasons.
+
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::Client;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+
+use super::state::PodRef;
+use crate::reclaim::Reason;
+
+/// whereabouts' reason for a release that was written.
+pub const GC_DONE: &str = "IPAddressGarbageCollected";
+/// whereabouts' reason for a release that failed for good.
+pub const GC_FAILED: &str = "IPAddressGarbageCollectionFailed";
+/// ipreclaim's reason for a release decided under `--dry-run`.
+pub const GC_DRY_RUN: &str = "IPAddressGarbageCollectionDryRun";
+/// ipreclaim's reason for a sweep held by the blast-radius breaker.
+pub const BREAKER_HOLD: &str = "IPAddressGarbageCollectionHeld";
+
+/// Publishes Events; failures to publish are logged, never fatal.
+#[derive(Clone)]
+pub struct Events {
+    recorder: Recorder,
+}
+
+fn pod_reference(pod: &PodRef) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        namespace: Some(pod.namespace.clone()),
+        name: Some(pod.name.clone()),
+        uid: (!pod.uid.is_empty()).then(|| pod.uid.clone()),
+        ..Default::default()
+    }
+}
+
+impl Events {
+    /// A publisher reporting as `instance` (the pod name of this replica).
+    pub fn new(client: Client, instance: &str) -> Self {
+        let reporter = Reporter {
+            controller: "ipreclaim".into(),
+            instance: Some(instance.into()),
+        };
+        Events {
+            recorder: Recorder::new(client, reporter),
+        }
+    }
+
+    async fn publish(
+        &self,
+        type_: EventType,
+        reason: &str,
+        action: String,
+        note: String,
+        reference: &ObjectReference,
+    ) {
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            // The recorder merges repeats of the same action and keeps the first note:
+            // one action per address keeps each address's message.
+            action,
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, reference).await {
+            tracing::warn!(error = %e, reason, object = ?reference.name, "could not publish event");
+        }
+    }
+
+    /// A release was written.
+    pub async fn released(&self, pod: &PodRef, ip: IpAddr, network: &str) {
+        let note = format!("successful cleanup of IP address [{ip}] from network {network}");
+        self.publish(
+            EventType::Normal,
+            GC_DONE,
+            format!("Release {ip}"),
+            note,
+            &pod_reference(pod),
+        )
+        .await;
+    }
+
+    /// A release would have been written (dry-run).
+    pub async fn dry_run(&self, pod: &PodRef, ip: IpAddr, network: &str, reason: Reason) {
+        let note =
+            format!("dry-run: would clean up IP address [{ip}] from network {network} ({reason})");
+        self.publish(
+            EventType::Normal,
+            GC_DRY_RUN,
+            format!("Release {ip}"),
+            note,
+            &pod_reference(pod),
+        )
+        .await;
+    }
+
+    /// Releases for a pod failed for good.
+    pub async fn failed(&self, pod: &PodRef, cause: &str) {
+        let note = format!(
+            "failed to garbage collect addresses for pod {}/{}: {cause}",
+            pod.namespace, pod.name
+        );
+        self.publish(
+            EventType::Warning,
+            GC_FAILED,
+            "Release".into(),
+            note,
+            &pod_reference(pod),
+        )
+        .await;
+    }
+
+    /// The breaker held a pool's sweep.
+    pub async fn breaker_hold(&self, namespace: &str, pool: &str, uid: &str, note: String) {
+        let reference = ObjectReference {
+            api_version: Some("whereabouts.cni.cncf.io/v1alpha1".into()),
+            kind: Some("IPPool".into()),
+            namespace: Some(namespace.into()),
+            name: Some(pool.into()),
+            uid: (!uid.is_empty()).then(|| uid.into()),
+            ..Default::default()
+        };
+        self.publish(
+            EventType::Warning,
+            BREAKER_HOLD,
+            "Sweep".into(),
+            note,
+            &reference,
+        )
+        .await;
+    }
+}

@@ -1,0 +1,319 @@
+//! `ipreclaim controller`: releases the allocations of deleted pods within a second (the
+//! deletion path) and finds every other leak on a short sweep, never touching the address of a
+//! live pod. Writes only as the leader; standbys keep warm caches.
+
+pub mod deletion;
+pub mod events;
+pub mod state;
+pub mod sweep;
+pub mod watch;
+pub mod writer;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use kube::Client;
+use podlife::clock::RealClock;
+use podlife::queue::WorkQueue;
+use podlife::throttle::{Parallelism, Throttle};
+use prometheus_client::registry::Registry;
+use tokio::sync::watch as tokio_watch;
+
+use crate::reclaim::ReclaimConfig;
+use crate::telemetry::{ControllerMetrics, Health, LogFormat};
+use state::State;
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e} (use e.g. 500ms, 60s, 2m)"))
+}
+
+fn parse_ratio(s: &str) -> Result<f64, String> {
+    let r: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if (0.0..=1.0).contains(&r) {
+        Ok(r)
+    } else {
+        Err(format!("{r} is not between 0 and 1"))
+    }
+}
+
+/// Flags of `ipreclaim controller` (each also read from the environment variable shown).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ControllerArgs {
+    /// Namespace of the IPPools and reservations (where the whereabouts CNI writes them).
+    #[arg(long, env = "WHEREABOUTS_NAMESPACE", default_value = "kube-system")]
+    pub whereabouts_namespace: String,
+    /// Time between leak sweeps.
+    #[arg(long, env = "IPRECLAIM_SWEEP_INTERVAL", default_value = "60s", value_parser = parse_duration)]
+    pub sweep_interval: Duration,
+    /// How long an allocation must look leaked before the sweep releases it.
+    #[arg(long, env = "IPRECLAIM_LEAK_GRACE", default_value = "2m", value_parser = parse_duration)]
+    pub leak_grace: Duration,
+    /// Release the addresses of Succeeded/Failed pods.
+    #[arg(long, env = "IPRECLAIM_RELEASE_TERMINAL_PODS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub release_terminal_pods: bool,
+    /// Decide and report (logs, Events, metrics) but write nothing.
+    #[arg(long, env = "IPRECLAIM_DRY_RUN")]
+    pub dry_run: bool,
+    /// Largest share of a pool (over 10 allocations) one sweep may release; more is held.
+    #[arg(long, env = "IPRECLAIM_MAX_RELEASE_RATIO", default_value = "0.5", value_parser = parse_ratio)]
+    pub max_release_ratio: f64,
+    /// Retries of a failed release before a Warning Event (the sweep still owns the leak).
+    #[arg(long, env = "IPRECLAIM_MAX_RETRIES", default_value_t = 5)]
+    pub max_retries: u32,
+    /// API writes per second.
+    #[arg(long, env = "IPRECLAIM_WRITE_QPS", default_value_t = 20.0)]
+    pub write_qps: f64,
+    /// API write burst.
+    #[arg(long, env = "IPRECLAIM_WRITE_BURST", default_value_t = 50)]
+    pub write_burst: u32,
+    /// API writes in flight at once.
+    #[arg(long, env = "IPRECLAIM_MAX_INFLIGHT_WRITES", default_value_t = 4)]
+    pub max_inflight_writes: usize,
+    /// Elect a leader with a Lease; only the leader writes.
+    #[arg(long, env = "IPRECLAIM_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_election: bool,
+    /// Name of the leader-election Lease.
+    #[arg(
+        long,
+        env = "IPRECLAIM_LEASE_NAME",
+        default_value = "ipreclaim-controller"
+    )]
+    pub lease_name: String,
+    /// Namespace of the Lease (default: $POD_NAMESPACE, else the whereabouts namespace).
+    #[arg(long, env = "IPRECLAIM_LEASE_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "IPRECLAIM_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    pub metrics_addr: SocketAddr,
+    /// Log format.
+    #[arg(long, env = "IPRECLAIM_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+/// Handles a running controller exposes (for tests and the binary).
+pub struct Running {
+    /// Liveness and readiness.
+    pub health: Health,
+    /// Where /metrics is served.
+    pub metrics_addr: SocketAddr,
+    /// The controller's state (read-only use).
+    pub state: Arc<RwLock<State>>,
+}
+
+fn identity() -> String {
+    std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| format!("ipreclaim-{}", std::process::id()))
+}
+
+async fn leadership(
+    client: Client,
+    args: &ControllerArgs,
+) -> anyhow::Result<tokio_watch::Receiver<bool>> {
+    if !args.leader_election {
+        return Ok(tokio_watch::channel(true).1);
+    }
+    let namespace = args
+        .lease_namespace
+        .clone()
+        .or_else(|| std::env::var("POD_NAMESPACE").ok())
+        .unwrap_or_else(|| args.whereabouts_namespace.clone());
+    let manager = kube_lease_manager::LeaseManagerBuilder::new(client, &args.lease_name)
+        .with_namespace(&namespace)
+        .with_identity(identity())
+        .build()
+        .await
+        .with_context(|| format!("lease {namespace}/{}", args.lease_name))?;
+    let (rx, task) = manager.watch().await;
+    tokio::spawn(async move {
+        if let Ok(Err(e)) = task.await {
+            tracing::error!(error = %e, "leader election stopped");
+        }
+    });
+    Ok(rx)
+}
+
+/// Runs the controller until `shutdown` completes. Calls `on_start` once the metrics server
+/// is bound.
+pub async fn run(
+    client: Client,
+    args: ControllerArgs,
+    shutdown: impl Future<Output = ()>,
+    on_start: impl FnOnce(&Running),
+) -> anyhow::Result<()> {
+    let mut registry = Registry::default();
+    let metrics = ControllerMetrics::new(&mut registry);
+    let health = Health::default();
+    let (metrics_addr, server) =
+        crate::telemetry::serve(args.metrics_addr, Arc::new(registry), health.clone())
+            .await
+            .with_context(|| format!("bind metrics address {}", args.metrics_addr))?;
+    let state = Arc::new(RwLock::new(State::default()));
+    on_start(&Running {
+        health: health.clone(),
+        metrics_addr,
+        state: state.clone(),
+    });
+    tracing::info!(%metrics_addr, namespace = %args.whereabouts_namespace, dry_run = args.dry_run, "controller starting");
+
+    let clock = RealClock::shared();
+    let queue: Arc<WorkQueue<String>> = WorkQueue::new(clock.clone());
+    let events = events::Events::new(client.clone(), &identity());
+    let reclaim = ReclaimConfig {
+        release_terminal_pods: args.release_terminal_pods,
+    };
+    let writer = writer::spawn(Arc::new(writer::Writer {
+        client: client.clone(),
+        namespace: args.whereabouts_namespace.clone(),
+        throttle: Throttle::new(
+            args.write_qps,
+            args.write_burst,
+            Parallelism::Parallel {
+                max: Some(args.max_inflight_writes),
+            },
+            clock,
+        ),
+        metrics: metrics.clone(),
+        events: events.clone(),
+        dry_run: args.dry_run,
+        state: state.clone(),
+    }));
+    let leader = leadership(client.clone(), &args).await?;
+
+    // Watches, each reporting its first full list.
+    let mut synced = Vec::new();
+    let mut tasks = Vec::new();
+    let mut watch_task = |f: &dyn Fn(tokio_watch::Sender<bool>) -> tokio::task::JoinHandle<()>| {
+        let (tx, rx) = tokio_watch::channel(false);
+        synced.push(rx);
+        tasks.push(f(tx));
+    };
+    let ns = args.whereabouts_namespace.clone();
+    watch_task(&|tx| {
+        tokio::spawn(watch::pods(
+            client.clone(),
+            state.clone(),
+            queue.clone(),
+            tx,
+        ))
+    });
+    watch_task(&|tx| {
+        tokio::spawn(watch::terminal_pods(
+            client.clone(),
+            state.clone(),
+            "Succeeded",
+            tx,
+        ))
+    });
+    watch_task(&|tx| {
+        tokio::spawn(watch::terminal_pods(
+            client.clone(),
+            state.clone(),
+            "Failed",
+            tx,
+        ))
+    });
+    watch_task(&|tx| tokio::spawn(watch::pools(client.clone(), ns.clone(), state.clone(), tx)));
+    watch_task(&|tx| {
+        tokio::spawn(watch::reservations(
+            client.clone(),
+            ns.clone(),
+            state.clone(),
+            tx,
+        ))
+    });
+    watch_task(&|tx| tokio::spawn(watch::nads(client.clone(), state.clone(), tx)));
+
+    let main = async {
+        for mut rx in synced {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+        // Pods gone while we were down: their allocations have no live pod now.
+        {
+            let mut st = state.write().expect("state lock");
+            let now = Instant::now();
+            for podref in st.allocated_podrefs() {
+                if st.live(&podref).is_none() {
+                    st.orphan_tombstone(&podref, now);
+                    queue.add(podref);
+                }
+            }
+        }
+        health.set_ready(true);
+        tracing::info!("caches synced; ready");
+        for _ in 0..4 {
+            tasks.push(tokio::spawn(
+                deletion::Worker {
+                    client: client.clone(),
+                    state: state.clone(),
+                    queue: queue.clone(),
+                    writer: writer.clone(),
+                    events: events.clone(),
+                    metrics: metrics.clone(),
+                    reclaim,
+                    max_retries: args.max_retries,
+                    leader: leader.clone(),
+                }
+                .run(),
+            ));
+        }
+        let mut sweeper = sweep::Sweeper {
+            client: client.clone(),
+            state: state.clone(),
+            queue: queue.clone(),
+            writer: writer.clone(),
+            events: events.clone(),
+            metrics: metrics.clone(),
+            config: sweep::SweepConfig {
+                leak_grace: args.leak_grace,
+                max_release_ratio: args.max_release_ratio,
+                reclaim,
+                namespace: args.whereabouts_namespace.clone(),
+            },
+            first_seen: Default::default(),
+        };
+        let mut tick = tokio::time::interval(args.sweep_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            {
+                let mut st = state.write().expect("state lock");
+                st.expire_tombstones(Instant::now() - Duration::from_secs(600));
+                metrics.nad_config_errors.set(st.nad_errors.len() as i64);
+                metrics
+                    .malformed_network_status
+                    .set(st.malformed_status_count() as i64);
+                for (name, pool) in st.pools() {
+                    let label = format!("{}/{}", args.whereabouts_namespace, name);
+                    metrics
+                        .allocations
+                        .get_or_create(&label.clone().into())
+                        .set(pool.entries.len() as i64);
+                    metrics
+                        .pool_problems
+                        .get_or_create(&label.into())
+                        .set(pool.problems as i64);
+                }
+            }
+            metrics.queue_depth.set(queue.len() as i64);
+            if *leader.borrow() {
+                let report = sweeper.sweep().await;
+                tracing::debug!(?report, "sweep done");
+            }
+        }
+    };
+    tokio::select! {
+        _ = shutdown => tracing::info!("shutting down"),
+        _ = main => {}
+    }
+    queue.shutdown();
+    health.set_ready(false);
+    for t in tasks {
+        t.abort();
+    }
+    server.abort();
+    Ok(())
+}

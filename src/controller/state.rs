@@ -1,0 +1,516 @@
+//! What the controller knows, stripped to what decisions need: live pods by podref,
+//! tombstones of deleted pods, pools with their parsed allocations, the podref -> allocation
+//! index, the NAD -> pool mapping, and reservations.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::api::{IPPool, NetworkAttachmentDefinition, OverlappingRangeIPReservation};
+use crate::ipam::{
+    NetworkAttachment, PoolEntry, parse_nad_config, parse_network_status, pool_allocations,
+    reservation_name,
+};
+use crate::reclaim::{
+    self, Allocation, Decision, DeletedPod, LivePod, PodKnowledge, PodPhase, PoolContext,
+    ReclaimConfig,
+};
+
+/// A pod's identity for Events.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PodRef {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Uid (empty when unknown, e.g. a pod that vanished while the controller was down).
+    pub uid: String,
+}
+
+impl PodRef {
+    /// `namespace/name`.
+    pub fn podref(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// A live pod, stripped.
+#[derive(Debug, Clone)]
+pub struct LiveInfo {
+    /// Uid.
+    pub uid: String,
+    /// Secondary networks, `None` when the annotation is missing or malformed.
+    pub networks: Option<Arc<[NetworkAttachment]>>,
+    /// The annotation was present but malformed.
+    pub malformed_status: bool,
+}
+
+/// A deleted pod waiting for its addresses to be released.
+#[derive(Debug, Clone)]
+pub struct Tombstone {
+    /// Uid (empty when unknown).
+    pub uid: String,
+    /// Secondary networks it listed, `None` when it had no (readable) network-status.
+    pub networks: Option<Arc<[NetworkAttachment]>>,
+    /// When the deletion was seen.
+    pub seen_at: Instant,
+}
+
+/// A pool, parsed.
+#[derive(Debug, Clone)]
+pub struct PoolInfo {
+    /// Pool name.
+    pub name: String,
+    /// Its uid.
+    pub uid: String,
+    /// Usable entries by key.
+    pub entries: BTreeMap<String, PoolEntry>,
+    /// Number of unreadable entries.
+    pub problems: usize,
+    /// The range could not be parsed at all.
+    pub bad_range: bool,
+}
+
+/// A reservation, stripped.
+#[derive(Debug, Clone)]
+pub struct ReservationInfo {
+    /// Its uid (for the delete precondition).
+    pub uid: String,
+    /// The podref it names.
+    pub podref: String,
+}
+
+/// One allocation with everything needed to decide and to release it.
+#[derive(Debug, Clone)]
+pub struct Judged {
+    /// Pool name.
+    pub pool: String,
+    /// The entry.
+    pub entry: PoolEntry,
+    /// The decision.
+    pub decision: Decision,
+    /// The network to name in Events.
+    pub network: String,
+    /// The pod to put Events on.
+    pub pod: PodRef,
+}
+
+/// The controller's view of the cluster.
+#[derive(Debug, Default)]
+pub struct State {
+    live: HashMap<String, LiveInfo>,
+    terminal: HashSet<String>,
+    tombstones: HashMap<String, Vec<Tombstone>>,
+    pools: HashMap<String, PoolInfo>,
+    by_podref: HashMap<String, HashSet<(String, String)>>,
+    /// Pool name -> networks (`ns/nad`) that allocate from it.
+    pool_networks: HashMap<String, Vec<String>>,
+    /// NAD (`ns/name`) -> pool names it maps to.
+    nad_pools: HashMap<String, Vec<String>>,
+    /// NADs whose config cannot be used, with the error.
+    pub nad_errors: HashMap<String, String>,
+    reservations: HashMap<String, ReservationInfo>,
+}
+
+fn networks_of(
+    annotations: Option<&BTreeMap<String, String>>,
+) -> (Option<Arc<[NetworkAttachment]>>, bool) {
+    match annotations.and_then(|a| a.get(crate::ipam::NETWORK_STATUS_ANNOTATION)) {
+        None => (None, false),
+        Some(s) => match parse_network_status(s) {
+            Ok(n) => (Some(n.into()), false),
+            Err(_) => (None, true),
+        },
+    }
+}
+
+impl State {
+    /// Records a live pod; returns a tombstone if it replaced a pod of the same podref with
+    /// another uid (a deletion whose event was missed).
+    pub fn upsert_pod(
+        &mut self,
+        podref: &str,
+        uid: &str,
+        annotations: Option<&BTreeMap<String, String>>,
+        now: Instant,
+    ) -> Option<Tombstone> {
+        let (networks, malformed_status) = networks_of(annotations);
+        let info = LiveInfo {
+            uid: uid.to_owned(),
+            networks,
+            malformed_status,
+        };
+        let old = self.live.insert(podref.to_owned(), info)?;
+        (old.uid != uid).then(|| self.bury(podref, old, now))
+    }
+
+    fn bury(&mut self, podref: &str, old: LiveInfo, now: Instant) -> Tombstone {
+        let t = Tombstone {
+            uid: old.uid,
+            networks: old.networks,
+            seen_at: now,
+        };
+        self.tombstones
+            .entry(podref.to_owned())
+            .or_default()
+            .push(t.clone());
+        t
+    }
+
+    /// Records a deleted pod (from its final state); returns the tombstone.
+    pub fn delete_pod(
+        &mut self,
+        podref: &str,
+        uid: &str,
+        annotations: Option<&BTreeMap<String, String>>,
+        now: Instant,
+    ) -> Tombstone {
+        if self.live.get(podref).is_some_and(|l| l.uid == uid) {
+            self.live.remove(podref);
+        }
+        self.terminal.remove(uid);
+        let (networks, _) = networks_of(annotations);
+        let t = Tombstone {
+            uid: uid.to_owned(),
+            networks,
+            seen_at: now,
+        };
+        self.tombstones
+            .entry(podref.to_owned())
+            .or_default()
+            .push(t.clone());
+        t
+    }
+
+    /// A pod that vanished without a Delete event (watch gap): tombstone from what was known.
+    pub fn vanish_pod(&mut self, podref: &str, uid: &str, now: Instant) -> Option<Tombstone> {
+        let live = self.live.get(podref).filter(|l| l.uid == uid)?.clone();
+        self.live.remove(podref);
+        self.terminal.remove(uid);
+        Some(self.bury(podref, live, now))
+    }
+
+    /// A podref with allocations but no pod, found at start: a tombstone without uid or
+    /// network-status (the worker confirms with a GET before releasing).
+    pub fn orphan_tombstone(&mut self, podref: &str, now: Instant) {
+        self.tombstones
+            .entry(podref.to_owned())
+            .or_default()
+            .push(Tombstone {
+                uid: String::new(),
+                networks: None,
+                seen_at: now,
+            });
+    }
+
+    /// Live (podref, uid) pairs.
+    pub fn live_pods(&self) -> HashSet<(String, String)> {
+        self.live
+            .iter()
+            .map(|(p, l)| (p.clone(), l.uid.clone()))
+            .collect()
+    }
+
+    /// The live pod of a podref.
+    pub fn live(&self, podref: &str) -> Option<&LiveInfo> {
+        self.live.get(podref)
+    }
+
+    /// Number of live pods with a malformed network-status.
+    pub fn malformed_status_count(&self) -> usize {
+        self.live.values().filter(|l| l.malformed_status).count()
+    }
+
+    /// Sets the terminal (Succeeded/Failed) pod uids.
+    pub fn set_terminal(&mut self, uid: &str, terminal: bool) {
+        if terminal {
+            self.terminal.insert(uid.to_owned());
+        } else {
+            self.terminal.remove(uid);
+        }
+    }
+
+    /// Forgets the tombstones of `podref` seen at or before `upto`.
+    pub fn clear_tombstones(&mut self, podref: &str, upto: Instant) {
+        if let Some(ts) = self.tombstones.get_mut(podref) {
+            ts.retain(|t| t.seen_at > upto);
+            if ts.is_empty() {
+                self.tombstones.remove(podref);
+            }
+        }
+    }
+
+    /// Whether a tombstone of `podref` has no network-status (it would release every
+    /// allocation of the podref, so the worker confirms no pod of that name exists).
+    pub fn blind_tombstone(&self, podref: &str) -> bool {
+        self.tombstones
+            .get(podref)
+            .is_some_and(|ts| ts.iter().any(|t| t.networks.is_none()))
+    }
+
+    /// Forgets tombstones older than `before` whose podref has no allocation left.
+    pub fn expire_tombstones(&mut self, before: Instant) {
+        let by_podref = &self.by_podref;
+        self.tombstones.retain(|podref, ts| {
+            ts.retain(|t| t.seen_at >= before || by_podref.contains_key(podref));
+            !ts.is_empty()
+        });
+    }
+
+    /// Podrefs with tombstones.
+    pub fn tombstoned(&self) -> Vec<String> {
+        self.tombstones.keys().cloned().collect()
+    }
+
+    /// The earliest deletion time seen for `podref`.
+    pub fn first_deletion(&self, podref: &str) -> Option<Instant> {
+        self.tombstones.get(podref)?.iter().map(|t| t.seen_at).min()
+    }
+
+    /// Replaces a pool's parsed contents and its podref index.
+    pub fn upsert_pool(&mut self, pool: &IPPool) {
+        let name = pool.metadata.name.clone().unwrap_or_default();
+        self.remove_pool(&name);
+        let (entries, problems, bad_range) = match pool_allocations(&pool.spec) {
+            Ok(p) => (p.entries, p.problems.len(), false),
+            Err(_) => (Vec::new(), pool.spec.allocations.len(), true),
+        };
+        let mut by_key = BTreeMap::new();
+        for e in entries {
+            self.by_podref
+                .entry(e.podref.clone())
+                .or_default()
+                .insert((name.clone(), e.key.clone()));
+            by_key.insert(e.key.clone(), e);
+        }
+        self.pools.insert(
+            name.clone(),
+            PoolInfo {
+                name,
+                uid: pool.metadata.uid.clone().unwrap_or_default(),
+                entries: by_key,
+                problems,
+                bad_range,
+            },
+        );
+    }
+
+    /// Forgets a pool.
+    pub fn remove_pool(&mut self, name: &str) {
+        if let Some(old) = self.pools.remove(name) {
+            for e in old.entries.values() {
+                if let Some(set) = self.by_podref.get_mut(&e.podref) {
+                    set.remove(&(name.to_owned(), e.key.clone()));
+                    if set.is_empty() {
+                        self.by_podref.remove(&e.podref);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Removes one entry after a successful release (the watch will confirm).
+    pub fn forget_entry(&mut self, pool: &str, key: &str) {
+        if let Some(p) = self.pools.get_mut(pool)
+            && let Some(e) = p.entries.remove(key)
+            && let Some(set) = self.by_podref.get_mut(&e.podref)
+        {
+            set.remove(&(pool.to_owned(), key.to_owned()));
+            if set.is_empty() {
+                self.by_podref.remove(&e.podref);
+            }
+        }
+    }
+
+    /// Pools by name.
+    pub fn pools(&self) -> &HashMap<String, PoolInfo> {
+        &self.pools
+    }
+
+    /// Podrefs that have allocations.
+    pub fn allocated_podrefs(&self) -> Vec<String> {
+        self.by_podref.keys().cloned().collect()
+    }
+
+    /// Records a NAD's mapping to pools (or its config error).
+    pub fn upsert_nad(&mut self, nad: &NetworkAttachmentDefinition) {
+        let key = format!(
+            "{}/{}",
+            nad.metadata.namespace.as_deref().unwrap_or_default(),
+            nad.metadata.name.as_deref().unwrap_or_default()
+        );
+        self.remove_nad(&key);
+        let config = nad.spec.config.as_deref().unwrap_or("");
+        match parse_nad_config(config) {
+            Ok(Some(ipam)) => {
+                let pools: Vec<String> =
+                    ipam.pool_names(None).into_iter().map(|(_, n)| n).collect();
+                for p in &pools {
+                    self.pool_networks
+                        .entry(p.clone())
+                        .or_default()
+                        .push(key.clone());
+                }
+                self.nad_pools.insert(key, pools);
+            }
+            Ok(None) => {}
+            Err(e) => {
+                self.nad_errors.insert(key, e.to_string());
+            }
+        }
+    }
+
+    /// Forgets a NAD.
+    pub fn remove_nad(&mut self, key: &str) {
+        self.nad_errors.remove(key);
+        for p in self.nad_pools.remove(key).unwrap_or_default() {
+            if let Some(nets) = self.pool_networks.get_mut(&p) {
+                nets.retain(|n| n != key);
+                if nets.is_empty() {
+                    self.pool_networks.remove(&p);
+                }
+            }
+        }
+    }
+
+    /// The networks (`ns/nad`) known to allocate from `pool`.
+    pub fn pool_networks(&self, pool: &str) -> Option<Vec<String>> {
+        self.pool_networks.get(pool).cloned()
+    }
+
+    /// Records a reservation.
+    pub fn upsert_reservation(&mut self, r: &OverlappingRangeIPReservation) {
+        if let Some(name) = &r.metadata.name {
+            self.reservations.insert(
+                name.clone(),
+                ReservationInfo {
+                    uid: r.metadata.uid.clone().unwrap_or_default(),
+                    podref: r.spec.podref.clone(),
+                },
+            );
+        }
+    }
+
+    /// Forgets a reservation.
+    pub fn remove_reservation(&mut self, name: &str) {
+        self.reservations.remove(name);
+    }
+
+    /// Reservations of `podref` for `ip`: named `[<network_name>-]<normalized ip>`, matched by
+    /// computing the IP's name forward, never by reversing names.
+    pub fn reservations_for(&self, podref: &str, ip: IpAddr) -> Vec<(String, String)> {
+        let bare = reservation_name(ip, None);
+        let suffix = format!("-{bare}");
+        self.reservations
+            .iter()
+            .filter(|(name, r)| r.podref == podref && (**name == bare || name.ends_with(&suffix)))
+            .map(|(name, r)| (name.clone(), r.uid.clone()))
+            .collect()
+    }
+
+    /// Judges every allocation of `podref`.
+    pub fn judge_podref(&self, podref: &str, config: &ReclaimConfig) -> Vec<Judged> {
+        let Some(keys) = self.by_podref.get(podref) else {
+            return Vec::new();
+        };
+        let mut out = Vec::with_capacity(keys.len());
+        for (pool, key) in keys {
+            if let Some(entry) = self.pools.get(pool).and_then(|p| p.entries.get(key)) {
+                out.push(self.judge(pool, entry, config));
+            }
+        }
+        out.sort_by(|a, b| (&a.pool, &a.entry.key).cmp(&(&b.pool, &b.entry.key)));
+        out
+    }
+
+    /// Judges every allocation of every pool.
+    pub fn judge_all(&self, config: &ReclaimConfig) -> Vec<Judged> {
+        let mut out = Vec::new();
+        for (name, pool) in &self.pools {
+            for entry in pool.entries.values() {
+                out.push(self.judge(name, entry, config));
+            }
+        }
+        out
+    }
+
+    fn judge(&self, pool: &str, entry: &PoolEntry, config: &ReclaimConfig) -> Judged {
+        let live = self.live.get(&entry.podref);
+        let tombstones = self
+            .tombstones
+            .get(&entry.podref)
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
+        let deleted: Vec<DeletedPod<'_>> = tombstones
+            .iter()
+            .map(|t| DeletedPod {
+                uid: &t.uid,
+                networks: t.networks.as_deref(),
+            })
+            .collect();
+        let knowledge = PodKnowledge {
+            live: live.map(|l| LivePod {
+                uid: &l.uid,
+                phase: if self.terminal.contains(&l.uid) {
+                    PodPhase::Succeeded
+                } else {
+                    PodPhase::Running
+                },
+                networks: l.networks.as_deref(),
+            }),
+            deleted: &deleted,
+            dead_sandboxes: &[],
+        };
+        let pool_networks = self.pool_networks.get(pool);
+        let alloc = Allocation {
+            ip: entry.ip,
+            sandbox_id: &entry.id,
+            podref: &entry.podref,
+            ifname: entry.ifname.as_deref(),
+        };
+        let decision = reclaim::decide(
+            &alloc,
+            &PoolContext {
+                networks: pool_networks.map(Vec::as_slice),
+            },
+            &knowledge,
+            config,
+        );
+        // Name the network the pod itself recorded for this address, else the pool's NAD.
+        let listed = tombstones
+            .iter()
+            .filter_map(|t| t.networks.as_deref())
+            .chain(live.and_then(|l| l.networks.as_deref()))
+            .flatten()
+            .find(|n| n.ips.contains(&entry.ip))
+            .map(|n| n.name.clone());
+        let network = listed
+            .or_else(|| pool_networks.and_then(|n| n.first().cloned()))
+            .unwrap_or_else(|| pool.to_owned());
+        let (namespace, name) = entry.podref.split_once('/').unwrap_or(("", &entry.podref));
+        let uid = match decision {
+            Decision::Release(reclaim::Reason::PodDeleted) => tombstones
+                .iter()
+                .rev()
+                .find(|t| {
+                    t.networks
+                        .as_deref()
+                        .is_none_or(|n| n.iter().any(|a| a.ips.contains(&entry.ip)))
+                })
+                .map(|t| t.uid.clone()),
+            _ => live.map(|l| l.uid.clone()),
+        };
+        Judged {
+            pool: pool.to_owned(),
+            entry: entry.clone(),
+            decision,
+            network,
+            pod: PodRef {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+                uid: uid.unwrap_or_default(),
+            },
+        }
+    }
+}

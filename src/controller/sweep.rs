@@ -1,0 +1,220 @@
+//! The leak sweep: every allocation is judged; garbage must stay garbage for the grace period
+//! and survive a fresh GET of its pod before it is released, and a sweep that would free too
+//! much of a pool is held for an operator.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
+use kube::api::Api;
+use podlife::queue::WorkQueue;
+
+use super::events::Events;
+use super::state::{Judged, State};
+use super::writer::{ReleaseRequest, WriterHandle};
+use crate::ipam::{NETWORK_STATUS_ANNOTATION, parse_network_status};
+use crate::reclaim::{
+    self, Allocation, Decision, LivePod, PodKnowledge, PodPhase, PoolContext, Reason, ReclaimConfig,
+};
+use crate::telemetry::ControllerMetrics;
+
+/// Pools with at most this many allocations are never held by the breaker.
+const BREAKER_MIN_POOL: usize = 10;
+
+/// Sweep settings.
+#[derive(Debug, Clone)]
+pub struct SweepConfig {
+    /// How long an allocation must be seen as garbage before it is released.
+    pub leak_grace: Duration,
+    /// Largest share of a pool one sweep may release.
+    pub max_release_ratio: f64,
+    /// The decision rules.
+    pub reclaim: ReclaimConfig,
+    /// Namespace of the pools (for breaker Events).
+    pub namespace: String,
+}
+
+/// The sweep's memory between runs: when each candidate was first seen.
+pub struct Sweeper {
+    pub(crate) client: Client,
+    pub(crate) state: Arc<RwLock<State>>,
+    pub(crate) queue: Arc<WorkQueue<String>>,
+    pub(crate) writer: WriterHandle,
+    pub(crate) events: Events,
+    pub(crate) metrics: ControllerMetrics,
+    pub(crate) config: SweepConfig,
+    pub(crate) first_seen: HashMap<(String, String, String), (Instant, Reason)>,
+}
+
+/// What one sweep did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct SweepReport {
+    /// Candidates seen.
+    pub candidates: usize,
+    /// Releases handed to the writer.
+    pub released: usize,
+    /// Pools held by the breaker.
+    pub held_pools: Vec<String>,
+}
+
+impl Sweeper {
+    /// One sweep.
+    pub async fn sweep(&mut self) -> SweepReport {
+        let started = Instant::now();
+        let (judged, pool_sizes) = {
+            let st = self.state.read().expect("state lock");
+            let sizes: HashMap<String, (usize, String)> = st
+                .pools()
+                .iter()
+                .map(|(n, p)| (n.clone(), (p.entries.len(), p.uid.clone())))
+                .collect();
+            (st.judge_all(&self.config.reclaim), sizes)
+        };
+        let mut report = SweepReport::default();
+        let mut seen = HashSet::new();
+        let mut due: Vec<(Judged, Reason)> = Vec::new();
+        let mut counts: BTreeMap<&'static str, i64> =
+            Reason::ALL.iter().map(|r| (r.as_str(), 0)).collect();
+        let mut oldest = Duration::ZERO;
+        for j in judged {
+            let reason = match j.decision {
+                Decision::Candidate(r) => r,
+                Decision::Release(_) => {
+                    // Direct evidence the deletion path has not handled yet.
+                    self.queue.add(j.entry.podref.clone());
+                    continue;
+                }
+                Decision::Keep(_) => continue,
+            };
+            report.candidates += 1;
+            *counts.entry(reason.as_str()).or_default() += 1;
+            let key = (j.pool.clone(), j.entry.key.clone(), j.entry.id.clone());
+            seen.insert(key.clone());
+            let first = self.first_seen.entry(key).or_insert((started, reason));
+            if first.1 != reason {
+                *first = (started, reason);
+            }
+            let age = started.saturating_duration_since(first.0);
+            oldest = oldest.max(age);
+            if age >= self.config.leak_grace {
+                due.push((j, reason));
+            }
+        }
+        self.first_seen.retain(|k, _| seen.contains(k));
+        for (reason, n) in counts {
+            self.metrics
+                .candidates
+                .get_or_create(&reason.to_string().into())
+                .set(n);
+        }
+        self.metrics
+            .oldest_candidate_seconds
+            .set(oldest.as_secs() as i64);
+
+        let mut confirmed: Vec<ReleaseRequest> = Vec::new();
+        for (j, reason) in due {
+            match self.confirm(&j, reason).await {
+                Ok(true) => confirmed.push(ReleaseRequest {
+                    judged: j,
+                    reason,
+                    deleted_at: None,
+                }),
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(podref = %j.entry.podref, error = %e, "could not confirm a leak; next sweep")
+                }
+            }
+        }
+
+        // The blast-radius breaker.
+        let mut per_pool: BTreeMap<String, usize> = BTreeMap::new();
+        for r in &confirmed {
+            *per_pool.entry(r.judged.pool.clone()).or_default() += 1;
+        }
+        let mut held = HashSet::new();
+        for (pool, n) in &per_pool {
+            let (size, uid) = pool_sizes.get(pool).cloned().unwrap_or_default();
+            if size > BREAKER_MIN_POOL && (*n as f64) > self.config.max_release_ratio * size as f64
+            {
+                let note = format!(
+                    "sweep would release {n} of {size} allocations (more than --max-release-ratio {}); \
+                     held until an operator raises the ratio",
+                    self.config.max_release_ratio
+                );
+                tracing::warn!(%pool, n, size, "breaker holds the sweep of this pool");
+                self.metrics
+                    .breaker_holds
+                    .get_or_create(&pool.clone().into())
+                    .inc();
+                self.events
+                    .breaker_hold(&self.config.namespace, pool, &uid, note)
+                    .await;
+                held.insert(pool.clone());
+            }
+        }
+        confirmed.retain(|r| !held.contains(&r.judged.pool));
+        report.held_pools = held.into_iter().collect();
+        report.held_pools.sort();
+        report.released = confirmed.len();
+        if !confirmed.is_empty() {
+            for outcome in self.writer.release(confirmed).await {
+                if let Err(e) = outcome {
+                    tracing::warn!(error = %e, "sweep release failed; next sweep retries");
+                }
+            }
+        }
+        self.metrics
+            .sweep_duration_seconds
+            .observe(started.elapsed().as_secs_f64());
+        report
+    }
+
+    /// A fresh look at the pod before releasing on the sweep's evidence.
+    async fn confirm(&self, j: &Judged, reason: Reason) -> Result<bool, kube::Error> {
+        let (ns, name) = j
+            .entry
+            .podref
+            .split_once('/')
+            .unwrap_or(("", &j.entry.podref));
+        let pod = Api::<Pod>::namespaced(self.client.clone(), ns)
+            .get_opt(name)
+            .await?;
+        let Some(pod) = pod else {
+            return Ok(reason == Reason::PodMissing);
+        };
+        let networks = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(NETWORK_STATUS_ANNOTATION))
+            .and_then(|s| parse_network_status(s).ok());
+        let live = LivePod {
+            uid: pod.metadata.uid.as_deref().unwrap_or_default(),
+            phase: PodPhase::parse(pod.status.as_ref().and_then(|s| s.phase.as_deref())),
+            networks: networks.as_deref(),
+        };
+        let pool_networks = {
+            let st = self.state.read().expect("state lock");
+            st.pool_networks(&j.pool)
+        };
+        let fresh = reclaim::decide(
+            &Allocation {
+                ip: j.entry.ip,
+                sandbox_id: &j.entry.id,
+                podref: &j.entry.podref,
+                ifname: j.entry.ifname.as_deref(),
+            },
+            &PoolContext {
+                networks: pool_networks.as_deref(),
+            },
+            &PodKnowledge {
+                live: Some(live),
+                ..Default::default()
+            },
+            &self.config.reclaim,
+        );
+        Ok(fresh == Decision::Candidate(reason))
+    }
+}

@@ -1,0 +1,333 @@
+//! The pool writer: releases batched into one JSON patch per pool, each entry pinned by `test`
+//! operations on its `id` and `podref` before its `remove`, so concurrent allocations of other
+//! offsets are never lost and never conflict. Reservations go with a uid precondition.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use kube::Client;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use podlife::throttle::Throttle;
+use serde_json::json;
+use tokio::sync::{mpsc, oneshot};
+
+use super::events::Events;
+use super::state::{Judged, State};
+use crate::api::{IPPool, OverlappingRangeIPReservation};
+use crate::reclaim::Reason;
+use crate::telemetry::ControllerMetrics;
+
+/// Most releases in one batch.
+const MAX_BATCH: usize = 1000;
+/// How long the batcher waits for more releases after the first one.
+const BATCH_WINDOW: Duration = Duration::from_millis(5);
+
+/// One address to release.
+#[derive(Debug, Clone)]
+pub struct ReleaseRequest {
+    /// The allocation and where to report it.
+    pub judged: Judged,
+    /// Why.
+    pub reason: Reason,
+    /// When the pod's deletion was seen (for the latency metric).
+    pub deleted_at: Option<Instant>,
+}
+
+/// What happened to a release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    /// Removed from the pool.
+    Released,
+    /// The entry was already gone (the CNI's DEL got there first).
+    AlreadyGone,
+    /// The entry now belongs to another sandbox or pod: not ours to remove.
+    Changed,
+    /// `--dry-run`: reported, not written.
+    DryRun,
+}
+
+/// Why a release failed (it will be retried, and the sweep still owns the leak).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReleaseError {
+    /// The API refused or failed.
+    #[error("patching pool {pool}: {message}")]
+    Api {
+        /// The pool.
+        pool: String,
+        /// What the API said.
+        message: String,
+    },
+    /// The entry kept changing under us.
+    #[error("pool {pool} kept changing while releasing")]
+    Conflict {
+        /// The pool.
+        pool: String,
+    },
+    /// The writer is shutting down.
+    #[error("the pool writer stopped")]
+    Stopped,
+}
+
+impl ReleaseError {
+    /// Label for the failures metric.
+    pub fn cause(&self) -> &'static str {
+        match self {
+            ReleaseError::Api { .. } => "api",
+            ReleaseError::Conflict { .. } => "conflict",
+            ReleaseError::Stopped => "stopped",
+        }
+    }
+}
+
+type Reply = oneshot::Sender<Result<ReleaseOutcome, ReleaseError>>;
+
+/// Everything the writer needs.
+pub struct Writer {
+    pub(crate) client: Client,
+    pub(crate) namespace: String,
+    pub(crate) throttle: Throttle,
+    pub(crate) metrics: ControllerMetrics,
+    pub(crate) events: Events,
+    pub(crate) dry_run: bool,
+    pub(crate) state: Arc<RwLock<State>>,
+}
+
+/// A handle to submit releases to the batching writer.
+#[derive(Clone)]
+pub struct WriterHandle {
+    tx: mpsc::Sender<(ReleaseRequest, Reply)>,
+}
+
+impl WriterHandle {
+    /// Releases `reqs` (batched with whatever else is pending) and returns each outcome.
+    pub async fn release(
+        &self,
+        reqs: Vec<ReleaseRequest>,
+    ) -> Vec<Result<ReleaseOutcome, ReleaseError>> {
+        let mut waits = Vec::with_capacity(reqs.len());
+        for r in reqs {
+            let (tx, rx) = oneshot::channel();
+            if self.tx.send((r, tx)).await.is_err() {
+                waits.push(None);
+            } else {
+                waits.push(Some(rx));
+            }
+        }
+        let mut out = Vec::with_capacity(waits.len());
+        for w in waits {
+            out.push(match w {
+                Some(rx) => rx.await.unwrap_or(Err(ReleaseError::Stopped)),
+                None => Err(ReleaseError::Stopped),
+            });
+        }
+        out
+    }
+}
+
+/// Starts the batcher; it runs until every handle is dropped.
+pub fn spawn(writer: Arc<Writer>) -> WriterHandle {
+    let (tx, mut rx) = mpsc::channel::<(ReleaseRequest, Reply)>(4 * MAX_BATCH);
+    tokio::spawn(async move {
+        while let Some(first) = rx.recv().await {
+            let mut batch = vec![first];
+            let deadline = tokio::time::Instant::now() + BATCH_WINDOW;
+            while batch.len() < MAX_BATCH {
+                match tokio::time::timeout_at(deadline, rx.recv()).await {
+                    Ok(Some(item)) => batch.push(item),
+                    _ => break,
+                }
+            }
+            let mut by_pool: BTreeMap<String, Vec<(ReleaseRequest, Reply)>> = BTreeMap::new();
+            for item in batch {
+                by_pool
+                    .entry(item.0.judged.pool.clone())
+                    .or_default()
+                    .push(item);
+            }
+            for (pool, items) in by_pool {
+                let w = writer.clone();
+                tokio::spawn(async move { w.release_pool(&pool, items).await });
+            }
+        }
+    });
+    WriterHandle { tx }
+}
+
+impl Writer {
+    fn pools(&self) -> Api<IPPool> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    async fn release_pool(&self, pool: &str, items: Vec<(ReleaseRequest, Reply)>) {
+        if self.dry_run {
+            for (req, reply) in items {
+                let j = &req.judged;
+                self.events
+                    .dry_run(&j.pod, j.entry.ip, &j.network, req.reason)
+                    .await;
+                self.metrics
+                    .dry_run_releases
+                    .get_or_create(&req.reason.as_str().to_string().into())
+                    .inc();
+                let _ = reply.send(Ok(ReleaseOutcome::DryRun));
+            }
+            return;
+        }
+        let (reqs, replies): (Vec<_>, Vec<_>) = items.into_iter().unzip();
+        let outcomes = self.patch_with_retry(pool, &reqs).await;
+        for ((req, reply), outcome) in reqs.into_iter().zip(replies).zip(outcomes) {
+            if outcome == Ok(ReleaseOutcome::Released) {
+                self.after_release(&req).await;
+            }
+            if let Err(e) = &outcome {
+                self.metrics.failed(e.cause());
+            }
+            let _ = reply.send(outcome);
+        }
+    }
+
+    /// One patch; on a failed `test` (422) re-reads the pool and retries only the entries that
+    /// still belong to the allocation we meant, once.
+    async fn patch_with_retry(
+        &self,
+        pool: &str,
+        reqs: &[ReleaseRequest],
+    ) -> Vec<Result<ReleaseOutcome, ReleaseError>> {
+        let mut outcomes: Vec<Option<Result<ReleaseOutcome, ReleaseError>>> =
+            vec![None; reqs.len()];
+        let mut pending: Vec<usize> = (0..reqs.len()).collect();
+        for attempt in 0..2 {
+            let batch: Vec<&ReleaseRequest> = pending.iter().map(|&i| &reqs[i]).collect();
+            match self.patch(pool, &batch).await {
+                Ok(()) => {
+                    for &i in &pending {
+                        outcomes[i] = Some(Ok(ReleaseOutcome::Released));
+                    }
+                    pending.clear();
+                    break;
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 => {
+                    for &i in &pending {
+                        outcomes[i] = Some(Ok(ReleaseOutcome::AlreadyGone));
+                    }
+                    pending.clear();
+                    break;
+                }
+                Err(kube::Error::Api(s)) if s.code == 422 && attempt == 0 => {
+                    // Someone changed an entry: look again, per entry.
+                    self.throttle.acquire().await;
+                    let current = match self.pools().get_opt(pool).await {
+                        Ok(c) => c,
+                        Err(e) => {
+                            for &i in &pending {
+                                outcomes[i] = Some(Err(ReleaseError::Api {
+                                    pool: pool.into(),
+                                    message: e.to_string(),
+                                }));
+                            }
+                            pending.clear();
+                            break;
+                        }
+                    };
+                    let allocations = current.map(|p| p.spec.allocations).unwrap_or_default();
+                    pending.retain(|&i| {
+                        let e = &reqs[i].judged.entry;
+                        match allocations.get(&e.key) {
+                            None => {
+                                outcomes[i] = Some(Ok(ReleaseOutcome::AlreadyGone));
+                                false
+                            }
+                            Some(a) if a.id == e.id && a.podref == e.podref => true,
+                            Some(_) => {
+                                outcomes[i] = Some(Ok(ReleaseOutcome::Changed));
+                                false
+                            }
+                        }
+                    });
+                    if pending.is_empty() {
+                        break;
+                    }
+                }
+                Err(kube::Error::Api(s)) if s.code == 422 => {
+                    for &i in &pending {
+                        outcomes[i] = Some(Err(ReleaseError::Conflict { pool: pool.into() }));
+                    }
+                    pending.clear();
+                }
+                Err(e) => {
+                    for &i in &pending {
+                        outcomes[i] = Some(Err(ReleaseError::Api {
+                            pool: pool.into(),
+                            message: e.to_string(),
+                        }));
+                    }
+                    pending.clear();
+                    break;
+                }
+            }
+        }
+        outcomes
+            .into_iter()
+            .map(|o| o.unwrap_or(Err(ReleaseError::Conflict { pool: pool.into() })))
+            .collect()
+    }
+
+    async fn patch(&self, pool: &str, batch: &[&ReleaseRequest]) -> Result<(), kube::Error> {
+        let mut ops = Vec::with_capacity(batch.len() * 3);
+        for r in batch {
+            let e = &r.judged.entry;
+            let path = format!("/spec/allocations/{}", e.key);
+            ops.push(json!({"op": "test", "path": format!("{path}/id"), "value": e.id}));
+            ops.push(json!({"op": "test", "path": format!("{path}/podref"), "value": e.podref}));
+            ops.push(json!({"op": "remove", "path": path}));
+        }
+        let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))
+            .map_err(kube::Error::SerdeError)?;
+        let _permit = self.throttle.acquire().await;
+        self.metrics.write("patch");
+        self.pools()
+            .patch(pool, &PatchParams::default(), &Patch::<()>::Json(patch))
+            .await
+            .map(|_| ())
+    }
+
+    async fn after_release(&self, req: &ReleaseRequest) {
+        let j = &req.judged;
+        let reservations = {
+            let mut state = self.state.write().expect("state lock");
+            state.forget_entry(&j.pool, &j.entry.key);
+            state.reservations_for(&j.entry.podref, j.entry.ip)
+        };
+        let api: Api<OverlappingRangeIPReservation> =
+            Api::namespaced(self.client.clone(), &self.namespace);
+        for (name, uid) in reservations {
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: Some(uid),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            let _permit = self.throttle.acquire().await;
+            self.metrics.write("delete");
+            match api.delete(&name, &params).await {
+                Ok(_) => {}
+                // Gone already, or replaced by a new reservation (uid changed): not ours.
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+                Err(e) => {
+                    self.metrics.failed("reservation");
+                    tracing::warn!(reservation = %name, error = %e, "could not delete reservation; the sweep will not retry it");
+                }
+            }
+        }
+        self.metrics.released(req.reason.as_str());
+        if let Some(at) = req.deleted_at {
+            self.metrics
+                .deletion_to_release_seconds
+                .observe(at.elapsed().as_secs_f64());
+        }
+        tracing::info!(pool = %j.pool, ip = %j.entry.ip, podref = %j.entry.podref, reason = %req.reason, "released");
+        self.events.released(&j.pod, j.entry.ip, &j.network).await;
+    }
+}

@@ -1,0 +1,214 @@
+//! The controller's metrics, all prefixed `ipreclaim_`.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// A `reason` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// Reason code.
+    pub reason: String,
+}
+
+/// A `pool` label (`namespace/name`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabel {
+    /// The pool.
+    pub pool: String,
+}
+
+/// A `cause` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CauseLabel {
+    /// Failure cause.
+    pub cause: String,
+}
+
+/// A `verb` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VerbLabel {
+    /// API verb.
+    pub verb: String,
+}
+
+fn labels<L: From<String>>(s: &str) -> L {
+    L::from(s.to_string())
+}
+
+impl From<String> for ReasonLabel {
+    fn from(reason: String) -> Self {
+        ReasonLabel { reason }
+    }
+}
+impl From<String> for PoolLabel {
+    fn from(pool: String) -> Self {
+        PoolLabel { pool }
+    }
+}
+impl From<String> for CauseLabel {
+    fn from(cause: String) -> Self {
+        CauseLabel { cause }
+    }
+}
+impl From<String> for VerbLabel {
+    fn from(verb: String) -> Self {
+        VerbLabel { verb }
+    }
+}
+
+/// Every controller metric.
+#[derive(Clone)]
+pub struct ControllerMetrics {
+    /// Allocations per pool.
+    pub allocations: Family<PoolLabel, Gauge>,
+    /// Pool entries that cannot be read (malformed key, offset out of range).
+    pub pool_problems: Family<PoolLabel, Gauge>,
+    /// Addresses released, by reason.
+    pub releases: Family<ReasonLabel, Counter>,
+    /// Decisions reported but not written because of dry-run, by reason.
+    pub dry_run_releases: Family<ReasonLabel, Counter>,
+    /// Release failures, by cause.
+    pub failures: Family<CauseLabel, Counter>,
+    /// Current sweep candidates (garbage waiting for the grace period), by reason.
+    pub candidates: Family<ReasonLabel, Gauge>,
+    /// Age in seconds of the oldest sweep candidate.
+    pub oldest_candidate_seconds: Gauge,
+    /// Pod deletion seen to release written, in seconds.
+    pub deletion_to_release_seconds: Histogram,
+    /// Items waiting in the work queue.
+    pub queue_depth: Gauge,
+    /// Items re-queued after a failure.
+    pub retries: Counter,
+    /// API writes, by verb.
+    pub api_writes: Family<VerbLabel, Counter>,
+    /// Sweep duration in seconds.
+    pub sweep_duration_seconds: Histogram,
+    /// Sweeps held by the blast-radius breaker, by pool.
+    pub breaker_holds: Family<PoolLabel, Counter>,
+    /// NetworkAttachmentDefinitions whose config cannot be parsed.
+    pub nad_config_errors: Gauge,
+    /// Pods whose network-status annotation is malformed.
+    pub malformed_network_status: Gauge,
+}
+
+impl ControllerMetrics {
+    /// Creates the metrics and registers them under `ipreclaim_`.
+    pub fn new(registry: &mut Registry) -> Self {
+        let latency_buckets = [
+            0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+        ];
+        let m = ControllerMetrics {
+            allocations: Family::default(),
+            pool_problems: Family::default(),
+            releases: Family::default(),
+            dry_run_releases: Family::default(),
+            failures: Family::default(),
+            candidates: Family::default(),
+            oldest_candidate_seconds: Gauge::default(),
+            deletion_to_release_seconds: Histogram::new(latency_buckets),
+            queue_depth: Gauge::default(),
+            retries: Counter::default(),
+            api_writes: Family::default(),
+            sweep_duration_seconds: Histogram::new(latency_buckets),
+            breaker_holds: Family::default(),
+            nad_config_errors: Gauge::default(),
+            malformed_network_status: Gauge::default(),
+        };
+        let r = registry.sub_registry_with_prefix("ipreclaim");
+        r.register(
+            "allocations",
+            "Allocations per IP pool",
+            m.allocations.clone(),
+        );
+        r.register(
+            "pool_problem_entries",
+            "Pool entries that cannot be read",
+            m.pool_problems.clone(),
+        );
+        r.register(
+            "releases",
+            "Addresses released, by reason",
+            m.releases.clone(),
+        );
+        r.register(
+            "dry_run_releases",
+            "Releases decided but not written (dry-run), by reason",
+            m.dry_run_releases.clone(),
+        );
+        r.register(
+            "release_failures",
+            "Release failures, by cause",
+            m.failures.clone(),
+        );
+        r.register(
+            "gc_candidates",
+            "Allocations seen as garbage, waiting for the grace period",
+            m.candidates.clone(),
+        );
+        r.register(
+            "gc_candidate_oldest_age_seconds",
+            "Age of the oldest candidate",
+            m.oldest_candidate_seconds.clone(),
+        );
+        r.register(
+            "deletion_to_release_seconds",
+            "Time from seeing a pod deletion to its addresses being released",
+            m.deletion_to_release_seconds.clone(),
+        );
+        r.register(
+            "queue_depth",
+            "Items waiting in the work queue",
+            m.queue_depth.clone(),
+        );
+        r.register(
+            "queue_retries",
+            "Items re-queued after a failure",
+            m.retries.clone(),
+        );
+        r.register(
+            "api_writes",
+            "API write requests, by verb",
+            m.api_writes.clone(),
+        );
+        r.register(
+            "sweep_duration_seconds",
+            "Duration of a leak sweep",
+            m.sweep_duration_seconds.clone(),
+        );
+        r.register(
+            "breaker_holds",
+            "Sweeps held by the blast-radius breaker",
+            m.breaker_holds.clone(),
+        );
+        r.register(
+            "nad_config_errors",
+            "NetworkAttachmentDefinitions whose config cannot be used",
+            m.nad_config_errors.clone(),
+        );
+        r.register(
+            "malformed_network_status_pods",
+            "Pods whose network-status annotation is malformed",
+            m.malformed_network_status.clone(),
+        );
+        m
+    }
+
+    /// Counts a release.
+    pub fn released(&self, reason: &str) {
+        self.releases.get_or_create(&labels(reason)).inc();
+    }
+
+    /// Counts a failure.
+    pub fn failed(&self, cause: &str) {
+        self.failures.get_or_create(&labels(cause)).inc();
+    }
+
+    /// Counts an API write.
+    pub fn write(&self, verb: &str) {
+        self.api_writes.get_or_create(&labels(verb)).inc();
+    }
+}

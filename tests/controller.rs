@@ -1,0 +1,557 @@
+//! `ipreclaim controller` against the real kube-apiserver: each test runs a controller in
+//! process, with its own namespace as the whereabouts namespace.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::Parser;
+use ipreclaim::api::{
+    IPAllocation, IPPool, IPPoolSpec, NetworkAttachmentDefinition, NetworkAttachmentDefinitionSpec,
+};
+use ipreclaim::controller::{self, ControllerArgs};
+use k8s_openapi::api::core::v1::{Container, Event as CoreEvent, Pod, PodSpec};
+use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
+use testenv::ControlPlane;
+use tokio::sync::oneshot;
+
+const WAIT: Duration = Duration::from_secs(30);
+const STATUS: &str = "k8s.v1.cni.cncf.io/network-status";
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    args: ControllerArgs,
+}
+
+struct Env {
+    client: Client,
+    ns: String,
+    stop: Option<oneshot::Sender<()>>,
+    metrics: SocketAddr,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Env {
+    async fn new(prefix: &str) -> Env {
+        let cp = ControlPlane::shared();
+        let client = cp.client().await;
+        cp.install_crds(&client).await.expect("install crds/");
+        let ns = cp.namespace(&client, prefix).await;
+        Env {
+            client,
+            ns,
+            stop: None,
+            metrics: "127.0.0.1:0".parse().unwrap(),
+            task: tokio::spawn(async { Ok(()) }),
+        }
+    }
+
+    /// Starts the controller with test timings plus `extra` flags; waits until it is ready.
+    async fn start(&mut self, extra: &[&str]) {
+        let mut argv = vec![
+            "controller".to_string(),
+            format!("--whereabouts-namespace={}", self.ns),
+            "--sweep-interval=200ms".into(),
+            "--leak-grace=0s".into(),
+            "--leader-election=false".into(),
+            "--metrics-addr=127.0.0.1:0".into(),
+        ];
+        argv.extend(extra.iter().map(|s| s.to_string()));
+        let args = Cli::try_parse_from(argv).expect("controller flags").args;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let (ready_tx, ready_rx) = oneshot::channel();
+        let client = self.client.clone();
+        self.task = tokio::spawn(async move {
+            controller::run(
+                client,
+                args,
+                async {
+                    let _ = stopped.await;
+                },
+                move |running| {
+                    let _ = ready_tx.send((running.health.clone(), running.metrics_addr));
+                },
+            )
+            .await
+        });
+        let (health, addr) = ready_rx.await.expect("controller started");
+        self.metrics = addr;
+        self.stop = Some(stop);
+        wait_for("controller ready", || {
+            let h = health.clone();
+            async move { h.is_ready() }
+        })
+        .await;
+    }
+
+    async fn stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        (&mut self.task)
+            .await
+            .unwrap()
+            .expect("controller ran without error");
+    }
+
+    fn pools(&self) -> Api<IPPool> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    async fn nad(&self, name: &str, range: &str) {
+        let nad = NetworkAttachmentDefinition::new(
+            name,
+            NetworkAttachmentDefinitionSpec {
+                config: Some(format!(
+                    r#"{{"cniVersion":"0.3.1","type":"macvlan","master":"eth0","ipam":{{"type":"whereabouts","range":"{range}"}}}}"#
+                )),
+            },
+        );
+        Api::<NetworkAttachmentDefinition>::namespaced(self.client.clone(), &self.ns)
+            .create(&PostParams::default(), &nad)
+            .await
+            .unwrap();
+    }
+
+    /// A pool holding (offset, sandbox, pod name) allocations.
+    async fn pool(&self, name: &str, range: &str, allocations: &[(u32, &str, &str)]) {
+        let allocations = allocations
+            .iter()
+            .map(|(offset, id, pod)| {
+                (
+                    offset.to_string(),
+                    IPAllocation {
+                        id: id.to_string(),
+                        podref: format!("{}/{}", self.ns, pod),
+                        ifname: Some("net1".into()),
+                        ipamclaimref: None,
+                    },
+                )
+            })
+            .collect();
+        let pool = IPPool::new(
+            name,
+            IPPoolSpec {
+                range: range.into(),
+                allocations,
+            },
+        );
+        self.pools()
+            .create(&PostParams::default(), &pool)
+            .await
+            .unwrap();
+    }
+
+    /// A pod whose network-status lists `ips` on network `nad` (None: no annotation).
+    async fn pod(&self, name: &str, nad: &str, ips: Option<&[&str]>) -> String {
+        let annotations = ips.map(|ips| {
+            let status = serde_json::json!([
+                {"name": "cbr0", "interface": "eth0", "ips": ["10.244.0.5"], "default": true},
+                {"name": format!("{}/{nad}", self.ns), "interface": "net1", "ips": ips},
+            ]);
+            BTreeMap::from([(STATUS.to_string(), status.to_string())])
+        });
+        let pod = Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                annotations,
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                containers: vec![Container {
+                    name: "app".into(),
+                    image: Some("localhost/ipreclaim/pause:1".into()),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let created = self
+            .pods()
+            .create(&PostParams::default(), &pod)
+            .await
+            .unwrap();
+        created.metadata.uid.unwrap()
+    }
+
+    async fn delete_pod(&self, name: &str) {
+        self.pods()
+            .delete(name, &DeleteParams::default().grace_period(0))
+            .await
+            .unwrap();
+    }
+
+    async fn keys(&self, pool: &str) -> Vec<String> {
+        self.pools()
+            .get(pool)
+            .await
+            .unwrap()
+            .spec
+            .allocations
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    async fn wait_keys(&self, pool: &str, want: &[&str]) {
+        let want: Vec<String> = want.iter().map(|s| s.to_string()).collect();
+        wait_for(&format!("pool {pool} keys {want:?}"), || {
+            let want = want.clone();
+            async move { self.keys(pool).await == want }
+        })
+        .await;
+    }
+
+    /// Events with `reason` in the test namespace, as (object name, uid, message).
+    async fn events(&self, reason: &str) -> Vec<(String, String, String)> {
+        let lp = ListParams::default().fields(&format!("reason={reason}"));
+        Api::<CoreEvent>::namespaced(self.client.clone(), &self.ns)
+            .list(&lp)
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|e| {
+                (
+                    e.involved_object.name.unwrap_or_default(),
+                    e.involved_object.uid.unwrap_or_default(),
+                    e.message.unwrap_or_default(),
+                )
+            })
+            .collect()
+    }
+
+    /// Waits until at least one Event with `reason` exists and returns them.
+    async fn wait_events(&self, reason: &str) -> Vec<(String, String, String)> {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let events = self.events(reason).await;
+            if !events.is_empty() {
+                return events;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for a {reason} event"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Sweeps done so far.
+    async fn sweeps(&self) -> u64 {
+        let text = self.metrics_text().await;
+        text.lines()
+            .find_map(|l| l.strip_prefix("ipreclaim_sweep_duration_seconds_count "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    async fn metrics_text(&self) -> String {
+        let url = format!("http://{}/metrics", self.metrics);
+        http_get(&url).await
+    }
+}
+
+/// Polls `check` until it holds (the effect under test happens asynchronously elsewhere).
+async fn wait_for<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn http_get(url: &str) -> String {
+    let addr = url
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let path = format!(
+        "/{}",
+        url.trim_start_matches("http://").split_once('/').unwrap().1
+    );
+    let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut out = String::new();
+    stream.read_to_string(&mut out).await.unwrap();
+    out
+}
+
+#[tokio::test]
+async fn deleted_pod_is_released_with_an_event_and_the_live_pod_is_untouched() {
+    let mut env = Env::new("ctl-delete").await;
+    env.nad("macvlan", "192.0.2.0/24").await;
+    env.pool(
+        "192.0.2.0-24",
+        "192.0.2.0/24",
+        &[(10, "sb-web", "web-0"), (11, "sb-db", "db-0")],
+    )
+    .await;
+    let web_uid = env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
+    env.pod("db-0", "macvlan", Some(&["192.0.2.11"])).await;
+    env.start(&[]).await;
+
+    env.delete_pod("web-0").await;
+    env.wait_keys("192.0.2.0-24", &["11"]).await;
+
+    let ns = env.ns.clone();
+    let events = env.wait_events("IPAddressGarbageCollected").await;
+    assert_eq!(
+        events,
+        [(
+            "web-0".to_string(),
+            web_uid,
+            format!("successful cleanup of IP address [192.0.2.10] from network {ns}/macvlan")
+        )]
+    );
+    let metrics = env.metrics_text().await;
+    assert!(
+        metrics.contains(r#"ipreclaim_releases_total{reason="PodDeleted"} 1"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("ipreclaim_deletion_to_release_seconds_count 1"),
+        "{metrics}"
+    );
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn statefulset_pod_recreated_keeps_its_new_ip() {
+    let mut env = Env::new("ctl-sts").await;
+    env.nad("macvlan", "192.0.2.0/24").await;
+    env.pool("192.0.2.0-24", "192.0.2.0/24", &[(10, "sb-old", "web-0")])
+        .await;
+    env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
+    env.start(&[]).await;
+
+    // Deleted and recreated under the same name with a new address before anything else.
+    env.delete_pod("web-0").await;
+    let new_uid = env.pod("web-0", "macvlan", Some(&["192.0.2.20"])).await;
+    let pool = env.pools().get("192.0.2.0-24").await.unwrap();
+    let mut spec = pool.spec.clone();
+    spec.allocations.insert(
+        "20".into(),
+        IPAllocation {
+            id: "sb-new".into(),
+            podref: format!("{}/web-0", env.ns),
+            ifname: Some("net1".into()),
+            ipamclaimref: None,
+        },
+    );
+    let patch = serde_json::json!({"spec": {"allocations": {"20": spec.allocations["20"]}}});
+    env.pools()
+        .patch(
+            "192.0.2.0-24",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(patch),
+        )
+        .await
+        .unwrap();
+
+    env.wait_keys("192.0.2.0-24", &["20"]).await;
+    // Several sweeps later the new pod's address is still there.
+    let sweeps = env.sweeps().await;
+    wait_for("two more sweeps", || async {
+        env.sweeps().await >= sweeps + 2
+    })
+    .await;
+    assert_eq!(env.keys("192.0.2.0-24").await, ["20"]);
+    let pod = env.pods().get("web-0").await.unwrap();
+    assert_eq!(pod.metadata.uid.unwrap(), new_uid);
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn pods_deleted_while_the_controller_was_down_are_released_at_start() {
+    let mut env = Env::new("ctl-down").await;
+    env.nad("macvlan", "198.18.0.0/24").await;
+    // gone-0 never exists any more; live-0 does.
+    env.pool(
+        "198.18.0.0-24",
+        "198.18.0.0/24",
+        &[(5, "sb-gone", "gone-0"), (6, "sb-live", "live-0")],
+    )
+    .await;
+    env.pod("live-0", "macvlan", Some(&["198.18.0.6"])).await;
+    env.start(&[]).await;
+    env.wait_keys("198.18.0.0-24", &["6"]).await;
+    env.stop().await;
+
+    // Down: a pod is deleted. Back up: its address is released.
+    env.pool("198.18.1.0-24", "198.18.1.0/24", &[(7, "sb-x", "live-1")])
+        .await;
+    env.pod("live-1", "macvlan", Some(&["198.18.1.7"])).await;
+    env.delete_pod("live-1").await;
+    env.start(&[]).await;
+    env.wait_keys("198.18.1.0-24", &[]).await;
+    assert_eq!(env.keys("198.18.0.0-24").await, ["6"]);
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn sweep_releases_an_ip_not_on_the_pod_but_never_a_listed_one() {
+    let mut env = Env::new("ctl-sweep").await;
+    env.nad("macvlan", "192.0.2.0/24").await;
+    // web-0 lists .21 only; .20 is a stale allocation from an earlier sandbox.
+    env.pool(
+        "192.0.2.0-24",
+        "192.0.2.0/24",
+        &[(20, "sb-1", "web-0"), (21, "sb-2", "web-0")],
+    )
+    .await;
+    env.pod("web-0", "macvlan", Some(&["192.0.2.21"])).await;
+    // A pod without network-status keeps everything (allocation races the annotation).
+    env.pool("192.0.2.128-25", "192.0.2.128/25", &[(1, "sb-3", "new-0")])
+        .await;
+    env.pod("new-0", "macvlan", None).await;
+    env.start(&[]).await;
+
+    env.wait_keys("192.0.2.0-24", &["21"]).await;
+    let metrics = env.metrics_text().await;
+    assert!(
+        metrics.contains(r#"ipreclaim_releases_total{reason="IPNotOnPod"} 1"#),
+        "{metrics}"
+    );
+    assert_eq!(env.keys("192.0.2.128-25").await, ["1"]);
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn dry_run_reports_and_writes_nothing() {
+    let mut env = Env::new("ctl-dry").await;
+    env.nad("macvlan", "192.0.2.0/24").await;
+    env.pool("192.0.2.0-24", "192.0.2.0/24", &[(10, "sb-web", "web-0")])
+        .await;
+    env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
+    env.start(&["--dry-run"]).await;
+    env.delete_pod("web-0").await;
+    let events = env.wait_events("IPAddressGarbageCollectionDryRun").await;
+    assert!(events[0].2.contains("PodDeleted"), "{events:?}");
+    assert_eq!(env.keys("192.0.2.0-24").await, ["10"], "nothing written");
+    assert!(env.events("IPAddressGarbageCollected").await.is_empty());
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn breaker_holds_a_sweep_that_would_free_most_of_a_pool() {
+    let mut env = Env::new("ctl-breaker").await;
+    env.nad("macvlan", "192.0.2.0/24").await;
+    let names: Vec<String> = (0..12).map(|i| format!("p{i}")).collect();
+    let allocs: Vec<(u32, String, &str)> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (10 + i as u32, format!("sb-{i}"), n.as_str()))
+        .collect();
+    let borrowed: Vec<(u32, &str, &str)> = allocs
+        .iter()
+        .map(|(o, s, n)| (*o, s.as_str(), *n))
+        .collect();
+    env.pool("192.0.2.0-24", "192.0.2.0/24", &borrowed).await;
+    // Every pod lists another address: all twelve look like IPNotOnPod.
+    for (i, n) in names.iter().enumerate() {
+        let other = format!("192.0.2.{}", 100 + i);
+        env.pod(n, "macvlan", Some(&[other.as_str()])).await;
+    }
+    env.start(&[]).await;
+    let held = env.wait_events("IPAddressGarbageCollectionHeld").await;
+    assert_eq!(held[0].0, "192.0.2.0-24");
+    assert!(held[0].2.contains("12 of 12"), "{held:?}");
+    assert_eq!(env.keys("192.0.2.0-24").await.len(), 12, "nothing released");
+    let metrics = env.metrics_text().await;
+    assert!(
+        metrics.contains("ipreclaim_breaker_holds_total"),
+        "{metrics}"
+    );
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn bad_input_is_reported_not_fatal() {
+    let mut env = Env::new("ctl-bad").await;
+    // A NAD that is not JSON, a pool with malformed keys, a pod with a malformed annotation.
+    let nad = NetworkAttachmentDefinition::new(
+        "broken",
+        NetworkAttachmentDefinitionSpec {
+            config: Some("this is not json".into()),
+        },
+    );
+    Api::<NetworkAttachmentDefinition>::namespaced(env.client.clone(), &env.ns)
+        .create(&PostParams::default(), &nad)
+        .await
+        .unwrap();
+    env.pool("192.0.2.0-24", "192.0.2.0/24", &[(10, "sb-a", "odd-0")])
+        .await;
+    let patch = serde_json::json!({"spec": {"allocations": {
+        "not-a-number": {"id": "sb-x", "podref": format!("{}/gone", env.ns)},
+        "999": {"id": "sb-y", "podref": format!("{}/gone", env.ns)},
+    }}});
+    env.pools()
+        .patch(
+            "192.0.2.0-24",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(patch),
+        )
+        .await
+        .unwrap();
+    let mut pod = Pod {
+        metadata: ObjectMeta {
+            name: Some("odd-0".into()),
+            annotations: Some(BTreeMap::from([(
+                STATUS.to_string(),
+                "{not json".to_string(),
+            )])),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![Container {
+                name: "app".into(),
+                image: Some("x".into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    pod = env
+        .pods()
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap();
+    assert!(pod.metadata.uid.is_some());
+    env.start(&[]).await;
+    wait_for("metrics for the bad input", || async {
+        let m = env.metrics_text().await;
+        m.contains("ipreclaim_nad_config_errors 1")
+            && m.contains("ipreclaim_malformed_network_status_pods 1")
+            && m.contains("ipreclaim_pool_problem_entries{pool=")
+    })
+    .await;
+    // Malformed entries are never touched; the pod with a malformed annotation keeps its address.
+    let mut keys = env.keys("192.0.2.0-24").await;
+    keys.sort();
+    assert_eq!(keys, ["10", "999", "not-a-number"]);
+    env.stop().await;
+}
