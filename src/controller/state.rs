@@ -263,9 +263,14 @@ impl State {
         self.tombstones.keys().cloned().collect()
     }
 
-    /// The earliest deletion time seen for `podref`.
+    /// The earliest deletion time seen for `podref` (start-up orphans were not seen deleted).
     pub fn first_deletion(&self, podref: &str) -> Option<Instant> {
-        self.tombstones.get(podref)?.iter().map(|t| t.seen_at).min()
+        self.tombstones
+            .get(podref)?
+            .iter()
+            .filter(|t| !t.uid.is_empty())
+            .map(|t| t.seen_at)
+            .min()
     }
 
     /// Replaces a pool's parsed contents and its podref index.
