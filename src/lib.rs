@@ -7,6 +7,7 @@ pub mod api;
 pub mod controller;
 pub mod ipam;
 pub mod reclaim;
+pub mod scan;
 pub mod telemetry;
 
 pub use podlife;

@@ -15,6 +15,18 @@ struct Cli {
 enum Command {
     /// Run the controller: release the addresses of deleted pods and sweep for leaks.
     Controller(Box<ipreclaim::controller::ControllerArgs>),
+    /// Report every allocation that would be released or is a leak candidate (read-only).
+    Scan {
+        /// Namespace of the IPPools.
+        #[arg(long, env = "WHEREABOUTS_NAMESPACE", default_value = "kube-system")]
+        whereabouts_namespace: String,
+        /// Count Succeeded/Failed pods' addresses as leaks.
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+        release_terminal_pods: bool,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "table")]
+        output: ScanOutput,
+    },
     /// Print the CRDs ipreclaim works with (whereabouts' and the NetworkAttachmentDefinition) as YAML.
     Crds {
         /// Write one file per CRD into this directory instead of printing.
@@ -39,12 +51,50 @@ async fn run_controller(args: ipreclaim::controller::ControllerArgs) -> anyhow::
     ipreclaim::controller::run(client, args, shutdown, |_| {}).await
 }
 
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum ScanOutput {
+    Table,
+    Json,
+}
+
+async fn run_scan(
+    namespace: String,
+    release_terminal_pods: bool,
+    output: ScanOutput,
+) -> anyhow::Result<()> {
+    ipreclaim::telemetry::init_logging(ipreclaim::telemetry::LogFormat::Text);
+    let client = kube::Client::try_default()
+        .await
+        .context("no Kubernetes client config (set KUBECONFIG, or run in a pod)")?;
+    let reclaim = ipreclaim::reclaim::ReclaimConfig {
+        release_terminal_pods,
+    };
+    let rows = ipreclaim::scan::scan(client, &namespace, reclaim).await?;
+    match output {
+        ScanOutput::Table => print!("{}", ipreclaim::scan::table(&rows)),
+        ScanOutput::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
+    }
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Controller(args) => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()?
             .block_on(run_controller(*args))?,
+        Command::Scan {
+            whereabouts_namespace,
+            release_terminal_pods,
+            output,
+        } => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+            .block_on(run_scan(
+                whereabouts_namespace,
+                release_terminal_pods,
+                output,
+            ))?,
         Command::Crds { write_dir: None } => print!("{}", ipreclaim::api::crds_yaml()?),
         Command::Crds {
             write_dir: Some(dir),

@@ -555,3 +555,62 @@ async fn bad_input_is_reported_not_fatal() {
     assert_eq!(keys, ["10", "999", "not-a-number"]);
     env.stop().await;
 }
+
+#[tokio::test]
+async fn scan_reports_what_the_rules_would_release_and_writes_nothing() {
+    let env = Env::new("scan").await;
+    env.nad("macvlan", "192.0.2.0/24").await;
+    env.pool(
+        "192.0.2.0-24",
+        "192.0.2.0/24",
+        &[
+            (10, "sb-a", "gone-0"),
+            (20, "sb-1", "web-0"),
+            (21, "sb-2", "web-0"),
+        ],
+    )
+    .await;
+    env.pod("web-0", "macvlan", Some(&["192.0.2.21"])).await;
+    let rows = ipreclaim::scan::scan(env.client.clone(), &env.ns, Default::default())
+        .await
+        .expect("scan");
+    let got: Vec<(String, String, String, String, String)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r.ip.clone(),
+                r.podref.clone(),
+                r.sandbox.clone(),
+                r.decision.clone(),
+                r.reason.clone(),
+            )
+        })
+        .collect();
+    let ns = &env.ns;
+    let row = |ip: &str, pod: &str, sb: &str, reason: &str| {
+        (
+            ip.to_string(),
+            format!("{ns}/{pod}"),
+            sb.to_string(),
+            "candidate".to_string(),
+            reason.to_string(),
+        )
+    };
+    assert_eq!(
+        got,
+        [
+            row("192.0.2.10", "gone-0", "sb-a", "PodMissing"),
+            row("192.0.2.20", "web-0", "sb-1", "IPNotOnPod")
+        ]
+    );
+    assert_eq!(rows[0].pod_age_seconds, None);
+    assert!(rows[1].pod_age_seconds.is_some());
+    let table = ipreclaim::scan::table(&rows);
+    assert!(table.starts_with("POOL"), "{table}");
+    assert_eq!(table.lines().count(), 3, "{table}");
+    assert_eq!(
+        env.keys("192.0.2.0-24").await,
+        ["10", "20", "21"],
+        "scan is read-only"
+    );
+}

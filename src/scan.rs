@@ -1,0 +1,153 @@
+//! `ipreclaim scan`: a read-only report of every allocation the rules would release or hold as a
+//! candidate, from one list of each resource. Writes nothing.
+
+use std::collections::BTreeMap;
+
+use anyhow::Context;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
+use kube::api::{Api, ListParams};
+use serde::Serialize;
+
+use crate::api::{IPPool, NetworkAttachmentDefinition};
+use crate::controller::state::State;
+use crate::reclaim::{Decision, ReclaimConfig};
+
+/// One reported allocation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ScanRow {
+    /// Pool name.
+    pub pool: String,
+    /// Address.
+    pub ip: String,
+    /// `namespace/name` recorded with it.
+    pub podref: String,
+    /// Sandbox id recorded with it.
+    pub sandbox: String,
+    /// `release` (direct evidence) or `candidate` (released after the grace period).
+    pub decision: String,
+    /// Reason code.
+    pub reason: String,
+    /// Age of the live pod holding the podref (none when no pod of that name exists).
+    pub pod_age_seconds: Option<i64>,
+}
+
+/// Lists pods (metadata), terminal pods, pools and NADs, and judges every allocation.
+pub async fn scan(
+    client: Client,
+    namespace: &str,
+    reclaim: ReclaimConfig,
+) -> anyhow::Result<Vec<ScanRow>> {
+    let pods = Api::<Pod>::all(client.clone());
+    let mut state = State::default();
+    let now = std::time::Instant::now();
+    let mut created: BTreeMap<String, i64> = BTreeMap::new();
+    let wall = jiff::Timestamp::now();
+    for p in pods
+        .list_metadata(&ListParams::default())
+        .await
+        .context("list pods")?
+    {
+        let (Some(ns), Some(name), Some(uid)) =
+            (&p.metadata.namespace, &p.metadata.name, &p.metadata.uid)
+        else {
+            continue;
+        };
+        let podref = format!("{ns}/{name}");
+        if let Some(t) = &p.metadata.creation_timestamp {
+            created.insert(podref.clone(), wall.duration_since(t.0).as_secs());
+        }
+        state.upsert_pod(&podref, uid, p.metadata.annotations.as_ref(), now);
+    }
+    for phase in ["Succeeded", "Failed"] {
+        let lp = ListParams::default().fields(&format!("status.phase={phase}"));
+        for p in pods
+            .list_metadata(&lp)
+            .await
+            .context("list terminal pods")?
+        {
+            if let Some(uid) = &p.metadata.uid {
+                state.set_terminal(uid, true);
+            }
+        }
+    }
+    let pools = Api::<IPPool>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default())
+        .await
+        .with_context(|| format!("list IPPools in {namespace}"))?;
+    for pool in &pools {
+        state.upsert_pool(pool);
+    }
+    match Api::<NetworkAttachmentDefinition>::all(client)
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(nads) => nads.iter().for_each(|n| state.upsert_nad(n)),
+        // Without NADs the rules fall back to interface names: still a useful report.
+        Err(e) => tracing::warn!(error = %e, "cannot list NetworkAttachmentDefinitions"),
+    }
+    let mut rows: Vec<ScanRow> = state
+        .judge_all(&reclaim)
+        .into_iter()
+        .filter_map(|j| {
+            let (decision, reason) = match j.decision {
+                Decision::Release(r) => ("release", r),
+                Decision::Candidate(r) => ("candidate", r),
+                Decision::Keep(_) => return None,
+            };
+            Some(ScanRow {
+                pool: j.pool,
+                ip: j.entry.ip.to_string(),
+                pod_age_seconds: created.get(&j.entry.podref).copied(),
+                podref: j.entry.podref,
+                sandbox: j.entry.id,
+                decision: decision.into(),
+                reason: reason.as_str().into(),
+            })
+        })
+        .collect();
+    rows.sort_by(|a, b| (&a.pool, &a.ip).cmp(&(&b.pool, &b.ip)));
+    Ok(rows)
+}
+
+/// Renders rows as an aligned table.
+pub fn table(rows: &[ScanRow]) -> String {
+    let header = [
+        "POOL", "IP", "PODREF", "SANDBOX", "DECISION", "REASON", "POD AGE",
+    ];
+    let cells: Vec<[String; 7]> = rows
+        .iter()
+        .map(|r| {
+            [
+                r.pool.clone(),
+                r.ip.clone(),
+                r.podref.clone(),
+                r.sandbox.clone(),
+                r.decision.clone(),
+                r.reason.clone(),
+                r.pod_age_seconds.map_or("-".into(), |s| format!("{s}s")),
+            ]
+        })
+        .collect();
+    let mut widths = header.map(str::len);
+    for row in &cells {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.len());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cols: &[String]| {
+        let parts: Vec<String> = cols
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        out.push_str(parts.join("  ").trim_end());
+        out.push('\n');
+    };
+    line(&header.map(String::from));
+    for row in &cells {
+        line(row);
+    }
+    out
+}
