@@ -26,6 +26,10 @@ use crate::reclaim::ReclaimConfig;
 use crate::telemetry::{ControllerMetrics, Health, LogFormat};
 use state::State;
 
+/// Deletion-path workers. They mostly wait on the pool writer, so many are cheap, and many
+/// in flight at once is what lets a mass deletion become a few large patches.
+const DELETION_WORKERS: usize = 64;
+
 fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e} (use e.g. 500ms, 60s, 2m)"))
 }
@@ -244,7 +248,8 @@ pub async fn run(
         }
         health.set_ready(true);
         tracing::info!("caches synced; ready");
-        for _ in 0..4 {
+        // Many workers: each waits on the writer, which batches what they hand in together.
+        for _ in 0..DELETION_WORKERS {
             tasks.push(tokio::spawn(
                 deletion::Worker {
                     client: client.clone(),

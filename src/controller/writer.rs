@@ -2,9 +2,9 @@
 //! operations on its `id` and `podref` before its `remove`, so concurrent allocations of other
 //! offsets are never lost and never conflict. Reservations go with a uid precondition.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
@@ -20,8 +20,6 @@ use crate::telemetry::ControllerMetrics;
 
 /// Most releases in one batch.
 const MAX_BATCH: usize = 1000;
-/// How long the batcher waits for more releases after the first one.
-const BATCH_WINDOW: Duration = Duration::from_millis(5);
 
 /// One address to release.
 #[derive(Debug, Clone)]
@@ -81,6 +79,8 @@ impl ReleaseError {
 }
 
 type Reply = oneshot::Sender<Result<ReleaseOutcome, ReleaseError>>;
+/// A written release and the reservations (name, uid) to delete with it.
+type FollowUp = (ReleaseRequest, Vec<(String, String)>);
 
 /// Everything the writer needs.
 pub struct Writer {
@@ -125,29 +125,52 @@ impl WriterHandle {
     }
 }
 
-/// Starts the batcher; it runs until every handle is dropped.
+/// Starts the batcher; it runs until every handle is dropped. At most one patch per pool is in
+/// flight; what arrives meanwhile for that pool waits and goes out as the next patch, so a
+/// burst of deletions becomes a few large patches while a lone deletion goes out at once.
 pub fn spawn(writer: Arc<Writer>) -> WriterHandle {
     let (tx, mut rx) = mpsc::channel::<(ReleaseRequest, Reply)>(4 * MAX_BATCH);
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<String>();
     tokio::spawn(async move {
-        while let Some(first) = rx.recv().await {
-            let mut batch = vec![first];
-            let deadline = tokio::time::Instant::now() + BATCH_WINDOW;
-            while batch.len() < MAX_BATCH {
-                match tokio::time::timeout_at(deadline, rx.recv()).await {
-                    Ok(Some(item)) => batch.push(item),
-                    _ => break,
+        let mut pending: BTreeMap<String, Vec<(ReleaseRequest, Reply)>> = BTreeMap::new();
+        let mut in_flight: HashSet<String> = HashSet::new();
+        loop {
+            tokio::select! {
+                item = rx.recv() => match item {
+                    Some(item) => {
+                        let pool = item.0.judged.pool.clone();
+                        pending.entry(pool).or_default().push(item);
+                        // Let whatever else is already queued join this batch.
+                        while let Ok(item) = rx.try_recv() {
+                            pending.entry(item.0.judged.pool.clone()).or_default().push(item);
+                        }
+                    }
+                    None if in_flight.is_empty() && pending.is_empty() => return,
+                    None => {}
+                },
+                Some(pool) = done_rx.recv() => {
+                    in_flight.remove(&pool);
                 }
             }
-            let mut by_pool: BTreeMap<String, Vec<(ReleaseRequest, Reply)>> = BTreeMap::new();
-            for item in batch {
-                by_pool
-                    .entry(item.0.judged.pool.clone())
-                    .or_default()
-                    .push(item);
-            }
-            for (pool, items) in by_pool {
-                let w = writer.clone();
-                tokio::spawn(async move { w.release_pool(&pool, items).await });
+            let ready: Vec<String> = pending
+                .keys()
+                .filter(|p| !in_flight.contains(*p))
+                .cloned()
+                .collect();
+            for pool in ready {
+                let Some(mut items) = pending.remove(&pool) else {
+                    continue;
+                };
+                if items.len() > MAX_BATCH {
+                    pending.insert(pool.clone(), items.split_off(MAX_BATCH));
+                }
+                in_flight.insert(pool.clone());
+                let (w, done) = (writer.clone(), done_tx.clone());
+                tokio::spawn(async move {
+                    let follow_ups = w.release_pool(&pool, items).await;
+                    let _ = done.send(pool);
+                    w.follow_up(follow_ups).await;
+                });
             }
         }
     });
@@ -159,7 +182,9 @@ impl Writer {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
 
-    async fn release_pool(&self, pool: &str, items: Vec<(ReleaseRequest, Reply)>) {
+    /// Writes one batch and answers each request; returns the written releases with their
+    /// reservations, for [`follow_up`](Self::follow_up) once the pool is free again.
+    async fn release_pool(&self, pool: &str, items: Vec<(ReleaseRequest, Reply)>) -> Vec<FollowUp> {
         if self.dry_run {
             for (req, reply) in items {
                 let j = &req.judged;
@@ -172,18 +197,28 @@ impl Writer {
                     .inc();
                 let _ = reply.send(Ok(ReleaseOutcome::DryRun));
             }
-            return;
+            return Vec::new();
         }
         let (reqs, replies): (Vec<_>, Vec<_>) = items.into_iter().unzip();
         let outcomes = self.patch_with_retry(pool, &reqs).await;
+        let mut released = Vec::new();
         for ((req, reply), outcome) in reqs.into_iter().zip(replies).zip(outcomes) {
-            if outcome == Ok(ReleaseOutcome::Released) {
-                self.after_release(&req).await;
-            }
-            if let Err(e) = &outcome {
-                self.metrics.failed(e.cause());
+            match &outcome {
+                Ok(ReleaseOutcome::Released) => released.push(self.record_release(&req)),
+                Err(e) => self.metrics.failed(e.cause()),
+                Ok(_) => {}
             }
             let _ = reply.send(outcome);
+        }
+        released
+    }
+
+    /// Reservations and Events of written releases.
+    async fn follow_up(&self, released: Vec<FollowUp>) {
+        for (req, reservations) in released {
+            self.delete_reservations(reservations).await;
+            let j = &req.judged;
+            self.events.released(&j.pod, j.entry.ip, &j.network).await;
         }
     }
 
@@ -292,13 +327,25 @@ impl Writer {
             .map(|_| ())
     }
 
-    async fn after_release(&self, req: &ReleaseRequest) {
+    /// Updates the state and metrics for a written release; returns what is left to do.
+    fn record_release(&self, req: &ReleaseRequest) -> FollowUp {
         let j = &req.judged;
         let reservations = {
             let mut state = self.state.write().expect("state lock");
             state.forget_entry(&j.pool, &j.entry.key);
             state.reservations_for(&j.entry.podref, j.entry.ip)
         };
+        self.metrics.released(req.reason.as_str());
+        if let Some(at) = req.deleted_at {
+            self.metrics
+                .deletion_to_release_seconds
+                .observe(at.elapsed().as_secs_f64());
+        }
+        tracing::info!(pool = %j.pool, ip = %j.entry.ip, podref = %j.entry.podref, reason = %req.reason, "released");
+        (req.clone(), reservations)
+    }
+
+    async fn delete_reservations(&self, reservations: Vec<(String, String)>) {
         let api: Api<OverlappingRangeIPReservation> =
             Api::namespaced(self.client.clone(), &self.namespace);
         for (name, uid) in reservations {
@@ -317,17 +364,9 @@ impl Writer {
                 Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
                 Err(e) => {
                     self.metrics.failed("reservation");
-                    tracing::warn!(reservation = %name, error = %e, "could not delete reservation; the sweep will not retry it");
+                    tracing::warn!(reservation = %name, error = %e, "could not delete reservation");
                 }
             }
         }
-        self.metrics.released(req.reason.as_str());
-        if let Some(at) = req.deleted_at {
-            self.metrics
-                .deletion_to_release_seconds
-                .observe(at.elapsed().as_secs_f64());
-        }
-        tracing::info!(pool = %j.pool, ip = %j.entry.ip, podref = %j.entry.podref, reason = %req.reason, "released");
-        self.events.released(&j.pod, j.entry.ip, &j.network).await;
     }
 }
