@@ -19,7 +19,9 @@ use tokio::sync::oneshot;
 const WAIT: Duration = Duration::from_secs(30);
 const STATUS: &str = "k8s.v1.cni.cncf.io/network-status";
 
+/// Later flags override the test defaults.
 #[derive(Parser)]
+#[command(args_override_self = true)]
 struct Cli {
     #[command(flatten)]
     args: ControllerArgs,
@@ -50,6 +52,12 @@ impl Env {
 
     /// Starts the controller with test timings plus `extra` flags; waits until it is ready.
     async fn start(&mut self, extra: &[&str]) {
+        let client = self.client.clone();
+        self.start_as(client, extra).await;
+    }
+
+    /// Like [`start`](Self::start), with the controller acting through `client`.
+    async fn start_as(&mut self, client: Client, extra: &[&str]) {
         let mut argv = vec![
             "controller".to_string(),
             format!("--whereabouts-namespace={}", self.ns),
@@ -62,7 +70,6 @@ impl Env {
         let args = Cli::try_parse_from(argv).expect("controller flags").args;
         let (stop, stopped) = oneshot::channel::<()>();
         let (ready_tx, ready_rx) = oneshot::channel();
-        let client = self.client.clone();
         self.task = tokio::spawn(async move {
             controller::run(
                 client,
@@ -613,4 +620,153 @@ async fn scan_reports_what_the_rules_would_release_and_writes_nothing() {
         ["10", "20", "21"],
         "scan is read-only"
     );
+}
+
+#[tokio::test]
+async fn a_release_that_keeps_failing_ends_in_a_warning_event_with_the_cause() {
+    use k8s_openapi::api::rbac::v1::{
+        ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject,
+    };
+    let mut env = Env::new("ctl-fail").await;
+    env.nad("macvlan", "192.0.2.0/24").await;
+    env.pool("192.0.2.0-24", "192.0.2.0/24", &[(10, "sb-web", "web-0")])
+        .await;
+    env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
+
+    // A ServiceAccount that may read everything it watches and write Events, but not patch pools.
+    let rule = |groups: &[&str], resources: &[&str], verbs: &[&str]| PolicyRule {
+        api_groups: Some(groups.iter().map(|s| s.to_string()).collect()),
+        resources: Some(resources.iter().map(|s| s.to_string()).collect()),
+        verbs: verbs.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    };
+    let name = format!("{}-readonly", env.ns);
+    let role = ClusterRole {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            ..Default::default()
+        },
+        rules: Some(vec![
+            rule(&[""], &["pods"], &["get", "list", "watch"]),
+            rule(
+                &["whereabouts.cni.cncf.io"],
+                &["ippools", "overlappingrangeipreservations"],
+                &["get", "list", "watch"],
+            ),
+            rule(
+                &["k8s.cni.cncf.io"],
+                &["network-attachment-definitions"],
+                &["get", "list", "watch"],
+            ),
+            rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
+        ]),
+        ..Default::default()
+    };
+    Api::<ClusterRole>::all(env.client.clone())
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    let binding = ClusterRoleBinding {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "ClusterRole".into(),
+            name: name.clone(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: "ctl".into(),
+            namespace: Some(env.ns.clone()),
+            ..Default::default()
+        }]),
+    };
+    Api::<ClusterRoleBinding>::all(env.client.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    let sa = ControlPlane::shared()
+        .service_account_client(&env.client, &env.ns, "ctl")
+        .await
+        .expect("ServiceAccount client");
+    env.start_as(sa, &["--max-retries=2"]).await;
+
+    env.delete_pod("web-0").await;
+    let failed = env.wait_events("IPAddressGarbageCollectionFailed").await;
+    assert_eq!(failed[0].0, "web-0");
+    assert!(
+        failed[0].2.contains("forbidden"),
+        "the cause is named: {failed:?}"
+    );
+    assert_eq!(
+        env.keys("192.0.2.0-24").await,
+        ["10"],
+        "nothing was released"
+    );
+    assert!(env.events("IPAddressGarbageCollected").await.is_empty());
+    let metrics = env.metrics_text().await;
+    assert!(
+        metrics.contains(r#"ipreclaim_release_failures_total{cause="api"} 3"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("ipreclaim_queue_retries_total 2"),
+        "{metrics}"
+    );
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn with_two_replicas_only_the_lease_holder_writes() {
+    let mut first = Env::new("ctl-ha").await;
+    first.nad("macvlan", "192.0.2.0/24").await;
+    first
+        .pool(
+            "192.0.2.0-24",
+            "192.0.2.0/24",
+            &[(10, "sb-web", "web-0"), (11, "sb-db", "db-0")],
+        )
+        .await;
+    first.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
+    first.pod("db-0", "macvlan", Some(&["192.0.2.11"])).await;
+    let lease = [
+        "--leader-election=true".to_string(),
+        format!("--lease-namespace={}", first.ns),
+    ];
+    let lease: Vec<&str> = lease.iter().map(String::as_str).collect();
+    first.start(&lease).await;
+    let mut second = Env {
+        client: first.client.clone(),
+        ns: first.ns.clone(),
+        stop: None,
+        metrics: "127.0.0.1:0".parse().unwrap(),
+        task: tokio::spawn(async { Ok(()) }),
+    };
+    second.start(&lease).await;
+
+    first.delete_pod("web-0").await;
+    first.wait_keys("192.0.2.0-24", &["11"]).await;
+    first.delete_pod("db-0").await;
+    first.wait_keys("192.0.2.0-24", &[]).await;
+    let patches = |text: String| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(r#"ipreclaim_api_writes_total{verb="patch"} "#))
+            .map_or(0, |v| v.trim().parse::<u64>().unwrap())
+    };
+    let (a, b) = (
+        patches(first.metrics_text().await),
+        patches(second.metrics_text().await),
+    );
+    assert!(a == 0 || b == 0, "both replicas wrote: {a} and {b} patches");
+    assert!(a + b >= 1, "someone wrote");
+    let events = first.wait_events("IPAddressGarbageCollected").await;
+    assert_eq!(
+        events.len(),
+        2,
+        "one Event per address, from the leader: {events:?}"
+    );
+    first.stop().await;
+    second.stop().await;
 }

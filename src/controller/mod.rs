@@ -107,15 +107,24 @@ pub struct Running {
     pub state: Arc<RwLock<State>>,
 }
 
+/// A leader-election identity unique to this run (like client-go's hostname + "_" + uuid):
+/// a restarted replica must not mistake its predecessor's lease for its own.
 fn identity() -> String {
-    std::env::var("POD_NAME")
+    static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let host = std::env::var("POD_NAME")
         .or_else(|_| std::env::var("HOSTNAME"))
-        .unwrap_or_else(|_| format!("ipreclaim-{}", std::process::id()))
+        .unwrap_or_else(|_| "ipreclaim".into());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{host}_{}-{run}-{nanos:08x}", std::process::id())
 }
 
 async fn leadership(
     client: Client,
     args: &ControllerArgs,
+    identity: &str,
 ) -> anyhow::Result<tokio_watch::Receiver<bool>> {
     if !args.leader_election {
         return Ok(tokio_watch::channel(true).1);
@@ -127,7 +136,7 @@ async fn leadership(
         .unwrap_or_else(|| args.whereabouts_namespace.clone());
     let manager = kube_lease_manager::LeaseManagerBuilder::new(client, &args.lease_name)
         .with_namespace(&namespace)
-        .with_identity(identity())
+        .with_identity(identity)
         .build()
         .await
         .with_context(|| format!("lease {namespace}/{}", args.lease_name))?;
@@ -165,7 +174,8 @@ pub async fn run(
 
     let clock = RealClock::shared();
     let queue: Arc<WorkQueue<String>> = WorkQueue::new(clock.clone());
-    let events = events::Events::new(client.clone(), &identity());
+    let identity = identity();
+    let events = events::Events::new(client.clone(), &identity);
     let reclaim = ReclaimConfig {
         release_terminal_pods: args.release_terminal_pods,
     };
@@ -185,7 +195,7 @@ pub async fn run(
         dry_run: args.dry_run,
         state: state.clone(),
     }));
-    let leader = leadership(client.clone(), &args).await?;
+    let leader = leadership(client.clone(), &args, &identity).await?;
 
     // Watches, each reporting its first full list.
     let mut synced = Vec::new();
