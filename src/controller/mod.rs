@@ -211,6 +211,7 @@ pub async fn run(
             client.clone(),
             state.clone(),
             queue.clone(),
+            metrics.clone(),
             tx,
         ))
     });

@@ -16,6 +16,7 @@ use tokio::sync::watch;
 
 use super::state::State;
 use crate::api::{IPPool, NetworkAttachmentDefinition, OverlappingRangeIPReservation};
+use crate::telemetry::ControllerMetrics;
 
 fn podref_of(meta: &kube::api::ObjectMeta) -> Option<(String, String)> {
     Some((
@@ -53,6 +54,7 @@ pub async fn pods(
     client: Client,
     state: Arc<RwLock<State>>,
     queue: Arc<WorkQueue<String>>,
+    metrics: ControllerMetrics,
     synced: Synced,
 ) {
     let api = Api::<PartialObjectMeta<Pod>>::all(client);
@@ -61,50 +63,87 @@ pub async fn pods(
         .modify(|p| {
             p.managed_fields_mut().clear();
         });
-    // Pods known when a re-list starts; what is not listed again vanished during the gap.
-    let mut before_relist: Option<HashSet<(String, String)>> = None;
-    let mut relisted: HashSet<(String, String)> = HashSet::new();
+    let mut relists = PodRelist::default();
     drive("pods", stream, synced, |event| {
-        let now = Instant::now();
         let mut st = state.write().expect("state lock");
+        let outcome = relists.apply(&mut st, event, Instant::now());
+        drop(st);
+        for _ in 0..outcome.gap_deletions {
+            metrics.watch_gap_deletions.inc();
+        }
+        for podref in outcome.enqueue {
+            queue.add(podref);
+        }
+    })
+    .await;
+}
+
+/// What one pod watch event changed.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct PodEventOutcome {
+    /// Podrefs with new tombstones, for the work queue.
+    pub enqueue: Vec<String>,
+    /// Of those, pods found gone by a re-list.
+    pub gap_deletions: usize,
+}
+
+/// Re-list bookkeeping: the watcher reports no Delete for pods that vanished during a gap, so
+/// the pods known at `Init` that are not listed again by `InitDone` are the gap's deletions.
+#[derive(Debug, Default)]
+pub struct PodRelist {
+    before: Option<HashSet<(String, String)>>,
+    relisted: HashSet<(String, String)>,
+}
+
+impl PodRelist {
+    /// Applies one watcher event to the state.
+    pub fn apply(
+        &mut self,
+        st: &mut State,
+        event: Event<PartialObjectMeta<Pod>>,
+        now: Instant,
+    ) -> PodEventOutcome {
+        let mut out = PodEventOutcome::default();
         match event {
             Event::Init => {
-                before_relist = Some(st.live_pods());
-                relisted.clear();
+                self.before = Some(st.live_pods());
+                self.relisted.clear();
             }
             Event::InitApply(p) | Event::Apply(p) => {
                 let Some((podref, uid)) = podref_of(&p.metadata) else {
-                    return;
+                    return out;
                 };
-                relisted.insert((podref.clone(), uid.clone()));
+                self.relisted.insert((podref.clone(), uid.clone()));
+                // A different uid under the same name: the old pod's deletion was missed.
                 if st
                     .upsert_pod(&podref, &uid, p.metadata.annotations.as_ref(), now)
                     .is_some()
                 {
-                    queue.add(podref);
+                    out.enqueue.push(podref);
                 }
             }
             Event::Delete(p) => {
                 let Some((podref, uid)) = podref_of(&p.metadata) else {
-                    return;
+                    return out;
                 };
                 st.delete_pod(&podref, &uid, p.metadata.annotations.as_ref(), now);
-                queue.add(podref);
+                out.enqueue.push(podref);
             }
             Event::InitDone => {
-                for (podref, uid) in before_relist.take().unwrap_or_default() {
-                    if !relisted.contains(&(podref.clone(), uid.clone()))
+                for (podref, uid) in self.before.take().unwrap_or_default() {
+                    if !self.relisted.contains(&(podref.clone(), uid.clone()))
                         && st.vanish_pod(&podref, &uid, now).is_some()
                     {
                         tracing::info!(%podref, %uid, "pod vanished during a watch gap");
-                        queue.add(podref);
+                        out.gap_deletions += 1;
+                        out.enqueue.push(podref);
                     }
                 }
-                relisted.clear();
+                self.relisted.clear();
             }
         }
-    })
-    .await;
+        out
+    }
 }
 
 /// Watches the metadata of pods in one terminal phase (the field selector does the filtering,
@@ -230,4 +269,109 @@ pub async fn nads(client: Client, state: Arc<RwLock<State>>, synced: Synced) {
         }
     })
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reclaim::{Decision, Reason, ReclaimConfig};
+    use std::collections::BTreeMap;
+
+    fn pod(name: &str, uid: &str, ip: Option<&str>) -> PartialObjectMeta<Pod> {
+        let mut p = PartialObjectMeta::<Pod>::default();
+        p.metadata.namespace = Some("ns".into());
+        p.metadata.name = Some(name.into());
+        p.metadata.uid = Some(uid.into());
+        p.metadata.annotations = ip.map(|ip| {
+            BTreeMap::from([(
+                crate::ipam::NETWORK_STATUS_ANNOTATION.to_string(),
+                format!(r#"[{{"name":"ns/net","interface":"net1","ips":["{ip}"]}}]"#),
+            )])
+        });
+        p
+    }
+
+    fn pool(allocs: &[(&str, &str, &str)]) -> IPPool {
+        let spec = crate::api::IPPoolSpec {
+            range: "192.0.2.0/24".into(),
+            allocations: allocs
+                .iter()
+                .map(|(k, id, pod)| {
+                    (
+                        k.to_string(),
+                        crate::api::IPAllocation {
+                            id: id.to_string(),
+                            podref: format!("ns/{pod}"),
+                            ifname: Some("net1".into()),
+                            ipamclaimref: None,
+                        },
+                    )
+                })
+                .collect(),
+        };
+        IPPool::new("192.0.2.0-24", spec)
+    }
+
+    #[test]
+    fn pods_gone_across_a_relist_become_tombstones() {
+        let mut st = State::default();
+        st.upsert_pool(&pool(&[
+            ("10", "sb-a", "a"),
+            ("11", "sb-b", "b"),
+            ("12", "sb-c", "c"),
+        ]));
+        let mut r = PodRelist::default();
+        let now = Instant::now();
+        for e in [
+            Event::Init,
+            Event::InitApply(pod("a", "uid-a", Some("192.0.2.10"))),
+            Event::InitApply(pod("b", "uid-b", Some("192.0.2.11"))),
+            Event::InitApply(pod("c", "uid-c", Some("192.0.2.12"))),
+        ] {
+            assert_eq!(r.apply(&mut st, e, now), PodEventOutcome::default());
+        }
+        assert_eq!(
+            r.apply(&mut st, Event::InitDone, now),
+            PodEventOutcome::default()
+        );
+
+        // A gap: the watcher re-lists. "a" is gone (no Delete event), "c" was recreated.
+        r.apply(&mut st, Event::Init, now);
+        r.apply(
+            &mut st,
+            Event::InitApply(pod("b", "uid-b", Some("192.0.2.11"))),
+            now,
+        );
+        let recreated = r.apply(
+            &mut st,
+            Event::InitApply(pod("c", "uid-c2", Some("192.0.2.13"))),
+            now,
+        );
+        assert_eq!(
+            recreated.enqueue,
+            ["ns/c"],
+            "a new uid under the same name is a missed deletion"
+        );
+        let done = r.apply(&mut st, Event::InitDone, now);
+        assert_eq!(
+            done,
+            PodEventOutcome {
+                enqueue: vec!["ns/a".into()],
+                gap_deletions: 1
+            }
+        );
+
+        let cfg = ReclaimConfig::default();
+        let decision = |podref: &str| st.judge_podref(podref, &cfg)[0].decision;
+        assert_eq!(decision("ns/a"), Decision::Release(Reason::PodDeleted));
+        assert_eq!(
+            decision("ns/c"),
+            Decision::Release(Reason::PodDeleted),
+            "the old pod's IP"
+        );
+        assert_eq!(
+            decision("ns/b"),
+            Decision::Keep(crate::reclaim::KeepReason::ListedOnPod)
+        );
+    }
 }

@@ -89,6 +89,8 @@ pub struct ControllerMetrics {
     pub sweep_duration_seconds: Histogram,
     /// Sweeps held by the blast-radius breaker, by pool.
     pub breaker_holds: Family<PoolLabel, Counter>,
+    /// Pods found deleted by a re-list (no Delete event was seen).
+    pub watch_gap_deletions: Counter,
     /// NetworkAttachmentDefinitions whose config cannot be parsed.
     pub nad_config_errors: Gauge,
     /// Pods whose network-status annotation is malformed.
@@ -115,6 +117,7 @@ impl ControllerMetrics {
             api_writes: Family::default(),
             sweep_duration_seconds: Histogram::new(latency_buckets),
             breaker_holds: Family::default(),
+            watch_gap_deletions: Counter::default(),
             nad_config_errors: Gauge::default(),
             malformed_network_status: Gauge::default(),
         };

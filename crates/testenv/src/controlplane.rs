@@ -214,15 +214,22 @@ impl ControlPlane {
     }
 
     fn kubeconfig_yaml(&self, token: &str) -> String {
+        self.kubeconfig_yaml_for(&self.server, token)
+    }
+
+    fn kubeconfig_yaml_for(&self, server: &str, token: &str) -> String {
         format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: testenv\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\nusers:\n- name: user\n  user:\n    token: {token}\ncontexts:\n- name: testenv\n  context:\n    cluster: testenv\n    user: user\n    namespace: default\ncurrent-context: testenv\n",
-            server = self.server,
             ca = self.dir.join("ca.pem").display(),
         )
     }
 
     async fn client_with_token(&self, token: &str) -> Result<Client> {
-        let kubeconfig = Kubeconfig::from_yaml(&self.kubeconfig_yaml(token))?;
+        self.client_for(&self.server, token).await
+    }
+
+    async fn client_for(&self, server: &str, token: &str) -> Result<Client> {
+        let kubeconfig = Kubeconfig::from_yaml(&self.kubeconfig_yaml_for(server, token))?;
         let config =
             Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
         Ok(Client::try_from(config)?)
@@ -297,6 +304,44 @@ impl ControlPlane {
         self.wait_ready().await
     }
 
+    /// Starts a second kube-apiserver on the same etcd (another port), as in an HA control
+    /// plane; returns it with an admin client. It stops when dropped.
+    pub async fn start_second_apiserver(&self) -> Result<(SecondApiServer, Client)> {
+        let port = free_port()?;
+        let cmd: Vec<String> = self
+            .apiserver_cmd
+            .iter()
+            .map(|a| {
+                if a.starts_with("--secure-port=") {
+                    format!("--secure-port={port}")
+                } else {
+                    a.clone()
+                }
+            })
+            .collect();
+        let mut c = Command::new(&cmd[0]);
+        c.args(&cmd[1..]);
+        let child = spawn_supervised(c, &self.dir.join("kube-apiserver-2.log"))?;
+        let second = SecondApiServer { child };
+        let server = format!("https://127.0.0.1:{port}");
+        let client = self.client_for(&server, &self.admin_token).await?;
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let req = http::Request::get("/readyz").body(Vec::new())?;
+            if client
+                .request_text(req)
+                .await
+                .is_ok_and(|b| b.trim() == "ok")
+            {
+                return Ok((second, client));
+            }
+            if Instant::now() > deadline {
+                bail!("second kube-apiserver not ready after {READY_TIMEOUT:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     /// Creates a fresh namespace named after `prefix` with a random suffix, and returns its name.
     pub async fn namespace(&self, client: &Client, prefix: &str) -> String {
         let clean: String = prefix
@@ -365,6 +410,18 @@ impl ControlPlane {
     /// A kubeconfig for `token` (for tools such as kubectl and helm run by tests).
     pub fn write_kubeconfig_for_token(&self, token: &str, path: &Path) -> Result<()> {
         write(path, self.kubeconfig_yaml(token))
+    }
+}
+
+/// A second kube-apiserver on the same etcd; killed when dropped.
+pub struct SecondApiServer {
+    child: Child,
+}
+
+impl Drop for SecondApiServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
