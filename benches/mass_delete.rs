@@ -2,15 +2,14 @@
 //! deleted at once; prints how long the controller takes to release every address and how
 //! many write requests it sends. `cargo bench --bench mass_delete [-- N]` (default 2000).
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use futures::{StreamExt, stream};
 use ipreclaim::api::{IPAllocation, IPPool, IPPoolSpec};
 use ipreclaim::controller::{self, ControllerArgs};
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
-use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use testenv::ControlPlane;
 
@@ -23,25 +22,7 @@ struct Cli {
 fn pod(ns: &str, i: usize) -> Pod {
     let ip = format!("198.18.{}.{}", i / 256, i % 256);
     let status = format!(r#"[{{"name":"{ns}/macvlan","interface":"net1","ips":["{ip}"]}}]"#);
-    Pod {
-        metadata: ObjectMeta {
-            name: Some(format!("p{i}")),
-            annotations: Some(BTreeMap::from([(
-                "k8s.v1.cni.cncf.io/network-status".to_string(),
-                status,
-            )])),
-            ..Default::default()
-        },
-        spec: Some(PodSpec {
-            containers: vec![Container {
-                name: "app".into(),
-                image: Some("localhost/ipreclaim/pause:1".into()),
-                ..Default::default()
-            }],
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
+    testenv::fixtures::pod_with_network_status(&format!("p{i}"), &status)
 }
 
 fn metric(text: &str, prefix: &str) -> f64 {

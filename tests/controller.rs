@@ -10,7 +10,7 @@ use ipreclaim::api::{
     IPAllocation, IPPool, IPPoolSpec, NetworkAttachmentDefinition, NetworkAttachmentDefinitionSpec,
 };
 use ipreclaim::controller::{self, ControllerArgs};
-use k8s_openapi::api::core::v1::{Container, Event as CoreEvent, Pod, PodSpec};
+use k8s_openapi::api::core::v1::{Event as CoreEvent, Pod};
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 use testenv::ControlPlane;
@@ -164,22 +164,7 @@ impl Env {
             ]);
             BTreeMap::from([(STATUS.to_string(), status.to_string())])
         });
-        let pod = Pod {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                annotations,
-                ..Default::default()
-            },
-            spec: Some(PodSpec {
-                containers: vec![Container {
-                    name: "app".into(),
-                    image: Some("localhost/ipreclaim/pause:1".into()),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
+        let pod = testenv::fixtures::pod(name, annotations);
         let created = self
             .pods()
             .create(&PostParams::default(), &pod)
@@ -260,6 +245,15 @@ impl Env {
             .unwrap_or(0)
     }
 
+    /// Asserts that /metrics has a line starting with `line`.
+    async fn assert_metric(&self, line: &str) {
+        let text = self.metrics_text().await;
+        assert!(
+            text.lines().any(|l| l.starts_with(line)),
+            "no {line:?} in:\n{text}"
+        );
+    }
+
     async fn metrics_text(&self) -> String {
         let url = format!("http://{}/metrics", self.metrics);
         http_get(&url).await
@@ -333,15 +327,10 @@ async fn deleted_pod_is_released_with_an_event_and_the_live_pod_is_untouched() {
             format!("successful cleanup of IP address [192.0.2.10] from network {ns}/macvlan")
         )]
     );
-    let metrics = env.metrics_text().await;
-    assert!(
-        metrics.contains(r#"ipreclaim_releases_total{reason="PodDeleted"} 1"#),
-        "{metrics}"
-    );
-    assert!(
-        metrics.contains("ipreclaim_deletion_to_release_seconds_count 1"),
-        "{metrics}"
-    );
+    env.assert_metric(r#"ipreclaim_releases_total{reason="PodDeleted"} 1"#)
+        .await;
+    env.assert_metric("ipreclaim_deletion_to_release_seconds_count 1")
+        .await;
     env.stop().await;
 }
 
@@ -437,11 +426,8 @@ async fn sweep_releases_an_ip_not_on_the_pod_but_never_a_listed_one() {
     env.start(&[]).await;
 
     env.wait_keys("192.0.2.0-24", &["21"]).await;
-    let metrics = env.metrics_text().await;
-    assert!(
-        metrics.contains(r#"ipreclaim_releases_total{reason="IPNotOnPod"} 1"#),
-        "{metrics}"
-    );
+    env.assert_metric(r#"ipreclaim_releases_total{reason="IPNotOnPod"} 1"#)
+        .await;
     assert_eq!(env.keys("192.0.2.128-25").await, ["1"]);
     env.stop().await;
 }
@@ -487,11 +473,7 @@ async fn breaker_holds_a_sweep_that_would_free_most_of_a_pool() {
     assert_eq!(held[0].0, "192.0.2.0-24");
     assert!(held[0].2.contains("12 of 12"), "{held:?}");
     assert_eq!(env.keys("192.0.2.0-24").await.len(), 12, "nothing released");
-    let metrics = env.metrics_text().await;
-    assert!(
-        metrics.contains("ipreclaim_breaker_holds_total"),
-        "{metrics}"
-    );
+    env.assert_metric("ipreclaim_breaker_holds_total").await;
     env.stop().await;
 }
 
@@ -523,25 +505,7 @@ async fn bad_input_is_reported_not_fatal() {
         )
         .await
         .unwrap();
-    let mut pod = Pod {
-        metadata: ObjectMeta {
-            name: Some("odd-0".into()),
-            annotations: Some(BTreeMap::from([(
-                STATUS.to_string(),
-                "{not json".to_string(),
-            )])),
-            ..Default::default()
-        },
-        spec: Some(PodSpec {
-            containers: vec![Container {
-                name: "app".into(),
-                image: Some("x".into()),
-                ..Default::default()
-            }],
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    let mut pod = testenv::fixtures::pod_with_network_status("odd-0", "{not json");
     pod = env
         .pods()
         .create(&PostParams::default(), &pod)
@@ -706,15 +670,9 @@ async fn a_release_that_keeps_failing_ends_in_a_warning_event_with_the_cause() {
         "nothing was released"
     );
     assert!(env.events("IPAddressGarbageCollected").await.is_empty());
-    let metrics = env.metrics_text().await;
-    assert!(
-        metrics.contains(r#"ipreclaim_release_failures_total{cause="api"} 3"#),
-        "{metrics}"
-    );
-    assert!(
-        metrics.contains("ipreclaim_queue_retries_total 2"),
-        "{metrics}"
-    );
+    env.assert_metric(r#"ipreclaim_release_failures_total{cause="api"} 3"#)
+        .await;
+    env.assert_metric("ipreclaim_queue_retries_total 2").await;
     env.stop().await;
 }
 

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
 use ipreclaim::api::{IPAllocation, IPPool, IPPoolSpec};
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
-use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use testenv::ControlPlane;
@@ -15,25 +15,7 @@ const NETWORK_STATUS: &str = "k8s.v1.cni.cncf.io/network-status";
 const WAIT: Duration = Duration::from_secs(30);
 
 fn pod(name: &str, network_status: &str) -> Pod {
-    Pod {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            annotations: Some(BTreeMap::from([(
-                NETWORK_STATUS.into(),
-                network_status.into(),
-            )])),
-            ..Default::default()
-        },
-        spec: Some(PodSpec {
-            containers: vec![Container {
-                name: "app".into(),
-                image: Some("localhost/ipreclaim/pause:1".into()),
-                ..Default::default()
-            }],
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
+    testenv::fixtures::pod_with_network_status(name, network_status)
 }
 
 const STATUS_JSON: &str = r#"[{"name":"default/net1","interface":"net1","ips":["192.0.2.10"],"mac":"02:00:00:00:00:01","default":false}]"#;

@@ -229,25 +229,27 @@ impl Writer {
         pool: &str,
         reqs: &[ReleaseRequest],
     ) -> Vec<Result<ReleaseOutcome, ReleaseError>> {
-        let mut outcomes: Vec<Option<Result<ReleaseOutcome, ReleaseError>>> =
-            vec![None; reqs.len()];
+        type Outcome = Result<ReleaseOutcome, ReleaseError>;
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; reqs.len()];
         let mut pending: Vec<usize> = (0..reqs.len()).collect();
+        // Gives every pending request the same outcome.
+        let settle = |outcomes: &mut Vec<Option<Outcome>>, pending: &mut Vec<usize>, o: Outcome| {
+            for i in pending.drain(..) {
+                outcomes[i] = Some(o.clone());
+            }
+        };
+        let api_error = |e: &kube::Error| {
+            Err(ReleaseError::Api {
+                pool: pool.into(),
+                message: e.to_string(),
+            })
+        };
         for attempt in 0..2 {
             let batch: Vec<&ReleaseRequest> = pending.iter().map(|&i| &reqs[i]).collect();
             match self.patch(pool, &batch).await {
-                Ok(()) => {
-                    for &i in &pending {
-                        outcomes[i] = Some(Ok(ReleaseOutcome::Released));
-                    }
-                    pending.clear();
-                    break;
-                }
+                Ok(()) => settle(&mut outcomes, &mut pending, Ok(ReleaseOutcome::Released)),
                 Err(kube::Error::Api(s)) if s.code == 404 => {
-                    for &i in &pending {
-                        outcomes[i] = Some(Ok(ReleaseOutcome::AlreadyGone));
-                    }
-                    pending.clear();
-                    break;
+                    settle(&mut outcomes, &mut pending, Ok(ReleaseOutcome::AlreadyGone))
                 }
                 Err(kube::Error::Api(s)) if s.code == 422 && attempt == 0 => {
                     // Someone changed an entry: look again, per entry.
@@ -255,51 +257,31 @@ impl Writer {
                     let current = match self.pools().get_opt(pool).await {
                         Ok(c) => c,
                         Err(e) => {
-                            for &i in &pending {
-                                outcomes[i] = Some(Err(ReleaseError::Api {
-                                    pool: pool.into(),
-                                    message: e.to_string(),
-                                }));
-                            }
-                            pending.clear();
+                            settle(&mut outcomes, &mut pending, api_error(&e));
                             break;
                         }
                     };
                     let allocations = current.map(|p| p.spec.allocations).unwrap_or_default();
                     pending.retain(|&i| {
                         let e = &reqs[i].judged.entry;
-                        match allocations.get(&e.key) {
-                            None => {
-                                outcomes[i] = Some(Ok(ReleaseOutcome::AlreadyGone));
-                                false
-                            }
-                            Some(a) if a.id == e.id && a.podref == e.podref => true,
-                            Some(_) => {
-                                outcomes[i] = Some(Ok(ReleaseOutcome::Changed));
-                                false
-                            }
-                        }
+                        let gone = match allocations.get(&e.key) {
+                            None => ReleaseOutcome::AlreadyGone,
+                            Some(a) if a.id == e.id && a.podref == e.podref => return true,
+                            Some(_) => ReleaseOutcome::Changed,
+                        };
+                        outcomes[i] = Some(Ok(gone));
+                        false
                     });
-                    if pending.is_empty() {
-                        break;
-                    }
                 }
-                Err(kube::Error::Api(s)) if s.code == 422 => {
-                    for &i in &pending {
-                        outcomes[i] = Some(Err(ReleaseError::Conflict { pool: pool.into() }));
-                    }
-                    pending.clear();
-                }
-                Err(e) => {
-                    for &i in &pending {
-                        outcomes[i] = Some(Err(ReleaseError::Api {
-                            pool: pool.into(),
-                            message: e.to_string(),
-                        }));
-                    }
-                    pending.clear();
-                    break;
-                }
+                Err(kube::Error::Api(s)) if s.code == 422 => settle(
+                    &mut outcomes,
+                    &mut pending,
+                    Err(ReleaseError::Conflict { pool: pool.into() }),
+                ),
+                Err(e) => settle(&mut outcomes, &mut pending, api_error(&e)),
+            }
+            if pending.is_empty() {
+                break;
             }
         }
         outcomes

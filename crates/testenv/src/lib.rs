@@ -9,6 +9,7 @@
 
 pub mod containerd;
 pub mod controlplane;
+pub mod fixtures;
 pub mod procs;
 
 pub use containerd::Containerd;

@@ -1,0 +1,34 @@
+//! Objects tests create again and again.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use kube::api::ObjectMeta;
+
+use crate::containerd::SANDBOX_IMAGE;
+
+/// A pod with one container (never started: no kubelet runs) and the given annotations.
+pub fn pod(name: &str, annotations: Option<BTreeMap<String, String>>) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            annotations,
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![Container {
+                name: "app".into(),
+                image: Some(SANDBOX_IMAGE.into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// A pod annotated with `k8s.v1.cni.cncf.io/network-status` = `status`.
+pub fn pod_with_network_status(name: &str, status: &str) -> Pod {
+    let key = "k8s.v1.cni.cncf.io/network-status".to_string();
+    pod(name, Some(BTreeMap::from([(key, status.to_string())])))
+}
