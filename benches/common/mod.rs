@@ -1,0 +1,156 @@
+#![allow(dead_code)] // each benchmark binary uses a part of this module
+//! Shared setup of the cluster benchmarks: a private control plane, a pool with one allocation
+//! per pod, the pods themselves, and an in-process controller.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use futures::{StreamExt, stream};
+use ipreclaim::api::{IPAllocation, IPPool, IPPoolSpec};
+use ipreclaim::controller::{self, ControllerArgs};
+use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
+use kube::api::{Api, PostParams};
+use testenv::ControlPlane;
+
+/// The pool every benchmark uses.
+pub const POOL: &str = "198.18.0.0-16";
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    args: ControllerArgs,
+}
+
+/// A private control plane with the CRDs, a namespace, `n` pods and their allocations.
+pub struct Cluster {
+    /// Keeps the control plane running.
+    pub _control_plane: ControlPlane,
+    /// Admin client.
+    pub client: Client,
+    /// The namespace (also the whereabouts namespace).
+    pub ns: String,
+}
+
+fn pod(ns: &str, i: usize) -> Pod {
+    let ip = format!("198.18.{}.{}", i / 256, i % 256);
+    let status = format!(r#"[{{"name":"{ns}/macvlan","interface":"net1","ips":["{ip}"]}}]"#);
+    testenv::fixtures::pod_with_network_status(&format!("p{i}"), &status)
+}
+
+/// Starts a control plane and creates `n` pods with one allocation each.
+pub async fn cluster(n: usize) -> anyhow::Result<Cluster> {
+    let cp = tokio::task::spawn_blocking(ControlPlane::start).await??;
+    let client = cp.client().await;
+    cp.install_crds(&client).await?;
+    let ns = cp.namespace(&client, "bench").await;
+    let allocations = (0..n)
+        .map(|i| {
+            let alloc = IPAllocation {
+                id: format!("sandbox-{i}"),
+                podref: format!("{ns}/p{i}"),
+                ifname: Some("net1".into()),
+                ipamclaimref: None,
+            };
+            (i.to_string(), alloc)
+        })
+        .collect();
+    let spec = IPPoolSpec {
+        range: "198.18.0.0/16".into(),
+        allocations,
+    };
+    Api::<IPPool>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &IPPool::new(POOL, spec))
+        .await?;
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns);
+    let started = Instant::now();
+    stream::iter(0..n)
+        .map(|i| {
+            let (pods, ns) = (pods.clone(), ns.clone());
+            async move { pods.create(&PostParams::default(), &pod(&ns, i)).await }
+        })
+        .buffer_unordered(32)
+        .for_each(|r| async move {
+            r.expect("create pod");
+        })
+        .await;
+    eprintln!(
+        "created {n} pods in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(Cluster {
+        _control_plane: cp,
+        client,
+        ns,
+    })
+}
+
+impl Cluster {
+    /// Runs the controller in this process with default flags (no leader election) and waits
+    /// until it is ready; returns its metrics address.
+    pub async fn start_controller(&self) -> anyhow::Result<SocketAddr> {
+        let args = Cli::try_parse_from([
+            "controller".to_string(),
+            format!("--whereabouts-namespace={}", self.ns),
+            "--leader-election=false".into(),
+            "--metrics-addr=127.0.0.1:0".into(),
+        ])?
+        .args;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let client = self.client.clone();
+        tokio::spawn(async move {
+            controller::run(client, args, std::future::pending(), move |r| {
+                let _ = tx.send((r.metrics_addr, r.health.clone()));
+            })
+            .await
+        });
+        let (addr, health) = rx.await?;
+        while !health.is_ready() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(addr)
+    }
+
+    /// The pods API of the namespace.
+    pub fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// The pools API of the namespace.
+    pub fn pools(&self) -> Api<IPPool> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+}
+
+/// The sum of the series of a metric whose line starts with `prefix`.
+pub fn metric(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// GET /metrics.
+pub async fn metrics_text(addr: SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("metrics server");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("metrics request");
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.expect("metrics response");
+    out
+}
+
+/// The `q` quantile (0..=1) of `samples`.
+pub fn quantile(samples: &mut [f64], q: f64) -> f64 {
+    samples.sort_by(|a, b| a.total_cmp(b));
+    if samples.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((samples.len() - 1) as f64 * q).round() as usize;
+    samples[i]
+}
