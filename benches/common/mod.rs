@@ -63,30 +63,46 @@ pub async fn cluster(n: usize) -> anyhow::Result<Cluster> {
     Api::<IPPool>::namespaced(client.clone(), &ns)
         .create(&PostParams::default(), &IPPool::new(POOL, spec))
         .await?;
-    let pods = Api::<Pod>::namespaced(client.clone(), &ns);
-    let started = Instant::now();
-    stream::iter(0..n)
-        .map(|i| {
-            let (pods, ns) = (pods.clone(), ns.clone());
-            async move { pods.create(&PostParams::default(), &pod(&ns, i)).await }
-        })
-        .buffer_unordered(32)
-        .for_each(|r| async move {
-            r.expect("create pod");
-        })
-        .await;
-    eprintln!(
-        "created {n} pods in {:.1}s",
-        started.elapsed().as_secs_f64()
-    );
-    Ok(Cluster {
+    let cluster = Cluster {
         _control_plane: cp,
         client,
         ns,
-    })
+    };
+    cluster.add_pods(n).await?;
+    Ok(cluster)
 }
 
 impl Cluster {
+    /// Creates pods p0..p(n-1), each listing its address on the benchmark network.
+    pub async fn add_pods(&self, n: usize) -> anyhow::Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let pods = self.pods();
+        let ns = self.ns.clone();
+        let started = Instant::now();
+        stream::iter(0..n)
+            .map(|i| {
+                let (pods, ns) = (pods.clone(), ns.clone());
+                async move { pods.create(&PostParams::default(), &pod(&ns, i)).await }
+            })
+            .buffer_unordered(32)
+            .for_each(|r| async move {
+                r.expect("create pod");
+            })
+            .await;
+        eprintln!(
+            "created {n} pods in {:.1}s",
+            started.elapsed().as_secs_f64()
+        );
+        Ok(())
+    }
+
+    /// The admin kubeconfig file of the control plane.
+    pub fn kubeconfig(&self) -> std::path::PathBuf {
+        self._control_plane.kubeconfig_path()
+    }
+
     /// Runs the controller in this process with default flags (no leader election) and waits
     /// until it is ready; returns its metrics address.
     pub async fn start_controller(&self) -> anyhow::Result<SocketAddr> {
@@ -133,16 +149,18 @@ pub fn metric(text: &str, prefix: &str) -> f64 {
 
 /// GET /metrics.
 pub async fn metrics_text(addr: SocketAddr) -> String {
+    get(addr, "/metrics").await.expect("metrics server")
+}
+
+/// A plain HTTP GET of `path`; the whole response, status line included.
+pub async fn get(addr: SocketAddr, path: &str) -> std::io::Result<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("metrics server");
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await
-        .expect("metrics request");
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    s.write_all(request.as_bytes()).await?;
     let mut out = String::new();
-    s.read_to_string(&mut out).await.expect("metrics response");
-    out
+    s.read_to_string(&mut out).await?;
+    Ok(out)
 }
 
 /// The `q` quantile (0..=1) of `samples`.

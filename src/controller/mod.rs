@@ -299,6 +299,7 @@ pub async fn run(
                 let mut st = state.write().expect("state lock");
                 st.expire_tombstones(Instant::now() - Duration::from_secs(600));
                 metrics.nad_config_errors.set(st.nad_errors.len() as i64);
+                metrics.cached_pods.set(st.live_count() as i64);
                 metrics
                     .malformed_network_status
                     .set(st.malformed_status_count() as i64);

@@ -217,6 +217,11 @@ impl State {
         self.live.get(podref)
     }
 
+    /// Number of live pods.
+    pub fn live_count(&self) -> usize {
+        self.live.len()
+    }
+
     /// Number of live pods with a malformed network-status.
     pub fn malformed_status_count(&self) -> usize {
         self.live.values().filter(|l| l.malformed_status).count()

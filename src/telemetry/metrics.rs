@@ -95,6 +95,8 @@ pub struct ControllerMetrics {
     pub nad_config_errors: Gauge,
     /// Pods whose network-status annotation is malformed.
     pub malformed_network_status: Gauge,
+    /// Live pods in the controller's cache.
+    pub cached_pods: Gauge,
 }
 
 impl ControllerMetrics {
@@ -120,6 +122,7 @@ impl ControllerMetrics {
             watch_gap_deletions: Counter::default(),
             nad_config_errors: Gauge::default(),
             malformed_network_status: Gauge::default(),
+            cached_pods: Gauge::default(),
         };
         let r = registry.sub_registry_with_prefix("ipreclaim");
         r.register(
@@ -196,6 +199,11 @@ impl ControllerMetrics {
             "malformed_network_status_pods",
             "Pods whose network-status annotation is malformed",
             m.malformed_network_status.clone(),
+        );
+        r.register(
+            "cached_pods",
+            "Live pods in the controller's cache",
+            m.cached_pods.clone(),
         );
         m
     }
