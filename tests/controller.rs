@@ -524,6 +524,12 @@ async fn bad_input_is_reported_not_fatal() {
     let mut keys = env.keys("192.0.2.0-24").await;
     keys.sort();
     assert_eq!(keys, ["10", "999", "not-a-number"]);
+    // And every other pod is still processed.
+    env.pool("198.18.0.0-24", "198.18.0.0/24", &[(7, "sb-ok", "ok-0")])
+        .await;
+    env.pod("ok-0", "macvlan", Some(&["198.18.0.7"])).await;
+    env.delete_pod("ok-0").await;
+    env.wait_keys("198.18.0.0-24", &[]).await;
     env.stop().await;
 }
 
@@ -576,6 +582,10 @@ async fn scan_reports_what_the_rules_would_release_and_writes_nothing() {
     );
     assert_eq!(rows[0].pod_age_seconds, None);
     assert!(rows[1].pod_age_seconds.is_some());
+    let json = serde_json::to_value(&rows).unwrap();
+    assert_eq!(json[1]["reason"], "IPNotOnPod");
+    assert_eq!(json[1]["pool"], "192.0.2.0-24");
+    assert_eq!(json[0]["pod_age_seconds"], serde_json::Value::Null);
     let table = ipreclaim::scan::table(&rows);
     assert!(table.starts_with("POOL"), "{table}");
     assert_eq!(table.lines().count(), 3, "{table}");
@@ -773,4 +783,235 @@ async fn a_pod_deleted_while_the_watched_apiserver_is_down_is_released() {
     env.wait_keys("192.0.2.0-24", &["11"]).await;
     env.stop().await;
     drop(second);
+}
+
+#[tokio::test]
+async fn dual_stack_release_deletes_reservations_with_one_event_per_network() {
+    use ipreclaim::api::{OverlappingRangeIPReservation, OverlappingRangeIPReservationSpec};
+    let mut env = Env::new("ctl-ds").await;
+    let nad = NetworkAttachmentDefinition::new(
+        "macvlan",
+        NetworkAttachmentDefinitionSpec {
+            config: Some(
+                r#"{"type":"macvlan","ipam":{"type":"whereabouts","ipRanges":[{"range":"192.0.2.0/24"},{"range":"2001:db8::/64"}]}}"#.into(),
+            ),
+        },
+    );
+    Api::<NetworkAttachmentDefinition>::namespaced(env.client.clone(), &env.ns)
+        .create(&PostParams::default(), &nad)
+        .await
+        .unwrap();
+    env.pool("192.0.2.0-24", "192.0.2.0/24", &[(10, "sb-web", "web-0")])
+        .await;
+    env.pool("2001-db8---64", "2001:db8::/64", &[(5, "sb-web", "web-0")])
+        .await;
+    let reservations =
+        Api::<OverlappingRangeIPReservation>::namespaced(env.client.clone(), &env.ns);
+    for name in ["192.0.2.10", "2001-db8--5"] {
+        let r = OverlappingRangeIPReservation::new(
+            name,
+            OverlappingRangeIPReservationSpec {
+                containerid: Some("sb-web".into()),
+                podref: format!("{}/web-0", env.ns),
+                ifname: Some("net1".into()),
+                ipamclaimref: None,
+            },
+        );
+        reservations
+            .create(&PostParams::default(), &r)
+            .await
+            .unwrap();
+    }
+    env.pod("web-0", "macvlan", Some(&["192.0.2.10", "2001:db8::5"]))
+        .await;
+    env.start(&[]).await;
+    env.delete_pod("web-0").await;
+    env.wait_keys("192.0.2.0-24", &[]).await;
+    env.wait_keys("2001-db8---64", &[]).await;
+    wait_for("reservations deleted", || async {
+        reservations
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    })
+    .await;
+    let events = env.wait_events("IPAddressGarbageCollected").await;
+    let ns = &env.ns;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(
+        events[0].2,
+        format!(
+            "successful cleanup of IP address [192.0.2.10 2001:db8::5] from network {ns}/macvlan"
+        )
+    );
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_succeeded_pod_is_released_and_a_late_orphan_waits_for_the_grace() {
+    let mut env = Env::new("ctl-done").await;
+    env.nad("macvlan", "192.0.2.0/24").await;
+    env.pool(
+        "192.0.2.0-24",
+        "192.0.2.0/24",
+        &[(10, "sb-job", "job-0"), (11, "sb-web", "web-0")],
+    )
+    .await;
+    env.pod("job-0", "macvlan", Some(&["192.0.2.10"])).await;
+    env.pod("web-0", "macvlan", Some(&["192.0.2.11"])).await;
+    env.pods()
+        .patch_status(
+            "job-0",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"status": {"phase": "Succeeded"}})),
+        )
+        .await
+        .unwrap();
+    env.start(&["--leak-grace=3s"]).await;
+    env.wait_keys("192.0.2.0-24", &["11"]).await;
+    env.assert_metric(r#"ipreclaim_releases_total{reason="PodTerminal"} 1"#)
+        .await;
+
+    // An allocation for a pod that never existed appears after start: only the sweep, after
+    // the grace period, may release it.
+    let patch = serde_json::json!({"spec": {"allocations": {"12": {"id": "sb-x", "podref": format!("{}/ghost", env.ns)}}}});
+    env.pools()
+        .patch(
+            "192.0.2.0-24",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(patch),
+        )
+        .await
+        .unwrap();
+    let appeared = std::time::Instant::now();
+    let sweeps = env.sweeps().await;
+    wait_for("two sweeps that see the orphan", || async {
+        env.sweeps().await >= sweeps + 2
+    })
+    .await;
+    if appeared.elapsed() < Duration::from_secs(3) {
+        assert_eq!(
+            env.keys("192.0.2.0-24").await,
+            ["11", "12"],
+            "not before the grace period"
+        );
+        env.assert_metric(r#"ipreclaim_gc_candidates{reason="PodMissing"} 1"#)
+            .await;
+    }
+    env.wait_keys("192.0.2.0-24", &["11"]).await;
+    assert!(
+        appeared.elapsed() >= Duration::from_secs(3),
+        "released only after the grace"
+    );
+    env.assert_metric(r#"ipreclaim_releases_total{reason="PodMissing"} 1"#)
+        .await;
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_concurrent_allocator_loses_nothing_during_a_mass_release() {
+    let mut env = Env::new("ctl-race").await;
+    env.nad("macvlan", "198.18.0.0/16").await;
+    let names: Vec<String> = (0..100).map(|i| format!("p{i}")).collect();
+    let sandboxes: Vec<String> = (0..100).map(|i| format!("sb-{i}")).collect();
+    let allocs: Vec<(u32, &str, &str)> = (0..100)
+        .map(|i| (i as u32, sandboxes[i].as_str(), names[i].as_str()))
+        .collect();
+    env.pool("198.18.0.0-16", "198.18.0.0/16", &allocs).await;
+    for (i, n) in names.iter().enumerate() {
+        let ip = format!("198.18.0.{i}");
+        env.pod(n, "macvlan", Some(&[ip.as_str()])).await;
+    }
+    // The new allocations are for pods this test never creates: keep the sweep off them.
+    env.start(&["--leak-grace=10m"]).await;
+
+    // The CNI's way: read, then JSON patch with a resourceVersion test, retried on conflict.
+    let pools = env.pools();
+    let ns = env.ns.clone();
+    let allocator = tokio::spawn(async move {
+        for i in 0..100u32 {
+            loop {
+                let pool = pools.get("198.18.0.0-16").await.unwrap();
+                let rv = pool.metadata.resource_version.unwrap();
+                let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+                    {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+                    {"op": "add", "path": format!("/spec/allocations/{}", 1000 + i),
+                     "value": {"id": format!("new-{i}"), "podref": format!("{ns}/new-{i}")}},
+                ]))
+                .unwrap();
+                match pools
+                    .patch(
+                        "198.18.0.0-16",
+                        &kube::api::PatchParams::default(),
+                        &kube::api::Patch::<()>::Json(patch),
+                    )
+                    .await
+                {
+                    Ok(_) => break,
+                    Err(kube::Error::Api(s)) if s.code == 422 || s.code == 409 => continue,
+                    Err(e) => panic!("allocator: {e}"),
+                }
+            }
+        }
+    });
+    for n in &names {
+        env.delete_pod(n).await;
+    }
+    allocator.await.unwrap();
+    let want: Vec<String> = (1000..1100).map(|k: u32| k.to_string()).collect();
+    let want: Vec<&str> = want.iter().map(String::as_str).collect();
+    let mut sorted = want.clone();
+    sorted.sort();
+    env.wait_keys("198.18.0.0-16", &sorted).await;
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn when_the_leader_stops_the_standby_takes_over_and_nothing_is_released_twice() {
+    let mut first = Env::new("ctl-failover").await;
+    first.nad("macvlan", "192.0.2.0/24").await;
+    first
+        .pool(
+            "192.0.2.0-24",
+            "192.0.2.0/24",
+            &[(10, "sb-a", "a-0"), (11, "sb-b", "b-0")],
+        )
+        .await;
+    first.pod("a-0", "macvlan", Some(&["192.0.2.10"])).await;
+    first.pod("b-0", "macvlan", Some(&["192.0.2.11"])).await;
+    let flags = [
+        "--leader-election=true".to_string(),
+        format!("--lease-namespace={}", first.ns),
+        "--lease-duration=3s".into(),
+    ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    first.start(&flags).await;
+    first.delete_pod("a-0").await;
+    first.wait_keys("192.0.2.0-24", &["11"]).await;
+    let mut second = Env {
+        client: first.client.clone(),
+        ns: first.ns.clone(),
+        stop: None,
+        metrics: "127.0.0.1:0".parse().unwrap(),
+        task: tokio::spawn(async { Ok(()) }),
+    };
+    second.start(&flags).await;
+    first.stop().await;
+
+    second.delete_pod("b-0").await;
+    second.wait_keys("192.0.2.0-24", &[]).await;
+    second
+        .assert_metric(r#"ipreclaim_releases_total{reason="PodDeleted"} 1"#)
+        .await;
+    let events = second.wait_events("IPAddressGarbageCollected").await;
+    let mut objects: Vec<&str> = events.iter().map(|e| e.0.as_str()).collect();
+    objects.sort();
+    assert_eq!(
+        objects,
+        ["a-0", "b-0"],
+        "each address released once: {events:?}"
+    );
+    second.stop().await;
 }

@@ -114,7 +114,10 @@ impl Worker {
             .map(|r| ReleaseRequest { deleted_at, ..r })
             .collect();
         if !releases.is_empty() {
-            let outcomes = self.writer.release(releases).await;
+            let outcomes = self.writer.release(releases.clone()).await;
+            self.events
+                .released_all(releases.iter().zip(&outcomes))
+                .await;
             let errors: Vec<String> = outcomes
                 .iter()
                 .filter_map(|o| o.as_ref().err().map(|e| e.to_string()))

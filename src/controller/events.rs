@@ -70,16 +70,47 @@ impl Events {
     }
 
     /// A release was written.
-    pub async fn released(&self, pod: &PodRef, ip: IpAddr, network: &str) {
-        let note = format!("successful cleanup of IP address [{ip}] from network {network}");
+    pub async fn released(&self, pod: &PodRef, ips: &[IpAddr], network: &str) {
+        let list = ips
+            .iter()
+            .map(|ip| ip.to_string())
+            .collect::<Vec<_>>()
+            .join(" ");
+        let note = format!("successful cleanup of IP address [{list}] from network {network}");
         self.publish(
             EventType::Normal,
             GC_DONE,
-            format!("Release {ip}"),
+            format!("Release {network}"),
             note,
             &pod_reference(pod),
         )
         .await;
+    }
+
+    /// One Event per pod and network for the releases that were written, naming every address.
+    pub async fn released_all<'a>(
+        &self,
+        results: impl IntoIterator<
+            Item = (
+                &'a super::writer::ReleaseRequest,
+                &'a Result<super::writer::ReleaseOutcome, super::writer::ReleaseError>,
+            ),
+        >,
+    ) {
+        let mut by_network: std::collections::BTreeMap<(PodRef, String), Vec<IpAddr>> =
+            Default::default();
+        for (req, outcome) in results {
+            if *outcome == Ok(super::writer::ReleaseOutcome::Released) {
+                let j = &req.judged;
+                by_network
+                    .entry((j.pod.clone(), j.network.clone()))
+                    .or_default()
+                    .push(j.entry.ip);
+            }
+        }
+        for ((pod, network), ips) in by_network {
+            self.released(&pod, &ips, &network).await;
+        }
     }
 
     /// A release would have been written (dry-run).

@@ -86,6 +86,9 @@ pub struct ControllerArgs {
         default_value = "ipreclaim-controller"
     )]
     pub lease_name: String,
+    /// How long a Lease holds without renewal; a standby takes over after it.
+    #[arg(long, env = "IPRECLAIM_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub lease_duration: Duration,
     /// Namespace of the Lease (default: $POD_NAMESPACE, else the whereabouts namespace).
     #[arg(long, env = "IPRECLAIM_LEASE_NAMESPACE")]
     pub lease_namespace: Option<String>,
@@ -137,6 +140,9 @@ async fn leadership(
     let manager = kube_lease_manager::LeaseManagerBuilder::new(client, &args.lease_name)
         .with_namespace(&namespace)
         .with_identity(identity)
+        .with_duration(args.lease_duration.as_secs().max(2))
+        // Renew well before expiry.
+        .with_grace((args.lease_duration.as_secs() / 3).max(1))
         .build()
         .await
         .with_context(|| format!("lease {namespace}/{}", args.lease_name))?;

@@ -18,7 +18,7 @@ use crate::reclaim::{
 };
 
 /// A pod's identity for Events.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PodRef {
     /// Namespace.
     pub namespace: String,

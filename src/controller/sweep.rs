@@ -159,7 +159,11 @@ impl Sweeper {
         report.held_pools.sort();
         report.released = confirmed.len();
         if !confirmed.is_empty() {
-            for outcome in self.writer.release(confirmed).await {
+            let outcomes = self.writer.release(confirmed.clone()).await;
+            self.events
+                .released_all(confirmed.iter().zip(&outcomes))
+                .await;
+            for outcome in outcomes {
                 if let Err(e) = outcome {
                     tracing::warn!(error = %e, "sweep release failed; next sweep retries");
                 }

@@ -213,12 +213,10 @@ impl Writer {
         released
     }
 
-    /// Reservations and Events of written releases.
+    /// Reservations of written releases (Events are the caller's: it sees all of a pod's pools).
     async fn follow_up(&self, released: Vec<FollowUp>) {
-        for (req, reservations) in released {
+        for (_, reservations) in released {
             self.delete_reservations(reservations).await;
-            let j = &req.judged;
-            self.events.released(&j.pod, j.entry.ip, &j.network).await;
         }
     }
 
