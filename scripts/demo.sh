@@ -81,4 +81,9 @@ kubectl -n "$ns" get ippool 192.0.2.0-24 -o jsonpath='{range .spec.allocations.*
 echo "== events"
 kubectl -n "$ns" get events --field-selector reason=IPAddressGarbageCollected -o custom-columns=REASON:.reason,OBJECT:.involvedObject.name,MESSAGE:.message
 echo "== metrics"
+# Gauges refresh on each sweep (every 2s here).
+for _ in $(seq 1 20); do
+  curl -s http://127.0.0.1:18080/metrics | grep -q '^ipreclaim_allocations{pool="demo/192.0.2.0-24"} 1$' && break
+  sleep 0.5
+done
 curl -s http://127.0.0.1:18080/metrics | grep -E '^ipreclaim_(releases_total|allocations|deletion_to_release_seconds_count|api_writes_total)'
