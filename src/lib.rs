@@ -6,6 +6,7 @@
 pub mod api;
 pub mod controller;
 pub mod ipam;
+pub mod node;
 pub mod reclaim;
 pub mod scan;
 pub mod telemetry;
