@@ -121,9 +121,8 @@ async fn relist_inspects_only_changed_pods_and_keeps_a_stopped_sandboxs_ip() {
 
 #[tokio::test]
 async fn an_unreachable_cri_socket_is_an_error_not_a_panic() {
-    let err = connect("unix:///nonexistent/cri.sock")
-        .await
-        .err()
-        .expect("no socket");
+    let Err(err) = connect("unix:///nonexistent/cri.sock").await else {
+        panic!("connected to a socket that does not exist");
+    };
     assert!(err.to_string().contains("does not exist"), "{err}");
 }
