@@ -41,6 +41,11 @@ impl Env {
         let client = cp.client().await;
         cp.install_crds(&client).await.expect("install crds/");
         let ns = cp.namespace(&client, prefix).await;
+        Env::with(client, ns)
+    }
+
+    /// An environment on an existing namespace (a second replica, or a private control plane).
+    fn with(client: Client, ns: String) -> Env {
         Env {
             client,
             ns,
@@ -705,13 +710,7 @@ async fn with_two_replicas_only_the_lease_holder_writes() {
     ];
     let lease: Vec<&str> = lease.iter().map(String::as_str).collect();
     first.start(&lease).await;
-    let mut second = Env {
-        client: first.client.clone(),
-        ns: first.ns.clone(),
-        stop: None,
-        metrics: "127.0.0.1:0".parse().unwrap(),
-        task: tokio::spawn(async { Ok(()) }),
-    };
+    let mut second = Env::with(first.client.clone(), first.ns.clone());
     second.start(&lease).await;
 
     first.delete_pod("web-0").await;
@@ -990,13 +989,7 @@ async fn when_the_leader_stops_the_standby_takes_over_and_nothing_is_released_tw
     first.start(&flags).await;
     first.delete_pod("a-0").await;
     first.wait_keys("192.0.2.0-24", &["11"]).await;
-    let mut second = Env {
-        client: first.client.clone(),
-        ns: first.ns.clone(),
-        stop: None,
-        metrics: "127.0.0.1:0".parse().unwrap(),
-        task: tokio::spawn(async { Ok(()) }),
-    };
+    let mut second = Env::with(first.client.clone(), first.ns.clone());
     second.start(&flags).await;
     first.stop().await;
 

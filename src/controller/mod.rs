@@ -100,6 +100,17 @@ pub struct ControllerArgs {
     pub log_format: LogFormat,
 }
 
+/// What the deletion workers and the sweep share.
+#[derive(Clone)]
+pub struct Ctx {
+    pub(crate) client: Client,
+    pub(crate) state: Arc<RwLock<State>>,
+    pub(crate) queue: Arc<WorkQueue<String>>,
+    pub(crate) writer: writer::WriterHandle,
+    pub(crate) events: events::Events,
+    pub(crate) metrics: ControllerMetrics,
+}
+
 /// Handles a running controller exposes (for tests and the binary).
 pub struct Running {
     /// Liveness and readiness.
@@ -248,6 +259,14 @@ pub async fn run(
     });
     watch_task(&|tx| tokio::spawn(watch::nads(client.clone(), state.clone(), tx)));
 
+    let ctx = Ctx {
+        client: client.clone(),
+        state: state.clone(),
+        queue: queue.clone(),
+        writer,
+        events,
+        metrics: metrics.clone(),
+    };
     let main = async {
         for mut rx in synced {
             let _ = rx.wait_for(|s| *s).await;
@@ -269,12 +288,7 @@ pub async fn run(
         for _ in 0..DELETION_WORKERS {
             tasks.push(tokio::spawn(
                 deletion::Worker {
-                    client: client.clone(),
-                    state: state.clone(),
-                    queue: queue.clone(),
-                    writer: writer.clone(),
-                    events: events.clone(),
-                    metrics: metrics.clone(),
+                    ctx: ctx.clone(),
                     reclaim,
                     max_retries: args.max_retries,
                     leader: leader.clone(),
@@ -283,12 +297,7 @@ pub async fn run(
             ));
         }
         let mut sweeper = sweep::Sweeper {
-            client: client.clone(),
-            state: state.clone(),
-            queue: queue.clone(),
-            writer: writer.clone(),
-            events: events.clone(),
-            metrics: metrics.clone(),
+            ctx: ctx.clone(),
             config: sweep::SweepConfig {
                 leak_grace: args.leak_grace,
                 max_release_ratio: args.max_release_ratio,

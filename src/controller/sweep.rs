@@ -3,22 +3,17 @@
 //! much of a pool is held for an operator.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::Client;
 use kube::api::Api;
-use podlife::queue::WorkQueue;
 
-use super::events::Events;
-use super::state::{Judged, State};
-use super::writer::{ReleaseRequest, WriterHandle};
+use super::state::Judged;
+use super::writer::ReleaseRequest;
 use crate::ipam::{NETWORK_STATUS_ANNOTATION, parse_network_status};
 use crate::reclaim::{
     self, Allocation, Decision, LivePod, PodKnowledge, PodPhase, PoolContext, Reason, ReclaimConfig,
 };
-use crate::telemetry::ControllerMetrics;
 
 /// Pools with at most this many allocations are never held by the breaker.
 const BREAKER_MIN_POOL: usize = 10;
@@ -38,12 +33,7 @@ pub struct SweepConfig {
 
 /// The sweep's memory between runs: when each candidate was first seen.
 pub struct Sweeper {
-    pub(crate) client: Client,
-    pub(crate) state: Arc<RwLock<State>>,
-    pub(crate) queue: Arc<WorkQueue<String>>,
-    pub(crate) writer: WriterHandle,
-    pub(crate) events: Events,
-    pub(crate) metrics: ControllerMetrics,
+    pub(crate) ctx: super::Ctx,
     pub(crate) config: SweepConfig,
     pub(crate) first_seen: HashMap<(String, String, String), (Instant, Reason)>,
 }
@@ -64,7 +54,7 @@ impl Sweeper {
     pub async fn sweep(&mut self) -> SweepReport {
         let started = Instant::now();
         let (judged, pool_sizes) = {
-            let st = self.state.read().expect("state lock");
+            let st = self.ctx.state.read().expect("state lock");
             let sizes: HashMap<String, (usize, String)> = st
                 .pools()
                 .iter()
@@ -83,7 +73,7 @@ impl Sweeper {
                 Decision::Candidate(r) => r,
                 Decision::Release(_) => {
                     // Direct evidence the deletion path has not handled yet.
-                    self.queue.add(j.entry.podref.clone());
+                    self.ctx.queue.add(j.entry.podref.clone());
                     continue;
                 }
                 Decision::Keep(_) => continue,
@@ -104,12 +94,14 @@ impl Sweeper {
         }
         self.first_seen.retain(|k, _| seen.contains(k));
         for (reason, n) in counts {
-            self.metrics
+            self.ctx
+                .metrics
                 .candidates
                 .get_or_create(&reason.to_string().into())
                 .set(n);
         }
-        self.metrics
+        self.ctx
+            .metrics
             .oldest_candidate_seconds
             .set(oldest.as_secs() as i64);
 
@@ -144,11 +136,13 @@ impl Sweeper {
                     self.config.max_release_ratio
                 );
                 tracing::warn!(%pool, n, size, "breaker holds the sweep of this pool");
-                self.metrics
+                self.ctx
+                    .metrics
                     .breaker_holds
                     .get_or_create(&pool.clone().into())
                     .inc();
-                self.events
+                self.ctx
+                    .events
                     .breaker_hold(&self.config.namespace, pool, &uid, note)
                     .await;
                 held.insert(pool.clone());
@@ -159,8 +153,9 @@ impl Sweeper {
         report.held_pools.sort();
         report.released = confirmed.len();
         if !confirmed.is_empty() {
-            let outcomes = self.writer.release(confirmed.clone()).await;
-            self.events
+            let outcomes = self.ctx.writer.release(confirmed.clone()).await;
+            self.ctx
+                .events
                 .released_all(confirmed.iter().zip(&outcomes))
                 .await;
             for outcome in outcomes {
@@ -169,7 +164,8 @@ impl Sweeper {
                 }
             }
         }
-        self.metrics
+        self.ctx
+            .metrics
             .sweep_duration_seconds
             .observe(started.elapsed().as_secs_f64());
         report
@@ -182,7 +178,7 @@ impl Sweeper {
             .podref
             .split_once('/')
             .unwrap_or(("", &j.entry.podref));
-        let pod = Api::<Pod>::namespaced(self.client.clone(), ns)
+        let pod = Api::<Pod>::namespaced(self.ctx.client.clone(), ns)
             .get_opt(name)
             .await?;
         let Some(pod) = pod else {
@@ -200,7 +196,7 @@ impl Sweeper {
             networks: networks.as_deref(),
         };
         let pool_networks = {
-            let st = self.state.read().expect("state lock");
+            let st = self.ctx.state.read().expect("state lock");
             st.pool_networks(&j.pool)
         };
         let fresh = reclaim::decide(
