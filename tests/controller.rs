@@ -749,13 +749,7 @@ async fn a_pod_deleted_while_the_watched_apiserver_is_down_is_released() {
     let client = cp.client().await;
     cp.install_crds(&client).await.expect("install crds/");
     let ns = cp.namespace(&client, "ctl-gap").await;
-    let mut env = Env {
-        client,
-        ns: ns.clone(),
-        stop: None,
-        metrics: "127.0.0.1:0".parse().unwrap(),
-        task: tokio::spawn(async { Ok(()) }),
-    };
+    let mut env = Env::with(client, ns.clone());
     env.nad("macvlan", "192.0.2.0/24").await;
     env.pool(
         "192.0.2.0-24",
