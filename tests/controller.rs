@@ -1002,3 +1002,47 @@ async fn when_the_leader_stops_the_standby_takes_over_and_nothing_is_released_tw
     );
     second.stop().await;
 }
+
+#[tokio::test]
+async fn orphaned_reservations_are_swept_and_live_ones_kept() {
+    use ipreclaim::api::{OverlappingRangeIPReservation, OverlappingRangeIPReservationSpec};
+    let mut env = Env::new("ctl-orip").await;
+    env.nad("macvlan", "192.0.2.0/24").await;
+    env.pool("192.0.2.0-24", "192.0.2.0/24", &[(10, "sb-web", "web-0")])
+        .await;
+    env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
+    let reservations =
+        Api::<OverlappingRangeIPReservation>::namespaced(env.client.clone(), &env.ns);
+    for (name, pod) in [("192.0.2.10", "web-0"), ("192.0.2.99", "ghost-0")] {
+        let r = OverlappingRangeIPReservation::new(
+            name,
+            OverlappingRangeIPReservationSpec {
+                containerid: Some("sb".into()),
+                podref: format!("{}/{pod}", env.ns),
+                ifname: Some("net1".into()),
+                ipamclaimref: None,
+            },
+        );
+        reservations
+            .create(&PostParams::default(), &r)
+            .await
+            .unwrap();
+    }
+    env.start(&[]).await;
+    wait_for("the orphaned reservation deleted", || async {
+        let names: Vec<String> = reservations
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter_map(|r| r.metadata.name)
+            .collect();
+        names == ["192.0.2.10"]
+    })
+    .await;
+    env.assert_metric(r#"ipreclaim_api_writes_total{verb="delete"} 1"#)
+        .await;
+    assert_eq!(env.keys("192.0.2.0-24").await, ["10"]);
+    env.stop().await;
+}

@@ -305,6 +305,7 @@ pub async fn run(
                 namespace: args.whereabouts_namespace.clone(),
             },
             first_seen: Default::default(),
+            orphan_reservations_seen: Default::default(),
         };
         let mut tick = tokio::time::interval(args.sweep_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -419,6 +419,18 @@ impl State {
             .collect()
     }
 
+    /// Reservations `(name, uid, podref)` whose podref has no live pod and no allocation left in
+    /// any pool: nothing can still be using them.
+    pub fn orphan_reservations(&self) -> Vec<(String, String, String)> {
+        self.reservations
+            .iter()
+            .filter(|(_, r)| {
+                !self.live.contains_key(&r.podref) && !self.by_podref.contains_key(&r.podref)
+            })
+            .map(|(name, r)| (name.clone(), r.uid.clone(), r.podref.clone()))
+            .collect()
+    }
+
     /// Judges every allocation of `podref`.
     pub fn judge_podref(&self, podref: &str, config: &ReclaimConfig) -> Vec<Judged> {
         let Some(keys) = self.by_podref.get(podref) else {

@@ -36,6 +36,8 @@ pub struct Sweeper {
     pub(crate) ctx: super::Ctx,
     pub(crate) config: SweepConfig,
     pub(crate) first_seen: HashMap<(String, String, String), (Instant, Reason)>,
+    /// Orphaned reservations by (name, uid), with when they were first seen.
+    pub(crate) orphan_reservations_seen: HashMap<(String, String), Instant>,
 }
 
 /// What one sweep did.
@@ -47,6 +49,8 @@ pub struct SweepReport {
     pub released: usize,
     /// Pools held by the breaker.
     pub held_pools: Vec<String>,
+    /// Orphaned reservations deleted.
+    pub reservations_deleted: usize,
 }
 
 impl Sweeper {
@@ -164,11 +168,56 @@ impl Sweeper {
                 }
             }
         }
+        report.reservations_deleted = self.sweep_reservations(started).await;
         self.ctx
             .metrics
             .sweep_duration_seconds
             .observe(started.elapsed().as_secs_f64());
         report
+    }
+
+    /// Reservations of pods that are gone and hold no allocation any more (e.g. a delete that
+    /// failed earlier): after the grace period and a GET confirming the pod is gone.
+    async fn sweep_reservations(&mut self, now: Instant) -> usize {
+        let orphans = self
+            .ctx
+            .state
+            .read()
+            .expect("state lock")
+            .orphan_reservations();
+        let current: std::collections::HashSet<(String, String)> = orphans
+            .iter()
+            .map(|(n, u, _)| (n.clone(), u.clone()))
+            .collect();
+        self.orphan_reservations_seen
+            .retain(|k, _| current.contains(k));
+        let mut due = Vec::new();
+        for (name, uid, podref) in orphans {
+            let first = *self
+                .orphan_reservations_seen
+                .entry((name.clone(), uid.clone()))
+                .or_insert(now);
+            if now.saturating_duration_since(first) < self.config.leak_grace {
+                continue;
+            }
+            let (ns, pod) = podref.split_once('/').unwrap_or(("", &podref));
+            match Api::<Pod>::namespaced(self.ctx.client.clone(), ns)
+                .get_metadata_opt(pod)
+                .await
+            {
+                Ok(None) => due.push((name, uid)),
+                Ok(Some(_)) => {}
+                Err(e) => {
+                    tracing::warn!(reservation = %name, error = %e, "could not confirm the pod is gone")
+                }
+            }
+        }
+        let n = due.len();
+        if n > 0 {
+            tracing::info!(count = n, "deleting orphaned reservations");
+            self.ctx.writer.delete_reservations(due).await;
+        }
+        n
     }
 
     /// A fresh look at the pod before releasing on the sweep's evidence.

@@ -97,9 +97,18 @@ pub struct Writer {
 #[derive(Clone)]
 pub struct WriterHandle {
     tx: mpsc::Sender<(ReleaseRequest, Reply)>,
+    writer: Arc<Writer>,
 }
 
 impl WriterHandle {
+    /// Deletes reservations `(name, uid)` with a uid precondition, throttled like every write
+    /// (nothing under `--dry-run`).
+    pub async fn delete_reservations(&self, reservations: Vec<(String, String)>) {
+        if !self.writer.dry_run {
+            self.writer.delete_reservations(reservations).await;
+        }
+    }
+
     /// Releases `reqs` (batched with whatever else is pending) and returns each outcome.
     pub async fn release(
         &self,
@@ -130,6 +139,10 @@ impl WriterHandle {
 /// burst of deletions becomes a few large patches while a lone deletion goes out at once.
 pub fn spawn(writer: Arc<Writer>) -> WriterHandle {
     let (tx, mut rx) = mpsc::channel::<(ReleaseRequest, Reply)>(4 * MAX_BATCH);
+    let handle = WriterHandle {
+        tx,
+        writer: writer.clone(),
+    };
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<String>();
     tokio::spawn(async move {
         let mut pending: BTreeMap<String, Vec<(ReleaseRequest, Reply)>> = BTreeMap::new();
@@ -174,7 +187,7 @@ pub fn spawn(writer: Arc<Writer>) -> WriterHandle {
             }
         }
     });
-    WriterHandle { tx }
+    handle
 }
 
 impl Writer {
