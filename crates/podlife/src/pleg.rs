@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
+use crate::backoff::Backoff;
 use crate::cache::{PodStatusCache, preserve_ips};
 use crate::clock::SharedClock;
 use crate::pod::{ContainerState, PodStatus, PodUid, RuntimePod, SourceError};
@@ -90,6 +91,12 @@ pub struct PlegConfig {
     pub relist_threshold: Duration,
     /// Capacity of the event channel; events beyond it are dropped and counted.
     pub channel_capacity: usize,
+    /// After a failed inspection, wait this long before inspecting that pod again, doubling
+    /// up to [`inspect_backoff_max`](Self::inspect_backoff_max). Zero (the kubelet's
+    /// behaviour, the default) re-inspects on every relist.
+    pub inspect_backoff_initial: Duration,
+    /// Longest wait between inspections of a failing pod.
+    pub inspect_backoff_max: Duration,
 }
 
 impl Default for PlegConfig {
@@ -98,6 +105,8 @@ impl Default for PlegConfig {
             relist_period: DEFAULT_RELIST_PERIOD,
             relist_threshold: DEFAULT_RELIST_THRESHOLD,
             channel_capacity: DEFAULT_CHANNEL_CAPACITY,
+            inspect_backoff_initial: Duration::ZERO,
+            inspect_backoff_max: Duration::ZERO,
         }
     }
 }
@@ -206,6 +215,8 @@ pub struct Pleg<S> {
     relist_period: Duration,
     shared: Arc<Shared>,
     observer: Option<Observer>,
+    /// Per-pod backoff of failing inspections.
+    backoff: Backoff<PodUid>,
 }
 
 /// The PLEG-internal state of a container, with "non-existent" for a missing one.
@@ -282,7 +293,13 @@ impl<S: PodSource> Pleg<S> {
             last_relist: Mutex::new(None),
             metrics: Mutex::new(PlegMetrics::default()),
         });
+        let backoff = Backoff::new(
+            config.inspect_backoff_initial,
+            config.inspect_backoff_max,
+            shared.clock.clone(),
+        );
         let pleg = Pleg {
+            backoff,
             source,
             cache,
             records: HashMap::new(),
@@ -335,6 +352,7 @@ impl<S: PodSource> Pleg<S> {
             }
             Ok(pods) => {
                 *self.shared.last_relist.lock().expect("pleg poisoned") = Some(timestamp);
+                self.backoff.gc();
                 self.record_counts(&pods);
                 self.set_current(pods);
                 self.diff_and_inspect(timestamp).await;
@@ -428,6 +446,12 @@ impl<S: PodSource> Pleg<S> {
             if self.cache.is_some() {
                 // Inspected now, so not again below in this relist.
                 self.to_reinspect.remove(&uid);
+                if current.is_some() && self.backing_off(&uid) {
+                    if let Some(pod) = current {
+                        needs_reinspection.insert(uid, pod);
+                    }
+                    continue;
+                }
                 if let Err(e) = self.update_cache(&uid, current.as_ref()).await {
                     tracing::warn!(pod = %uid, error = %e, "pleg: ignoring events of a pod whose inspection failed");
                     if let Some(pod) = current {
@@ -446,6 +470,10 @@ impl<S: PodSource> Pleg<S> {
 
         if self.cache.is_some() {
             for (uid, pod) in std::mem::take(&mut self.to_reinspect) {
+                if self.backing_off(&uid) {
+                    needs_reinspection.insert(uid, pod);
+                    continue;
+                }
                 match self.update_cache(&uid, Some(&pod)).await {
                     Ok(()) => self.send(PodLifecycleEvent {
                         pod: uid,
@@ -464,6 +492,11 @@ impl<S: PodSource> Pleg<S> {
             }
         }
         self.to_reinspect = needs_reinspection;
+    }
+
+    fn backing_off(&self, uid: &str) -> bool {
+        self.backoff
+            .is_in_backoff_since(&uid.to_owned(), self.shared.clock.now())
     }
 
     fn advance_record(&mut self, uid: &str) {
@@ -491,6 +524,7 @@ impl<S: PodSource> Pleg<S> {
         match result {
             Ok(mut status) => {
                 drop(m);
+                self.backoff.reset(&uid.to_owned());
                 let (old, old_err) = cache.get(uid);
                 status.ips = preserve_ips(&old, old_err.as_ref(), &status);
                 cache.set(uid, status, None, timestamp);
@@ -499,6 +533,8 @@ impl<S: PodSource> Pleg<S> {
             Err(e) => {
                 m.inspection_failures += 1;
                 drop(m);
+                self.backoff
+                    .next(&uid.to_owned(), timestamp, Some(e.to_string()));
                 let status = PodStatus {
                     name: pod.name.clone(),
                     namespace: pod.namespace.clone(),

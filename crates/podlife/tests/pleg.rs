@@ -124,12 +124,18 @@ struct Harness {
 }
 
 fn harness(with_cache: bool, capacity: usize) -> Harness {
+    harness_with(with_cache, capacity, Duration::ZERO)
+}
+
+fn harness_with(with_cache: bool, capacity: usize, backoff: Duration) -> Harness {
     let runtime = FakeRuntime::default();
     let clock = FakeClock::new();
     let cache = with_cache.then(|| Arc::new(PodStatusCache::new()));
     let config = PlegConfig {
         relist_period: Duration::from_secs(3600),
         channel_capacity: capacity,
+        inspect_backoff_initial: backoff,
+        inspect_backoff_max: backoff * 4,
         ..PlegConfig::default()
     };
     let (pleg, events) = Pleg::new(runtime.clone(), cache.clone(), clock.clone(), config);
@@ -638,4 +644,54 @@ fn run_relists_every_period_on_the_injected_clock() {
     );
     stop_tx.send(()).unwrap();
     assert!(run.poll().is_ready(), "stops on shutdown");
+}
+
+#[test]
+fn failing_inspection_backs_off_per_pod_and_other_pods_are_unaffected() {
+    tokio_test::block_on(async {
+        let mut h = harness_with(true, 100, Duration::from_secs(1));
+        let (pods, statuses, events) = pods_statuses_events(2);
+        h.runtime.set_pods(pods.clone());
+        h.runtime
+            .script_status("test-pod-0", Ok(statuses[0].clone()));
+        h.runtime
+            .script_status("test-pod-1", Err(SourceError::new("CRI unavailable")));
+        h.pleg.relist().await;
+        assert_eq!(h.runtime.status_calls(), ["test-pod-0", "test-pod-1"]);
+        assert_eq!(drain(&mut h.events), vec![events[0].clone()]);
+
+        // Within the 1 s backoff: no call for the failing pod.
+        h.pleg.relist().await;
+        assert_eq!(h.runtime.status_calls(), Vec::<String>::new());
+
+        // After 1 s: tried again, fails again; the backoff doubles to 2 s.
+        h.clock.step(Duration::from_secs(1));
+        h.runtime
+            .script_status("test-pod-1", Err(SourceError::new("CRI unavailable")));
+        h.pleg.relist().await;
+        assert_eq!(h.runtime.status_calls(), ["test-pod-1"]);
+
+        // 1 s later it is still backing off, while the other pod's change is inspected at once.
+        h.clock.step(Duration::from_secs(1));
+        let mut changed = pods.clone();
+        changed[0].containers[0].state = Exited;
+        h.runtime.set_pods(changed);
+        let mut exited = statuses[0].clone();
+        exited.container_statuses[0].state = Exited;
+        h.runtime.script_status("test-pod-0", Ok(exited));
+        h.pleg.relist().await;
+        assert_eq!(h.runtime.status_calls(), ["test-pod-0"]);
+        assert_eq!(
+            drain(&mut h.events),
+            vec![ev("test-pod-0", ContainerDied, "c0")]
+        );
+
+        // After the 2 s: inspected, succeeds, and its event finally goes out.
+        h.clock.step(Duration::from_secs(1));
+        h.runtime
+            .script_status("test-pod-1", Ok(statuses[1].clone()));
+        h.pleg.relist().await;
+        assert_eq!(h.runtime.status_calls(), ["test-pod-1"]);
+        assert_eq!(drain(&mut h.events), vec![events[1].clone()]);
+    });
 }
