@@ -263,11 +263,6 @@ impl State {
         });
     }
 
-    /// Podrefs with tombstones.
-    pub fn tombstoned(&self) -> Vec<String> {
-        self.tombstones.keys().cloned().collect()
-    }
-
     /// The earliest deletion time seen for `podref` (start-up orphans were not seen deleted).
     pub fn first_deletion(&self, podref: &str) -> Option<Instant> {
         self.tombstones
