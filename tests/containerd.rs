@@ -5,28 +5,12 @@ use std::net::IpAddr;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
     ContainerConfig, ContainerMetadata, ContainerState, CreateContainerRequest, ImageSpec,
-    LinuxPodSandboxConfig, ListContainersRequest, ListPodSandboxRequest, PodSandboxConfig,
-    PodSandboxMetadata, PodSandboxState, PodSandboxStatusRequest, RemovePodSandboxRequest,
-    RunPodSandboxRequest, StartContainerRequest, StopPodSandboxRequest,
+    ListContainersRequest, ListPodSandboxRequest, PodSandboxState, PodSandboxStatusRequest,
+    RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StopPodSandboxRequest,
 };
 use testenv::Containerd;
 use testenv::containerd::SANDBOX_IMAGE;
 use tonic::transport::Channel;
-
-fn sandbox_config(name: &str, uid: &str, log_dir: &str) -> PodSandboxConfig {
-    PodSandboxConfig {
-        metadata: Some(PodSandboxMetadata {
-            name: name.into(),
-            uid: uid.into(),
-            namespace: "cri-test".into(),
-            attempt: 0,
-        }),
-        hostname: name.into(),
-        log_directory: log_dir.into(),
-        linux: Some(LinuxPodSandboxConfig::default()),
-        ..Default::default()
-    }
-}
 
 async fn sandbox_state_and_ip(
     client: &mut RuntimeServiceClient<Channel>,
@@ -72,14 +56,9 @@ async fn container_states(client: &mut RuntimeServiceClient<Channel>) -> Vec<(St
 
 #[tokio::test]
 async fn sandbox_lifecycle_with_an_ip_through_cri() {
-    let containerd = tokio::task::spawn_blocking(Containerd::start)
-        .await
-        .unwrap()
-        .unwrap_or_else(|e| panic!("cannot start containerd: {e:#}"));
+    let containerd = Containerd::start_for_test().await;
     let mut client = containerd.client().await.expect("CRI client");
-    let log_dir = containerd.dir().join("pod-logs");
-    std::fs::create_dir_all(&log_dir).unwrap();
-    let config = sandbox_config("web-0", "uid-web-0", log_dir.to_str().unwrap());
+    let config = containerd.sandbox_config("web-0", "uid-web-0", "cri-test");
 
     // Run: READY, with an address from the test CNI plugin.
     let id = client
@@ -185,20 +164,11 @@ async fn sandbox_lifecycle_with_an_ip_through_cri() {
 
 #[tokio::test]
 async fn each_sandbox_gets_its_own_ip() {
-    let containerd = tokio::task::spawn_blocking(Containerd::start)
-        .await
-        .unwrap()
-        .unwrap_or_else(|e| panic!("cannot start containerd: {e:#}"));
+    let containerd = Containerd::start_for_test().await;
     let mut client = containerd.client().await.expect("CRI client");
-    let log_dir = containerd.dir().join("pod-logs");
-    std::fs::create_dir_all(&log_dir).unwrap();
     let mut ips = Vec::new();
     for i in 0..3 {
-        let config = sandbox_config(
-            &format!("p{i}"),
-            &format!("uid-{i}"),
-            log_dir.to_str().unwrap(),
-        );
+        let config = containerd.sandbox_config(&format!("p{i}"), &format!("uid-{i}"), "cri-test");
         let id = client
             .run_pod_sandbox(RunPodSandboxRequest {
                 config: Some(config),

@@ -4,29 +4,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use ipreclaim::node::cri::{CriPodSource, connect};
-use k8s_cri::v1::{
-    LinuxPodSandboxConfig, PodSandboxConfig, PodSandboxMetadata, RunPodSandboxRequest,
-    StopPodSandboxRequest,
-};
+use k8s_cri::v1::{RunPodSandboxRequest, StopPodSandboxRequest};
 use podlife::clock::RealClock;
 use podlife::pleg::{EventKind, Pleg, PlegConfig, PodLifecycleEvent};
 use podlife::{PodStatusCache, SandboxState};
 use testenv::Containerd;
-
-fn config(i: usize, log_dir: &str) -> PodSandboxConfig {
-    PodSandboxConfig {
-        metadata: Some(PodSandboxMetadata {
-            name: format!("p{i}"),
-            uid: format!("uid-{i:03}"),
-            namespace: "node-test".into(),
-            attempt: 0,
-        }),
-        hostname: format!("p{i}"),
-        log_directory: log_dir.into(),
-        linux: Some(LinuxPodSandboxConfig::default()),
-        ..Default::default()
-    }
-}
 
 fn drain(rx: &mut tokio::sync::mpsc::Receiver<PodLifecycleEvent>) -> Vec<PodLifecycleEvent> {
     let mut out = Vec::new();
@@ -38,18 +20,17 @@ fn drain(rx: &mut tokio::sync::mpsc::Receiver<PodLifecycleEvent>) -> Vec<PodLife
 
 #[tokio::test]
 async fn relist_inspects_only_changed_pods_and_keeps_a_stopped_sandboxs_ip() {
-    let containerd = tokio::task::spawn_blocking(Containerd::start)
-        .await
-        .unwrap()
-        .unwrap_or_else(|e| panic!("cannot start containerd: {e:#}"));
+    let containerd = Containerd::start_for_test().await;
     let mut cri = containerd.client().await.expect("CRI client");
-    let log_dir = containerd.dir().join("pod-logs");
-    std::fs::create_dir_all(&log_dir).unwrap();
     let mut ids = Vec::new();
     for i in 0..50 {
         let id = cri
             .run_pod_sandbox(RunPodSandboxRequest {
-                config: Some(config(i, log_dir.to_str().unwrap())),
+                config: Some(containerd.sandbox_config(
+                    &format!("p{i}"),
+                    &format!("uid-{i:03}"),
+                    "node-test",
+                )),
                 runtime_handler: String::new(),
             })
             .await

@@ -13,7 +13,8 @@ use anyhow::{Context, Result, bail};
 use hyper_util::rt::TokioIo;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
-    ListPodSandboxRequest, RemovePodSandboxRequest, StopPodSandboxRequest, VersionRequest,
+    LinuxPodSandboxConfig, ListPodSandboxRequest, PodSandboxConfig, PodSandboxMetadata,
+    RemovePodSandboxRequest, StopPodSandboxRequest, VersionRequest,
 };
 use sha2::{Digest, Sha256};
 use tokio::net::UnixStream;
@@ -298,6 +299,7 @@ impl Containerd {
             }
         }
         let dir = run_dir("containerd")?;
+        std::fs::create_dir_all(dir.join("pod-logs"))?;
         let socket = dir.join("containerd.sock");
         let image = build_sandbox_image(&dir)?;
         let config = write_config(&dir, &socket)?;
@@ -317,6 +319,33 @@ impl Containerd {
             .arg(&image))
         .context("import the sandbox image")?;
         Ok(c)
+    }
+
+    /// [`start`](Self::start) from async code; a test that cannot get containerd fails with
+    /// the reason.
+    pub async fn start_for_test() -> Containerd {
+        tokio::task::spawn_blocking(Containerd::start)
+            .await
+            .expect("containerd start task")
+            .unwrap_or_else(|e| panic!("cannot start containerd: {e:#}"))
+    }
+
+    /// A pod sandbox config for `namespace/name` with `uid`, logging under this containerd's
+    /// directory.
+    pub fn sandbox_config(&self, name: &str, uid: &str, namespace: &str) -> PodSandboxConfig {
+        let log_dir = self.dir.join("pod-logs");
+        PodSandboxConfig {
+            metadata: Some(PodSandboxMetadata {
+                name: name.into(),
+                uid: uid.into(),
+                namespace: namespace.into(),
+                attempt: 0,
+            }),
+            hostname: name.into(),
+            log_directory: log_dir.display().to_string(),
+            linux: Some(LinuxPodSandboxConfig::default()),
+            ..Default::default()
+        }
     }
 
     fn wait_ready_blocking(&self) -> Result<()> {
