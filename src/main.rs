@@ -15,6 +15,9 @@ struct Cli {
 enum Command {
     /// Run the controller: release the addresses of deleted pods and sweep for leaks.
     Controller(Box<ipreclaim::controller::ControllerArgs>),
+    /// Run the node agent: relist the node's container runtime and release the addresses of
+    /// sandboxes that died while their pod lives on.
+    NodeAgent(Box<ipreclaim::node::NodeAgentArgs>),
     /// Report every allocation that would be released or is a leak candidate (read-only).
     Scan {
         /// Namespace of the IPPools.
@@ -35,20 +38,36 @@ enum Command {
     },
 }
 
+async fn client() -> anyhow::Result<kube::Client> {
+    kube::Client::try_default()
+        .await
+        .context("no Kubernetes client config (set KUBECONFIG, or run in a pod)")
+}
+
+/// Completes on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "no SIGTERM handler; stopping on Ctrl-C only");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
 async fn run_controller(args: ipreclaim::controller::ControllerArgs) -> anyhow::Result<()> {
     ipreclaim::telemetry::init_logging(args.log_format);
-    let client = kube::Client::try_default()
-        .await
-        .context("no Kubernetes client config (set KUBECONFIG, or run in a pod)")?;
-    let shutdown = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("install SIGTERM handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-    };
-    ipreclaim::controller::run(client, args, shutdown, |_| {}).await
+    ipreclaim::controller::run(client().await?, args, shutdown_signal(), |_| {}).await
+}
+
+async fn run_node_agent(args: ipreclaim::node::NodeAgentArgs) -> anyhow::Result<()> {
+    ipreclaim::telemetry::init_logging(args.log_format);
+    ipreclaim::node::run(client().await?, args, shutdown_signal(), |_| {}).await
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -63,9 +82,7 @@ async fn run_scan(
     output: ScanOutput,
 ) -> anyhow::Result<()> {
     ipreclaim::telemetry::init_logging(ipreclaim::telemetry::LogFormat::Text);
-    let client = kube::Client::try_default()
-        .await
-        .context("no Kubernetes client config (set KUBECONFIG, or run in a pod)")?;
+    let client = client().await?;
     let reclaim = ipreclaim::reclaim::ReclaimConfig {
         release_terminal_pods,
     };
@@ -83,6 +100,11 @@ fn main() -> anyhow::Result<()> {
             .enable_all()
             .build()?
             .block_on(run_controller(*args))?,
+        Command::NodeAgent(args) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?
+            .block_on(run_node_agent(*args))?,
         Command::Scan {
             whereabouts_namespace,
             release_terminal_pods,

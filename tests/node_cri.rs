@@ -1,7 +1,6 @@
 //! The CRI pod source driven by podlife's PLEG, against a real containerd.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use ipreclaim::node::cri::{CriPodSource, connect};
 use k8s_cri::v1::{RunPodSandboxRequest, StopPodSandboxRequest};
@@ -60,14 +59,14 @@ async fn relist_inspects_only_changed_pods_and_keeps_a_stopped_sandboxs_ip() {
         50,
         "one ContainerStarted per sandbox"
     );
-    assert_eq!(calls.pod_sandbox_status.load(Ordering::Relaxed), 50);
+    assert_eq!(calls.pod_sandbox_status.get(), 50);
     let (before, err) = cache.get("uid-007");
     assert_eq!(err, None);
     assert_eq!(before.ips.len(), 1, "{before:?}");
 
     // Nothing changed: a relist makes no status call.
     pleg.relist().await;
-    assert_eq!(calls.pod_sandbox_status.load(Ordering::Relaxed), 50);
+    assert_eq!(calls.pod_sandbox_status.get(), 50);
     assert!(drain(&mut events).is_empty());
 
     // One sandbox stops: exactly one status call, one death, and its IP stays in the cache
@@ -78,7 +77,7 @@ async fn relist_inspects_only_changed_pods_and_keeps_a_stopped_sandboxs_ip() {
     .await
     .expect("StopPodSandbox");
     pleg.relist().await;
-    assert_eq!(calls.pod_sandbox_status.load(Ordering::Relaxed), 51);
+    assert_eq!(calls.pod_sandbox_status.get(), 51);
     assert_eq!(
         drain(&mut events),
         [PodLifecycleEvent::container(

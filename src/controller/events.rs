@@ -71,16 +71,48 @@ impl Events {
 
     /// A release was written.
     pub async fn released(&self, pod: &PodRef, ips: &[IpAddr], network: &str) {
+        self.publish_released(pod, ips, network, None).await;
+    }
+
+    /// The node agent released what a dead sandbox held; the message names the reason and the
+    /// sandbox (one Event per sandbox: the recorder would merge repeats into the first note).
+    pub async fn released_sandbox_gone(
+        &self,
+        pod: &PodRef,
+        ips: &[IpAddr],
+        network: &str,
+        sandbox: &str,
+    ) {
+        self.publish_released(pod, ips, network, Some(sandbox))
+            .await;
+    }
+
+    async fn publish_released(
+        &self,
+        pod: &PodRef,
+        ips: &[IpAddr],
+        network: &str,
+        dead_sandbox: Option<&str>,
+    ) {
         let list = ips
             .iter()
             .map(|ip| ip.to_string())
             .collect::<Vec<_>>()
             .join(" ");
-        let note = format!("successful cleanup of IP address [{list}] from network {network}");
+        let mut note = format!("successful cleanup of IP address [{list}] from network {network}");
+        let mut action = format!("Release {network}");
+        if let Some(sb) = dead_sandbox {
+            let short = &sb[..sb.len().min(12)];
+            note.push_str(&format!(
+                " ({}: sandbox {short} is gone)",
+                Reason::SandboxGone
+            ));
+            action.push_str(&format!(" {short}"));
+        }
         self.publish(
             EventType::Normal,
             GC_DONE,
-            format!("Release {network}"),
+            action,
             note,
             &pod_reference(pod),
         )

@@ -207,10 +207,10 @@ pub async fn run(
             },
             clock,
         ),
-        metrics: metrics.clone(),
+        metrics: metrics.writes.clone(),
         events: events.clone(),
         dry_run: args.dry_run,
-        state: state.clone(),
+        state: Some(state.clone()),
     }));
     let leader = leadership(client.clone(), &args, &identity).await?;
 

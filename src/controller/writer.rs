@@ -16,7 +16,7 @@ use super::events::Events;
 use super::state::{Judged, State};
 use crate::api::{IPPool, OverlappingRangeIPReservation};
 use crate::reclaim::Reason;
-use crate::telemetry::ControllerMetrics;
+use crate::telemetry::WriteMetrics;
 
 /// Most releases in one batch.
 const MAX_BATCH: usize = 1000;
@@ -87,10 +87,11 @@ pub struct Writer {
     pub(crate) client: Client,
     pub(crate) namespace: String,
     pub(crate) throttle: Throttle,
-    pub(crate) metrics: ControllerMetrics,
+    pub(crate) metrics: WriteMetrics,
     pub(crate) events: Events,
     pub(crate) dry_run: bool,
-    pub(crate) state: Arc<RwLock<State>>,
+    /// The controller's index, kept in step with what is written (the node agent has none).
+    pub(crate) state: Option<Arc<RwLock<State>>>,
 }
 
 /// A handle to submit releases to the batching writer.
@@ -323,10 +324,13 @@ impl Writer {
     /// Updates the state and metrics for a written release; returns what is left to do.
     fn record_release(&self, req: &ReleaseRequest) -> FollowUp {
         let j = &req.judged;
-        let reservations = {
-            let mut state = self.state.write().expect("state lock");
-            state.forget_entry(&j.pool, &j.entry.key);
-            state.reservations_for(&j.entry.podref, j.entry.ip)
+        let reservations = match &self.state {
+            Some(state) => {
+                let mut state = state.write().expect("state lock");
+                state.forget_entry(&j.pool, &j.entry.key);
+                state.reservations_for(&j.entry.podref, j.entry.ip)
+            }
+            None => Vec::new(),
         };
         self.metrics.released(req.reason.as_str());
         if let Some(at) = req.deleted_at {

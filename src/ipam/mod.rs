@@ -4,6 +4,7 @@
 pub mod config;
 pub mod naming;
 pub mod network_status;
+pub mod networks;
 pub mod pool;
 
 pub use config::{IpRange, IpamConfig, NadConfigError, parse_nad_config};
@@ -11,4 +12,5 @@ pub use naming::{ippool_name, reservation_name};
 pub use network_status::{
     NETWORK_STATUS_ANNOTATION, NetworkAttachment, NetworkStatusError, parse_network_status,
 };
+pub use networks::{NETWORKS_ANNOTATION, NetworksError, parse_networks};
 pub use pool::{PoolAllocations, PoolEntry, PoolProblem, ip_at, offset_of, pool_allocations};

@@ -3,8 +3,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use hyper_util::rt::TokioIo;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
@@ -13,28 +12,70 @@ use k8s_cri::v1::{
     PodSandboxState, PodSandboxStatusRequest,
 };
 use podlife::pleg::PodSource;
+use podlife::throttle::Throttle;
 use podlife::{
     Container, ContainerState, PodStatus, RuntimePod, SandboxState, SandboxStatus, SourceError,
 };
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-/// CRI calls made, by method (for metrics and tests).
-#[derive(Debug, Default)]
+/// A CRI `method` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MethodLabel {
+    /// The CRI method.
+    pub method: String,
+}
+
+/// CRI calls made, by method (metrics counters; `get()` reads them).
+#[derive(Debug, Clone, Default)]
 pub struct CriCalls {
     /// ListPodSandbox.
-    pub list_pod_sandbox: AtomicU64,
+    pub list_pod_sandbox: Counter,
     /// ListContainers.
-    pub list_containers: AtomicU64,
+    pub list_containers: Counter,
     /// PodSandboxStatus.
-    pub pod_sandbox_status: AtomicU64,
+    pub pod_sandbox_status: Counter,
+}
+
+impl CriCalls {
+    /// Counters that are the members of `family` (so /metrics shows them by method).
+    pub fn in_family(family: &Family<MethodLabel, Counter>) -> Self {
+        let get = |m: &str| {
+            family
+                .get_or_create(&MethodLabel { method: m.into() })
+                .clone()
+        };
+        CriCalls {
+            list_pod_sandbox: get("ListPodSandbox"),
+            list_containers: get("ListContainers"),
+            pod_sandbox_status: get("PodSandboxStatus"),
+        }
+    }
+}
+
+/// What the last listings showed, for the agent: which ids are sandboxes (a PLEG event names
+/// only a container id) and which pods the runtime has (for orphan counting).
+#[derive(Debug, Default)]
+pub struct RuntimeView {
+    /// Successful listings so far.
+    pub listings: u64,
+    /// Every sandbox listed, with the number of the last listing that had it. The agent
+    /// forgets entries it is done with.
+    pub sandboxes: HashMap<String, u64>,
+    /// Pods of the last listing: uid -> (namespace, name).
+    pub pods: HashMap<String, (String, String)>,
 }
 
 /// The container runtime, as the PLEG sees it.
 #[derive(Clone)]
 pub struct CriPodSource {
     client: RuntimeServiceClient<Channel>,
-    calls: Arc<CriCalls>,
+    calls: CriCalls,
+    view: Arc<Mutex<RuntimeView>>,
+    throttle: Option<Throttle>,
 }
 
 /// Connects to a CRI socket (`unix:///path` or a plain path).
@@ -50,13 +91,43 @@ pub async fn connect(endpoint: &str) -> Result<RuntimeServiceClient<Channel>, So
     }
     let channel = Endpoint::try_from("http://[::]:50051")
         .map_err(|e| SourceError::new(e.to_string()))?
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
-        }))
+        .connect_with_connector(unix_connector(path))
         .await
         .map_err(|e| SourceError::new(format!("connect to CRI: {e}")))?;
     Ok(RuntimeServiceClient::new(channel))
+}
+
+/// Like [`connect`], but connects on first use and reconnects after the runtime restarts:
+/// the agent keeps running (and reports unhealthy) while the runtime is down.
+pub fn connect_lazy(endpoint: &str) -> Result<RuntimeServiceClient<Channel>, SourceError> {
+    let path = endpoint
+        .strip_prefix("unix://")
+        .unwrap_or(endpoint)
+        .to_owned();
+    if path.is_empty() || !path.starts_with('/') {
+        return Err(SourceError::new(format!(
+            "{endpoint:?} is not a unix socket path (use unix:///path/to/socket)"
+        )));
+    }
+    let channel = Endpoint::try_from("http://[::]:50051")
+        .map_err(|e| SourceError::new(e.to_string()))?
+        .connect_with_connector_lazy(unix_connector(path));
+    Ok(RuntimeServiceClient::new(channel))
+}
+
+fn unix_connector(
+    path: String,
+) -> impl tower::Service<
+    Uri,
+    Response = TokioIo<UnixStream>,
+    Error = std::io::Error,
+    Future = impl Future<Output = std::io::Result<TokioIo<UnixStream>>> + Send,
+> + Clone
++ Send {
+    tower::service_fn(move |_: Uri| {
+        let path = path.clone();
+        async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
+    })
 }
 
 fn cri_error(call: &str, e: tonic::Status) -> SourceError {
@@ -81,27 +152,72 @@ impl CriPodSource {
     pub fn new(client: RuntimeServiceClient<Channel>) -> Self {
         CriPodSource {
             client,
-            calls: Arc::default(),
+            calls: CriCalls::default(),
+            view: Arc::default(),
+            throttle: None,
         }
     }
 
+    /// Counts calls in `calls` instead of private counters.
+    pub fn with_calls(mut self, calls: CriCalls) -> Self {
+        self.calls = calls;
+        self
+    }
+
+    /// Limits the rate of CRI calls (`--cri-qps`, `--cri-burst`).
+    pub fn with_throttle(mut self, throttle: Throttle) -> Self {
+        self.throttle = Some(throttle);
+        self
+    }
+
     /// Calls made so far.
-    pub fn calls(&self) -> Arc<CriCalls> {
+    pub fn calls(&self) -> CriCalls {
         self.calls.clone()
+    }
+
+    /// What the listings showed.
+    pub fn view(&self) -> Arc<Mutex<RuntimeView>> {
+        self.view.clone()
+    }
+
+    async fn call(&self, counter: &Counter) {
+        if let Some(t) = &self.throttle {
+            drop(t.acquire().await);
+        }
+        counter.inc();
+    }
+
+    fn record(&self, pods: &[RuntimePod]) {
+        let mut view = self.view.lock().expect("runtime view lock");
+        view.listings += 1;
+        let n = view.listings;
+        view.pods.clear();
+        for p in pods {
+            view.pods
+                .insert(p.uid.clone(), (p.namespace.clone(), p.name.clone()));
+            for sb in &p.sandboxes {
+                match view.sandboxes.get_mut(&sb.id) {
+                    Some(last) => *last = n,
+                    None => {
+                        view.sandboxes.insert(sb.id.clone(), n);
+                    }
+                }
+            }
+        }
     }
 }
 
 impl PodSource for CriPodSource {
     async fn list_pods(&self) -> Result<Vec<RuntimePod>, SourceError> {
         let mut client = self.client.clone();
-        self.calls.list_pod_sandbox.fetch_add(1, Ordering::Relaxed);
+        self.call(&self.calls.list_pod_sandbox).await;
         let sandboxes = client
             .list_pod_sandbox(ListPodSandboxRequest::default())
             .await
             .map_err(|e| cri_error("ListPodSandbox", e))?
             .into_inner()
             .items;
-        self.calls.list_containers.fetch_add(1, Ordering::Relaxed);
+        self.call(&self.calls.list_containers).await;
         let containers = client
             .list_containers(ListContainersRequest::default())
             .await
@@ -143,6 +259,7 @@ impl PodSource for CriPodSource {
             p.containers.sort_by(|a, b| a.id.cmp(&b.id));
         }
         pods.sort_by(|a, b| a.uid.cmp(&b.uid));
+        self.record(&pods);
         Ok(pods)
     }
 
@@ -151,9 +268,7 @@ impl PodSource for CriPodSource {
         let mut sandbox_statuses = Vec::with_capacity(pod.sandboxes.len());
         let mut newest_ready: Option<(i64, Vec<String>)> = None;
         for sb in &pod.sandboxes {
-            self.calls
-                .pod_sandbox_status
-                .fetch_add(1, Ordering::Relaxed);
+            self.call(&self.calls.pod_sandbox_status).await;
             let status = client
                 .pod_sandbox_status(PodSandboxStatusRequest {
                     pod_sandbox_id: sb.id.clone(),

@@ -1,3 +1,390 @@
-//! The node agent's parts. So far: the CRI pod source the PLEG relists.
+//! `ipreclaim node-agent`: relists the node's container runtime over CRI with podlife's PLEG,
+//! witnesses sandboxes that died while their pod lives on, and releases the pool entries those
+//! sandboxes held (the CNI DEL that should have freed them never ran).
+//!
+//! It never lists cluster-wide: its only watch is the metadata of this node's pods; everything
+//! else is a targeted GET.
 
 pub mod cri;
+pub mod release;
+pub mod witness;
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, PartialObjectMeta};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use podlife::PodStatusCache;
+use podlife::clock::{RealClock, SharedClock};
+use podlife::pleg::{EventKind, Pleg, PlegConfig, PlegHandle, PodLifecycleEvent};
+use podlife::throttle::{Parallelism, Throttle};
+use prometheus_client::registry::Registry;
+use tokio::task::JoinSet;
+
+use crate::controller::{events::Events, writer};
+use crate::reclaim::ReclaimConfig;
+use crate::telemetry::{Health, LogFormat, NodeMetrics, WriteMetrics};
+use cri::{CriCalls, CriPodSource, RuntimeView};
+use release::{Outcome, Releaser};
+use witness::{DeadSandbox, Witness};
+
+/// Sandboxes not listed for this many relists are forgotten (their events were handled or
+/// dropped; either way nothing will name them again).
+const FORGET_AFTER_LISTINGS: u64 = 600;
+/// Failed releases are retried this often before a Warning Event; the controller's sweep
+/// still owns the leak afterwards (IPNotOnPod).
+const MAX_ATTEMPTS: u32 = 5;
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e} (use e.g. 500ms, 1s, 3m)"))
+}
+
+/// Flags of `ipreclaim node-agent` (each also read from the environment variable shown).
+#[derive(Debug, Clone, clap::Args)]
+pub struct NodeAgentArgs {
+    /// The container runtime's CRI socket.
+    #[arg(
+        long,
+        env = "IPRECLAIM_CRI_ENDPOINT",
+        default_value = "unix:///run/containerd/containerd.sock"
+    )]
+    pub cri_endpoint: String,
+    /// This node's name (from the downward API in the chart).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: String,
+    /// Namespace of the IPPools and reservations (where the whereabouts CNI writes them).
+    #[arg(long, env = "WHEREABOUTS_NAMESPACE", default_value = "kube-system")]
+    pub whereabouts_namespace: String,
+    /// Time between CRI relists.
+    #[arg(long, env = "IPRECLAIM_RELIST_PERIOD", default_value = "1s", value_parser = parse_duration)]
+    pub relist_period: Duration,
+    /// Without a successful relist for this long, /healthz fails.
+    #[arg(long, env = "IPRECLAIM_RELIST_THRESHOLD", default_value = "3m", value_parser = parse_duration)]
+    pub relist_threshold: Duration,
+    /// How long a sandbox must be dead before its pool entries are released.
+    #[arg(long, env = "IPRECLAIM_SANDBOX_GRACE", default_value = "30s", value_parser = parse_duration)]
+    pub sandbox_grace: Duration,
+    /// Decide and report (logs, Events, metrics) but write nothing.
+    #[arg(long, env = "IPRECLAIM_DRY_RUN")]
+    pub dry_run: bool,
+    /// CRI calls per second.
+    #[arg(long, env = "IPRECLAIM_CRI_QPS", default_value_t = 50.0)]
+    pub cri_qps: f64,
+    /// CRI call burst.
+    #[arg(long, env = "IPRECLAIM_CRI_BURST", default_value_t = 100)]
+    pub cri_burst: u32,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "IPRECLAIM_METRICS_ADDR", default_value = "0.0.0.0:8081")]
+    pub metrics_addr: SocketAddr,
+    /// Log format.
+    #[arg(long, env = "IPRECLAIM_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+/// Handles a running node agent exposes (for tests and the binary).
+pub struct NodeRunning {
+    /// Liveness (the PLEG's health) and readiness.
+    pub health: Health,
+    /// Where /metrics is served.
+    pub metrics_addr: SocketAddr,
+    /// The PLEG's health and counters.
+    pub pleg: PlegHandle,
+}
+
+type PodStore = Store<PartialObjectMeta<Pod>>;
+
+/// Watches the metadata of this node's pods into a store.
+fn watch_node_pods(client: Client, node: &str) -> (PodStore, tokio::task::JoinHandle<()>) {
+    let api = Api::<PartialObjectMeta<Pod>>::all(client);
+    let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+    let (reader, writer) = reflector::store();
+    let stream = watcher::watcher(api, config)
+        .default_backoff()
+        .modify(|p| {
+            p.managed_fields_mut().clear();
+        })
+        .reflect(writer);
+    let task = tokio::spawn(async move {
+        futures::pin_mut!(stream);
+        while let Some(item) = stream.next().await {
+            if let Err(e) = item {
+                tracing::warn!(error = %e, "node pod watch error");
+            }
+        }
+    });
+    (reader, task)
+}
+
+/// The API pod of `uid` on this node: (namespace, name, deleting).
+fn api_pod(store: &PodStore, uid: &str) -> Option<(String, String, bool)> {
+    store
+        .state()
+        .iter()
+        .find(|p| p.metadata.uid.as_deref() == Some(uid))
+        .map(|p| {
+            (
+                p.namespace().unwrap_or_default(),
+                p.name_any(),
+                p.metadata.deletion_timestamp.is_some(),
+            )
+        })
+}
+
+/// The events loop's view of the world.
+struct Agent {
+    clock: SharedClock,
+    view: Arc<Mutex<RuntimeView>>,
+    pods: PodStore,
+    witness: Witness,
+    metrics: NodeMetrics,
+    releaser: Arc<Releaser>,
+    logged_orphans: HashSet<String>,
+}
+
+impl Agent {
+    fn on_event(&mut self, ev: PodLifecycleEvent) {
+        self.metrics.pleg_event(ev.kind);
+        let (EventKind::ContainerDied | EventKind::ContainerRemoved, Some(id)) =
+            (ev.kind, ev.container_id.as_deref())
+        else {
+            return;
+        };
+        let is_sandbox = {
+            let mut view = self.view.lock().expect("runtime view lock");
+            let known = view.sandboxes.contains_key(id);
+            if known && ev.kind == EventKind::ContainerRemoved {
+                view.sandboxes.remove(id);
+            }
+            known
+        };
+        if is_sandbox && self.witness.died(id, &ev.pod, self.clock.now()) {
+            tracing::info!(sandbox = id, pod_uid = %ev.pod, "sandbox died; witnessing");
+        }
+    }
+
+    /// Counts runtime pods whose uid is not in the API (called once the pod store is ready),
+    /// logging each once; forgets stale sandbox ids.
+    fn refresh(&mut self) {
+        let (orphans, listings) = {
+            let mut view = self.view.lock().expect("runtime view lock");
+            let listings = view.listings;
+            view.sandboxes
+                .retain(|_, last| listings.saturating_sub(*last) < FORGET_AFTER_LISTINGS);
+            let api: HashSet<String> = self
+                .pods
+                .state()
+                .iter()
+                .filter_map(|p| p.metadata.uid.clone())
+                .collect();
+            let orphans: Vec<(String, String, String)> = view
+                .pods
+                .iter()
+                .filter(|(uid, _)| !api.contains(*uid))
+                .map(|(uid, (ns, name))| (uid.clone(), ns.clone(), name.clone()))
+                .collect();
+            (orphans, listings)
+        };
+        if listings == 0 {
+            return;
+        }
+        self.metrics.orphaned_runtime_pods.set(orphans.len() as i64);
+        let current: HashSet<String> = orphans.iter().map(|o| o.0.clone()).collect();
+        for (uid, ns, name) in orphans {
+            if self.logged_orphans.insert(uid.clone()) {
+                tracing::warn!(pod_uid = %uid, pod = %format!("{ns}/{name}"), "orphaned runtime pod: its sandboxes have no pod in the API (not acted on)");
+            }
+        }
+        self.logged_orphans.retain(|u| current.contains(u));
+        self.metrics
+            .dead_sandboxes_pending
+            .set(self.witness.pending() as i64);
+    }
+
+    fn start_due(&mut self, tasks: &mut JoinSet<(DeadSandbox, Outcome)>) {
+        for sb in self.witness.take_due(self.clock.now()) {
+            let pod = api_pod(&self.pods, &sb.pod_uid);
+            let releaser = self.releaser.clone();
+            tasks.spawn(async move {
+                let outcome = releaser.release(&sb, pod).await;
+                (sb, outcome)
+            });
+        }
+        self.metrics
+            .dead_sandboxes_pending
+            .set(self.witness.pending() as i64);
+    }
+
+    async fn finished(&mut self, sb: DeadSandbox, outcome: Outcome) {
+        self.metrics.sandbox_outcome(outcome.label());
+        match outcome {
+            Outcome::Failed(cause) if sb.attempts + 1 < MAX_ATTEMPTS => {
+                tracing::warn!(sandbox = %sb.id, %cause, attempt = sb.attempts + 1, "release failed; will retry");
+                self.witness.retry(sb, self.clock.now());
+            }
+            Outcome::Failed(cause) => {
+                tracing::error!(sandbox = %sb.id, %cause, "release failed for good; the controller's sweep still owns the leak");
+                let pod = api_pod(&self.pods, &sb.pod_uid);
+                self.releaser.gave_up(&sb, pod, &cause).await;
+            }
+            other => tracing::info!(sandbox = %sb.id, outcome = ?other, "dead sandbox handled"),
+        }
+        self.metrics
+            .dead_sandboxes_pending
+            .set(self.witness.pending() as i64);
+    }
+}
+
+/// Runs the node agent until `shutdown` completes. Calls `on_start` once the metrics server is
+/// bound.
+pub async fn run(
+    client: Client,
+    args: NodeAgentArgs,
+    shutdown: impl Future<Output = ()>,
+    on_start: impl FnOnce(&NodeRunning),
+) -> anyhow::Result<()> {
+    if args.node_name.is_empty() {
+        anyhow::bail!("--node-name (or $NODE_NAME) is empty");
+    }
+    let clock = RealClock::shared();
+    let mut registry = Registry::default();
+    let metrics = NodeMetrics::new(&mut registry);
+    let writes = WriteMetrics::new(registry.sub_registry_with_prefix("ipreclaim"));
+
+    let client_cri = cri::connect_lazy(&args.cri_endpoint)
+        .with_context(|| format!("CRI endpoint {}", args.cri_endpoint))?;
+    let source = CriPodSource::new(client_cri)
+        .with_calls(CriCalls::in_family(&metrics.cri_calls))
+        .with_throttle(Throttle::new(
+            args.cri_qps,
+            args.cri_burst,
+            Parallelism::Parallel { max: None },
+            clock.clone(),
+        ));
+    let view = source.view();
+    let cache = Arc::new(PodStatusCache::new());
+    let (mut pleg, mut events) = Pleg::new(
+        source,
+        Some(cache),
+        clock.clone(),
+        PlegConfig {
+            relist_period: args.relist_period,
+            relist_threshold: args.relist_threshold,
+            // A pod whose status call fails is retried on the next relist, then less often.
+            inspect_backoff_initial: args.relist_period,
+            inspect_backoff_max: Duration::from_secs(60),
+            ..PlegConfig::default()
+        },
+    );
+    let handle = pleg.handle();
+    {
+        let (m, h) = (metrics.clone(), handle.clone());
+        pleg.set_observer(move |stats| m.observe_relist(&stats, &h));
+    }
+    let live = handle.clone();
+    let health = Health::with_liveness(move || live.healthy().map_err(|e| e.to_string()));
+    let (metrics_addr, server) =
+        crate::telemetry::serve(args.metrics_addr, Arc::new(registry), health.clone())
+            .await
+            .with_context(|| format!("bind metrics address {}", args.metrics_addr))?;
+    on_start(&NodeRunning {
+        health: health.clone(),
+        metrics_addr,
+        pleg: handle.clone(),
+    });
+    tracing::info!(%metrics_addr, node = %args.node_name, cri = %args.cri_endpoint, dry_run = args.dry_run, "node agent starting");
+
+    let (pods, watch_task) = watch_node_pods(client.clone(), &args.node_name);
+    let events_pub = Events::new(client.clone(), &format!("node-agent/{}", args.node_name));
+    let writer = writer::spawn(Arc::new(writer::Writer {
+        client: client.clone(),
+        namespace: args.whereabouts_namespace.clone(),
+        // A node's releases are few; keep its share of the API small.
+        throttle: Throttle::new(
+            5.0,
+            10,
+            Parallelism::Parallel { max: Some(2) },
+            clock.clone(),
+        ),
+        metrics: writes,
+        events: events_pub.clone(),
+        dry_run: args.dry_run,
+        state: None,
+    }));
+    let releaser = Arc::new(Releaser {
+        client: client.clone(),
+        namespace: args.whereabouts_namespace.clone(),
+        node: args.node_name.clone(),
+        writer,
+        events: events_pub,
+        reclaim: ReclaimConfig::default(),
+        metrics: metrics.clone(),
+    });
+    let (stop_pleg_tx, stop_pleg_rx) = tokio::sync::oneshot::channel::<()>();
+    let pleg_task = tokio::spawn(pleg.run(async {
+        let _ = stop_pleg_rx.await;
+    }));
+
+    let mut agent = Agent {
+        clock: clock.clone(),
+        view,
+        pods: pods.clone(),
+        witness: Witness::new(
+            args.sandbox_grace,
+            args.relist_period.max(Duration::from_secs(1)),
+            Duration::from_secs(60),
+        ),
+        metrics,
+        releaser,
+        logged_orphans: HashSet::new(),
+    };
+    let main = async {
+        // Nothing is judged before this node's pods are known.
+        if pods.wait_until_ready().await.is_err() {
+            return;
+        }
+        health.set_ready(true);
+        tracing::info!("node pods synced; ready");
+        let mut tasks: JoinSet<(DeadSandbox, Outcome)> = JoinSet::new();
+        let mut tick = tokio::time::interval(args.relist_period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let next_due = agent.witness.next_due();
+            let due = async {
+                match next_due {
+                    Some(at) => clock.sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                ev = events.recv() => match ev {
+                    Some(ev) => agent.on_event(ev),
+                    None => return,
+                },
+                _ = due => agent.start_due(&mut tasks),
+                Some(done) = tasks.join_next() => match done {
+                    Ok((sb, outcome)) => agent.finished(sb, outcome).await,
+                    Err(e) => tracing::error!(error = %e, "release task failed"),
+                },
+                _ = tick.tick() => agent.refresh(),
+            }
+        }
+    };
+    tokio::select! {
+        _ = shutdown => tracing::info!("shutting down"),
+        _ = main => {}
+    }
+    let _ = stop_pleg_tx.send(());
+    let _ = pleg_task.await;
+    health.set_ready(false);
+    watch_task.abort();
+    server.abort();
+    Ok(())
+}

@@ -1,4 +1,4 @@
-//! The controller's metrics, all prefixed `ipreclaim_`.
+//! The controller's and the node agent's metrics, all prefixed `ipreclaim_`.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -60,31 +60,96 @@ impl From<String> for VerbLabel {
     }
 }
 
-/// Every controller metric.
+/// What the pool writer counts (the controller and the node agent both write).
 #[derive(Clone)]
-pub struct ControllerMetrics {
-    /// Allocations per pool.
-    pub allocations: Family<PoolLabel, Gauge>,
-    /// Pool entries that cannot be read (malformed key, offset out of range).
-    pub pool_problems: Family<PoolLabel, Gauge>,
+pub struct WriteMetrics {
     /// Addresses released, by reason.
     pub releases: Family<ReasonLabel, Counter>,
     /// Decisions reported but not written because of dry-run, by reason.
     pub dry_run_releases: Family<ReasonLabel, Counter>,
     /// Release failures, by cause.
     pub failures: Family<CauseLabel, Counter>,
+    /// Pod deletion seen to release written, in seconds.
+    pub deletion_to_release_seconds: Histogram,
+    /// API writes, by verb.
+    pub api_writes: Family<VerbLabel, Counter>,
+}
+
+const LATENCY_BUCKETS: [f64; 12] = [
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+impl WriteMetrics {
+    /// Creates the metrics and registers them in `r` (already prefixed).
+    pub fn new(r: &mut Registry) -> Self {
+        let m = WriteMetrics {
+            releases: Family::default(),
+            dry_run_releases: Family::default(),
+            failures: Family::default(),
+            deletion_to_release_seconds: Histogram::new(LATENCY_BUCKETS),
+            api_writes: Family::default(),
+        };
+        r.register(
+            "releases",
+            "Addresses released, by reason",
+            m.releases.clone(),
+        );
+        r.register(
+            "dry_run_releases",
+            "Releases decided but not written (dry-run), by reason",
+            m.dry_run_releases.clone(),
+        );
+        r.register(
+            "release_failures",
+            "Release failures, by cause",
+            m.failures.clone(),
+        );
+        r.register(
+            "deletion_to_release_seconds",
+            "Time from seeing a pod deletion to its addresses being released",
+            m.deletion_to_release_seconds.clone(),
+        );
+        r.register(
+            "api_writes",
+            "API write requests, by verb",
+            m.api_writes.clone(),
+        );
+        m
+    }
+
+    /// Counts a release.
+    pub fn released(&self, reason: &str) {
+        self.releases.get_or_create(&labels(reason)).inc();
+    }
+
+    /// Counts a failure.
+    pub fn failed(&self, cause: &str) {
+        self.failures.get_or_create(&labels(cause)).inc();
+    }
+
+    /// Counts an API write.
+    pub fn write(&self, verb: &str) {
+        self.api_writes.get_or_create(&labels(verb)).inc();
+    }
+}
+
+/// Every controller metric.
+#[derive(Clone)]
+pub struct ControllerMetrics {
+    /// The pool writer's.
+    pub writes: WriteMetrics,
+    /// Allocations per pool.
+    pub allocations: Family<PoolLabel, Gauge>,
+    /// Pool entries that cannot be read (malformed key, offset out of range).
+    pub pool_problems: Family<PoolLabel, Gauge>,
     /// Current sweep candidates (garbage waiting for the grace period), by reason.
     pub candidates: Family<ReasonLabel, Gauge>,
     /// Age in seconds of the oldest sweep candidate.
     pub oldest_candidate_seconds: Gauge,
-    /// Pod deletion seen to release written, in seconds.
-    pub deletion_to_release_seconds: Histogram,
     /// Items waiting in the work queue.
     pub queue_depth: Gauge,
     /// Items re-queued after a failure.
     pub retries: Counter,
-    /// API writes, by verb.
-    pub api_writes: Family<VerbLabel, Counter>,
     /// Sweep duration in seconds.
     pub sweep_duration_seconds: Histogram,
     /// Sweeps held by the blast-radius breaker, by pool.
@@ -102,29 +167,22 @@ pub struct ControllerMetrics {
 impl ControllerMetrics {
     /// Creates the metrics and registers them under `ipreclaim_`.
     pub fn new(registry: &mut Registry) -> Self {
-        let latency_buckets = [
-            0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-        ];
+        let r = registry.sub_registry_with_prefix("ipreclaim");
         let m = ControllerMetrics {
+            writes: WriteMetrics::new(r),
             allocations: Family::default(),
             pool_problems: Family::default(),
-            releases: Family::default(),
-            dry_run_releases: Family::default(),
-            failures: Family::default(),
             candidates: Family::default(),
             oldest_candidate_seconds: Gauge::default(),
-            deletion_to_release_seconds: Histogram::new(latency_buckets),
             queue_depth: Gauge::default(),
             retries: Counter::default(),
-            api_writes: Family::default(),
-            sweep_duration_seconds: Histogram::new(latency_buckets),
+            sweep_duration_seconds: Histogram::new(LATENCY_BUCKETS),
             breaker_holds: Family::default(),
             watch_gap_deletions: Counter::default(),
             nad_config_errors: Gauge::default(),
             malformed_network_status: Gauge::default(),
             cached_pods: Gauge::default(),
         };
-        let r = registry.sub_registry_with_prefix("ipreclaim");
         r.register(
             "allocations",
             "Allocations per IP pool",
@@ -134,21 +192,6 @@ impl ControllerMetrics {
             "pool_problem_entries",
             "Pool entries that cannot be read",
             m.pool_problems.clone(),
-        );
-        r.register(
-            "releases",
-            "Addresses released, by reason",
-            m.releases.clone(),
-        );
-        r.register(
-            "dry_run_releases",
-            "Releases decided but not written (dry-run), by reason",
-            m.dry_run_releases.clone(),
-        );
-        r.register(
-            "release_failures",
-            "Release failures, by cause",
-            m.failures.clone(),
         );
         r.register(
             "gc_candidates",
@@ -161,11 +204,6 @@ impl ControllerMetrics {
             m.oldest_candidate_seconds.clone(),
         );
         r.register(
-            "deletion_to_release_seconds",
-            "Time from seeing a pod deletion to its addresses being released",
-            m.deletion_to_release_seconds.clone(),
-        );
-        r.register(
             "queue_depth",
             "Items waiting in the work queue",
             m.queue_depth.clone(),
@@ -174,11 +212,6 @@ impl ControllerMetrics {
             "queue_retries",
             "Items re-queued after a failure",
             m.retries.clone(),
-        );
-        r.register(
-            "api_writes",
-            "API write requests, by verb",
-            m.api_writes.clone(),
         );
         r.register(
             "sweep_duration_seconds",
@@ -206,20 +239,5 @@ impl ControllerMetrics {
             m.cached_pods.clone(),
         );
         m
-    }
-
-    /// Counts a release.
-    pub fn released(&self, reason: &str) {
-        self.releases.get_or_create(&labels(reason)).inc();
-    }
-
-    /// Counts a failure.
-    pub fn failed(&self, cause: &str) {
-        self.failures.get_or_create(&labels(cause)).inc();
-    }
-
-    /// Counts an API write.
-    pub fn write(&self, verb: &str) {
-        self.api_writes.get_or_create(&labels(verb)).inc();
     }
 }

@@ -2,8 +2,10 @@
 
 pub mod logging;
 pub mod metrics;
+pub mod node_metrics;
 pub mod server;
 
 pub use logging::{LogFormat, init_logging};
-pub use metrics::ControllerMetrics;
+pub use metrics::{ControllerMetrics, WriteMetrics};
+pub use node_metrics::NodeMetrics;
 pub use server::{Health, serve};

@@ -1,0 +1,168 @@
+//! Which dead sandboxes are due for a look. Pure: time comes in as arguments.
+//!
+//! A sandbox seen dead is held for a grace period first: the CNI DEL may still be on its way,
+//! and a release is only worth a few API calls once it is clear nobody else will do it.
+//! A failed attempt comes back later with a doubled delay.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// A sandbox the PLEG reported dead, waiting for its turn.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadSandbox {
+    /// Sandbox id (the `id` of its pool entries).
+    pub id: String,
+    /// Uid of the pod it belonged to.
+    pub pod_uid: String,
+    /// When it is due.
+    pub due: Instant,
+    /// Failed attempts so far.
+    pub attempts: u32,
+}
+
+/// Dead sandboxes by id.
+#[derive(Debug)]
+pub struct Witness {
+    grace: Duration,
+    retry_initial: Duration,
+    retry_max: Duration,
+    dead: HashMap<String, DeadSandbox>,
+}
+
+impl Witness {
+    /// Holds each dead sandbox for `grace`; failed attempts retry after `retry_initial`,
+    /// doubling up to `retry_max`.
+    pub fn new(grace: Duration, retry_initial: Duration, retry_max: Duration) -> Self {
+        Witness {
+            grace,
+            retry_initial,
+            retry_max,
+            dead: HashMap::new(),
+        }
+    }
+
+    /// Records a death seen at `now`. A second report of the same sandbox (died, then removed)
+    /// keeps the first time. Returns whether it was new.
+    pub fn died(&mut self, id: &str, pod_uid: &str, now: Instant) -> bool {
+        if self.dead.contains_key(id) {
+            return false;
+        }
+        self.dead.insert(
+            id.to_owned(),
+            DeadSandbox {
+                id: id.to_owned(),
+                pod_uid: pod_uid.to_owned(),
+                due: now + self.grace,
+                attempts: 0,
+            },
+        );
+        true
+    }
+
+    /// Takes every sandbox due at `now`, oldest first.
+    pub fn take_due(&mut self, now: Instant) -> Vec<DeadSandbox> {
+        let ids: Vec<String> = self
+            .dead
+            .values()
+            .filter(|d| d.due <= now)
+            .map(|d| d.id.clone())
+            .collect();
+        let mut due: Vec<DeadSandbox> = ids.iter().filter_map(|id| self.dead.remove(id)).collect();
+        due.sort_by(|a, b| a.due.cmp(&b.due).then_with(|| a.id.cmp(&b.id)));
+        due
+    }
+
+    /// Puts back a sandbox whose attempt failed at `now`; it is due again after a delay that
+    /// doubles with each attempt.
+    pub fn retry(&mut self, mut sandbox: DeadSandbox, now: Instant) {
+        let factor = 2u32.saturating_pow(sandbox.attempts.min(31));
+        let delay = self
+            .retry_initial
+            .checked_mul(factor)
+            .unwrap_or(self.retry_max)
+            .min(self.retry_max);
+        sandbox.attempts += 1;
+        sandbox.due = now + delay;
+        self.dead.insert(sandbox.id.clone(), sandbox);
+    }
+
+    /// When the next sandbox is due.
+    pub fn next_due(&self) -> Option<Instant> {
+        self.dead.values().map(|d| d.due).min()
+    }
+
+    /// Sandboxes waiting.
+    pub fn pending(&self) -> usize {
+        self.dead.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GRACE: Duration = Duration::from_secs(30);
+
+    fn witness() -> Witness {
+        Witness::new(GRACE, Duration::from_secs(1), Duration::from_secs(8))
+    }
+
+    #[test]
+    fn a_dead_sandbox_is_due_only_after_the_grace() {
+        let t0 = Instant::now();
+        let mut w = witness();
+        assert!(w.died("s1", "uid-a", t0));
+        assert_eq!(w.next_due(), Some(t0 + GRACE));
+        assert!(w.take_due(t0 + GRACE - Duration::from_millis(1)).is_empty());
+        let due = w.take_due(t0 + GRACE);
+        assert_eq!(due.len(), 1);
+        assert_eq!(
+            (due[0].id.as_str(), due[0].pod_uid.as_str()),
+            ("s1", "uid-a")
+        );
+        assert_eq!(w.pending(), 0);
+        assert_eq!(w.next_due(), None);
+    }
+
+    #[test]
+    fn died_then_removed_counts_once_from_the_first_report() {
+        let t0 = Instant::now();
+        let mut w = witness();
+        assert!(w.died("s1", "uid-a", t0));
+        assert!(!w.died("s1", "uid-a", t0 + Duration::from_secs(20)));
+        assert_eq!(w.take_due(t0 + GRACE).len(), 1);
+        assert!(w.take_due(t0 + GRACE * 2).is_empty());
+    }
+
+    #[test]
+    fn due_sandboxes_come_oldest_first_and_others_wait() {
+        let t0 = Instant::now();
+        let mut w = witness();
+        w.died("late", "uid-b", t0 + Duration::from_secs(5));
+        w.died("early", "uid-a", t0);
+        w.died("later", "uid-c", t0 + Duration::from_secs(60));
+        let due = w.take_due(t0 + GRACE + Duration::from_secs(5));
+        let ids: Vec<&str> = due.iter().map(|d| d.id.as_str()).collect();
+        assert_eq!(ids, ["early", "late"]);
+        assert_eq!(w.pending(), 1);
+    }
+
+    #[test]
+    fn failed_attempts_retry_with_a_doubling_delay_up_to_the_max() {
+        let t0 = Instant::now();
+        let mut w = witness();
+        w.died("s1", "uid-a", t0);
+        let mut now = t0 + GRACE;
+        let mut delays = Vec::new();
+        for _ in 0..6 {
+            let sb = w.take_due(now).pop().expect("due");
+            w.retry(sb, now);
+            let next = w.next_due().expect("back in");
+            delays.push((next - now).as_secs());
+            assert!(w.take_due(next - Duration::from_millis(1)).is_empty());
+            now = next;
+        }
+        assert_eq!(delays, [1, 2, 4, 8, 8, 8]);
+        assert_eq!(w.take_due(now)[0].attempts, 6);
+    }
+}

@@ -1,0 +1,166 @@
+//! The node agent's metrics, prefixed `ipreclaim_node_` (its releases are counted by the
+//! shared [`WriteMetrics`](super::WriteMetrics) under `ipreclaim_`).
+
+use podlife::pleg::{EventKind, PlegHandle, RelistStats};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::node::cri::MethodLabel;
+
+/// A `kind` label (PLEG event kind).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    /// Event kind.
+    pub kind: String,
+}
+
+/// An `outcome` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    /// What happened.
+    pub outcome: String,
+}
+
+/// Every node agent metric.
+#[derive(Clone)]
+pub struct NodeMetrics {
+    /// Duration of a relist.
+    pub relist_duration_seconds: Histogram,
+    /// Time between the starts of two relists.
+    pub relist_interval_seconds: Histogram,
+    /// Relists whose listing failed (the runtime did not answer).
+    pub relist_failures: Counter,
+    /// CRI calls by method.
+    pub cri_calls: Family<MethodLabel, Counter>,
+    /// PLEG events handled, by kind.
+    pub pleg_events: Family<KindLabel, Counter>,
+    /// PLEG events dropped because the channel was full.
+    pub pleg_dropped_events: Counter,
+    /// 1 while the PLEG relists within its threshold.
+    pub pleg_healthy: Gauge,
+    /// Runtime pods whose uid has no pod in the API.
+    pub orphaned_runtime_pods: Gauge,
+    /// Dead sandboxes waiting for their grace or a retry.
+    pub dead_sandboxes_pending: Gauge,
+    /// Dead sandboxes handled, by outcome.
+    pub dead_sandboxes: Family<OutcomeLabel, Counter>,
+    /// NetworkAttachmentDefinitions (or node slices) that could not be used.
+    pub config_errors: Counter,
+}
+
+impl NodeMetrics {
+    /// Creates the metrics and registers them under `ipreclaim_node_`.
+    pub fn new(registry: &mut Registry) -> Self {
+        let buckets = [
+            0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+        ];
+        let m = NodeMetrics {
+            relist_duration_seconds: Histogram::new(buckets),
+            relist_interval_seconds: Histogram::new(buckets),
+            relist_failures: Counter::default(),
+            cri_calls: Family::default(),
+            pleg_events: Family::default(),
+            pleg_dropped_events: Counter::default(),
+            pleg_healthy: Gauge::default(),
+            orphaned_runtime_pods: Gauge::default(),
+            dead_sandboxes_pending: Gauge::default(),
+            dead_sandboxes: Family::default(),
+            config_errors: Counter::default(),
+        };
+        let r = registry.sub_registry_with_prefix("ipreclaim_node");
+        r.register(
+            "relist_duration_seconds",
+            "Duration of a CRI relist",
+            m.relist_duration_seconds.clone(),
+        );
+        r.register(
+            "relist_interval_seconds",
+            "Time between the starts of two relists",
+            m.relist_interval_seconds.clone(),
+        );
+        r.register(
+            "relist_failures",
+            "Relists whose listing failed",
+            m.relist_failures.clone(),
+        );
+        r.register("cri_calls", "CRI calls, by method", m.cri_calls.clone());
+        r.register(
+            "pleg_events",
+            "PLEG events handled, by kind",
+            m.pleg_events.clone(),
+        );
+        r.register(
+            "pleg_dropped_events",
+            "PLEG events dropped (channel full)",
+            m.pleg_dropped_events.clone(),
+        );
+        r.register(
+            "pleg_healthy",
+            "1 while the PLEG relists within its threshold",
+            m.pleg_healthy.clone(),
+        );
+        r.register(
+            "orphaned_runtime_pods",
+            "Runtime pods with no pod in the API (not acted on)",
+            m.orphaned_runtime_pods.clone(),
+        );
+        r.register(
+            "dead_sandboxes_pending",
+            "Dead sandboxes waiting for the grace or a retry",
+            m.dead_sandboxes_pending.clone(),
+        );
+        r.register(
+            "dead_sandboxes",
+            "Dead sandboxes handled, by outcome",
+            m.dead_sandboxes.clone(),
+        );
+        r.register(
+            "config_errors",
+            "NADs or node slices that could not be used",
+            m.config_errors.clone(),
+        );
+        m
+    }
+
+    /// Records one relist (the PLEG's observer).
+    pub fn observe_relist(&self, stats: &RelistStats, pleg: &PlegHandle) {
+        if stats.ok {
+            self.relist_duration_seconds
+                .observe(stats.duration.as_secs_f64());
+        } else {
+            self.relist_failures.inc();
+        }
+        if let Some(i) = stats.interval {
+            self.relist_interval_seconds.observe(i.as_secs_f64());
+        }
+        self.pleg_healthy.set(i64::from(pleg.healthy().is_ok()));
+        // The PLEG counts drops; follow its total.
+        let dropped = pleg.metrics().dropped_events;
+        let seen = self.pleg_dropped_events.get();
+        if dropped > seen {
+            self.pleg_dropped_events.inc_by(dropped - seen);
+        }
+    }
+
+    /// Counts a PLEG event handled.
+    pub fn pleg_event(&self, kind: EventKind) {
+        self.pleg_events
+            .get_or_create(&KindLabel {
+                kind: kind.as_str().into(),
+            })
+            .inc();
+    }
+
+    /// Counts a dead sandbox handled.
+    pub fn sandbox_outcome(&self, outcome: &str) {
+        self.dead_sandboxes
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.into(),
+            })
+            .inc();
+    }
+}
