@@ -14,9 +14,9 @@ use k8s_openapi::api::core::v1::{Event as CoreEvent, Pod};
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 use testenv::ControlPlane;
+use testenv::poll::{WAIT, http_get, wait_for};
 use tokio::sync::oneshot;
 
-const WAIT: Duration = Duration::from_secs(30);
 const STATUS: &str = "k8s.v1.cni.cncf.io/network-status";
 
 /// Later flags override the test defaults.
@@ -260,49 +260,8 @@ impl Env {
     }
 
     async fn metrics_text(&self) -> String {
-        let url = format!("http://{}/metrics", self.metrics);
-        http_get(&url).await
+        http_get(self.metrics, "/metrics").await.1
     }
-}
-
-/// Polls `check` until it holds (the effect under test happens asynchronously elsewhere).
-async fn wait_for<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-async fn http_get(url: &str) -> String {
-    let addr = url
-        .trim_start_matches("http://")
-        .split('/')
-        .next()
-        .unwrap()
-        .to_string();
-    let path = format!(
-        "/{}",
-        url.trim_start_matches("http://").split_once('/').unwrap().1
-    );
-    let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    stream
-        .write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await
-        .unwrap();
-    let mut out = String::new();
-    stream.read_to_string(&mut out).await.unwrap();
-    out
 }
 
 #[tokio::test]

@@ -1,12 +1,14 @@
 //! The CRI pod source driven by podlife's PLEG, against a real containerd.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 use ipreclaim::node::cri::{CriPodSource, connect};
 use k8s_cri::v1::{RunPodSandboxRequest, StopPodSandboxRequest};
-use podlife::clock::RealClock;
-use podlife::pleg::{EventKind, Pleg, PlegConfig, PodLifecycleEvent};
-use podlife::{PodStatusCache, SandboxState};
+use podlife::clock::{FakeClock, RealClock};
+use podlife::pleg::{EventKind, Pleg, PlegConfig, PodLifecycleEvent, PodSource};
+use podlife::{PodStatus, PodStatusCache, RuntimePod, SandboxState, SourceError};
 use testenv::Containerd;
 
 fn drain(rx: &mut tokio::sync::mpsc::Receiver<PodLifecycleEvent>) -> Vec<PodLifecycleEvent> {
@@ -105,4 +107,121 @@ async fn an_unreachable_cri_socket_is_an_error_not_a_panic() {
         panic!("connected to a socket that does not exist");
     };
     assert!(err.to_string().contains("does not exist"), "{err}");
+}
+
+/// The real CRI source, with PodSandboxStatus failing for one pod on demand: containerd cannot
+/// be made to fail one status call, so this one fault is injected (everything else is real).
+struct StatusFailsFor {
+    inner: CriPodSource,
+    uid: String,
+    failing: AtomicBool,
+    attempts: AtomicU64,
+}
+
+impl PodSource for StatusFailsFor {
+    async fn list_pods(&self) -> Result<Vec<RuntimePod>, SourceError> {
+        self.inner.list_pods().await
+    }
+
+    async fn pod_status(&self, pod: &RuntimePod) -> Result<PodStatus, SourceError> {
+        if pod.uid == self.uid {
+            self.attempts.fetch_add(1, Ordering::SeqCst);
+            if self.failing.load(Ordering::SeqCst) {
+                return Err(SourceError::new("PodSandboxStatus: injected failure"));
+            }
+        }
+        self.inner.pod_status(pod).await
+    }
+}
+
+#[tokio::test]
+async fn a_failing_status_call_is_retried_with_backoff_and_other_pods_are_unaffected() {
+    let containerd = Containerd::start_for_test().await;
+    let mut cri = containerd.client().await.expect("CRI client");
+    let mut ids = Vec::new();
+    for uid in ["uid-a", "uid-b", "uid-c"] {
+        let id = cri
+            .run_pod_sandbox(RunPodSandboxRequest {
+                config: Some(containerd.sandbox_config(uid, uid, "node-test")),
+                runtime_handler: String::new(),
+            })
+            .await
+            .expect("RunPodSandbox")
+            .into_inner()
+            .pod_sandbox_id;
+        ids.push(id);
+    }
+    let source = CriPodSource::new(
+        connect(containerd.socket.to_str().unwrap())
+            .await
+            .expect("connect"),
+    );
+    let calls = source.calls();
+    let faulty = StatusFailsFor {
+        inner: source,
+        uid: "uid-a".into(),
+        failing: AtomicBool::new(true),
+        attempts: AtomicU64::new(0),
+    };
+    let clock = FakeClock::new();
+    let cache = Arc::new(PodStatusCache::new());
+    let (mut pleg, mut events) = Pleg::new(
+        faulty,
+        Some(cache.clone()),
+        clock.clone(),
+        PlegConfig {
+            inspect_backoff_initial: Duration::from_secs(1),
+            inspect_backoff_max: Duration::from_secs(4),
+            ..PlegConfig::default()
+        },
+    );
+    let attempts = |p: &Pleg<StatusFailsFor>| p.source().attempts.load(Ordering::SeqCst);
+    let started =
+        |uid: &str, id: &str| PodLifecycleEvent::container(uid, EventKind::ContainerStarted, id);
+
+    pleg.relist().await;
+    let mut got = drain(&mut events);
+    got.sort();
+    assert_eq!(got, [started("uid-b", &ids[1]), started("uid-c", &ids[2])]);
+    assert_eq!(attempts(&pleg), 1);
+    let (_, err) = cache.get("uid-a");
+    assert!(err.is_some_and(|e| e.to_string().contains("injected")));
+
+    // Within the backoff: not retried.
+    pleg.relist().await;
+    assert_eq!(attempts(&pleg), 1);
+    // After it: retried (and fails again; the backoff doubles to 2 s).
+    clock.step(Duration::from_secs(1));
+    pleg.relist().await;
+    assert_eq!(attempts(&pleg), 2);
+
+    // Meanwhile another pod's sandbox stops: reported at once, one status call.
+    let status_calls = calls.pod_sandbox_status.get();
+    cri.stop_pod_sandbox(StopPodSandboxRequest {
+        pod_sandbox_id: ids[2].clone(),
+    })
+    .await
+    .expect("StopPodSandbox");
+    clock.step(Duration::from_secs(1));
+    pleg.relist().await;
+    assert_eq!(
+        drain(&mut events),
+        [PodLifecycleEvent::container(
+            "uid-c",
+            EventKind::ContainerDied,
+            &ids[2]
+        )]
+    );
+    assert_eq!(calls.pod_sandbox_status.get(), status_calls + 1);
+    assert_eq!(attempts(&pleg), 2, "uid-a still backing off");
+
+    // The runtime answers again: after the backoff the pod is inspected and its event goes out.
+    pleg.source().failing.store(false, Ordering::SeqCst);
+    clock.step(Duration::from_secs(1));
+    pleg.relist().await;
+    assert_eq!(attempts(&pleg), 3);
+    assert_eq!(drain(&mut events), [started("uid-a", &ids[0])]);
+    let (status, err) = cache.get("uid-a");
+    assert_eq!(err, None);
+    assert_eq!(status.ips.len(), 1, "{status:?}");
 }

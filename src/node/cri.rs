@@ -97,6 +97,9 @@ pub async fn connect(endpoint: &str) -> Result<RuntimeServiceClient<Channel>, So
     Ok(RuntimeServiceClient::new(channel))
 }
 
+/// Longest wait for one CRI call.
+pub const CRI_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Like [`connect`], but connects on first use and reconnects after the runtime restarts:
 /// the agent keeps running (and reports unhealthy) while the runtime is down.
 pub fn connect_lazy(endpoint: &str) -> Result<RuntimeServiceClient<Channel>, SourceError> {
@@ -111,6 +114,9 @@ pub fn connect_lazy(endpoint: &str) -> Result<RuntimeServiceClient<Channel>, Sou
     }
     let channel = Endpoint::try_from("http://[::]:50051")
         .map_err(|e| SourceError::new(e.to_string()))?
+        // A hung runtime fails the relist (and so, in time, /healthz) instead of stalling it.
+        .timeout(CRI_TIMEOUT)
+        .connect_timeout(CRI_TIMEOUT)
         .connect_with_connector_lazy(unix_connector(path));
     Ok(RuntimeServiceClient::new(channel))
 }

@@ -147,6 +147,7 @@ struct Agent {
     metrics: NodeMetrics,
     releaser: Arc<Releaser>,
     logged_orphans: HashSet<String>,
+    pleg: PlegHandle,
 }
 
 impl Agent {
@@ -170,9 +171,13 @@ impl Agent {
         }
     }
 
-    /// Counts runtime pods whose uid is not in the API (called once the pod store is ready),
-    /// logging each once; forgets stale sandbox ids.
+    /// Updates the health gauge, counts runtime pods whose uid is not in the API (called once
+    /// the pod store is ready), logging each once, and forgets stale sandbox ids.
     fn refresh(&mut self) {
+        // Here too, not only after relists: a relist that hangs never reports.
+        self.metrics
+            .pleg_healthy
+            .set(i64::from(self.pleg.healthy().is_ok()));
         let (orphans, listings) = {
             let mut view = self.view.lock().expect("runtime view lock");
             let listings = view.listings;
@@ -344,6 +349,7 @@ pub async fn run(
         metrics,
         releaser,
         logged_orphans: HashSet::new(),
+        pleg: handle.clone(),
     };
     let main = async {
         // Nothing is judged before this node's pods are known.

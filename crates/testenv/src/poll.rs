@@ -1,0 +1,61 @@
+//! Waiting for an effect that happens elsewhere, and reading a local HTTP endpoint.
+
+use std::future::Future;
+use std::time::Duration;
+
+/// How long [`wait_for`] waits before failing the test.
+pub const WAIT: Duration = Duration::from_secs(30);
+
+/// Polls `check` until it holds; fails the test naming `what` after [`WAIT`]. This waits for
+/// an outcome, it never stands in for timing logic.
+pub async fn wait_for<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// GETs `http://addr/path` and returns the status code and body.
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .expect("write request");
+    let mut out = String::new();
+    stream
+        .read_to_string(&mut out)
+        .await
+        .expect("read response");
+    let code = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    (code, body)
+}
+
+/// The value of the metric line that starts with `prefix ` (0 when absent).
+pub fn metric_value(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}

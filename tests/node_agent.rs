@@ -1,0 +1,472 @@
+//! `ipreclaim node-agent` against a real containerd and the real kube-apiserver: each test
+//! starts its own containerd and uses its own namespace (also its whereabouts namespace) and
+//! node name.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+use clap::Parser;
+use ipreclaim::api::{
+    IPAllocation, IPPool, IPPoolSpec, NetworkAttachmentDefinition, NetworkAttachmentDefinitionSpec,
+    OverlappingRangeIPReservation, OverlappingRangeIPReservationSpec,
+};
+use ipreclaim::node::{self, NodeAgentArgs};
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use k8s_cri::v1::{
+    PodSandboxStatusRequest, RemovePodSandboxRequest, RunPodSandboxRequest, StopPodSandboxRequest,
+};
+use k8s_openapi::api::core::v1::{Event as CoreEvent, Pod};
+use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use testenv::poll::{http_get, metric_value, wait_for};
+use testenv::{Containerd, ControlPlane};
+use tokio::sync::oneshot;
+use tonic::transport::Channel;
+
+const STATUS: &str = "k8s.v1.cni.cncf.io/network-status";
+const NETWORKS: &str = "k8s.v1.cni.cncf.io/networks";
+const RANGE: &str = "192.0.2.0/24";
+const POOL: &str = "192.0.2.0-24";
+
+#[derive(Parser)]
+#[command(args_override_self = true)]
+struct Cli {
+    #[command(flatten)]
+    args: NodeAgentArgs,
+}
+
+struct NodeEnv {
+    containerd: Containerd,
+    cri: RuntimeServiceClient<Channel>,
+    client: Client,
+    ns: String,
+    node: String,
+    metrics: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl NodeEnv {
+    async fn new(prefix: &str) -> NodeEnv {
+        let cp = ControlPlane::shared();
+        let client = cp.client().await;
+        cp.install_crds(&client).await.expect("install crds/");
+        let ns = cp.namespace(&client, prefix).await;
+        let containerd = Containerd::start_for_test().await;
+        let cri = containerd.client().await.expect("CRI client");
+        NodeEnv {
+            node: format!("node-{ns}"),
+            containerd,
+            cri,
+            client,
+            ns,
+            metrics: "127.0.0.1:0".parse().unwrap(),
+            stop: None,
+            task: None,
+        }
+    }
+
+    /// Starts the agent with test timings plus `extra` flags; waits until it is ready.
+    async fn start(&mut self, extra: &[&str]) {
+        let mut argv = vec![
+            "node-agent".to_string(),
+            format!("--cri-endpoint=unix://{}", self.containerd.socket.display()),
+            format!("--node-name={}", self.node),
+            format!("--whereabouts-namespace={}", self.ns),
+            "--relist-period=100ms".into(),
+            "--metrics-addr=127.0.0.1:0".into(),
+        ];
+        argv.extend(extra.iter().map(|s| s.to_string()));
+        let args = Cli::try_parse_from(argv).expect("node-agent flags").args;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let (ready_tx, ready_rx) = oneshot::channel();
+        let client = self.client.clone();
+        self.task = Some(tokio::spawn(async move {
+            node::run(
+                client,
+                args,
+                async {
+                    let _ = stopped.await;
+                },
+                move |running| {
+                    let _ = ready_tx.send((running.health.clone(), running.metrics_addr));
+                },
+            )
+            .await
+        }));
+        let (health, addr) = ready_rx.await.expect("node agent started");
+        self.metrics = addr;
+        self.stop = Some(stop);
+        wait_for("node agent ready", || {
+            let h = health.clone();
+            async move { h.is_ready() }
+        })
+        .await;
+    }
+
+    async fn stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await.unwrap().expect("node agent ran without error");
+        }
+    }
+
+    async fn metric(&self, line: &str) -> f64 {
+        metric_value(&http_get(self.metrics, "/metrics").await.1, line)
+    }
+
+    async fn wait_metric(&self, line: &str, want: f64) {
+        wait_for(&format!("{line} = {want}"), || async move {
+            self.metric(line).await == want
+        })
+        .await;
+    }
+
+    fn pools(&self) -> Api<IPPool> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    async fn nad(&self) {
+        let nad = NetworkAttachmentDefinition::new(
+            "macvlan",
+            NetworkAttachmentDefinitionSpec {
+                config: Some(format!(
+                    r#"{{"cniVersion":"0.3.1","type":"macvlan","master":"eth0","ipam":{{"type":"whereabouts","range":"{RANGE}"}}}}"#
+                )),
+            },
+        );
+        Api::<NetworkAttachmentDefinition>::namespaced(self.client.clone(), &self.ns)
+            .create(&PostParams::default(), &nad)
+            .await
+            .unwrap();
+        let pool = IPPool::new(
+            POOL,
+            IPPoolSpec {
+                range: RANGE.into(),
+                allocations: BTreeMap::new(),
+            },
+        );
+        self.pools()
+            .create(&PostParams::default(), &pool)
+            .await
+            .unwrap();
+    }
+
+    /// An API pod on this node asking for the macvlan network; returns its uid.
+    async fn pod(&self, name: &str) -> String {
+        let annotations = BTreeMap::from([(NETWORKS.to_string(), "macvlan".to_string())]);
+        let mut pod = testenv::fixtures::pod(name, Some(annotations));
+        pod.spec.as_mut().unwrap().node_name = Some(self.node.clone());
+        self.pods()
+            .create(&PostParams::default(), &pod)
+            .await
+            .unwrap()
+            .metadata
+            .uid
+            .unwrap()
+    }
+
+    /// Multus's network-status for `name`: `ip` on the macvlan network.
+    async fn set_network_status(&self, name: &str, ip: &str) {
+        let status = serde_json::json!([
+            {"name": "cbr0", "interface": "eth0", "ips": ["10.244.0.5"], "default": true},
+            {"name": format!("{}/macvlan", self.ns), "interface": "net1", "ips": [ip]},
+        ]);
+        let patch = serde_json::json!({"metadata": {"annotations": {STATUS: status.to_string()}}});
+        self.pods()
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+    }
+
+    async fn run_sandbox(&mut self, name: &str, uid: &str) -> String {
+        let config = self.containerd.sandbox_config(name, uid, &self.ns);
+        self.cri
+            .run_pod_sandbox(RunPodSandboxRequest {
+                config: Some(config),
+                runtime_handler: String::new(),
+            })
+            .await
+            .expect("RunPodSandbox")
+            .into_inner()
+            .pod_sandbox_id
+    }
+
+    /// Stops and removes a sandbox the way a crashed node loses it: no CNI DEL reaches the pool.
+    async fn remove_sandbox(&mut self, id: &str) {
+        self.cri
+            .stop_pod_sandbox(StopPodSandboxRequest {
+                pod_sandbox_id: id.into(),
+            })
+            .await
+            .expect("StopPodSandbox");
+        self.cri
+            .remove_pod_sandbox(RemovePodSandboxRequest {
+                pod_sandbox_id: id.into(),
+            })
+            .await
+            .expect("RemovePodSandbox");
+    }
+
+    /// Adds a pool entry the way the whereabouts CNI does.
+    async fn allocate(&self, offset: u32, sandbox: &str, pod: &str) {
+        let alloc = IPAllocation {
+            id: sandbox.into(),
+            podref: format!("{}/{pod}", self.ns),
+            ifname: Some("net1".into()),
+            ipamclaimref: None,
+        };
+        let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+            {"op": "add", "path": format!("/spec/allocations/{offset}"), "value": alloc}
+        ]))
+        .unwrap();
+        self.pools()
+            .patch(POOL, &PatchParams::default(), &Patch::<()>::Json(patch))
+            .await
+            .unwrap();
+    }
+
+    async fn reserve(&self, ip: &str, sandbox: &str, pod: &str) {
+        let r = OverlappingRangeIPReservation::new(
+            ip,
+            OverlappingRangeIPReservationSpec {
+                containerid: Some(sandbox.into()),
+                podref: format!("{}/{pod}", self.ns),
+                ifname: Some("net1".into()),
+                ipamclaimref: None,
+            },
+        );
+        Api::<OverlappingRangeIPReservation>::namespaced(self.client.clone(), &self.ns)
+            .create(&PostParams::default(), &r)
+            .await
+            .unwrap();
+    }
+
+    async fn reservations(&self) -> Vec<String> {
+        Api::<OverlappingRangeIPReservation>::namespaced(self.client.clone(), &self.ns)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter_map(|r| r.metadata.name)
+            .collect()
+    }
+
+    async fn keys(&self) -> Vec<String> {
+        let pool = self.pools().get(POOL).await.unwrap();
+        pool.spec.allocations.keys().cloned().collect()
+    }
+
+    async fn events(&self, reason: &str) -> Vec<(String, String)> {
+        let lp = ListParams::default().fields(&format!("reason={reason}"));
+        Api::<CoreEvent>::namespaced(self.client.clone(), &self.ns)
+            .list(&lp)
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|e| {
+                (
+                    e.involved_object.name.unwrap_or_default(),
+                    e.message.unwrap_or_default(),
+                )
+            })
+            .collect()
+    }
+}
+
+const DIED: &str = r#"ipreclaim_node_pleg_events_total{kind="ContainerDied"}"#;
+const STARTED: &str = r#"ipreclaim_node_pleg_events_total{kind="ContainerStarted"}"#;
+const REMOVED: &str = r#"ipreclaim_node_pleg_events_total{kind="ContainerRemoved"}"#;
+const PENDING: &str = "ipreclaim_node_dead_sandboxes_pending";
+
+#[tokio::test]
+async fn a_dead_sandboxs_entry_is_released_after_the_grace_and_the_new_sandboxs_kept() {
+    let mut env = NodeEnv::new("node-restart").await;
+    env.nad().await;
+    let uid = env.pod("web-0").await;
+    let s1 = env.run_sandbox("web-0", &uid).await;
+    env.allocate(10, &s1, "web-0").await;
+    env.reserve("192.0.2.10", &s1, "web-0").await;
+    env.set_network_status("web-0", "192.0.2.10").await;
+    env.start(&["--sandbox-grace=5s"]).await;
+    env.wait_metric(STARTED, 1.0).await;
+
+    // The sandbox is lost without a CNI DEL; the kubelet starts S2, which allocates anew.
+    env.remove_sandbox(&s1).await;
+    let s2 = env.run_sandbox("web-0", &uid).await;
+    env.allocate(11, &s2, "web-0").await;
+    env.reserve("192.0.2.11", &s2, "web-0").await;
+    env.set_network_status("web-0", "192.0.2.11").await;
+
+    env.wait_metric(PENDING, 1.0).await;
+    assert_eq!(
+        env.keys().await,
+        ["10", "11"],
+        "nothing is released within the grace"
+    );
+    wait_for("S1's entry released", || async {
+        env.keys().await == ["11"]
+    })
+    .await;
+    wait_for("S1's reservation deleted", || async {
+        env.reservations().await == ["192.0.2.11"]
+    })
+    .await;
+
+    let events = env.events("IPAddressGarbageCollected").await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    let (pod, message) = &events[0];
+    assert_eq!(pod, "web-0");
+    assert!(
+        message.contains("[192.0.2.10]")
+            && message.contains("SandboxGone")
+            && message.contains(&s1[..12]),
+        "{message}"
+    );
+    assert_eq!(
+        env.metric(r#"ipreclaim_releases_total{reason="SandboxGone"}"#)
+            .await,
+        1.0
+    );
+    assert_eq!(
+        env.metric(r#"ipreclaim_node_dead_sandboxes_total{outcome="released"}"#)
+            .await,
+        1.0
+    );
+    assert_eq!(env.metric(PENDING).await, 0.0);
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_pod_deleted_from_the_api_is_left_to_the_controller() {
+    let mut env = NodeEnv::new("node-deleted").await;
+    env.nad().await;
+    let uid = env.pod("gone-0").await;
+    let s1 = env.run_sandbox("gone-0", &uid).await;
+    env.allocate(20, &s1, "gone-0").await;
+    env.set_network_status("gone-0", "192.0.2.20").await;
+    env.start(&["--sandbox-grace=0s"]).await;
+    env.wait_metric(STARTED, 1.0).await;
+
+    env.pods()
+        .delete("gone-0", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    env.remove_sandbox(&s1).await;
+    env.wait_metric(
+        r#"ipreclaim_node_dead_sandboxes_total{outcome="pod_gone"}"#,
+        1.0,
+    )
+    .await;
+    assert_eq!(
+        env.keys().await,
+        ["20"],
+        "the controller releases it, not us"
+    );
+    let text = http_get(env.metrics, "/metrics").await.1;
+    assert!(
+        !text.contains("ipreclaim_releases_total{") && !text.contains("release_failures_total{"),
+        "no release and no failure:\n{text}"
+    );
+    assert!(env.events("IPAddressGarbageCollected").await.is_empty());
+    assert!(
+        env.events("IPAddressGarbageCollectionFailed")
+            .await
+            .is_empty()
+    );
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn sandboxes_without_an_api_pod_are_counted_as_orphaned_runtime_pods() {
+    let mut env = NodeEnv::new("node-orphans").await;
+    let uid = env.pod("known-0").await;
+    env.run_sandbox("known-0", &uid).await;
+    for i in 0..3 {
+        env.run_sandbox(&format!("stray-{i}"), &format!("no-such-uid-{i}"))
+            .await;
+    }
+    env.start(&[]).await;
+    env.wait_metric("ipreclaim_node_orphaned_runtime_pods", 3.0)
+        .await;
+    // Deleting the known pod from the API makes its sandbox an orphan too.
+    env.pods()
+        .delete("known-0", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    env.wait_metric("ipreclaim_node_orphaned_runtime_pods", 4.0)
+        .await;
+    env.stop().await;
+}
+
+/// The pid of a sandbox's pause process, from containerd's verbose status.
+async fn sandbox_pid(cri: &mut RuntimeServiceClient<Channel>, id: &str) -> i32 {
+    let status = cri
+        .pod_sandbox_status(PodSandboxStatusRequest {
+            pod_sandbox_id: id.into(),
+            verbose: true,
+        })
+        .await
+        .expect("PodSandboxStatus")
+        .into_inner();
+    let info: serde_json::Value =
+        serde_json::from_str(status.info.get("info").expect("verbose info")).unwrap();
+    info["pid"].as_i64().expect("pid in verbose info") as i32
+}
+
+#[tokio::test]
+async fn a_runtime_outage_fails_healthz_and_recovers_without_lost_or_duplicated_events() {
+    let mut env = NodeEnv::new("node-outage").await;
+    let a = env.run_sandbox("a", "uid-a").await;
+    let b = env.run_sandbox("b", "uid-b").await;
+    env.start(&["--relist-threshold=1s"]).await;
+    env.wait_metric(STARTED, 2.0).await;
+    wait_for("healthz ok", || async {
+        http_get(env.metrics, "/healthz").await.0 == 200
+    })
+    .await;
+    let pid_b = sandbox_pid(&mut env.cri, &b).await;
+    assert_ne!(pid_b, sandbox_pid(&mut env.cri, &a).await);
+
+    env.containerd.stop().expect("stop containerd");
+    wait_for("healthz failing while containerd is down", || async {
+        let (code, body) = http_get(env.metrics, "/healthz").await;
+        code == 503 && body.contains("pleg was last seen active")
+    })
+    .await;
+    env.wait_metric("ipreclaim_node_pleg_healthy", 0.0).await;
+    // B's sandbox dies while nobody is watching.
+    // SAFETY: a pid we read from containerd for a process our test started.
+    assert_eq!(unsafe { libc::kill(pid_b, libc::SIGKILL) }, 0);
+
+    env.containerd.restart().await.expect("restart containerd");
+    wait_for("healthz ok again", || async {
+        http_get(env.metrics, "/healthz").await.0 == 200
+    })
+    .await;
+    env.wait_metric(DIED, 1.0).await;
+    // Several more relists: nothing is reported twice, nothing extra appears.
+    let relists = env
+        .metric("ipreclaim_node_relist_duration_seconds_count")
+        .await;
+    wait_for("five more relists", || async {
+        env.metric("ipreclaim_node_relist_duration_seconds_count")
+            .await
+            >= relists + 5.0
+    })
+    .await;
+    assert_eq!(env.metric(STARTED).await, 2.0);
+    assert_eq!(env.metric(DIED).await, 1.0);
+    assert_eq!(env.metric(REMOVED).await, 0.0);
+    assert!(env.metric("ipreclaim_node_relist_failures_total").await >= 1.0);
+    env.wait_metric("ipreclaim_node_pleg_healthy", 1.0).await;
+    env.stop().await;
+}
