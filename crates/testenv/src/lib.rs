@@ -10,6 +10,7 @@
 pub mod containerd;
 pub mod controlplane;
 pub mod fixtures;
+pub mod helm;
 pub mod poll;
 pub mod procs;
 

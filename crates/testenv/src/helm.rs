@@ -1,0 +1,68 @@
+//! Helm (built from its Go module by `scripts/setup.sh`) run against the shared control plane.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+use crate::controlplane::ControlPlane;
+use crate::procs::{binary, workspace_root};
+
+/// The chart in this repository.
+pub fn chart_dir() -> PathBuf {
+    workspace_root().join("charts/ipreclaim")
+}
+
+/// Runs helm with `args` (admin kubeconfig of `cp` when given) and returns its stdout; a
+/// failure carries helm's stderr.
+pub fn helm(cp: Option<&ControlPlane>, args: &[&str]) -> Result<String> {
+    let mut cmd = Command::new(binary("helm")?);
+    cmd.args(args);
+    // Helm keeps caches and config under HOME/XDG: keep them out of the user's.
+    let home = workspace_root().join("target/testenv/helm-home");
+    std::fs::create_dir_all(&home)?;
+    cmd.env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"));
+    if let Some(cp) = cp {
+        cmd.env("KUBECONFIG", cp.kubeconfig_path());
+    }
+    let out = cmd.output().context("run helm")?;
+    if !out.status.success() {
+        bail!(
+            "helm {} failed ({}):\n{}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+/// Installs the chart as `release` into `namespace` with `--set` values, and returns the
+/// manifest helm applied. CRDs are skipped (the control plane has them from `crds/`).
+pub fn install(
+    cp: &ControlPlane,
+    release: &str,
+    namespace: &str,
+    sets: &[String],
+) -> Result<String> {
+    let chart = chart_dir();
+    let mut args = vec![
+        "install",
+        release,
+        chart.to_str().expect("utf-8 path"),
+        "--namespace",
+        namespace,
+        "--skip-crds",
+    ];
+    for s in sets {
+        args.push("--set");
+        args.push(s);
+    }
+    helm(Some(cp), &args)?;
+    helm(
+        Some(cp),
+        &["get", "manifest", release, "--namespace", namespace],
+    )
+}
