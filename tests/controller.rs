@@ -19,6 +19,25 @@ use tokio::sync::oneshot;
 
 const STATUS: &str = "k8s.v1.cni.cncf.io/network-status";
 
+/// Runs a scenario twice: as admin, and with the controller acting through the chart's
+/// ServiceAccount (chart installed in the test namespace, leader election on its Lease), which
+/// proves the chart's RBAC is enough.
+macro_rules! both {
+    ($name:ident, $prefix:literal) => {
+        mod $name {
+            #[tokio::test]
+            async fn as_admin() {
+                super::$name(super::Env::new($prefix).await).await
+            }
+
+            #[tokio::test]
+            async fn as_the_charts_service_account() {
+                super::$name(super::Env::new_chart($prefix).await).await
+            }
+        }
+    };
+}
+
 /// Later flags override the test defaults.
 #[derive(Parser)]
 #[command(args_override_self = true)]
@@ -30,6 +49,8 @@ struct Cli {
 struct Env {
     client: Client,
     ns: String,
+    /// The chart's controller ServiceAccount client, when the chart is installed.
+    chart: Option<Client>,
     stop: Option<oneshot::Sender<()>>,
     metrics: SocketAddr,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
@@ -44,11 +65,33 @@ impl Env {
         Env::with(client, ns)
     }
 
+    /// Like [`new`](Self::new), with the chart installed in the namespace (also the
+    /// whereabouts namespace); [`start`](Self::start) then acts as the chart's ServiceAccount.
+    async fn new_chart(prefix: &str) -> Env {
+        let mut env = Env::new(&format!("{prefix}-sa")).await;
+        let cp = ControlPlane::shared();
+        testenv::helm::install(
+            cp,
+            &env.ns,
+            &env.ns,
+            &[format!("whereaboutsNamespace={}", env.ns)],
+        )
+        .expect("helm install");
+        let sa = format!("{}-ipreclaim-controller", env.ns);
+        env.chart = Some(
+            cp.service_account_client(&env.client, &env.ns, &sa)
+                .await
+                .expect("chart ServiceAccount token"),
+        );
+        env
+    }
+
     /// An environment on an existing namespace (a second replica, or a private control plane).
     fn with(client: Client, ns: String) -> Env {
         Env {
             client,
             ns,
+            chart: None,
             stop: None,
             metrics: "127.0.0.1:0".parse().unwrap(),
             task: tokio::spawn(async { Ok(()) }),
@@ -57,8 +100,22 @@ impl Env {
 
     /// Starts the controller with test timings plus `extra` flags; waits until it is ready.
     async fn start(&mut self, extra: &[&str]) {
-        let client = self.client.clone();
-        self.start_as(client, extra).await;
+        match self.chart.clone() {
+            Some(sa) => {
+                let lease = format!("--lease-namespace={}", self.ns);
+                let mut flags = vec![
+                    "--leader-election=true",
+                    "--lease-name=ipreclaim-controller",
+                    &lease,
+                ];
+                flags.extend_from_slice(extra);
+                self.start_as(sa, &flags).await;
+            }
+            None => {
+                let client = self.client.clone();
+                self.start_as(client, extra).await;
+            }
+        }
     }
 
     /// Like [`start`](Self::start), with the controller acting through `client`.
@@ -264,9 +321,11 @@ impl Env {
     }
 }
 
-#[tokio::test]
-async fn deleted_pod_is_released_with_an_event_and_the_live_pod_is_untouched() {
-    let mut env = Env::new("ctl-delete").await;
+both!(
+    deleted_pod_is_released_with_an_event_and_the_live_pod_is_untouched,
+    "ctl-delete"
+);
+async fn deleted_pod_is_released_with_an_event_and_the_live_pod_is_untouched(mut env: Env) {
     env.nad("macvlan", "192.0.2.0/24").await;
     env.pool(
         "192.0.2.0-24",
@@ -298,9 +357,8 @@ async fn deleted_pod_is_released_with_an_event_and_the_live_pod_is_untouched() {
     env.stop().await;
 }
 
-#[tokio::test]
-async fn statefulset_pod_recreated_keeps_its_new_ip() {
-    let mut env = Env::new("ctl-sts").await;
+both!(statefulset_pod_recreated_keeps_its_new_ip, "ctl-sts");
+async fn statefulset_pod_recreated_keeps_its_new_ip(mut env: Env) {
     env.nad("macvlan", "192.0.2.0/24").await;
     env.pool("192.0.2.0-24", "192.0.2.0/24", &[(10, "sb-old", "web-0")])
         .await;
@@ -344,9 +402,11 @@ async fn statefulset_pod_recreated_keeps_its_new_ip() {
     env.stop().await;
 }
 
-#[tokio::test]
-async fn pods_deleted_while_the_controller_was_down_are_released_at_start() {
-    let mut env = Env::new("ctl-down").await;
+both!(
+    pods_deleted_while_the_controller_was_down_are_released_at_start,
+    "ctl-down"
+);
+async fn pods_deleted_while_the_controller_was_down_are_released_at_start(mut env: Env) {
     env.nad("macvlan", "198.18.0.0/24").await;
     // gone-0 never exists any more; live-0 does.
     env.pool(
@@ -371,9 +431,11 @@ async fn pods_deleted_while_the_controller_was_down_are_released_at_start() {
     env.stop().await;
 }
 
-#[tokio::test]
-async fn sweep_releases_an_ip_not_on_the_pod_but_never_a_listed_one() {
-    let mut env = Env::new("ctl-sweep").await;
+both!(
+    sweep_releases_an_ip_not_on_the_pod_but_never_a_listed_one,
+    "ctl-sweep"
+);
+async fn sweep_releases_an_ip_not_on_the_pod_but_never_a_listed_one(mut env: Env) {
     env.nad("macvlan", "192.0.2.0/24").await;
     // web-0 lists .21 only; .20 is a stale allocation from an earlier sandbox.
     env.pool(
@@ -396,9 +458,8 @@ async fn sweep_releases_an_ip_not_on_the_pod_but_never_a_listed_one() {
     env.stop().await;
 }
 
-#[tokio::test]
-async fn dry_run_reports_and_writes_nothing() {
-    let mut env = Env::new("ctl-dry").await;
+both!(dry_run_reports_and_writes_nothing, "ctl-dry");
+async fn dry_run_reports_and_writes_nothing(mut env: Env) {
     env.nad("macvlan", "192.0.2.0/24").await;
     env.pool("192.0.2.0-24", "192.0.2.0/24", &[(10, "sb-web", "web-0")])
         .await;
@@ -412,9 +473,11 @@ async fn dry_run_reports_and_writes_nothing() {
     env.stop().await;
 }
 
-#[tokio::test]
-async fn breaker_holds_a_sweep_that_would_free_most_of_a_pool() {
-    let mut env = Env::new("ctl-breaker").await;
+both!(
+    breaker_holds_a_sweep_that_would_free_most_of_a_pool,
+    "ctl-breaker"
+);
+async fn breaker_holds_a_sweep_that_would_free_most_of_a_pool(mut env: Env) {
     env.nad("macvlan", "192.0.2.0/24").await;
     let names: Vec<String> = (0..12).map(|i| format!("p{i}")).collect();
     let allocs: Vec<(u32, String, &str)> = names
@@ -737,10 +800,12 @@ async fn a_pod_deleted_while_the_watched_apiserver_is_down_is_released() {
     drop(second);
 }
 
-#[tokio::test]
-async fn dual_stack_release_deletes_reservations_with_one_event_per_network() {
+both!(
+    dual_stack_release_deletes_reservations_with_one_event_per_network,
+    "ctl-ds"
+);
+async fn dual_stack_release_deletes_reservations_with_one_event_per_network(mut env: Env) {
     use ipreclaim::api::{OverlappingRangeIPReservation, OverlappingRangeIPReservationSpec};
-    let mut env = Env::new("ctl-ds").await;
     let nad = NetworkAttachmentDefinition::new(
         "macvlan",
         NetworkAttachmentDefinitionSpec {
@@ -801,9 +866,11 @@ async fn dual_stack_release_deletes_reservations_with_one_event_per_network() {
     env.stop().await;
 }
 
-#[tokio::test]
-async fn a_succeeded_pod_is_released_and_a_late_orphan_waits_for_the_grace() {
-    let mut env = Env::new("ctl-done").await;
+both!(
+    a_succeeded_pod_is_released_and_a_late_orphan_waits_for_the_grace,
+    "ctl-done"
+);
+async fn a_succeeded_pod_is_released_and_a_late_orphan_waits_for_the_grace(mut env: Env) {
     env.nad("macvlan", "192.0.2.0/24").await;
     env.pool(
         "192.0.2.0-24",
@@ -962,10 +1029,12 @@ async fn when_the_leader_stops_the_standby_takes_over_and_nothing_is_released_tw
     second.stop().await;
 }
 
-#[tokio::test]
-async fn orphaned_reservations_are_swept_and_live_ones_kept() {
+both!(
+    orphaned_reservations_are_swept_and_live_ones_kept,
+    "ctl-orip"
+);
+async fn orphaned_reservations_are_swept_and_live_ones_kept(mut env: Env) {
     use ipreclaim::api::{OverlappingRangeIPReservation, OverlappingRangeIPReservationSpec};
-    let mut env = Env::new("ctl-orip").await;
     env.nad("macvlan", "192.0.2.0/24").await;
     env.pool("192.0.2.0-24", "192.0.2.0/24", &[(10, "sb-web", "web-0")])
         .await;

@@ -28,6 +28,24 @@ const NETWORKS: &str = "k8s.v1.cni.cncf.io/networks";
 const RANGE: &str = "192.0.2.0/24";
 const POOL: &str = "192.0.2.0-24";
 
+/// Runs a scenario twice: as admin, and with the agent acting through the chart's
+/// ServiceAccount, which proves the chart's RBAC is enough.
+macro_rules! both {
+    ($name:ident, $prefix:literal) => {
+        mod $name {
+            #[tokio::test]
+            async fn as_admin() {
+                super::$name(super::NodeEnv::new($prefix).await).await
+            }
+
+            #[tokio::test]
+            async fn as_the_charts_service_account() {
+                super::$name(super::NodeEnv::new_chart($prefix).await).await
+            }
+        }
+    };
+}
+
 #[derive(Parser)]
 #[command(args_override_self = true)]
 struct Cli {
@@ -39,6 +57,8 @@ struct NodeEnv {
     containerd: Containerd,
     cri: RuntimeServiceClient<Channel>,
     client: Client,
+    /// The chart's node-agent ServiceAccount client, when the chart is installed.
+    chart: Option<Client>,
     ns: String,
     node: String,
     metrics: SocketAddr,
@@ -59,11 +79,33 @@ impl NodeEnv {
             containerd,
             cri,
             client,
+            chart: None,
             ns,
             metrics: "127.0.0.1:0".parse().unwrap(),
             stop: None,
             task: None,
         }
+    }
+
+    /// Like [`new`](Self::new), with the chart installed in the namespace (also the
+    /// whereabouts namespace); the agent then acts as the chart's ServiceAccount.
+    async fn new_chart(prefix: &str) -> NodeEnv {
+        let mut env = NodeEnv::new(&format!("{prefix}-sa")).await;
+        let cp = ControlPlane::shared();
+        testenv::helm::install(
+            cp,
+            &env.ns,
+            &env.ns,
+            &[format!("whereaboutsNamespace={}", env.ns)],
+        )
+        .expect("helm install");
+        let sa = format!("{}-ipreclaim-node-agent", env.ns);
+        env.chart = Some(
+            cp.service_account_client(&env.client, &env.ns, &sa)
+                .await
+                .expect("chart ServiceAccount token"),
+        );
+        env
     }
 
     /// Starts the agent with test timings plus `extra` flags; waits until it is ready.
@@ -80,7 +122,7 @@ impl NodeEnv {
         let args = Cli::try_parse_from(argv).expect("node-agent flags").args;
         let (stop, stopped) = oneshot::channel::<()>();
         let (ready_tx, ready_rx) = oneshot::channel();
-        let client = self.client.clone();
+        let client = self.chart.clone().unwrap_or_else(|| self.client.clone());
         self.task = Some(tokio::spawn(async move {
             node::run(
                 client,
@@ -287,9 +329,13 @@ const STARTED: &str = r#"ipreclaim_node_pleg_events_total{kind="ContainerStarted
 const REMOVED: &str = r#"ipreclaim_node_pleg_events_total{kind="ContainerRemoved"}"#;
 const PENDING: &str = "ipreclaim_node_dead_sandboxes_pending";
 
-#[tokio::test]
-async fn a_dead_sandboxs_entry_is_released_after_the_grace_and_the_new_sandboxs_kept() {
-    let mut env = NodeEnv::new("node-restart").await;
+both!(
+    a_dead_sandboxs_entry_is_released_after_the_grace_and_the_new_sandboxs_kept,
+    "node-restart"
+);
+async fn a_dead_sandboxs_entry_is_released_after_the_grace_and_the_new_sandboxs_kept(
+    mut env: NodeEnv,
+) {
     env.nad().await;
     let uid = env.pod("web-0").await;
     let s1 = env.run_sandbox("web-0", &uid).await;
@@ -345,9 +391,11 @@ async fn a_dead_sandboxs_entry_is_released_after_the_grace_and_the_new_sandboxs_
     env.stop().await;
 }
 
-#[tokio::test]
-async fn a_pod_deleted_from_the_api_is_left_to_the_controller() {
-    let mut env = NodeEnv::new("node-deleted").await;
+both!(
+    a_pod_deleted_from_the_api_is_left_to_the_controller,
+    "node-deleted"
+);
+async fn a_pod_deleted_from_the_api_is_left_to_the_controller(mut env: NodeEnv) {
     env.nad().await;
     let uid = env.pod("gone-0").await;
     let s1 = env.run_sandbox("gone-0", &uid).await;
@@ -385,9 +433,11 @@ async fn a_pod_deleted_from_the_api_is_left_to_the_controller() {
     env.stop().await;
 }
 
-#[tokio::test]
-async fn sandboxes_without_an_api_pod_are_counted_as_orphaned_runtime_pods() {
-    let mut env = NodeEnv::new("node-orphans").await;
+both!(
+    sandboxes_without_an_api_pod_are_counted_as_orphaned_runtime_pods,
+    "node-orphans"
+);
+async fn sandboxes_without_an_api_pod_are_counted_as_orphaned_runtime_pods(mut env: NodeEnv) {
     let uid = env.pod("known-0").await;
     env.run_sandbox("known-0", &uid).await;
     for i in 0..3 {
