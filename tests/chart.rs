@@ -15,6 +15,7 @@ use kube::api::{
     Api, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
 };
 use kube::discovery::pinned_kind;
+use serde::Deserialize;
 use serde_json::{Value, json};
 use testenv::ControlPlane;
 use testenv::helm::{chart_dir, helm, install};
@@ -47,8 +48,6 @@ fn documents(yaml: &str) -> Vec<Value> {
         })
         .collect()
 }
-
-use serde::Deserialize;
 
 fn find<'a>(docs: &'a [Value], kind: &str, name_suffix: &str) -> &'a Value {
     docs.iter()
