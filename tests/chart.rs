@@ -18,7 +18,7 @@ use kube::discovery::pinned_kind;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use testenv::ControlPlane;
-use testenv::helm::{chart_dir, helm, install};
+use testenv::helm::{chart_dir, helm, install_in, service_account_client};
 
 #[derive(Parser)]
 struct ControllerCli {
@@ -258,8 +258,7 @@ async fn install_chart(prefix: &str) -> Installed {
     let client = cp.client().await;
     cp.install_crds(&client).await.expect("install crds/");
     let ns = cp.namespace(&client, prefix).await;
-    let manifest =
-        install(cp, &ns, &ns, &[format!("whereaboutsNamespace={ns}")]).expect("helm install");
+    let manifest = install_in(cp, &ns).expect("helm install");
     Installed {
         client,
         prefix: format!("{ns}-ipreclaim"),
@@ -371,11 +370,7 @@ async fn the_charts_service_accounts_are_denied_what_the_programs_must_not_do() 
         .unwrap();
 
     for who in ["controller", "node-agent"] {
-        let sa = format!("{}-{who}", it.prefix);
-        let client = cp
-            .service_account_client(admin, &it.ns, &sa)
-            .await
-            .expect("ServiceAccount token");
+        let client = service_account_client(cp, admin, &it.ns, who).await;
         let pods = Api::<Pod>::namespaced(client.clone(), &it.ns);
         forbidden(
             &format!("{who} deletes a pod"),
@@ -421,10 +416,7 @@ async fn the_charts_service_accounts_are_denied_what_the_programs_must_not_do() 
             .unwrap_or_else(|e| panic!("{who} reads a pod: {e}"));
     }
     // The node agent never lists pools.
-    let agent = cp
-        .service_account_client(admin, &it.ns, &format!("{}-node-agent", it.prefix))
-        .await
-        .unwrap();
+    let agent = service_account_client(cp, admin, &it.ns, "node-agent").await;
     forbidden(
         "node-agent lists pools",
         Api::<ipreclaim::api::IPPool>::namespaced(agent, &it.ns)

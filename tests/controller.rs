@@ -70,18 +70,9 @@ impl Env {
     async fn new_chart(prefix: &str) -> Env {
         let mut env = Env::new(&format!("{prefix}-sa")).await;
         let cp = ControlPlane::shared();
-        testenv::helm::install(
-            cp,
-            &env.ns,
-            &env.ns,
-            &[format!("whereaboutsNamespace={}", env.ns)],
-        )
-        .expect("helm install");
-        let sa = format!("{}-ipreclaim-controller", env.ns);
+        testenv::helm::install_in(cp, &env.ns).expect("helm install");
         env.chart = Some(
-            cp.service_account_client(&env.client, &env.ns, &sa)
-                .await
-                .expect("chart ServiceAccount token"),
+            testenv::helm::service_account_client(cp, &env.client, &env.ns, "controller").await,
         );
         env
     }

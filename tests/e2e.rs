@@ -249,13 +249,9 @@ impl Local {
         cp.install_crds(&client).await.expect("install crds/");
         let short: String = prefix.chars().take(20).collect();
         let ns = cp.namespace(&client, &short).await;
-        testenv::helm::install(cp, &ns, &ns, &[format!("whereaboutsNamespace={ns}")])
-            .expect("helm install");
-        let sa = format!("{ns}-ipreclaim-controller");
-        let controller_client = cp
-            .service_account_client(&client, &ns, &sa)
-            .await
-            .expect("chart ServiceAccount token");
+        testenv::helm::install_in(cp, &ns).expect("helm install");
+        let controller_client =
+            testenv::helm::service_account_client(cp, &client, &ns, "controller").await;
         create_nad(&client, &ns).await;
         let pool = IPPool::new(
             POOL,

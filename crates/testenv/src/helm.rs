@@ -66,3 +66,27 @@ pub fn install(
         &["get", "manifest", release, "--namespace", namespace],
     )
 }
+
+/// Installs the chart into the test namespace `ns` as release `ns`, with `ns` also its
+/// whereabouts namespace (what the tests that run the programs under the chart's RBAC need).
+pub fn install_in(cp: &ControlPlane, ns: &str) -> Result<String> {
+    install(cp, ns, ns, &[format!("whereaboutsNamespace={ns}")])
+}
+
+/// The chart's ServiceAccount of `component` (`controller` or `node-agent`) in a release made by
+/// [`install_in`].
+pub fn service_account(ns: &str, component: &str) -> String {
+    format!("{ns}-ipreclaim-{component}")
+}
+
+/// A client acting as that ServiceAccount, with its own token.
+pub async fn service_account_client(
+    cp: &ControlPlane,
+    admin: &kube::Client,
+    ns: &str,
+    component: &str,
+) -> kube::Client {
+    cp.service_account_client(admin, ns, &service_account(ns, component))
+        .await
+        .unwrap_or_else(|e| panic!("token of the chart's {component} ServiceAccount: {e:#}"))
+}
