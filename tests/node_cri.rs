@@ -107,6 +107,10 @@ async fn an_unreachable_cri_socket_is_an_error_not_a_panic() {
         panic!("connected to a socket that does not exist");
     };
     assert!(err.to_string().contains("does not exist"), "{err}");
+    let Err(err) = ipreclaim::node::cri::connect_lazy("tcp://localhost:1234") else {
+        panic!("accepted an endpoint that is no unix socket");
+    };
+    assert!(err.to_string().contains("not a unix socket path"), "{err}");
 }
 
 /// The real CRI source, with PodSandboxStatus failing for one pod on demand: containerd cannot

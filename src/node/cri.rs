@@ -80,10 +80,7 @@ pub struct CriPodSource {
 
 /// Connects to a CRI socket (`unix:///path` or a plain path).
 pub async fn connect(endpoint: &str) -> Result<RuntimeServiceClient<Channel>, SourceError> {
-    let path = endpoint
-        .strip_prefix("unix://")
-        .unwrap_or(endpoint)
-        .to_owned();
+    let path = socket_path(endpoint)?;
     if !Path::new(&path).exists() {
         return Err(SourceError::new(format!(
             "CRI socket {path} does not exist"
@@ -103,15 +100,7 @@ pub const CRI_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// Like [`connect`], but connects on first use and reconnects after the runtime restarts:
 /// the agent keeps running (and reports unhealthy) while the runtime is down.
 pub fn connect_lazy(endpoint: &str) -> Result<RuntimeServiceClient<Channel>, SourceError> {
-    let path = endpoint
-        .strip_prefix("unix://")
-        .unwrap_or(endpoint)
-        .to_owned();
-    if path.is_empty() || !path.starts_with('/') {
-        return Err(SourceError::new(format!(
-            "{endpoint:?} is not a unix socket path (use unix:///path/to/socket)"
-        )));
-    }
+    let path = socket_path(endpoint)?;
     let channel = Endpoint::try_from("http://[::]:50051")
         .map_err(|e| SourceError::new(e.to_string()))?
         // A hung runtime fails the relist (and so, in time, /healthz) instead of stalling it.
@@ -119,6 +108,17 @@ pub fn connect_lazy(endpoint: &str) -> Result<RuntimeServiceClient<Channel>, Sou
         .connect_timeout(CRI_TIMEOUT)
         .connect_with_connector_lazy(unix_connector(path));
     Ok(RuntimeServiceClient::new(channel))
+}
+
+/// The socket path of `unix:///path` or `/path`.
+fn socket_path(endpoint: &str) -> Result<String, SourceError> {
+    let path = endpoint.strip_prefix("unix://").unwrap_or(endpoint);
+    if !path.starts_with('/') {
+        return Err(SourceError::new(format!(
+            "{endpoint:?} is not a unix socket path (use unix:///path/to/socket)"
+        )));
+    }
+    Ok(path.to_owned())
 }
 
 fn unix_connector(
