@@ -92,18 +92,9 @@ impl NodeEnv {
     async fn new_chart(prefix: &str) -> NodeEnv {
         let mut env = NodeEnv::new(&format!("{prefix}-sa")).await;
         let cp = ControlPlane::shared();
-        testenv::helm::install(
-            cp,
-            &env.ns,
-            &env.ns,
-            &[format!("whereaboutsNamespace={}", env.ns)],
-        )
-        .expect("helm install");
-        let sa = format!("{}-ipreclaim-node-agent", env.ns);
+        testenv::helm::install_in(cp, &env.ns).expect("helm install");
         env.chart = Some(
-            cp.service_account_client(&env.client, &env.ns, &sa)
-                .await
-                .expect("chart ServiceAccount token"),
+            testenv::helm::service_account_client(cp, &env.client, &env.ns, "node-agent").await,
         );
         env
     }
@@ -518,5 +509,40 @@ async fn a_runtime_outage_fails_healthz_and_recovers_without_lost_or_duplicated_
     assert_eq!(env.metric(REMOVED).await, 0.0);
     assert!(env.metric("ipreclaim_node_relist_failures_total").await >= 1.0);
     env.wait_metric("ipreclaim_node_pleg_healthy", 1.0).await;
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn dry_run_reports_a_dead_sandbox_and_writes_nothing() {
+    let mut env = NodeEnv::new("node-dry").await;
+    env.nad().await;
+    let uid = env.pod("web-0").await;
+    let s1 = env.run_sandbox("web-0", &uid).await;
+    env.allocate(30, &s1, "web-0").await;
+    env.reserve("192.0.2.30", &s1, "web-0").await;
+    env.start(&["--sandbox-grace=0s", "--dry-run"]).await;
+    env.wait_metric(STARTED, 1.0).await;
+    env.remove_sandbox(&s1).await;
+    env.set_network_status("web-0", "192.0.2.31").await;
+    env.wait_metric(
+        r#"ipreclaim_node_dead_sandboxes_total{outcome="dry_run"}"#,
+        1.0,
+    )
+    .await;
+    assert_eq!(env.keys().await, ["30"], "dry-run writes nothing");
+    assert_eq!(env.reservations().await, ["192.0.2.30"]);
+    let events = env.events("IPAddressGarbageCollectionDryRun").await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert!(
+        events[0].1.contains("192.0.2.30") && events[0].1.contains("SandboxGone"),
+        "{events:?}"
+    );
+    assert_eq!(
+        env.metric(r#"ipreclaim_dry_run_releases_total{reason="SandboxGone"}"#)
+            .await,
+        1.0
+    );
+    let text = http_get(env.metrics, "/metrics").await.1;
+    assert!(!text.contains("ipreclaim_api_writes_total{"), "{text}");
     env.stop().await;
 }
