@@ -171,7 +171,7 @@ impl Agent {
         }
     }
 
-    /// Updates the gauges (every relist period), counts runtime pods whose uid is not in the API (called once
+    /// Updates the health gauge, counts runtime pods whose uid is not in the API (called once
     /// the pod store is ready), logging each once, and forgets stale sandbox ids.
     fn refresh(&mut self) {
         // Here too, not only after relists: a relist that hangs never reports.
@@ -222,6 +222,9 @@ impl Agent {
                 (sb, outcome)
             });
         }
+        self.metrics
+            .dead_sandboxes_pending
+            .set(self.witness.pending() as i64);
     }
 
     async fn finished(&mut self, sb: DeadSandbox, outcome: Outcome) {
@@ -238,6 +241,9 @@ impl Agent {
             }
             other => tracing::info!(sandbox = %sb.id, outcome = ?other, "dead sandbox handled"),
         }
+        self.metrics
+            .dead_sandboxes_pending
+            .set(self.witness.pending() as i64);
     }
 }
 
