@@ -373,11 +373,12 @@ async fn a_dead_sandboxs_entry_is_released_after_the_grace_and_the_new_sandboxs_
             .await,
         1.0
     );
-    assert_eq!(
-        env.metric(r#"ipreclaim_node_dead_sandboxes_total{outcome="released"}"#)
-            .await,
-        1.0
-    );
+    // Counted once the release task reports back to the agent's loop.
+    env.wait_metric(
+        r#"ipreclaim_node_dead_sandboxes_total{outcome="released"}"#,
+        1.0,
+    )
+    .await;
     assert_eq!(env.metric(PENDING).await, 0.0);
     env.stop().await;
 }
