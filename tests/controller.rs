@@ -19,25 +19,6 @@ use tokio::sync::oneshot;
 
 const STATUS: &str = "k8s.v1.cni.cncf.io/network-status";
 
-/// Runs a scenario twice: as admin, and with the controller acting through the chart's
-/// ServiceAccount (chart installed in the test namespace, leader election on its Lease), which
-/// proves the chart's RBAC is enough.
-macro_rules! both {
-    ($name:ident, $prefix:literal) => {
-        mod $name {
-            #[tokio::test]
-            async fn as_admin() {
-                super::$name(super::Env::new($prefix).await).await
-            }
-
-            #[tokio::test]
-            async fn as_the_charts_service_account() {
-                super::$name(super::Env::new_chart($prefix).await).await
-            }
-        }
-    };
-}
-
 /// Later flags override the test defaults.
 #[derive(Parser)]
 #[command(args_override_self = true)]
@@ -312,7 +293,8 @@ impl Env {
     }
 }
 
-both!(
+testenv::as_admin_and_as_the_chart!(
+    Env,
     deleted_pod_is_released_with_an_event_and_the_live_pod_is_untouched,
     "ctl-delete"
 );
@@ -348,7 +330,7 @@ async fn deleted_pod_is_released_with_an_event_and_the_live_pod_is_untouched(mut
     env.stop().await;
 }
 
-both!(statefulset_pod_recreated_keeps_its_new_ip, "ctl-sts");
+testenv::as_admin_and_as_the_chart!(Env, statefulset_pod_recreated_keeps_its_new_ip, "ctl-sts");
 async fn statefulset_pod_recreated_keeps_its_new_ip(mut env: Env) {
     env.nad("macvlan", "192.0.2.0/24").await;
     env.pool("192.0.2.0-24", "192.0.2.0/24", &[(10, "sb-old", "web-0")])
@@ -393,7 +375,8 @@ async fn statefulset_pod_recreated_keeps_its_new_ip(mut env: Env) {
     env.stop().await;
 }
 
-both!(
+testenv::as_admin_and_as_the_chart!(
+    Env,
     pods_deleted_while_the_controller_was_down_are_released_at_start,
     "ctl-down"
 );
@@ -422,7 +405,8 @@ async fn pods_deleted_while_the_controller_was_down_are_released_at_start(mut en
     env.stop().await;
 }
 
-both!(
+testenv::as_admin_and_as_the_chart!(
+    Env,
     sweep_releases_an_ip_not_on_the_pod_but_never_a_listed_one,
     "ctl-sweep"
 );
@@ -449,7 +433,7 @@ async fn sweep_releases_an_ip_not_on_the_pod_but_never_a_listed_one(mut env: Env
     env.stop().await;
 }
 
-both!(dry_run_reports_and_writes_nothing, "ctl-dry");
+testenv::as_admin_and_as_the_chart!(Env, dry_run_reports_and_writes_nothing, "ctl-dry");
 async fn dry_run_reports_and_writes_nothing(mut env: Env) {
     env.nad("macvlan", "192.0.2.0/24").await;
     env.pool("192.0.2.0-24", "192.0.2.0/24", &[(10, "sb-web", "web-0")])
@@ -464,7 +448,8 @@ async fn dry_run_reports_and_writes_nothing(mut env: Env) {
     env.stop().await;
 }
 
-both!(
+testenv::as_admin_and_as_the_chart!(
+    Env,
     breaker_holds_a_sweep_that_would_free_most_of_a_pool,
     "ctl-breaker"
 );
@@ -791,7 +776,8 @@ async fn a_pod_deleted_while_the_watched_apiserver_is_down_is_released() {
     drop(second);
 }
 
-both!(
+testenv::as_admin_and_as_the_chart!(
+    Env,
     dual_stack_release_deletes_reservations_with_one_event_per_network,
     "ctl-ds"
 );
@@ -857,7 +843,8 @@ async fn dual_stack_release_deletes_reservations_with_one_event_per_network(mut 
     env.stop().await;
 }
 
-both!(
+testenv::as_admin_and_as_the_chart!(
+    Env,
     a_succeeded_pod_is_released_and_a_late_orphan_waits_for_the_grace,
     "ctl-done"
 );
@@ -1020,7 +1007,8 @@ async fn when_the_leader_stops_the_standby_takes_over_and_nothing_is_released_tw
     second.stop().await;
 }
 
-both!(
+testenv::as_admin_and_as_the_chart!(
+    Env,
     orphaned_reservations_are_swept_and_live_ones_kept,
     "ctl-orip"
 );

@@ -28,24 +28,6 @@ const NETWORKS: &str = "k8s.v1.cni.cncf.io/networks";
 const RANGE: &str = "192.0.2.0/24";
 const POOL: &str = "192.0.2.0-24";
 
-/// Runs a scenario twice: as admin, and with the agent acting through the chart's
-/// ServiceAccount, which proves the chart's RBAC is enough.
-macro_rules! both {
-    ($name:ident, $prefix:literal) => {
-        mod $name {
-            #[tokio::test]
-            async fn as_admin() {
-                super::$name(super::NodeEnv::new($prefix).await).await
-            }
-
-            #[tokio::test]
-            async fn as_the_charts_service_account() {
-                super::$name(super::NodeEnv::new_chart($prefix).await).await
-            }
-        }
-    };
-}
-
 #[derive(Parser)]
 #[command(args_override_self = true)]
 struct Cli {
@@ -320,7 +302,8 @@ const STARTED: &str = r#"ipreclaim_node_pleg_events_total{kind="ContainerStarted
 const REMOVED: &str = r#"ipreclaim_node_pleg_events_total{kind="ContainerRemoved"}"#;
 const PENDING: &str = "ipreclaim_node_dead_sandboxes_pending";
 
-both!(
+testenv::as_admin_and_as_the_chart!(
+    NodeEnv,
     a_dead_sandboxs_entry_is_released_after_the_grace_and_the_new_sandboxs_kept,
     "node-restart"
 );
@@ -383,7 +366,8 @@ async fn a_dead_sandboxs_entry_is_released_after_the_grace_and_the_new_sandboxs_
     env.stop().await;
 }
 
-both!(
+testenv::as_admin_and_as_the_chart!(
+    NodeEnv,
     a_pod_deleted_from_the_api_is_left_to_the_controller,
     "node-deleted"
 );
@@ -425,7 +409,8 @@ async fn a_pod_deleted_from_the_api_is_left_to_the_controller(mut env: NodeEnv) 
     env.stop().await;
 }
 
-both!(
+testenv::as_admin_and_as_the_chart!(
+    NodeEnv,
     sandboxes_without_an_api_pod_are_counted_as_orphaned_runtime_pods,
     "node-orphans"
 );

@@ -16,3 +16,23 @@ pub mod procs;
 
 pub use containerd::Containerd;
 pub use controlplane::ControlPlane;
+
+/// Runs scenario `async fn $name(env: $env)` twice: as admin (`$env::new`), and with the
+/// program acting through the chart's ServiceAccount (`$env::new_chart`), which proves the
+/// chart's RBAC is enough. Expands to a module `$name` with two `#[tokio::test]`s.
+#[macro_export]
+macro_rules! as_admin_and_as_the_chart {
+    ($env:ident, $name:ident, $prefix:literal) => {
+        mod $name {
+            #[tokio::test]
+            async fn as_admin() {
+                super::$name(super::$env::new($prefix).await).await
+            }
+
+            #[tokio::test]
+            async fn as_the_charts_service_account() {
+                super::$name(super::$env::new_chart($prefix).await).await
+            }
+        }
+    };
+}
