@@ -15,7 +15,7 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 use testenv::ControlPlane;
 use testenv::poll::{WAIT, http_get, wait_for};
-use tokio::sync::oneshot;
+use testenv::program::InProcess;
 
 const STATUS: &str = "k8s.v1.cni.cncf.io/network-status";
 
@@ -32,9 +32,8 @@ struct Env {
     ns: String,
     /// The chart's controller ServiceAccount client, when the chart is installed.
     chart: Option<Client>,
-    stop: Option<oneshot::Sender<()>>,
     metrics: SocketAddr,
-    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    program: Option<InProcess>,
 }
 
 impl Env {
@@ -64,9 +63,8 @@ impl Env {
             client,
             ns,
             chart: None,
-            stop: None,
             metrics: "127.0.0.1:0".parse().unwrap(),
-            task: tokio::spawn(async { Ok(()) }),
+            program: None,
         }
     }
 
@@ -102,39 +100,24 @@ impl Env {
         ];
         argv.extend(extra.iter().map(|s| s.to_string()));
         let args = Cli::try_parse_from(argv).expect("controller flags").args;
-        let (stop, stopped) = oneshot::channel::<()>();
-        let (ready_tx, ready_rx) = oneshot::channel();
-        self.task = tokio::spawn(async move {
-            controller::run(
-                client,
-                args,
-                async {
-                    let _ = stopped.await;
-                },
-                move |running| {
-                    let _ = ready_tx.send((running.health.clone(), running.metrics_addr));
-                },
-            )
-            .await
-        });
-        let (health, addr) = ready_rx.await.expect("controller started");
-        self.metrics = addr;
-        self.stop = Some(stop);
-        wait_for("controller ready", || {
-            let h = health.clone();
-            async move { h.is_ready() }
-        })
+        let (program, (_, addr)) = InProcess::start(
+            "controller",
+            |shutdown, started| {
+                controller::run(client, args, shutdown, move |running| {
+                    let _ = started.send((running.health.clone(), running.metrics_addr));
+                })
+            },
+            |(health, _)| health.is_ready(),
+        )
         .await;
+        self.metrics = addr;
+        self.program = Some(program);
     }
 
     async fn stop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
+        if let Some(program) = &mut self.program {
+            program.stop().await;
         }
-        (&mut self.task)
-            .await
-            .unwrap()
-            .expect("controller ran without error");
     }
 
     fn pools(&self) -> Api<IPPool> {

@@ -24,7 +24,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use testenv::ControlPlane;
 use testenv::poll::wait_for;
-use tokio::sync::oneshot;
+use testenv::program::InProcess;
 
 const NETWORK: &str = "macvlan";
 const RANGE: &str = "192.0.2.0/24";
@@ -231,8 +231,7 @@ struct Local {
     client: Client,
     ns: String,
     controller_client: Client,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    controller: Option<InProcess>,
     sandboxes: u64,
 }
 
@@ -268,8 +267,7 @@ impl Local {
             client,
             ns,
             controller_client,
-            stop: None,
-            task: None,
+            controller: None,
             sandboxes: 0,
         };
         local.scale_controller(1).await;
@@ -362,13 +360,9 @@ impl Platform for Local {
     }
 
     async fn scale_controller(&mut self, n: i32) {
-        match (n, self.task.is_some()) {
-            (0, true) => {
-                let _ = self.stop.take().map(|s| s.send(()));
-                let task = self.task.take().unwrap();
-                task.await.unwrap().expect("controller ran without error");
-            }
-            (1, false) => {
+        match (n, self.controller.take()) {
+            (0, Some(mut running)) => running.stop().await,
+            (1, None) => {
                 let lease_ns = format!("--lease-namespace={}", self.ns);
                 let wns = format!("--whereabouts-namespace={}", self.ns);
                 let args = Cli::try_parse_from([
@@ -382,31 +376,20 @@ impl Platform for Local {
                 ])
                 .expect("flags")
                 .args;
-                let (stop, stopped) = oneshot::channel::<()>();
-                let (ready_tx, ready_rx) = oneshot::channel();
                 let client = self.controller_client.clone();
-                self.task = Some(tokio::spawn(async move {
-                    controller::run(
-                        client,
-                        args,
-                        async {
-                            let _ = stopped.await;
-                        },
-                        move |r| {
-                            let _ = ready_tx.send(r.health.clone());
-                        },
-                    )
-                    .await
-                }));
-                self.stop = Some(stop);
-                let health = ready_rx.await.expect("controller started");
-                wait_for("controller ready", || {
-                    let h = health.clone();
-                    async move { h.is_ready() }
-                })
+                let (running, _) = InProcess::start(
+                    "controller",
+                    |shutdown, started| {
+                        controller::run(client, args, shutdown, move |r| {
+                            let _ = started.send(r.health.clone());
+                        })
+                    },
+                    |health| health.is_ready(),
+                )
                 .await;
+                self.controller = Some(running);
             }
-            _ => {}
+            (_, running) => self.controller = running,
         }
     }
 }

@@ -19,8 +19,8 @@ use k8s_openapi::api::core::v1::{Event as CoreEvent, Pod};
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use testenv::poll::{http_get, metric_value, wait_for};
+use testenv::program::InProcess;
 use testenv::{Containerd, ControlPlane};
-use tokio::sync::oneshot;
 use tonic::transport::Channel;
 
 const STATUS: &str = "k8s.v1.cni.cncf.io/network-status";
@@ -44,8 +44,7 @@ struct NodeEnv {
     ns: String,
     node: String,
     metrics: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    program: Option<InProcess>,
 }
 
 impl NodeEnv {
@@ -64,8 +63,7 @@ impl NodeEnv {
             chart: None,
             ns,
             metrics: "127.0.0.1:0".parse().unwrap(),
-            stop: None,
-            task: None,
+            program: None,
         }
     }
 
@@ -93,38 +91,24 @@ impl NodeEnv {
         ];
         argv.extend(extra.iter().map(|s| s.to_string()));
         let args = Cli::try_parse_from(argv).expect("node-agent flags").args;
-        let (stop, stopped) = oneshot::channel::<()>();
-        let (ready_tx, ready_rx) = oneshot::channel();
         let client = self.chart.clone().unwrap_or_else(|| self.client.clone());
-        self.task = Some(tokio::spawn(async move {
-            node::run(
-                client,
-                args,
-                async {
-                    let _ = stopped.await;
-                },
-                move |running| {
-                    let _ = ready_tx.send((running.health.clone(), running.metrics_addr));
-                },
-            )
-            .await
-        }));
-        let (health, addr) = ready_rx.await.expect("node agent started");
-        self.metrics = addr;
-        self.stop = Some(stop);
-        wait_for("node agent ready", || {
-            let h = health.clone();
-            async move { h.is_ready() }
-        })
+        let (program, (_, addr)) = InProcess::start(
+            "node agent",
+            |shutdown, started| {
+                node::run(client, args, shutdown, move |running| {
+                    let _ = started.send((running.health.clone(), running.metrics_addr));
+                })
+            },
+            |(health, _)| health.is_ready(),
+        )
         .await;
+        self.metrics = addr;
+        self.program = Some(program);
     }
 
     async fn stop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(task) = self.task.take() {
-            task.await.unwrap().expect("node agent ran without error");
+        if let Some(program) = &mut self.program {
+            program.stop().await;
         }
     }
 

@@ -13,6 +13,7 @@ pub mod fixtures;
 pub mod helm;
 pub mod poll;
 pub mod procs;
+pub mod program;
 
 pub use containerd::Containerd;
 pub use controlplane::ControlPlane;
