@@ -199,12 +199,20 @@ impl NodeEnv {
 
     /// Stops and removes a sandbox the way a crashed node loses it: no CNI DEL reaches the pool.
     async fn remove_sandbox(&mut self, id: &str) {
+        self.stop_sandbox(id).await;
+        self.delete_sandbox(id).await;
+    }
+
+    async fn stop_sandbox(&mut self, id: &str) {
         self.cri
             .stop_pod_sandbox(StopPodSandboxRequest {
                 pod_sandbox_id: id.into(),
             })
             .await
             .expect("StopPodSandbox");
+    }
+
+    async fn delete_sandbox(&mut self, id: &str) {
         self.cri
             .remove_pod_sandbox(RemovePodSandboxRequest {
                 pod_sandbox_id: id.into(),
@@ -492,13 +500,32 @@ async fn dry_run_reports_a_dead_sandbox_and_writes_nothing() {
     env.reserve("192.0.2.30", &s1, "web-0").await;
     env.start(&["--sandbox-grace=0s", "--dry-run"]).await;
     env.wait_metric(STARTED, 1.0).await;
-    env.remove_sandbox(&s1).await;
+    env.stop_sandbox(&s1).await;
     env.set_network_status("web-0", "192.0.2.31").await;
     env.wait_metric(
         r#"ipreclaim_node_dead_sandboxes_total{outcome="dry_run"}"#,
         1.0,
     )
     .await;
+    // Removed after its look: the second report must not bring it back (nothing was written,
+    // so the entry is still there to be reported again).
+    env.delete_sandbox(&s1).await;
+    env.wait_metric(REMOVED, 1.0).await;
+    let relists = env
+        .metric("ipreclaim_node_relist_duration_seconds_count")
+        .await;
+    wait_for("three more relists", || async {
+        env.metric("ipreclaim_node_relist_duration_seconds_count")
+            .await
+            >= relists + 3.0
+    })
+    .await;
+    assert_eq!(
+        env.metric(r#"ipreclaim_node_dead_sandboxes_total{outcome="dry_run"}"#)
+            .await,
+        1.0,
+        "a removal after the look is not a second death"
+    );
     assert_eq!(env.keys().await, ["30"], "dry-run writes nothing");
     assert_eq!(env.reservations().await, ["192.0.2.30"]);
     let events = env.events("IPAddressGarbageCollectionDryRun").await;

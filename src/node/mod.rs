@@ -172,7 +172,8 @@ impl Agent {
     }
 
     /// Updates the health gauge, counts runtime pods whose uid is not in the API (called once
-    /// the pod store is ready), logging each once, and forgets stale sandbox ids.
+    /// the pod store is ready), logging each once, and forgets stale sandbox ids (and handled
+    /// ones the runtime no longer lists).
     fn refresh(&mut self) {
         // Here too, not only after relists: a relist that hangs never reports.
         self.metrics
@@ -183,6 +184,8 @@ impl Agent {
             let listings = view.listings;
             view.sandboxes
                 .retain(|_, last| listings.saturating_sub(*last) < FORGET_AFTER_LISTINGS);
+            self.witness
+                .forget_handled(|id| view.sandboxes.contains_key(id));
             let api: HashSet<String> = self
                 .pods
                 .state()

@@ -2,9 +2,10 @@
 //!
 //! A sandbox seen dead is held for a grace period first: the CNI DEL may still be on its way,
 //! and a release is only worth a few API calls once it is clear nobody else will do it.
-//! A failed attempt comes back later with a doubled delay.
+//! A failed attempt comes back later with a doubled delay. A sandbox taken for its look is
+//! remembered as handled, so its later removal (a second report) does not bring it back.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 /// A sandbox the PLEG reported dead, waiting for its turn.
@@ -27,6 +28,7 @@ pub struct Witness {
     retry_initial: Duration,
     retry_max: Duration,
     dead: HashMap<String, DeadSandbox>,
+    handled: HashSet<String>,
 }
 
 impl Witness {
@@ -38,13 +40,15 @@ impl Witness {
             retry_initial,
             retry_max,
             dead: HashMap::new(),
+            handled: HashSet::new(),
         }
     }
 
     /// Records a death seen at `now`. A second report of the same sandbox (died, then removed)
-    /// keeps the first time. Returns whether it was new.
+    /// keeps the first time; a report of a sandbox already handled is ignored. Returns whether
+    /// it was new.
     pub fn died(&mut self, id: &str, pod_uid: &str, now: Instant) -> bool {
-        if self.dead.contains_key(id) {
+        if self.dead.contains_key(id) || self.handled.contains(id) {
             return false;
         }
         self.dead.insert(
@@ -68,6 +72,7 @@ impl Witness {
             .map(|d| d.id.clone())
             .collect();
         let mut due: Vec<DeadSandbox> = ids.iter().filter_map(|id| self.dead.remove(id)).collect();
+        self.handled.extend(ids);
         due.sort_by(|a, b| a.due.cmp(&b.due).then_with(|| a.id.cmp(&b.id)));
         due
     }
@@ -83,7 +88,19 @@ impl Witness {
             .min(self.retry_max);
         sandbox.attempts += 1;
         sandbox.due = now + delay;
+        self.handled.remove(&sandbox.id);
         self.dead.insert(sandbox.id.clone(), sandbox);
+    }
+
+    /// Forgets handled sandboxes for which `still_known` is false (the runtime no longer lists
+    /// them, so no report can name them again).
+    pub fn forget_handled(&mut self, still_known: impl Fn(&str) -> bool) {
+        self.handled.retain(|id| still_known(id));
+    }
+
+    /// Handled sandboxes remembered.
+    pub fn handled(&self) -> usize {
+        self.handled.len()
     }
 
     /// When the next sandbox is due.
@@ -132,6 +149,34 @@ mod tests {
         assert!(!w.died("s1", "uid-a", t0 + Duration::from_secs(20)));
         assert_eq!(w.take_due(t0 + GRACE).len(), 1);
         assert!(w.take_due(t0 + GRACE * 2).is_empty());
+    }
+
+    #[test]
+    fn a_handled_sandbox_reported_again_is_not_taken_twice() {
+        let t0 = Instant::now();
+        let mut w = witness();
+        w.died("s1", "uid-a", t0);
+        assert_eq!(w.take_due(t0 + GRACE).len(), 1);
+        // Removed long after it died: the second report comes after the look.
+        assert!(!w.died("s1", "uid-a", t0 + GRACE * 3));
+        assert_eq!((w.pending(), w.next_due()), (0, None));
+        w.forget_handled(|id| id != "s1");
+        assert_eq!(w.handled(), 0);
+        assert!(
+            w.died("s1", "uid-a", t0 + GRACE * 4),
+            "forgotten ids are new again"
+        );
+    }
+
+    #[test]
+    fn a_sandbox_put_back_for_retry_is_pending_not_handled() {
+        let t0 = Instant::now();
+        let mut w = witness();
+        w.died("s1", "uid-a", t0);
+        let sb = w.take_due(t0 + GRACE).pop().expect("due");
+        w.retry(sb, t0 + GRACE);
+        assert_eq!((w.pending(), w.handled()), (1, 0));
+        assert!(!w.died("s1", "uid-a", t0 + GRACE), "still pending");
     }
 
     #[test]
