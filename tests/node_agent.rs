@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use clap::Parser;
 use ipreclaim::api::{
     IPAllocation, IPPool, IPPoolSpec, NetworkAttachmentDefinition, NetworkAttachmentDefinitionSpec,
+    NodeSliceAllocation, NodeSlicePool, NodeSlicePoolSpec, NodeSlicePoolStatus,
     OverlappingRangeIPReservation, OverlappingRangeIPReservationSpec,
 };
 use ipreclaim::node::{self, NodeAgentArgs};
@@ -43,6 +44,8 @@ struct NodeEnv {
     chart: Option<Client>,
     ns: String,
     node: String,
+    /// The IPPool the macvlan network allocates from on this node.
+    pool: String,
     metrics: SocketAddr,
     program: Option<InProcess>,
 }
@@ -62,6 +65,7 @@ impl NodeEnv {
             client,
             chart: None,
             ns,
+            pool: POOL.into(),
             metrics: "127.0.0.1:0".parse().unwrap(),
             program: None,
         }
@@ -131,12 +135,50 @@ impl NodeEnv {
         Api::namespaced(self.client.clone(), &self.ns)
     }
 
+    /// The macvlan NAD (whereabouts over RANGE) and its empty pool.
     async fn nad(&self) {
+        self.create_nad(&format!(r#""range":"{RANGE}""#)).await;
+        self.create_pool(RANGE).await;
+    }
+
+    /// The macvlan NAD as a node-slice network whose CNI name (`slicenet`) is not the NAD's,
+    /// its NodeSlicePool with another node's slice listed first, and this node's slice pool.
+    async fn slice_nad(&mut self) {
+        self.create_nad(&format!(r#""range":"{RANGE}","node_slice_size":"/28""#))
+            .await;
+        let mut slices = NodeSlicePool::new(
+            "slicenet",
+            NodeSlicePoolSpec {
+                range: RANGE.into(),
+                slice_size: "/28".into(),
+            },
+        );
+        slices.status = Some(NodeSlicePoolStatus {
+            allocations: vec![
+                NodeSliceAllocation {
+                    node_name: "another-node".into(),
+                    slice_range: "192.0.2.0/28".into(),
+                },
+                NodeSliceAllocation {
+                    node_name: self.node.clone(),
+                    slice_range: "192.0.2.16/28".into(),
+                },
+            ],
+        });
+        Api::<NodeSlicePool>::namespaced(self.client.clone(), &self.ns)
+            .create(&PostParams::default(), &slices)
+            .await
+            .unwrap();
+        self.pool = format!("{}-192.0.2.16-28", self.node);
+        self.create_pool("192.0.2.16/28").await;
+    }
+
+    async fn create_nad(&self, ipam_fields: &str) {
         let nad = NetworkAttachmentDefinition::new(
             "macvlan",
             NetworkAttachmentDefinitionSpec {
                 config: Some(format!(
-                    r#"{{"cniVersion":"0.3.1","type":"macvlan","master":"eth0","ipam":{{"type":"whereabouts","range":"{RANGE}"}}}}"#
+                    r#"{{"cniVersion":"0.3.1","name":"slicenet","type":"macvlan","master":"eth0","ipam":{{"type":"whereabouts",{ipam_fields}}}}}"#
                 )),
             },
         );
@@ -144,10 +186,13 @@ impl NodeEnv {
             .create(&PostParams::default(), &nad)
             .await
             .unwrap();
+    }
+
+    async fn create_pool(&self, range: &str) {
         let pool = IPPool::new(
-            POOL,
+            &self.pool,
             IPPoolSpec {
-                range: RANGE.into(),
+                range: range.into(),
                 allocations: BTreeMap::new(),
             },
         );
@@ -234,7 +279,11 @@ impl NodeEnv {
         ]))
         .unwrap();
         self.pools()
-            .patch(POOL, &PatchParams::default(), &Patch::<()>::Json(patch))
+            .patch(
+                &self.pool,
+                &PatchParams::default(),
+                &Patch::<()>::Json(patch),
+            )
             .await
             .unwrap();
     }
@@ -267,7 +316,7 @@ impl NodeEnv {
     }
 
     async fn keys(&self) -> Vec<String> {
-        let pool = self.pools().get(POOL).await.unwrap();
+        let pool = self.pools().get(&self.pool).await.unwrap();
         pool.spec.allocations.keys().cloned().collect()
     }
 
@@ -355,6 +404,51 @@ async fn a_dead_sandboxs_entry_is_released_after_the_grace_and_the_new_sandboxs_
     )
     .await;
     assert_eq!(env.metric(PENDING).await, 0.0);
+    env.stop().await;
+}
+
+testenv::as_admin_and_as_the_chart!(
+    NodeEnv,
+    a_node_slice_networks_entry_is_released_from_this_nodes_slice_pool,
+    "node-slice"
+);
+async fn a_node_slice_networks_entry_is_released_from_this_nodes_slice_pool(mut env: NodeEnv) {
+    env.slice_nad().await;
+    let uid = env.pod("web-0").await;
+    let s1 = env.run_sandbox("web-0", &uid).await;
+    env.allocate(2, &s1, "web-0").await;
+    env.reserve("192.0.2.18", &s1, "web-0").await;
+    env.set_network_status("web-0", "192.0.2.18").await;
+    // The grace covers the time Multus takes to list S2's address instead of S1's.
+    env.start(&["--sandbox-grace=5s"]).await;
+    env.wait_metric(STARTED, 1.0).await;
+
+    env.remove_sandbox(&s1).await;
+    let s2 = env.run_sandbox("web-0", &uid).await;
+    env.allocate(3, &s2, "web-0").await;
+    env.reserve("192.0.2.19", &s2, "web-0").await;
+    env.set_network_status("web-0", "192.0.2.19").await;
+
+    wait_for(
+        "S1's entry released from this node's slice pool",
+        || async { env.keys().await == ["3"] },
+    )
+    .await;
+    wait_for("S1's reservation deleted", || async {
+        env.reservations().await == ["192.0.2.19"]
+    })
+    .await;
+    let events = env.events("IPAddressGarbageCollected").await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert!(
+        events[0].1.contains("[192.0.2.18]") && events[0].1.contains("SandboxGone"),
+        "{events:?}"
+    );
+    assert_eq!(
+        env.metric("ipreclaim_node_config_errors_total").await,
+        0.0,
+        "the NodeSlicePool and this node's slice were found"
+    );
     env.stop().await;
 }
 

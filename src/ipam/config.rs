@@ -23,6 +23,8 @@ pub struct IpRange {
 /// The parts of a whereabouts IPAM config that matter for reclaiming.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IpamConfig {
+    /// The CNI network's own `name` (top level of the config or conflist).
+    pub cni_name: Option<String>,
     /// `network_name`: prefixes pool and reservation names.
     pub network_name: Option<String>,
     /// `enable_overlapping_ranges` (default true): reservations exist for each address.
@@ -46,6 +48,12 @@ impl IpamConfig {
                 )
             })
             .collect()
+    }
+
+    /// The NodeSlicePool holding this network's node slices: named by `network_name`, else by
+    /// the CNI network's `name` (as whereabouts' node-slice controller names it).
+    pub fn node_slice_pool_name(&self) -> Option<&str> {
+        self.network_name.as_deref().or(self.cni_name.as_deref())
     }
 }
 
@@ -179,7 +187,10 @@ fn parse_ip_range(
     }))
 }
 
-fn parse_whereabouts(ipam: &serde_json::Map<String, Value>) -> Result<IpamConfig, NadConfigError> {
+fn parse_whereabouts(
+    ipam: &serde_json::Map<String, Value>,
+    cni_name: Option<&str>,
+) -> Result<IpamConfig, NadConfigError> {
     let mut ranges = Vec::new();
     if let Some(first) = parse_ip_range(ipam, "range")? {
         ranges.push(first);
@@ -214,6 +225,7 @@ fn parse_whereabouts(ipam: &serde_json::Map<String, Value>) -> Result<IpamConfig
         }
     };
     Ok(IpamConfig {
+        cni_name: cni_name.map(str::to_owned),
         network_name: opt_str(ipam, "network_name")?.map(str::to_owned),
         enable_overlapping_ranges,
         node_slice_size: opt_str(ipam, "node_slice_size")?.map(str::to_owned),
@@ -243,7 +255,7 @@ pub fn parse_nad_config(config: &str) -> Result<Option<IpamConfig>, NadConfigErr
         };
         saw_ipam = true;
         if ipam.get("type").and_then(Value::as_str) == Some("whereabouts") {
-            return parse_whereabouts(ipam).map(Some);
+            return parse_whereabouts(ipam, opt_str(top, "name")?).map(Some);
         }
     }
     if saw_ipam {
@@ -411,5 +423,32 @@ mod tests {
             cfg.pool_names(Some("testnode"))[0].1,
             "testnetwork-testnode-10.0.0.0-8"
         );
+        assert_eq!(cfg.node_slice_pool_name(), Some("testnetwork"));
+    }
+
+    #[test]
+    fn the_node_slice_pool_is_named_by_the_cni_name_without_a_network_name() {
+        let single = parse_nad_config(
+            r#"{"name":"slicenet","type":"macvlan","ipam":{"type":"whereabouts","range":"10.0.0.0/8","node_slice_size":"/22"}}"#,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(single.node_slice_pool_name(), Some("slicenet"));
+        let list = parse_nad_config(
+            r#"{"cniVersion":"0.4.0","name":"listnet","plugins":[{"type":"macvlan","ipam":{"type":"whereabouts","range":"10.0.0.0/8","node_slice_size":"/22"}}]}"#,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(list.node_slice_pool_name(), Some("listnet"));
+        let unnamed = parse_nad_config(
+            r#"{"type":"macvlan","ipam":{"type":"whereabouts","range":"10.0.0.0/8"}}"#,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(unnamed.node_slice_pool_name(), None);
+        assert!(matches!(
+            parse_nad_config(r#"{"name":7,"ipam":{"type":"whereabouts","range":"10.0.0.0/8"}}"#),
+            Err(NadConfigError::BadField { .. })
+        ));
     }
 }

@@ -278,13 +278,14 @@ impl Releaser {
     }
 
     /// A node-slice network's pool on this node: the IPPool named with the node and this
-    /// node's slice of the NodeSlicePool (named by `network_name`, else the NAD's name).
+    /// node's slice of the NodeSlicePool (named by `network_name`, else the CNI network's name,
+    /// else the NAD's).
     async fn node_slice_pools(
         &self,
         config: &IpamConfig,
         nad_name: &str,
     ) -> Result<Vec<(IpNet, String)>, Outcome> {
-        let name = config.network_name.as_deref().unwrap_or(nad_name);
+        let name = config.node_slice_pool_name().unwrap_or(nad_name);
         let api: Api<NodeSlicePool> = Api::namespaced(self.client.clone(), &self.namespace);
         let slices = match api.get_opt(name).await {
             Ok(Some(s)) => s,
