@@ -1,16 +1,19 @@
 //! What the controller knows, stripped to what decisions need: live pods by podref,
 //! tombstones of deleted pods, pools with their parsed allocations, the podref -> allocation
-//! index, the NAD -> pool mapping, and reservations.
+//! index, the NAD -> pool mapping (node-slice pools matched by name and range), and
+//! reservations.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use ipnet::IpNet;
+
 use crate::api::{IPPool, NetworkAttachmentDefinition, OverlappingRangeIPReservation};
 use crate::ipam::{
-    NetworkAttachment, PoolEntry, parse_nad_config, parse_network_status, pool_allocations,
-    reservation_name,
+    NetworkAttachment, PoolEntry, is_node_slice_pool, parse_nad_config, parse_network_status,
+    pool_allocations, reservation_name,
 };
 use crate::reclaim::{
     self, Allocation, Decision, DeletedPod, LivePod, PodKnowledge, PodPhase, PoolContext,
@@ -70,6 +73,8 @@ pub struct PoolInfo {
     pub problems: usize,
     /// The range could not be parsed at all.
     pub bad_range: bool,
+    /// The range, when it parses.
+    pub range: Option<IpNet>,
 }
 
 /// A reservation, stripped.
@@ -108,6 +113,12 @@ pub struct State {
     pool_networks: HashMap<String, Vec<String>>,
     /// NAD (`ns/name`) -> pool names it maps to.
     nad_pools: HashMap<String, Vec<String>>,
+    /// Node-slice NADs (`ns/name`) -> (network_name, whole range): their pools are named per
+    /// node, so they are matched as pools come.
+    slice_nads: HashMap<String, (Option<String>, IpNet)>,
+    /// Pool name -> node-slice networks it is a node's slice of (used when `pool_networks`
+    /// has no exact entry).
+    slice_networks: HashMap<String, Vec<String>>,
     /// NADs whose config cannot be used, with the error.
     pub nad_errors: HashMap<String, String>,
     reservations: HashMap<String, ReservationInfo>,
@@ -277,10 +288,23 @@ impl State {
     pub fn upsert_pool(&mut self, pool: &IPPool) {
         let name = pool.metadata.name.clone().unwrap_or_default();
         self.remove_pool(&name);
-        let (entries, problems, bad_range) = match pool_allocations(&pool.spec) {
-            Ok(p) => (p.entries, p.problems.len(), false),
-            Err(_) => (Vec::new(), pool.spec.allocations.len(), true),
+        let (entries, problems, range) = match pool_allocations(&pool.spec) {
+            Ok(p) => (p.entries, p.problems.len(), Some(p.range)),
+            Err(_) => (Vec::new(), pool.spec.allocations.len(), None),
         };
+        if let Some(range) = range {
+            let nets: Vec<String> = self
+                .slice_nads
+                .iter()
+                .filter(|(_, (network_name, whole))| {
+                    is_node_slice_pool(&name, &range, whole, network_name.as_deref())
+                })
+                .map(|(key, _)| key.clone())
+                .collect();
+            if !nets.is_empty() {
+                self.slice_networks.insert(name.clone(), nets);
+            }
+        }
         let mut by_key = BTreeMap::new();
         for e in entries {
             self.by_podref
@@ -296,13 +320,15 @@ impl State {
                 uid: pool.metadata.uid.clone().unwrap_or_default(),
                 entries: by_key,
                 problems,
-                bad_range,
+                bad_range: range.is_none(),
+                range,
             },
         );
     }
 
     /// Forgets a pool.
     pub fn remove_pool(&mut self, name: &str) {
+        self.slice_networks.remove(name);
         if let Some(old) = self.pools.remove(name) {
             for e in old.entries.values() {
                 if let Some(set) = self.by_podref.get_mut(&e.podref) {
@@ -348,6 +374,23 @@ impl State {
         self.remove_nad(&key);
         let config = nad.spec.config.as_deref().unwrap_or("");
         match parse_nad_config(config) {
+            Ok(Some(ipam)) if ipam.node_slice_size.is_some() => {
+                // whereabouts slices only the first range (a parsed config has one).
+                let Some(whole) = ipam.ranges.first().map(|r| r.range) else {
+                    return;
+                };
+                for p in self.pools.values() {
+                    if p.range.is_some_and(|r| {
+                        is_node_slice_pool(&p.name, &r, &whole, ipam.network_name.as_deref())
+                    }) {
+                        self.slice_networks
+                            .entry(p.name.clone())
+                            .or_default()
+                            .push(key.clone());
+                    }
+                }
+                self.slice_nads.insert(key, (ipam.network_name, whole));
+            }
             Ok(Some(ipam)) => {
                 let pools: Vec<String> =
                     ipam.pool_names(None).into_iter().map(|(_, n)| n).collect();
@@ -369,6 +412,12 @@ impl State {
     /// Forgets a NAD.
     pub fn remove_nad(&mut self, key: &str) {
         self.nad_errors.remove(key);
+        if self.slice_nads.remove(key).is_some() {
+            self.slice_networks.retain(|_, nets| {
+                nets.retain(|n| n != key);
+                !nets.is_empty()
+            });
+        }
         for p in self.nad_pools.remove(key).unwrap_or_default() {
             if let Some(nets) = self.pool_networks.get_mut(&p) {
                 nets.retain(|n| n != key);
@@ -381,7 +430,13 @@ impl State {
 
     /// The networks (`ns/nad`) known to allocate from `pool`.
     pub fn pool_networks(&self, pool: &str) -> Option<Vec<String>> {
-        self.pool_networks.get(pool).cloned()
+        self.networks_of_pool(pool).cloned()
+    }
+
+    fn networks_of_pool(&self, pool: &str) -> Option<&Vec<String>> {
+        self.pool_networks
+            .get(pool)
+            .or_else(|| self.slice_networks.get(pool))
     }
 
     /// Records a reservation.
@@ -479,7 +534,7 @@ impl State {
             deleted: &deleted,
             dead_sandboxes: &[],
         };
-        let pool_networks = self.pool_networks.get(pool);
+        let pool_networks = self.networks_of_pool(pool);
         let alloc = Allocation {
             ip: entry.ip,
             sandbox_id: &entry.id,
@@ -529,5 +584,127 @@ impl State {
                 uid: uid.unwrap_or_default(),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{IPAllocation, IPPoolSpec, NetworkAttachmentDefinitionSpec};
+
+    const SLICE_POOL: &str = "slicenet-node-a-10.0.4.0-22";
+
+    fn nad(name: &str, ipam: &str) -> NetworkAttachmentDefinition {
+        let mut nad = NetworkAttachmentDefinition::new(
+            name,
+            NetworkAttachmentDefinitionSpec {
+                config: Some(format!(
+                    r#"{{"name":"{name}","type":"macvlan","ipam":{{"type":"whereabouts",{ipam}}}}}"#
+                )),
+            },
+        );
+        nad.metadata.namespace = Some("ns".into());
+        nad
+    }
+
+    fn slice_nad() -> NetworkAttachmentDefinition {
+        nad(
+            "slicenet",
+            r#""range":"10.0.0.0/8","node_slice_size":"/22","network_name":"slicenet""#,
+        )
+    }
+
+    /// A node's slice pool with one entry of pod `ns/web` that records no interface.
+    fn slice_pool() -> IPPool {
+        let entry = IPAllocation {
+            id: "sb-1".into(),
+            podref: "ns/web".into(),
+            ifname: None,
+            ipamclaimref: None,
+        };
+        IPPool::new(
+            SLICE_POOL,
+            IPPoolSpec {
+                range: "10.0.4.0/22".into(),
+                allocations: BTreeMap::from([("5".to_string(), entry)]),
+            },
+        )
+    }
+
+    /// `ns/web` lives, listing another address on the slice network.
+    fn live_web(st: &mut State) {
+        let status = r#"[{"name":"ns/slicenet","interface":"net1","ips":["10.0.4.9"]}]"#;
+        let annotations = BTreeMap::from([(
+            crate::ipam::NETWORK_STATUS_ANNOTATION.to_string(),
+            status.to_string(),
+        )]);
+        st.upsert_pod("ns/web", "uid-web", Some(&annotations), Instant::now());
+    }
+
+    fn decision(st: &State) -> (Decision, String) {
+        let judged = st.judge_all(&ReclaimConfig::default());
+        assert_eq!(judged.len(), 1, "{judged:?}");
+        (judged[0].decision, judged[0].network.clone())
+    }
+
+    #[test]
+    fn a_node_slice_pool_maps_to_its_network_whichever_comes_first() {
+        for nad_first in [true, false] {
+            let mut st = State::default();
+            live_web(&mut st);
+            if nad_first {
+                st.upsert_nad(&slice_nad());
+                st.upsert_pool(&slice_pool());
+            } else {
+                st.upsert_pool(&slice_pool());
+                st.upsert_nad(&slice_nad());
+            }
+            assert_eq!(
+                st.pool_networks(SLICE_POOL),
+                Some(vec!["ns/slicenet".to_string()])
+            );
+            assert_eq!(
+                decision(&st),
+                (
+                    Decision::Candidate(reclaim::Reason::IPNotOnPod),
+                    "ns/slicenet".to_string()
+                ),
+                "nad first: {nad_first}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_removed_node_slice_nad_or_pool_forgets_the_mapping() {
+        let mut st = State::default();
+        live_web(&mut st);
+        st.upsert_nad(&slice_nad());
+        st.upsert_pool(&slice_pool());
+        st.remove_nad("ns/slicenet");
+        assert_eq!(st.pool_networks(SLICE_POOL), None);
+        assert_eq!(
+            decision(&st).0,
+            Decision::Keep(reclaim::KeepReason::NoInformationForNetwork),
+            "without the mapping nothing says which network the entry is on"
+        );
+        st.upsert_nad(&slice_nad());
+        st.remove_pool(SLICE_POOL);
+        assert_eq!(st.pool_networks(SLICE_POOL), None);
+    }
+
+    #[test]
+    fn an_exact_pool_name_wins_over_a_node_slice_match() {
+        let mut st = State::default();
+        st.upsert_nad(&slice_nad());
+        // A plain network whose pool name also reads as "slicenet-<node>-<slice>".
+        st.upsert_nad(&nad(
+            "plain",
+            r#""range":"10.0.4.0/22","network_name":"slicenet-node-a""#,
+        ));
+        st.upsert_pool(&slice_pool());
+        assert_eq!(
+            st.pool_networks(SLICE_POOL),
+            Some(vec!["ns/plain".to_string()])
+        );
     }
 }

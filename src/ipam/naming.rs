@@ -30,6 +30,25 @@ pub fn ippool_name(range: &IpNet, network_name: Option<&str>, node: Option<&str>
     prefixed(&[network_name, node], normalize(&range.trunc().to_string()))
 }
 
+/// Whether `pool` (with range `pool_range`) is the pool whereabouts makes for one node's slice
+/// of a node-slice network over `range` named `network_name`: the slice lies in the range and
+/// the name is `[<network_name>-]<node>-<normalized slice>` for some non-empty node name.
+pub fn is_node_slice_pool(
+    pool: &str,
+    pool_range: &IpNet,
+    range: &IpNet,
+    network_name: Option<&str>,
+) -> bool {
+    if !range.trunc().contains(&pool_range.trunc()) {
+        return false;
+    }
+    let prefix = prefixed(&[network_name], String::new());
+    let suffix = format!("-{}", normalize(&pool_range.trunc().to_string()));
+    pool.strip_prefix(&prefix)
+        .and_then(|rest| rest.strip_suffix(&suffix))
+        .is_some_and(|node| !node.is_empty())
+}
+
 /// The OverlappingRangeIPReservation name for `ip`: `[<network_name>-]<normalized IP>`.
 pub fn reservation_name(ip: IpAddr, network_name: Option<&str>) -> String {
     prefixed(&[network_name], normalize(&ip.to_string()))
@@ -88,5 +107,41 @@ mod tests {
                 "{ip} {network:?}"
             );
         }
+    }
+
+    #[test]
+    fn node_slice_pools_are_recognized_by_name_and_range() {
+        let net = |s: &str| s.parse::<IpNet>().unwrap();
+        let whole = net("10.0.0.0/8");
+        let slice = net("10.0.4.0/22");
+        // (pool name, network_name, is one of its node slices)
+        let cases = [
+            ("node-a-10.0.4.0-22", None, true),
+            ("testnetwork-node-a-10.0.4.0-22", Some("testnetwork"), true),
+            ("10.0.4.0-22", None, false),
+            ("testnetwork-10.0.4.0-22", Some("testnetwork"), false),
+            ("other-node-a-10.0.4.0-22", Some("testnetwork"), false),
+            ("node-a-10.0.8.0-22", None, false),
+        ];
+        for (pool, network_name, want) in cases {
+            assert_eq!(
+                is_node_slice_pool(pool, &slice, &whole, network_name),
+                want,
+                "{pool} {network_name:?}"
+            );
+        }
+        assert!(!is_node_slice_pool(
+            "node-a-192.0.2.0-28",
+            &net("192.0.2.0/28"),
+            &whole,
+            None
+        ));
+        let v6 = net("fd00::/48");
+        assert!(is_node_slice_pool(
+            "node-a-fd00-0-0-1---64",
+            &net("fd00:0:0:1::/64"),
+            &v6,
+            None
+        ));
     }
 }
