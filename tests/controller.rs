@@ -262,13 +262,16 @@ impl Env {
             .unwrap_or(0)
     }
 
-    /// Asserts that /metrics has a line starting with `line`.
-    async fn assert_metric(&self, line: &str) {
-        let text = self.metrics_text().await;
-        assert!(
-            text.lines().any(|l| l.starts_with(line)),
-            "no {line:?} in:\n{text}"
-        );
+    /// Waits until /metrics has a line starting with `line`: counters are bumped when the
+    /// write returns, which may be after the test already sees its effect.
+    async fn wait_metric(&self, line: &str) {
+        wait_for(&format!("a metric line {line:?}"), || async {
+            self.metrics_text()
+                .await
+                .lines()
+                .any(|l| l.starts_with(line))
+        })
+        .await;
     }
 
     async fn metrics_text(&self) -> String {
@@ -306,9 +309,9 @@ async fn deleted_pod_is_released_with_an_event_and_the_live_pod_is_untouched(mut
             format!("successful cleanup of IP address [192.0.2.10] from network {ns}/macvlan")
         )]
     );
-    env.assert_metric(r#"ipreclaim_releases_total{reason="PodDeleted"} 1"#)
+    env.wait_metric(r#"ipreclaim_releases_total{reason="PodDeleted"} 1"#)
         .await;
-    env.assert_metric("ipreclaim_deletion_to_release_seconds_count 1")
+    env.wait_metric("ipreclaim_deletion_to_release_seconds_count 1")
         .await;
     env.stop().await;
 }
@@ -410,7 +413,7 @@ async fn sweep_releases_an_ip_not_on_the_pod_but_never_a_listed_one(mut env: Env
     env.start(&[]).await;
 
     env.wait_keys("192.0.2.0-24", &["21"]).await;
-    env.assert_metric(r#"ipreclaim_releases_total{reason="IPNotOnPod"} 1"#)
+    env.wait_metric(r#"ipreclaim_releases_total{reason="IPNotOnPod"} 1"#)
         .await;
     assert_eq!(env.keys("192.0.2.128-25").await, ["1"]);
     env.stop().await;
@@ -459,7 +462,7 @@ async fn breaker_holds_a_sweep_that_would_free_most_of_a_pool(mut env: Env) {
     assert_eq!(held[0].0, "192.0.2.0-24");
     assert!(held[0].2.contains("12 of 12"), "{held:?}");
     assert_eq!(env.keys("192.0.2.0-24").await.len(), 12, "nothing released");
-    env.assert_metric("ipreclaim_breaker_holds_total").await;
+    env.wait_metric("ipreclaim_breaker_holds_total").await;
     env.stop().await;
 }
 
@@ -666,9 +669,9 @@ async fn a_release_that_keeps_failing_ends_in_a_warning_event_with_the_cause() {
         "nothing was released"
     );
     assert!(env.events("IPAddressGarbageCollected").await.is_empty());
-    env.assert_metric(r#"ipreclaim_release_failures_total{cause="api"} 3"#)
+    env.wait_metric(r#"ipreclaim_release_failures_total{cause="api"} 3"#)
         .await;
-    env.assert_metric("ipreclaim_queue_retries_total 2").await;
+    env.wait_metric("ipreclaim_queue_retries_total 2").await;
     env.stop().await;
 }
 
@@ -851,7 +854,7 @@ async fn a_succeeded_pod_is_released_and_a_late_orphan_waits_for_the_grace(mut e
         .unwrap();
     env.start(&["--leak-grace=3s"]).await;
     env.wait_keys("192.0.2.0-24", &["11"]).await;
-    env.assert_metric(r#"ipreclaim_releases_total{reason="PodTerminal"} 1"#)
+    env.wait_metric(r#"ipreclaim_releases_total{reason="PodTerminal"} 1"#)
         .await;
 
     // An allocation for a pod that never existed appears after start: only the sweep, after
@@ -877,7 +880,7 @@ async fn a_succeeded_pod_is_released_and_a_late_orphan_waits_for_the_grace(mut e
             ["11", "12"],
             "not before the grace period"
         );
-        env.assert_metric(r#"ipreclaim_gc_candidates{reason="PodMissing"} 1"#)
+        env.wait_metric(r#"ipreclaim_gc_candidates{reason="PodMissing"} 1"#)
             .await;
     }
     env.wait_keys("192.0.2.0-24", &["11"]).await;
@@ -885,7 +888,7 @@ async fn a_succeeded_pod_is_released_and_a_late_orphan_waits_for_the_grace(mut e
         appeared.elapsed() >= Duration::from_secs(3),
         "released only after the grace"
     );
-    env.assert_metric(r#"ipreclaim_releases_total{reason="PodMissing"} 1"#)
+    env.wait_metric(r#"ipreclaim_releases_total{reason="PodMissing"} 1"#)
         .await;
     env.stop().await;
 }
@@ -977,7 +980,7 @@ async fn when_the_leader_stops_the_standby_takes_over_and_nothing_is_released_tw
     second.delete_pod("b-0").await;
     second.wait_keys("192.0.2.0-24", &[]).await;
     second
-        .assert_metric(r#"ipreclaim_releases_total{reason="PodDeleted"} 1"#)
+        .wait_metric(r#"ipreclaim_releases_total{reason="PodDeleted"} 1"#)
         .await;
     let events = second.wait_events("IPAddressGarbageCollected").await;
     let mut objects: Vec<&str> = events.iter().map(|e| e.0.as_str()).collect();
@@ -1031,7 +1034,7 @@ async fn orphaned_reservations_are_swept_and_live_ones_kept(mut env: Env) {
         names == ["192.0.2.10"]
     })
     .await;
-    env.assert_metric(r#"ipreclaim_api_writes_total{verb="delete"} 1"#)
+    env.wait_metric(r#"ipreclaim_api_writes_total{verb="delete"} 1"#)
         .await;
     assert_eq!(env.keys("192.0.2.0-24").await, ["10"]);
     env.stop().await;
