@@ -242,6 +242,22 @@ impl NodeEnv {
             .pod_sandbox_id
     }
 
+    /// A sandbox of pod `name` that got `ip` (at `offset` of the pool) the way whereabouts and
+    /// Multus record it: pool entry, reservation, network-status. Returns the sandbox id.
+    async fn sandbox_with_address(
+        &mut self,
+        name: &str,
+        uid: &str,
+        offset: u32,
+        ip: &str,
+    ) -> String {
+        let id = self.run_sandbox(name, uid).await;
+        self.allocate(offset, &id, name).await;
+        self.reserve(ip, &id, name).await;
+        self.set_network_status(name, ip).await;
+        id
+    }
+
     /// Stops and removes a sandbox the way a crashed node loses it: no CNI DEL reaches the pool.
     async fn remove_sandbox(&mut self, id: &str) {
         self.stop_sandbox(id).await;
@@ -353,19 +369,16 @@ async fn a_dead_sandboxs_entry_is_released_after_the_grace_and_the_new_sandboxs_
 ) {
     env.nad().await;
     let uid = env.pod("web-0").await;
-    let s1 = env.run_sandbox("web-0", &uid).await;
-    env.allocate(10, &s1, "web-0").await;
-    env.reserve("192.0.2.10", &s1, "web-0").await;
-    env.set_network_status("web-0", "192.0.2.10").await;
+    let s1 = env
+        .sandbox_with_address("web-0", &uid, 10, "192.0.2.10")
+        .await;
     env.start(&["--sandbox-grace=5s"]).await;
     env.wait_metric(STARTED, 1.0).await;
 
     // The sandbox is lost without a CNI DEL; the kubelet starts S2, which allocates anew.
     env.remove_sandbox(&s1).await;
-    let s2 = env.run_sandbox("web-0", &uid).await;
-    env.allocate(11, &s2, "web-0").await;
-    env.reserve("192.0.2.11", &s2, "web-0").await;
-    env.set_network_status("web-0", "192.0.2.11").await;
+    env.sandbox_with_address("web-0", &uid, 11, "192.0.2.11")
+        .await;
 
     env.wait_metric(PENDING, 1.0).await;
     assert_eq!(
@@ -415,19 +428,16 @@ testenv::as_admin_and_as_the_chart!(
 async fn a_node_slice_networks_entry_is_released_from_this_nodes_slice_pool(mut env: NodeEnv) {
     env.slice_nad().await;
     let uid = env.pod("web-0").await;
-    let s1 = env.run_sandbox("web-0", &uid).await;
-    env.allocate(2, &s1, "web-0").await;
-    env.reserve("192.0.2.18", &s1, "web-0").await;
-    env.set_network_status("web-0", "192.0.2.18").await;
+    let s1 = env
+        .sandbox_with_address("web-0", &uid, 2, "192.0.2.18")
+        .await;
     // The grace covers the time Multus takes to list S2's address instead of S1's.
     env.start(&["--sandbox-grace=5s"]).await;
     env.wait_metric(STARTED, 1.0).await;
 
     env.remove_sandbox(&s1).await;
-    let s2 = env.run_sandbox("web-0", &uid).await;
-    env.allocate(3, &s2, "web-0").await;
-    env.reserve("192.0.2.19", &s2, "web-0").await;
-    env.set_network_status("web-0", "192.0.2.19").await;
+    env.sandbox_with_address("web-0", &uid, 3, "192.0.2.19")
+        .await;
 
     wait_for(
         "S1's entry released from this node's slice pool",
