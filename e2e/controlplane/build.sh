@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, kubectl, etcd and helm from their Go modules into a cache
-# outside the work tree, and reuses what is already there. Prints the bin directory last.
-#   IPRECLAIM_CACHE  cache root (default ~/.cache/ipreclaim)
+# Builds kube-apiserver, kubectl, kubelet, kube-controller-manager, kube-scheduler, etcd and helm
+# from their Go modules, and the whereabouts and Multus CNI plugins from the release sources in
+# ../shared/third_party (the Go module proxy refuses those), into a cache outside the work tree;
+# reuses what is already there. Prints the bin directory last.
+#   IPRECLAIM_CACHE        cache root (default ~/.cache/ipreclaim)
+#   IPRECLAIM_THIRD_PARTY  folder with the whereabouts/multus archives (default <repo>/../shared/third_party)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
@@ -17,8 +20,10 @@ log() { echo "controlplane: $*" >&2; }
 # does not exist in the module cache, so point each one at its published v0.<minor>.<patch>.
 build_kubernetes() {
   local v=$KUBERNETES_VERSION
-  if [[ -x "$bin/kube-apiserver-$v" && -x "$bin/kubectl-$v" ]]; then return; fi
-  log "building kube-apiserver and kubectl $v (takes several minutes the first time)"
+  local c missing=()
+  for c in "${KUBE_CMDS[@]}"; do [[ -x "$bin/$c-$v" ]] || missing+=("$c"); done
+  if ((${#missing[@]} == 0)); then return; fi
+  log "building ${missing[*]} $v (takes several minutes the first time)"
   local dir="$cache/src/kubernetes-$v"
   mkdir -p "$dir"
   local kdir
@@ -38,7 +43,10 @@ package tools
 
 import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
 )
 GO
   local major=1 minor
@@ -50,8 +58,10 @@ GO
   (
     cd "$dir"
     go mod tidy -e >/dev/null 2>&1
-    go build -trimpath -tags selinux,notest -ldflags "$ld" -o "$bin/kube-apiserver-$v" k8s.io/kubernetes/cmd/kube-apiserver
-    go build -trimpath -tags selinux,notest -ldflags "$ld" -o "$bin/kubectl-$v" k8s.io/kubernetes/cmd/kubectl
+    for c in "${missing[@]}"; do
+      go build -trimpath -tags selinux,notest -ldflags "$ld" -o "$bin/$c-$v.tmp" "k8s.io/kubernetes/cmd/$c"
+      mv "$bin/$c-$v.tmp" "$bin/$c-$v"
+    done
   )
 }
 
@@ -90,20 +100,67 @@ build_plain() { # name module-path/cmd version
   mv "$cache/src/gobin-$name-$v/$name" "$bin/$name-$v"
 }
 
+# whereabouts (CNI IPAM plugin) and the Multus thin plugin, from the release archives, with the
+# network-attachment-definition client they need replaced by its archive too.
+third_party=${IPRECLAIM_THIRD_PARTY:-$here/../../../shared/third_party}
+unpack() { # archive-name -> prints the unpacked directory
+  local name=$1 dest="$cache/src/${1%.tar.gz}"
+  if [[ ! -d "$dest" ]]; then
+    [[ -f "$third_party/$name" ]] || {
+      log "missing $third_party/$name: set IPRECLAIM_THIRD_PARTY to the folder with the whereabouts and Multus release archives (see e2e/README.md)"
+      exit 1
+    }
+    mkdir -p "$dest.tmp"
+    tar -xzf "$third_party/$name" -C "$dest.tmp"
+    # Archives hold one top-level directory; keep its content.
+    local top
+    top=$(find "$dest.tmp" -mindepth 1 -maxdepth 1)
+    if [[ $(echo "$top" | wc -l) -eq 1 && -d "$top" ]]; then mv "$top" "$dest"; rm -rf "$dest.tmp"; else mv "$dest.tmp" "$dest"; fi
+  fi
+  echo "$dest"
+}
+build_cni() { # name version archive package extra-flags...
+  local name=$1 v=$2 archive=$3 pkg=$4; shift 4
+  if [[ -x "$bin/$name-$v" ]]; then return; fi
+  log "building $name $v from $archive.tar.gz"
+  local src nad
+  src=$(unpack "$archive.tar.gz")
+  nad=$(unpack "network-attachment-definition-client-$NAD_CLIENT_VERSION.tar.gz")
+  (
+    cd "$src"
+    go mod edit -replace "github.com/k8snetworkplumbingwg/network-attachment-definition-client=$nad"
+    go build "$@" -trimpath -ldflags "-s -w" -o "$bin/$name-$v.tmp" "$pkg"
+  )
+  mv "$bin/$name-$v.tmp" "$bin/$name-$v"
+}
+build_whereabouts() { build_cni whereabouts "$WHEREABOUTS_VERSION" "whereabouts-$WHEREABOUTS_VERSION" ./cmd/ -mod=mod; }
+build_whereabouts_controlloop() { build_cni whereabouts-controlloop "$WHEREABOUTS_VERSION" "whereabouts-$WHEREABOUTS_VERSION" ./cmd/controlloop -mod=mod; }
+build_multus() { build_cni multus "$MULTUS_VERSION" "multus-cni-$MULTUS_VERSION" ./cmd/multus -mod=mod; }
+
+KUBE_CMDS=(kube-apiserver kubectl)
 start=$(date +%s)
 what=${1:-all}
 case $what in
-  all) build_etcd; build_kubernetes
+  all) KUBE_CMDS+=(kubelet kube-controller-manager kube-scheduler)
+       build_etcd; build_kubernetes
+       build_plain helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION"
+       build_whereabouts; build_whereabouts_controlloop; build_multus ;;
+  controlplane) build_etcd; build_kubernetes
        build_plain helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" ;;
+  node) KUBE_CMDS+=(kubelet kube-controller-manager kube-scheduler); build_kubernetes
+       build_whereabouts; build_whereabouts_controlloop; build_multus ;;
   kubernetes) build_kubernetes ;;
   etcd) build_etcd ;;
   helm) build_plain helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" ;;
-  *) log "usage: $0 [all|kubernetes|etcd|helm]"; exit 2 ;;
+  *) log "usage: $0 [all|controlplane|node|kubernetes|etcd|helm]"; exit 2 ;;
 esac
 # Unversioned links so tools find the pinned build.
-for n in kube-apiserver kubectl etcd helm; do
-  v_var=$(case $n in kube-apiserver|kubectl) echo "$KUBERNETES_VERSION";; etcd) echo "$ETCD_VERSION";; helm) echo "$HELM_VERSION";; esac)
-  [[ -x "$bin/$n-$v_var" ]] && ln -sf "$n-$v_var" "$bin/$n"
-done
+link() { [[ -x "$bin/$2" ]] && ln -sf "$2" "$bin/$1"; return 0; }
+for n in kube-apiserver kubectl kubelet kube-controller-manager kube-scheduler; do link "$n" "$n-$KUBERNETES_VERSION"; done
+link etcd "etcd-$ETCD_VERSION"
+link helm "helm-$HELM_VERSION"
+link whereabouts "whereabouts-$WHEREABOUTS_VERSION"
+link whereabouts-controlloop "whereabouts-controlloop-$WHEREABOUTS_VERSION"
+link multus "multus-$MULTUS_VERSION"
 log "setup took $(( $(date +%s) - start ))s"
 echo "$bin"

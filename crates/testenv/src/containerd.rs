@@ -16,11 +16,11 @@ use k8s_cri::v1::{
     LinuxPodSandboxConfig, ListPodSandboxRequest, PodSandboxConfig, PodSandboxMetadata,
     RemovePodSandboxRequest, StopPodSandboxRequest, VersionRequest,
 };
-use sha2::{Digest, Sha256};
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-use crate::procs::{run_dir, spawn_supervised};
+use crate::image;
+use crate::procs::{run, run_dir, spawn_supervised};
 
 /// The sandbox image name: fully qualified, with no short-name tag beside it.
 pub const SANDBOX_IMAGE: &str = "localhost/ipreclaim/pause:1";
@@ -101,28 +101,8 @@ impl Drop for Containerd {
     }
 }
 
-fn sha256_hex(data: &[u8]) -> String {
-    Sha256::digest(data)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-fn run(cmd: &mut Command) -> Result<()> {
-    let out = cmd.output().with_context(|| format!("run {cmd:?}"))?;
-    if !out.status.success() {
-        bail!(
-            "{cmd:?} failed ({}): {}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(())
-}
-
 /// Compiles the static pause binary and packs it as an OCI image archive for `ctr import`.
-fn build_sandbox_image(dir: &Path) -> Result<PathBuf> {
+pub fn build_sandbox_image(dir: &Path) -> Result<PathBuf> {
     let src = dir.join("pause.c");
     std::fs::write(&src, PAUSE_C)?;
     let bin = dir.join("pause");
@@ -131,92 +111,28 @@ fn build_sandbox_image(dir: &Path) -> Result<PathBuf> {
         .arg(&bin)
         .arg(&src))
     .context("build the static pause binary (needs gcc and libc6-dev)")?;
-
-    let mut layer = tar::Builder::new(Vec::new());
-    let data = std::fs::read(&bin)?;
-    let mut header = tar::Header::new_gnu();
-    header.set_size(data.len() as u64);
-    header.set_mode(0o755);
-    header.set_cksum();
-    layer.append_data(&mut header, "pause", data.as_slice())?;
-    let layer = layer.into_inner()?;
-    let layer_digest = sha256_hex(&layer);
-
-    let config = serde_json::json!({
-        "architecture": "amd64",
-        "os": "linux",
-        "config": { "Entrypoint": ["/pause"] },
-        "rootfs": { "type": "layers", "diff_ids": [format!("sha256:{layer_digest}")] },
-    })
-    .to_string();
-    let config_digest = sha256_hex(config.as_bytes());
-    let manifest = serde_json::json!({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {
-            "mediaType": "application/vnd.oci.image.config.v1+json",
-            "digest": format!("sha256:{config_digest}"),
-            "size": config.len(),
-        },
-        "layers": [{
-            "mediaType": "application/vnd.oci.image.layer.v1.tar",
-            "digest": format!("sha256:{layer_digest}"),
-            "size": layer.len(),
-        }],
-    })
-    .to_string();
-    let manifest_digest = sha256_hex(manifest.as_bytes());
-    let index = serde_json::json!({
-        "schemaVersion": 2,
-        "manifests": [{
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "digest": format!("sha256:{manifest_digest}"),
-            "size": manifest.len(),
-            "annotations": { "io.containerd.image.name": SANDBOX_IMAGE },
-        }],
-    })
-    .to_string();
-
-    let mut archive = tar::Builder::new(Vec::new());
-    let mut add = |name: String, data: &[u8]| -> Result<()> {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(data.len() as u64);
-        h.set_mode(0o644);
-        h.set_cksum();
-        archive.append_data(&mut h, name, data)?;
-        Ok(())
-    };
-    add("oci-layout".into(), br#"{"imageLayoutVersion":"1.0.0"}"#)?;
-    add("index.json".into(), index.as_bytes())?;
-    add(format!("blobs/sha256/{layer_digest}"), &layer)?;
-    add(format!("blobs/sha256/{config_digest}"), config.as_bytes())?;
-    add(
-        format!("blobs/sha256/{manifest_digest}"),
-        manifest.as_bytes(),
-    )?;
     let path = dir.join("pause-image.tar");
-    std::fs::write(&path, archive.into_inner()?)?;
+    let files = [image::File::from_host_to(&bin, "/pause")?];
+    let config = image::Config {
+        name: SANDBOX_IMAGE,
+        entrypoint: &["/pause"],
+        cmd: &[],
+        user: "",
+    };
+    image::write_oci_archive(&files, &config, &path)?;
     Ok(path)
 }
 
-fn write_config(dir: &Path, socket: &Path) -> Result<PathBuf> {
+/// The test CNI setup: `loopback` and the IP-only plugin in `dir/cni-bin`, its conflist in
+/// `dir/cni-conf`. Returns (bin dir, conf dir).
+fn install_test_cni(dir: &Path) -> Result<(PathBuf, PathBuf)> {
     let cni_bin = dir.join("cni-bin");
     let cni_conf = dir.join("cni-conf");
     let cni_state = dir.join("cni-state");
     for d in [&cni_bin, &cni_conf, &cni_state] {
         std::fs::create_dir_all(d)?;
     }
-    let loopback = Path::new(CNI_PLUGINS).join("loopback");
-    if !loopback.is_file() {
-        bail!(
-            "{} not found: apt-get install containernetworking-plugins",
-            loopback.display()
-        );
-    }
-    let link = cni_bin.join("loopback");
-    if !link.exists() {
-        std::os::unix::fs::symlink(&loopback, &link)?;
-    }
+    link_host_cni_plugins(&cni_bin, &["loopback"])?;
     let plugin = cni_bin.join("ipreclaim-test-ip");
     std::fs::write(
         &plugin,
@@ -232,6 +148,28 @@ fn write_config(dir: &Path, socket: &Path) -> Result<PathBuf> {
         })
         .to_string(),
     )?;
+    Ok((cni_bin, cni_conf))
+}
+
+/// Links Debian's containernetworking-plugins `names` into `cni_bin`.
+pub fn link_host_cni_plugins(cni_bin: &Path, names: &[&str]) -> Result<()> {
+    for name in names {
+        let plugin = Path::new(CNI_PLUGINS).join(name);
+        if !plugin.is_file() {
+            bail!(
+                "{} not found: apt-get install containernetworking-plugins",
+                plugin.display()
+            );
+        }
+        let link = cni_bin.join(name);
+        if !link.exists() {
+            std::os::unix::fs::symlink(&plugin, &link)?;
+        }
+    }
+    Ok(())
+}
+
+fn write_config(dir: &Path, socket: &Path, cni_bin: &Path, cni_conf: &Path) -> Result<PathBuf> {
     let d = |p: &str| dir.join(p).display().to_string();
     let config = format!(
         r#"version = 2
@@ -250,6 +188,8 @@ state = "{state}"
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{image}"
   restrict_oom_score_adj = true
+  # Network namespaces under our state, not /run/netns: a stop or a "reboot" cleans them.
+  netns_mounts_under_state_dir = true
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
   [plugins."io.containerd.grpc.v1.cri".cni]
@@ -289,6 +229,14 @@ impl Containerd {
     /// sandbox image, and waits until the CRI answers. Blocking: call it outside a runtime or
     /// via `spawn_blocking`. Fails with the reason (never skips) when it cannot.
     pub fn start() -> Result<Containerd> {
+        let dir = run_dir("containerd")?;
+        let (cni_bin, cni_conf) = install_test_cni(&dir)?;
+        Self::start_in(dir, &cni_bin, &cni_conf)
+    }
+
+    /// [`start`](Self::start) in `dir` with the CNI plugins of `cni_bin` and the network
+    /// configs of `cni_conf`.
+    pub fn start_in(dir: PathBuf, cni_bin: &Path, cni_conf: &Path) -> Result<Containerd> {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             bail!("containerd tests must run as root (containerd and runc need it)");
@@ -298,11 +246,10 @@ impl Containerd {
                 bail!("{bin} not found: apt-get install containerd runc");
             }
         }
-        let dir = run_dir("containerd")?;
         std::fs::create_dir_all(dir.join("pod-logs"))?;
         let socket = dir.join("containerd.sock");
         let image = build_sandbox_image(&dir)?;
-        let config = write_config(&dir, &socket)?;
+        let config = write_config(&dir, &socket, cni_bin, cni_conf)?;
         let mut cmd = Command::new(CONTAINERD);
         cmd.arg("--config").arg(&config);
         let child = spawn_supervised(cmd, &dir.join("containerd.log"))?;
@@ -312,13 +259,17 @@ impl Containerd {
             child: Mutex::new(Some(child)),
         };
         c.wait_ready_blocking()?;
+        c.import_image(&image).context("import the sandbox image")?;
+        Ok(c)
+    }
+
+    /// Imports an OCI image archive (see [`crate::image`]) into the CRI's namespace.
+    pub fn import_image(&self, archive: &Path) -> Result<()> {
         run(Command::new(CTR)
             .arg("--address")
-            .arg(&c.socket)
+            .arg(&self.socket)
             .args(["--namespace", "k8s.io", "images", "import"])
-            .arg(&image))
-        .context("import the sandbox image")?;
-        Ok(c)
+            .arg(archive))
     }
 
     /// [`start`](Self::start) from async code; a test that cannot get containerd fails with
@@ -429,6 +380,20 @@ impl Containerd {
             child.wait()?;
         }
         Ok(())
+    }
+
+    /// Kills containerd with SIGKILL, as a crash or a reboot does (its shims keep running).
+    pub fn kill(&self) -> Result<()> {
+        if let Some(mut child) = self.child.lock().expect("containerd lock").take() {
+            child.kill()?;
+            child.wait()?;
+        }
+        Ok(())
+    }
+
+    /// Its state directory (sockets, task bundles, network namespaces): what a reboot empties.
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.join("state")
     }
 
     /// Starts containerd again after [`stop`](Self::stop), with the same state.

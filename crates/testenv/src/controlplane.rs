@@ -1,6 +1,7 @@
 //! A real kube-apiserver backed by a real etcd, on loopback ports, secure serving with a
 //! generated CA, RBAC on, and service-account tokens that work.
 
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::{Mutex, OnceLock};
@@ -25,12 +26,55 @@ use crate::procs::{binary, free_port, run_dir, spawn_supervised, workspace_root}
 /// How long to wait for etcd or kube-apiserver to become ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
 
+/// How a control plane serves. The default serves tests on 127.0.0.1 and a free port; a real
+/// node's serves where its pods reach it (see [`Options::for_node`]).
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub address: Ipv4Addr,
+    /// A free port when `None`.
+    pub secure_port: Option<u16>,
+    pub service_cluster_ip_range: String,
+    /// The node whose kubelet this control plane serves: Node authorization, NodeRestriction,
+    /// ServiceAccount admission, a kubelet token and the certificates the kubelet and
+    /// kube-controller-manager need.
+    pub node_name: Option<String>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            address: Ipv4Addr::LOCALHOST,
+            secure_port: None,
+            // Data only: no service traffic exists here.
+            service_cluster_ip_range: "10.0.0.0/24".into(),
+            node_name: None,
+        }
+    }
+}
+
+impl Options {
+    /// Serves on `address:443` with the service range `address/24` whose first address (the
+    /// `kubernetes` Service's ClusterIP) is `address` itself, so in-cluster clients reach the
+    /// apiserver without kube-proxy.
+    pub fn for_node(address: Ipv4Addr, node_name: &str) -> Options {
+        let [a, b, c, _] = address.octets();
+        Options {
+            address,
+            secure_port: Some(443),
+            service_cluster_ip_range: format!("{a}.{b}.{c}.0/24"),
+            node_name: Some(node_name.into()),
+        }
+    }
+}
+
 /// A running etcd + kube-apiserver.
 pub struct ControlPlane {
     dir: PathBuf,
     /// `https://127.0.0.1:<port>`.
     pub server: String,
     admin_token: String,
+    /// The kubelet's token (user `system:node:<name>`), when started for a node.
+    kubelet_token: Option<String>,
     etcd: Mutex<Child>,
     apiserver: Mutex<Child>,
     apiserver_cmd: Vec<String>,
@@ -60,8 +104,10 @@ fn write(path: &Path, contents: impl AsRef<[u8]>) -> Result<()> {
     std::fs::write(path, contents).with_context(|| format!("write {}", path.display()))
 }
 
-/// The CA, the serving certificate and the service-account key, as files in `dir`.
-fn write_pki(dir: &Path) -> Result<()> {
+/// The CA (and its key, for kube-controller-manager's signer), the serving certificate for
+/// `sans`, a client certificate the apiserver shows kubelets, and the service-account key, as
+/// files in `dir`.
+fn write_pki(dir: &Path, sans: Vec<String>) -> Result<()> {
     let mut ca = CertificateParams::new(Vec::<String>::new())?;
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     ca.distinguished_name
@@ -73,13 +119,10 @@ fn write_pki(dir: &Path) -> Result<()> {
     ];
     let ca_key = KeyPair::generate()?;
     let ca_cert = ca.self_signed(&ca_key)?;
+    write(&dir.join("ca-key.pem"), ca_key.serialize_pem())?;
     let issuer = Issuer::new(ca, ca_key);
 
-    let mut serving = CertificateParams::new(vec![
-        "127.0.0.1".to_string(),
-        "localhost".to_string(),
-        "kubernetes.default.svc".to_string(),
-    ])?;
+    let mut serving = CertificateParams::new(sans)?;
     serving
         .distinguished_name
         .push(DnType::CommonName, "kube-apiserver");
@@ -88,6 +131,22 @@ fn write_pki(dir: &Path) -> Result<()> {
     let serving_key = KeyPair::generate()?;
     let serving_cert = serving.signed_by(&serving_key, &issuer)?;
 
+    let mut kubelet_client = CertificateParams::new(Vec::<String>::new())?;
+    kubelet_client
+        .distinguished_name
+        .push(DnType::CommonName, "kube-apiserver-kubelet-client");
+    kubelet_client
+        .distinguished_name
+        .push(DnType::OrganizationName, "system:masters");
+    kubelet_client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    kubelet_client.use_authority_key_identifier_extension = true;
+    let kubelet_client_key = KeyPair::generate()?;
+    let kubelet_client_cert = kubelet_client.signed_by(&kubelet_client_key, &issuer)?;
+    write(&dir.join("kubelet-client.pem"), kubelet_client_cert.pem())?;
+    write(
+        &dir.join("kubelet-client-key.pem"),
+        kubelet_client_key.serialize_pem(),
+    )?;
     write(&dir.join("ca.pem"), ca_cert.pem())?;
     write(&dir.join("apiserver.pem"), serving_cert.pem())?;
     write(&dir.join("apiserver-key.pem"), serving_key.serialize_pem())?;
@@ -131,17 +190,43 @@ impl ControlPlane {
     /// Starts a private etcd + kube-apiserver (blocking; call it outside an async runtime or
     /// from `spawn_blocking`). They stop when it is dropped or the process exits.
     pub fn start() -> Result<ControlPlane> {
+        Self::start_with(Options::default())
+    }
+
+    /// [`start`](Self::start) with `options`.
+    pub fn start_with(options: Options) -> Result<ControlPlane> {
         let etcd_bin = binary("etcd")?;
         let apiserver_bin = binary("kube-apiserver")?;
         let dir = run_dir("controlplane")?;
-        write_pki(&dir)?;
+        let address = options.address.to_string();
+        let mut sans = vec![
+            "127.0.0.1".to_string(),
+            "localhost".to_string(),
+            "kubernetes".to_string(),
+            "kubernetes.default".to_string(),
+            "kubernetes.default.svc".to_string(),
+            "kubernetes.default.svc.cluster.local".to_string(),
+        ];
+        if !sans.contains(&address) {
+            sans.push(address.clone());
+        }
+        write_pki(&dir, sans)?;
         let admin_token = random_suffix(32);
-        write(
-            &dir.join("tokens.csv"),
-            format!("{admin_token},testenv-admin,testenv-admin,\"system:masters\"\n"),
-        )?;
+        let mut tokens = format!("{admin_token},testenv-admin,testenv-admin,\"system:masters\"\n");
+        let kubelet_token = options.node_name.as_ref().map(|node| {
+            let token = random_suffix(32);
+            tokens.push_str(&format!(
+                "{token},system:node:{node},system:node:{node},\"system:nodes\"\n"
+            ));
+            token
+        });
+        write(&dir.join("tokens.csv"), tokens)?;
 
-        let (client_port, peer_port, secure_port) = (free_port()?, free_port()?, free_port()?);
+        let (client_port, peer_port) = (free_port()?, free_port()?);
+        let secure_port = match options.secure_port {
+            Some(p) => p,
+            None => free_port()?,
+        };
         let etcd_url = format!("http://127.0.0.1:{client_port}");
         let peer_url = format!("http://127.0.0.1:{peer_port}");
         let mut etcd = Command::new(&etcd_bin);
@@ -159,7 +244,7 @@ impl ControlPlane {
         let etcd = spawn_supervised(etcd, &dir.join("etcd.log"))?;
 
         let d = |f: &str| dir.join(f).display().to_string();
-        let apiserver_cmd: Vec<String> = vec![
+        let mut apiserver_cmd: Vec<String> = vec![
             apiserver_bin.display().to_string(),
             format!("--etcd-servers={etcd_url}"),
             format!("--cert-dir={}", d("certs")),
@@ -168,22 +253,39 @@ impl ControlPlane {
             format!("--client-ca-file={}", d("ca.pem")),
             format!("--token-auth-file={}", d("tokens.csv")),
             format!("--secure-port={secure_port}"),
-            "--bind-address=127.0.0.1".into(),
-            "--advertise-address=127.0.0.1".into(),
-            // Data only: no service traffic exists here.
-            "--service-cluster-ip-range=10.0.0.0/24".into(),
+            format!("--bind-address={address}"),
+            format!("--advertise-address={address}"),
+            format!(
+                "--service-cluster-ip-range={}",
+                options.service_cluster_ip_range
+            ),
             "--allow-privileged=true".into(),
-            "--disable-admission-plugins=ServiceAccount".into(),
-            "--authorization-mode=RBAC".into(),
             "--service-account-issuer=https://kubernetes.default.svc".into(),
             format!("--service-account-key-file={}", d("sa.pub")),
             format!("--service-account-signing-key-file={}", d("sa-key.pem")),
             "--enable-priority-and-fairness=false".into(),
             "--v=1".into(),
         ];
+        if options.node_name.is_some() {
+            apiserver_cmd.extend([
+                "--authorization-mode=Node,RBAC".into(),
+                "--enable-admission-plugins=NodeRestriction".into(),
+                format!("--kubelet-client-certificate={}", d("kubelet-client.pem")),
+                format!("--kubelet-client-key={}", d("kubelet-client-key.pem")),
+                // Else `kubectl logs` looks the node name up in DNS.
+                "--kubelet-preferred-address-types=InternalIP".into(),
+            ]);
+        } else {
+            apiserver_cmd.extend([
+                // No kube-controller-manager mints tokens here.
+                "--disable-admission-plugins=ServiceAccount".into(),
+                "--authorization-mode=RBAC".into(),
+            ]);
+        }
         let cp = ControlPlane {
-            server: format!("https://127.0.0.1:{secure_port}"),
+            server: format!("https://{address}:{secure_port}"),
             admin_token,
+            kubelet_token,
             etcd: Mutex::new(etcd),
             apiserver: Mutex::new(Self::spawn_apiserver(&apiserver_cmd, &dir)?),
             apiserver_cmd,
@@ -211,6 +313,24 @@ impl ControlPlane {
     /// A kubeconfig file with admin credentials.
     pub fn kubeconfig_path(&self) -> PathBuf {
         self.dir.join("kubeconfig")
+    }
+
+    /// A kubeconfig file for the kubelet of the node this control plane was started for.
+    pub fn write_kubelet_kubeconfig(&self, path: &Path) -> Result<()> {
+        let token = self
+            .kubelet_token
+            .as_ref()
+            .context("this control plane was not started for a node")?;
+        write(path, self.kubeconfig_yaml(token))
+    }
+
+    /// A kubeconfig with admin credentials whose context namespace is `namespace` (the
+    /// whereabouts CNI keeps its pools in its kubeconfig's namespace).
+    pub fn write_admin_kubeconfig_in(&self, namespace: &str, path: &Path) -> Result<()> {
+        let yaml = self
+            .kubeconfig_yaml(&self.admin_token)
+            .replace("namespace: default", &format!("namespace: {namespace}"));
+        write(path, yaml)
     }
 
     fn kubeconfig_yaml(&self, token: &str) -> String {
@@ -427,7 +547,6 @@ impl Drop for SecondApiServer {
 
 /// Applies every `*.yaml` CRD document under `dir` and waits until each is established.
 pub async fn install_crds_from(client: &Client, dir: &Path) -> Result<Vec<String>> {
-    let api = Api::<CustomResourceDefinition>::all(client.clone());
     let mut entries: Vec<_> = std::fs::read_dir(dir)
         .with_context(|| format!("read {}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -437,12 +556,20 @@ pub async fn install_crds_from(client: &Client, dir: &Path) -> Result<Vec<String
     if entries.is_empty() {
         bail!("no CRD YAML in {}", dir.display());
     }
+    install_crd_files(client, &entries).await
+}
+
+/// Applies the CustomResourceDefinition documents of `files` (other kinds in them are
+/// skipped) and waits until each is established.
+pub async fn install_crd_files(client: &Client, files: &[PathBuf]) -> Result<Vec<String>> {
+    let api = Api::<CustomResourceDefinition>::all(client.clone());
     let mut names = Vec::new();
-    for path in entries {
-        let text = std::fs::read_to_string(&path)?;
+    for path in files {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
         for doc in serde_yaml::Deserializer::from_str(&text) {
             let value: serde_yaml::Value = serde::Deserialize::deserialize(doc)?;
-            if value.is_null() {
+            if value.get("kind").and_then(|k| k.as_str()) != Some("CustomResourceDefinition") {
                 continue;
             }
             let crd: CustomResourceDefinition = serde_yaml::from_value(value)

@@ -4,6 +4,8 @@
 //!   one per test process via [`ControlPlane::shared`], a namespace per test.
 //! - [`Containerd`]: a real containerd with a locally built sandbox image and an IP-only CNI
 //!   plugin, for the node agent's tests.
+//! - [`Node`]: a real node (kubelet, kube-controller-manager, kube-scheduler, containerd with
+//!   Multus and whereabouts) on a control plane of its own, for the end-to-end scenarios.
 //!
 //! What cannot be found or started is an error that says how to get it; nothing is skipped.
 
@@ -11,12 +13,16 @@ pub mod containerd;
 pub mod controlplane;
 pub mod fixtures;
 pub mod helm;
+pub mod host;
+pub mod image;
+pub mod node;
 pub mod poll;
 pub mod procs;
 pub mod program;
 
 pub use containerd::Containerd;
 pub use controlplane::ControlPlane;
+pub use node::Node;
 
 /// Runs scenario `async fn $name(env: $env)` twice: as admin (`$env::new`), and with the
 /// program acting through the chart's ServiceAccount (`$env::new_chart`), which proves the

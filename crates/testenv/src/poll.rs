@@ -8,18 +8,28 @@ pub const WAIT: Duration = Duration::from_secs(30);
 
 /// Polls `check` until it holds; fails the test naming `what` after [`WAIT`]. This waits for
 /// an outcome, it never stands in for timing logic.
-pub async fn wait_for<F, Fut>(what: &str, mut check: F)
+pub async fn wait_for<F, Fut>(what: &str, check: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
-    let deadline = tokio::time::Instant::now() + WAIT;
+    wait_for_within(what, WAIT, Duration::from_millis(50), check).await
+}
+
+/// [`wait_for`] with its own limit and polling period (real pods and nodes take longer than
+/// API effects, and are polled less often).
+pub async fn wait_for_within<F, Fut>(what: &str, limit: Duration, every: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
     while !check().await {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
+            "timed out after {limit:?} waiting for {what}"
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(every).await;
     }
 }
 

@@ -59,15 +59,42 @@ pub fn spawn_supervised(mut cmd: Command, log: &Path) -> Result<Child> {
         .with_context(|| format!("start {program}"))
 }
 
-/// The directory with the Go-built binaries: `$IPRECLAIM_BIN_DIR`, else the setup cache.
-pub fn bin_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("IPRECLAIM_BIN_DIR") {
-        return PathBuf::from(dir);
-    }
+/// The setup cache: `$IPRECLAIM_CACHE`, else `~/.cache/ipreclaim`.
+pub fn cache_dir() -> PathBuf {
     let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
-    std::env::var_os("IPRECLAIM_CACHE")
-        .map_or_else(|| home.join(".cache/ipreclaim"), PathBuf::from)
-        .join("bin")
+    std::env::var_os("IPRECLAIM_CACHE").map_or_else(|| home.join(".cache/ipreclaim"), PathBuf::from)
+}
+
+/// The directory with the Go-built binaries: `$IPRECLAIM_BIN_DIR`, else the setup cache's.
+pub fn bin_dir() -> PathBuf {
+    match std::env::var_os("IPRECLAIM_BIN_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => cache_dir().join("bin"),
+    }
+}
+
+/// A version pinned in `e2e/controlplane/versions.env` (`NAME=value`).
+pub fn pinned_version(name: &str) -> Result<String> {
+    let path = workspace_root().join("e2e/controlplane/versions.env");
+    let text = std::fs::read_to_string(&path)?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
+        .map(|v| v.trim().to_string())
+        .with_context(|| format!("{name} is not in {}", path.display()))
+}
+
+/// A release source unpacked by `scripts/setup.sh` (e.g. `whereabouts-v0.9.4`), or an error
+/// that says how to get it.
+pub fn unpacked_source(name: &str) -> Result<PathBuf> {
+    let dir = cache_dir().join("src").join(name);
+    if !dir.is_dir() {
+        bail!(
+            "{} not found: run scripts/setup.sh (it unpacks the release sources from \
+             ../shared/third_party)",
+            dir.display()
+        );
+    }
+    Ok(dir)
 }
 
 /// The path of a Go-built binary, or an error that says how to build it.
@@ -106,4 +133,45 @@ pub fn run_dir(what: &str) -> Result<PathBuf> {
 /// A TCP port on 127.0.0.1 that was free a moment ago.
 pub fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Runs `cmd` to completion; a failure carries its output.
+pub fn run(cmd: &mut Command) -> Result<()> {
+    let out = cmd.output().with_context(|| format!("run {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed ({}): {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+/// SIGINT and SIGTERM, blocked in every thread so that [`CtrlC::wait`] receives them (for the
+/// binaries that run a part for a person and must put things back on the way out).
+pub struct CtrlC(libc::sigset_t);
+
+impl CtrlC {
+    /// Blocks the signals; call it first in `main`, before any thread starts (threads inherit
+    /// the mask).
+    pub fn block() -> CtrlC {
+        // SAFETY: plain signal-mask manipulation on this thread.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGINT);
+            libc::sigaddset(&mut set, libc::SIGTERM);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            CtrlC(set)
+        }
+    }
+
+    /// Waits for one of them.
+    pub fn wait(&self) {
+        let mut sig = 0;
+        // SAFETY: sigwait on a set of blocked signals.
+        unsafe { libc::sigwait(&self.0, &mut sig) };
+    }
 }
