@@ -3,7 +3,7 @@
 #   1. a kind cluster, Multus (thick) and the whereabouts CNI at pinned versions,
 #   2. whereabouts' own ip-control-loop turned off (the migration step in the README),
 #   3. ipreclaim's image built and loaded with `kind load`, its chart installed,
-#   4. the e2e scenarios (tests/e2e.rs, the same code the local suite runs) against the cluster.
+#   4. the e2e scenarios (tests/e2e/, the same code the local suite and the real node run) against the cluster.
 # Usage: e2e/kind/run.sh [--keep]   (--keep leaves the cluster up for a look)
 set -euo pipefail
 
@@ -57,7 +57,7 @@ helm install ipreclaim "$root/charts/ipreclaim" --namespace ipreclaim --create-n
 
 echo "== scenarios"
 cd "$root"
-IPRECLAIM_E2E=kind IPRECLAIM_E2E_NAMESPACE=ipreclaim cargo test --locked --test e2e -- --test-threads=1 e2e::
+IPRECLAIM_E2E=kind IPRECLAIM_E2E_NAMESPACE=ipreclaim cargo test --locked --test e2e -- --test-threads=1 ::cluster
 
 echo "== Events"
 kubectl get events -A --field-selector reason=IPAddressGarbageCollected

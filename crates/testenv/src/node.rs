@@ -381,6 +381,19 @@ impl Node {
         self.dir.join("whereabouts.conf")
     }
 
+    /// Whether libcni still caches an ADD result of any of `sandboxes` on the primary network
+    /// (it drops it once their CNI DEL succeeded).
+    pub fn cni_result_cached_for<S: AsRef<str>>(
+        &self,
+        sandboxes: impl IntoIterator<Item = S>,
+    ) -> bool {
+        sandboxes.into_iter().any(|id| {
+            Path::new("/var/lib/cni/results")
+                .join(format!("{PRIMARY_NETWORK}-{}-eth0", id.as_ref()))
+                .exists()
+        })
+    }
+
     /// An admin client of the node's control plane.
     pub async fn client(&self) -> Client {
         self.cp.client().await
@@ -399,6 +412,13 @@ impl Node {
         }
         self.wait_node_ready(true).await?;
         host::restore_sysctls(&self.changes.sysctls)
+    }
+
+    /// Starts containerd and the kubelet where they are down (a scenario that crashed the node
+    /// and failed before bringing it back) and waits for the Node to be Ready.
+    pub async fn ensure_running(&self) -> Result<()> {
+        self.containerd.restart().await?;
+        self.start_kubelet().await
     }
 
     /// Kills the kubelet with SIGKILL, as a node crash does: no pod is torn down, no CNI DEL.
