@@ -89,8 +89,13 @@ impl Worker {
         }
         let (releases, deleted_at) = {
             let st = self.ctx.state.read().expect("state lock");
-            let releases: Vec<ReleaseRequest> = st
-                .judge_podref(podref, &self.reclaim)
+            let judged = st.judge_podref(podref, &self.reclaim);
+            tracing::debug!(
+                %podref,
+                judged = ?judged.iter().map(|j| (j.entry.ip, j.decision)).collect::<Vec<_>>(),
+                "deletion path"
+            );
+            let releases: Vec<ReleaseRequest> = judged
                 .into_iter()
                 .filter_map(|j| match j.decision {
                     Decision::Release(reason) => Some(ReleaseRequest {

@@ -109,6 +109,7 @@ pub async fn install_ipreclaim(node: &'static Node, client: &Client) {
         "controller.leakGrace=10s".into(),
         format!("nodeAgent.criSocket={}", node.cri_socket().display()),
         "nodeAgent.sandboxGrace=5s".into(),
+        "logLevel=info\\,ipreclaim=debug".into(),
     ];
     let cp = &node.cp;
     tokio::task::spawn_blocking(move || {
@@ -166,7 +167,11 @@ async fn metrics_through_the_service(client: &Client, component: &str) -> String
         "/api/v1/namespaces/{RELEASE_NS}/services/ipreclaim-{component}:metrics/proxy/metrics"
     );
     let req = http::Request::get(path).body(Vec::new()).unwrap();
-    client.request_text(req).await.unwrap_or_default()
+    tokio::time::timeout(std::time::Duration::from_secs(10), client.request_text(req))
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default()
 }
 
 /// The kubelet is killed and the pods are force-deleted, as an operator does for a crashed

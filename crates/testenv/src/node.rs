@@ -361,7 +361,8 @@ impl Node {
     }
 
     /// The node's directory (logs: kubelet.log, containerd/containerd.log, multus.log,
-    /// whereabouts.log, kube-*.log; the control plane's are under [`ControlPlane::dir`]).
+    /// whereabouts.log, kube-*.log, pod-logs-at-stop/; the control plane's are under
+    /// [`ControlPlane::dir`]).
     pub fn dir(&self) -> &Path {
         &self.dir
     }
@@ -502,6 +503,12 @@ impl Node {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
+        // The kubelet removes a deleted pod's logs: keep a copy for whoever reads a failure.
+        let _ = Command::new("cp")
+            .arg("-a")
+            .arg(self.dir.join("pod-logs"))
+            .arg(self.dir.join("pod-logs-at-stop"))
+            .status();
         if let Err(e) = rt.block_on(self.delete_all_pods()) {
             eprintln!("testenv: node stop: deleting pods: {e:#}");
         }

@@ -24,7 +24,11 @@ where
     Fut: Future<Output = bool>,
 {
     let deadline = tokio::time::Instant::now() + limit;
-    while !check().await {
+    // A check that hangs (a request to a dead endpoint) is cut off at the deadline too.
+    while !tokio::time::timeout_at(deadline, check())
+        .await
+        .unwrap_or_else(|_| panic!("timed out after {limit:?} waiting for {what} (a check hung)"))
+    {
         assert!(
             tokio::time::Instant::now() < deadline,
             "timed out after {limit:?} waiting for {what}"
