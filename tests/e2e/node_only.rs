@@ -263,7 +263,15 @@ async fn a_node_crash_with_force_deleted_pods_releases_every_address(mut c: Clus
     let client = c.client().clone();
     wait_long("releases in /metrics through the Service", || async {
         let text = metrics_through_the_service(&client, "controller").await;
-        testenv::poll::metric_value(&text, "ipreclaim_releases_total{reason=\"PodDeleted\"}") >= 2.0
+        // The deletion path's (PodDeleted), or the sweep's after its grace (PodMissing).
+        let released: f64 = ["PodDeleted", "PodMissing"]
+            .iter()
+            .map(|r| {
+                let line = format!("ipreclaim_releases_total{{reason=\"{r}\"}}");
+                testenv::poll::metric_value(&text, &line)
+            })
+            .sum();
+        released >= 2.0
     })
     .await;
     for name in ["web-0", "web-1"] {
