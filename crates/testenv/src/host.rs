@@ -30,8 +30,11 @@ pub struct Changes {
     pub bridges: Vec<String>,
     /// Sysctl values before the kubelet first ran.
     pub sysctls: BTreeMap<String, String>,
-    /// CNI network names whose cached results (`/var/lib/cni/results`) are removed.
+    /// CNI network names whose cached results (`/var/lib/cni/results`) are removed: those
+    /// made while the node ran (containerd keeps its loopback results as `cni-loopback-*`).
     pub cni_networks: Vec<String>,
+    /// The cached results there before the node started (left alone).
+    pub cni_results_before: Vec<String>,
 }
 
 impl Changes {
@@ -81,7 +84,10 @@ impl Changes {
             );
         }
         step("sysctls", restore_sysctls(&self.sysctls));
-        step("cni cache", remove_cni_results(&self.cni_networks));
+        step(
+            "cni cache",
+            remove_cni_results(&self.cni_networks, &self.cni_results_before),
+        );
         if failures.is_empty() {
             match std::fs::remove_file(RECORD) {
                 Ok(()) => {}
@@ -351,16 +357,25 @@ fn collect_dirs(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// Removes libcni's cached results of `networks` (containerd keeps them in /var/lib/cni).
-pub fn remove_cni_results(networks: &[String]) -> Result<()> {
-    let dir = Path::new("/var/lib/cni/results");
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Ok(());
-    };
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().to_string();
-        if networks.iter().any(|n| name.starts_with(&format!("{n}-"))) {
-            std::fs::remove_file(e.path())?;
+const CNI_RESULTS: &str = "/var/lib/cni/results";
+
+/// The names of libcni's cached results now.
+pub fn cni_results() -> Vec<String> {
+    std::fs::read_dir(CNI_RESULTS)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Removes libcni's cached results of `networks` that are not in `keep`.
+pub fn remove_cni_results(networks: &[String], keep: &[String]) -> Result<()> {
+    for name in cni_results() {
+        let ours = networks.iter().any(|n| name.starts_with(&format!("{n}-")));
+        if ours && !keep.contains(&name) {
+            std::fs::remove_file(Path::new(CNI_RESULTS).join(&name))?;
         }
     }
     Ok(())

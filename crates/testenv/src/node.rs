@@ -250,7 +250,8 @@ impl Node {
             lo_addresses: vec![format!("{API_ADDRESS}/32")],
             bridges: vec![POD_BRIDGE.into(), SECONDARY_BRIDGE.into()],
             sysctls: host::read_sysctls()?,
-            cni_networks: vec![PRIMARY_NETWORK.into()],
+            cni_networks: vec![PRIMARY_NETWORK.into(), "cni-loopback".into()],
+            cni_results_before: host::cni_results(),
         };
         changes.record()?;
         match Self::start_recorded(dir, containerd_dir, changes.clone(), lock) {
