@@ -14,7 +14,7 @@ cargo build --release --locked --bin ipreclaim --target-dir target/image
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
-cargo test --workspace --locked 2>&1 | tee "$log" || status=$?
+cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log" || status=$?
 # One closing line over every test binary and doc-test run.
 awk '/^test result:/ { p += $4; f += $6 } END { printf "cargo test: %d passed, %d failed\n", p, f }' "$log"
 exit "$status"

@@ -168,10 +168,27 @@ fn helm_lint_and_template_pass_and_every_flag_is_reachable() {
     );
     let pod = &daemonset["spec"]["template"]["spec"];
     let c = &pod["containers"][0];
-    assert_eq!(c["env"][0]["name"], "NODE_NAME");
+    let env = |name: &str| {
+        c["env"]
+            .as_array()
+            .and_then(|e| e.iter().find(|v| v["name"] == name))
+            .cloned()
+            .unwrap_or_else(|| panic!("{name} in the node agent's env: {}", c["env"]))
+    };
     assert_eq!(
-        c["env"][0]["valueFrom"]["fieldRef"]["fieldPath"],
+        env("NODE_NAME")["valueFrom"]["fieldRef"]["fieldPath"],
         "spec.nodeName"
+    );
+    // logLevel reaches both programs as RUST_LOG.
+    assert_eq!(env("RUST_LOG")["value"], "info");
+    let controller =
+        &find(&docs, "Deployment", "-controller")["spec"]["template"]["spec"]["containers"][0];
+    assert!(
+        controller["env"].as_array().is_some_and(|e| e
+            .iter()
+            .any(|v| v["name"] == "RUST_LOG" && v["value"] == "info")),
+        "RUST_LOG in the controller's env: {}",
+        controller["env"]
     );
     assert_eq!(
         pod["volumes"],
