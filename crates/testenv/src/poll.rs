@@ -27,7 +27,7 @@ where
     // A check that hangs (a request to a dead endpoint) is cut off at the deadline too.
     while !tokio::time::timeout_at(deadline, check())
         .await
-        .unwrap_or_else(|_| panic!("timed out after {limit:?} waiting for {what} (a check hung)"))
+        .unwrap_or_else(|_| panic!("timed out after {limit:?} waiting for {what} (the last check was cut off)"))
     {
         assert!(
             tokio::time::Instant::now() < deadline,
