@@ -1039,3 +1039,64 @@ async fn orphaned_reservations_are_swept_and_live_ones_kept(mut env: Env) {
     assert_eq!(env.keys("192.0.2.0-24").await, ["10"]);
     env.stop().await;
 }
+
+#[tokio::test]
+async fn every_metric_the_readme_names_is_on_metrics() {
+    let mut env = Env::new("ctl-metrics-doc").await;
+    // A pool, so that the per-pool series exist; nothing else has happened yet.
+    env.pool("192.0.2.0-24", "192.0.2.0/24", &[]).await;
+    env.start(&[]).await;
+    let names = testenv::docs::readme_metrics("ipreclaim_");
+    assert!(names.len() >= 15, "README metric list: {names:?}");
+    env.wait_metric("ipreclaim_breaker_holds_total{pool=\"192.0.2.0-24\"} 0")
+        .await;
+    let text = env.metrics_text().await;
+    let missing = testenv::docs::undescribed_metrics(&text, &names);
+    assert!(
+        missing.is_empty(),
+        "named in the README, not on /metrics: {missing:?}"
+    );
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn text_logs_to_a_pipe_carry_no_colour_codes() {
+    let cp = ControlPlane::shared();
+    let client = cp.client().await;
+    cp.install_crds(&client).await.expect("install crds/");
+    let ns = cp.namespace(&client, "ctl-log-colour").await;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_ipreclaim"))
+        .args([
+            "controller",
+            "--leader-election=false",
+            "--metrics-addr=127.0.0.1:0",
+            "--log-format=text",
+        ])
+        .arg(format!("--whereabouts-namespace={ns}"))
+        .env("KUBECONFIG", cp.kubeconfig_path())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("run the ipreclaim binary");
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(
+        child.stderr.take().expect("stderr"),
+    ));
+    let mut seen = Vec::new();
+    let ready = tokio::time::timeout(WAIT, async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            let done = line.contains("caches synced");
+            seen.push(line);
+            if done {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    child.kill().await.expect("stop the controller");
+    assert_eq!(ready, Ok(true), "the controller logged readiness: {seen:?}");
+    assert!(
+        seen.iter().all(|l| !l.contains('\u{1b}')),
+        "ANSI escape codes in piped logs: {seen:?}"
+    );
+}

@@ -329,6 +329,8 @@ pub async fn run(
                         .pool_problems
                         .get_or_create(&label.into())
                         .set(pool.problems as i64);
+                    // A pool's breaker series exists at 0 before its first hold.
+                    let _ = metrics.breaker_holds.get_or_create(&name.clone().into());
                 }
             }
             metrics.queue_depth.set(queue.len() as i64);

@@ -264,6 +264,7 @@ pub async fn run(
     let clock = RealClock::shared();
     let mut registry = Registry::default();
     let metrics = NodeMetrics::new(&mut registry);
+    metrics.zero_outcomes(&release::Outcome::LABELS);
     let writes = WriteMetrics::new(registry.sub_registry_with_prefix("ipreclaim"));
 
     let client_cri = cri::connect_lazy(&args.cri_endpoint)

@@ -44,6 +44,16 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// Every label, for metrics.
+    pub const LABELS: [&'static str; 6] = [
+        "released",
+        "dry_run",
+        "no_allocation",
+        "kept",
+        "pod_gone",
+        "failed",
+    ];
+
     /// The metric label.
     pub fn label(&self) -> &'static str {
         match self {

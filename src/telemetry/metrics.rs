@@ -79,6 +79,9 @@ const LATENCY_BUCKETS: [f64; 12] = [
     0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
 
+/// The causes [`WriteMetrics::failed`] is called with.
+pub const FAILURE_CAUSES: [&str; 4] = ["api", "conflict", "stopped", "reservation"];
+
 impl WriteMetrics {
     /// Creates the metrics and registers them in `r` (already prefixed).
     pub fn new(r: &mut Registry) -> Self {
@@ -114,6 +117,18 @@ impl WriteMetrics {
             "API write requests, by verb",
             m.api_writes.clone(),
         );
+        // Every known series from the start at 0: a family without series is not on /metrics
+        // at all, and rate() and alerts need the zero.
+        for reason in crate::reclaim::Reason::ALL {
+            let _ = m.releases.get_or_create(&labels(reason.as_str()));
+            let _ = m.dry_run_releases.get_or_create(&labels(reason.as_str()));
+        }
+        for cause in FAILURE_CAUSES {
+            let _ = m.failures.get_or_create(&labels(cause));
+        }
+        for verb in ["patch", "delete"] {
+            let _ = m.api_writes.get_or_create(&labels(verb));
+        }
         m
     }
 
@@ -222,6 +237,11 @@ impl ControllerMetrics {
             "breaker_holds",
             "Sweeps held by the blast-radius breaker",
             m.breaker_holds.clone(),
+        );
+        r.register(
+            "watch_gap_deletions",
+            "Pods found deleted by a re-list (no Delete event was seen)",
+            m.watch_gap_deletions.clone(),
         );
         r.register(
             "nad_config_errors",

@@ -123,7 +123,22 @@ impl NodeMetrics {
             "NADs or node slices that could not be used",
             m.config_errors.clone(),
         );
+        // Known series at 0 from the start: an empty family is not on /metrics at all.
+        for kind in EventKind::SENT {
+            let _ = m.pleg_events.get_or_create(&KindLabel {
+                kind: kind.as_str().into(),
+            });
+        }
         m
+    }
+
+    /// Creates the dead-sandbox outcome series at 0 (the labels are the node agent's).
+    pub fn zero_outcomes(&self, outcomes: &[&str]) {
+        for outcome in outcomes {
+            let _ = self.dead_sandboxes.get_or_create(&OutcomeLabel {
+                outcome: (*outcome).into(),
+            });
+        }
     }
 
     /// Records one relist (the PLEG's observer).

@@ -264,14 +264,7 @@ async fn a_node_crash_with_force_deleted_pods_releases_every_address(mut c: Clus
     wait_long("releases in /metrics through the Service", || async {
         let text = metrics_through_the_service(&client, "controller").await;
         // The deletion path's (PodDeleted), or the sweep's after its grace (PodMissing).
-        let released: f64 = ["PodDeleted", "PodMissing"]
-            .iter()
-            .map(|r| {
-                let line = format!("ipreclaim_releases_total{{reason=\"{r}\"}}");
-                testenv::poll::metric_value(&text, &line)
-            })
-            .sum();
-        released >= 2.0
+        testenv::poll::metric_sum(&text, "ipreclaim_releases_total") >= 2.0
     })
     .await;
     for name in ["web-0", "web-1"] {
@@ -535,11 +528,7 @@ async fn whereabouts_control_loop_beside_ipreclaim_frees_nothing_twice(mut c: Cl
         "ipreclaim failures: {failed:?}"
     );
     for text in controller_pods_metrics(&client).await {
-        let failures: f64 = text
-            .lines()
-            .filter(|l| l.starts_with("ipreclaim_release_failures_total{"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum();
+        let failures = testenv::poll::metric_sum(&text, "ipreclaim_release_failures_total");
         assert_eq!(failures, 0.0, "release failures in {text}");
     }
     Api::<Pod>::namespaced(client.clone(), "kube-system")

@@ -48,6 +48,14 @@ pub enum EventKind {
 }
 
 impl EventKind {
+    /// The kinds that are sent (not [`EventKind::ContainerChanged`]).
+    pub const SENT: [EventKind; 4] = [
+        EventKind::ContainerStarted,
+        EventKind::ContainerDied,
+        EventKind::ContainerRemoved,
+        EventKind::PodSync,
+    ];
+
     /// Name in metric labels.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -11,6 +11,7 @@
 
 pub mod containerd;
 pub mod controlplane;
+pub mod docs;
 pub mod fixtures;
 pub mod helm;
 pub mod host;

@@ -27,7 +27,9 @@ where
     // A check that hangs (a request to a dead endpoint) is cut off at the deadline too.
     while !tokio::time::timeout_at(deadline, check())
         .await
-        .unwrap_or_else(|_| panic!("timed out after {limit:?} waiting for {what} (the last check was cut off)"))
+        .unwrap_or_else(|_| {
+            panic!("timed out after {limit:?} waiting for {what} (the last check was cut off)")
+        })
     {
         assert!(
             tokio::time::Instant::now() < deadline,
@@ -72,4 +74,15 @@ pub fn metric_value(text: &str, prefix: &str) -> f64 {
         .find_map(|l| l.strip_prefix(prefix)?.strip_prefix(' '))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0.0)
+}
+
+/// The sum of every series of metric `name` (lines `name{...} v` and `name v`; 0 when absent).
+pub fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
