@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{Event as CoreEvent, Pod};
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 use testenv::ControlPlane;
-use testenv::poll::{WAIT, http_get, wait_for};
+use testenv::poll::{WAIT, http_get, metric_sum, metric_value, wait_for};
 use testenv::program::InProcess;
 
 const STATUS: &str = "k8s.v1.cni.cncf.io/network-status";
@@ -274,6 +274,16 @@ impl Env {
         .await;
     }
 
+    /// Waits until `n` more sweeps have run.
+    async fn wait_sweeps(&self, n: f64) {
+        let count = "ipreclaim_sweep_duration_seconds_count";
+        let start = metric_value(&self.metrics_text().await, count);
+        wait_for(&format!("{n} more sweeps"), || async {
+            metric_value(&self.metrics_text().await, count) >= start + n
+        })
+        .await;
+    }
+
     async fn metrics_text(&self) -> String {
         http_get(self.metrics, "/metrics").await.1
     }
@@ -431,6 +441,15 @@ async fn dry_run_reports_and_writes_nothing(mut env: Env) {
     assert!(events[0].2.contains("PodDeleted"), "{events:?}");
     assert_eq!(env.keys("192.0.2.0-24").await, ["10"], "nothing written");
     assert!(env.events("IPAddressGarbageCollected").await.is_empty());
+    // The allocation stays (nothing is written), and later sweeps see it as PodMissing: the
+    // decision is still reported once.
+    env.wait_sweeps(3.0).await;
+    let text = env.metrics_text().await;
+    assert_eq!(
+        metric_sum(&text, "ipreclaim_dry_run_releases_total"),
+        1.0,
+        "one dry-run decision for one allocation:\n{text}"
+    );
     env.stop().await;
 }
 
@@ -463,6 +482,17 @@ async fn breaker_holds_a_sweep_that_would_free_most_of_a_pool(mut env: Env) {
     assert!(held[0].2.contains("12 of 12"), "{held:?}");
     assert_eq!(env.keys("192.0.2.0-24").await.len(), 12, "nothing released");
     env.wait_metric("ipreclaim_breaker_holds_total").await;
+    // One hold episode, however many sweeps it lasts.
+    env.wait_sweeps(3.0).await;
+    let text = env.metrics_text().await;
+    assert_eq!(
+        metric_value(
+            &text,
+            r#"ipreclaim_breaker_holds_total{pool="192.0.2.0-24"}"#
+        ),
+        1.0,
+        "{text}"
+    );
     env.stop().await;
 }
 

@@ -211,6 +211,7 @@ pub async fn run(
         events: events.clone(),
         dry_run: args.dry_run,
         state: Some(state.clone()),
+        dry_run_reported: Default::default(),
     }));
     let leader = leadership(client.clone(), &args, &identity).await?;
 
@@ -305,6 +306,7 @@ pub async fn run(
                 namespace: args.whereabouts_namespace.clone(),
             },
             first_seen: Default::default(),
+            held_pools: Default::default(),
             orphan_reservations_seen: Default::default(),
         };
         let mut tick = tokio::time::interval(args.sweep_interval);

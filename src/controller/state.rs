@@ -215,6 +215,11 @@ impl State {
             });
     }
 
+    /// A pool's entry by key.
+    pub fn entry(&self, pool: &str, key: &str) -> Option<&PoolEntry> {
+        self.pools.get(pool)?.entries.get(key)
+    }
+
     /// Live (podref, uid) pairs.
     pub fn live_pods(&self) -> HashSet<(String, String)> {
         self.live

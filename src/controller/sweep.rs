@@ -38,6 +38,9 @@ pub struct Sweeper {
     pub(crate) first_seen: HashMap<(String, String, String), (Instant, Reason)>,
     /// Orphaned reservations by (name, uid), with when they were first seen.
     pub(crate) orphan_reservations_seen: HashMap<(String, String), Instant>,
+    /// Pools the breaker held at the last sweep: a hold is counted, logged and reported
+    /// once per episode, not once per sweep.
+    pub(crate) held_pools: HashSet<String>,
 }
 
 /// What one sweep did.
@@ -139,19 +142,22 @@ impl Sweeper {
                      held until an operator raises the ratio",
                     self.config.max_release_ratio
                 );
-                tracing::warn!(%pool, n, size, "breaker holds the sweep of this pool");
-                self.ctx
-                    .metrics
-                    .breaker_holds
-                    .get_or_create(&pool.clone().into())
-                    .inc();
-                self.ctx
-                    .events
-                    .breaker_hold(&self.config.namespace, pool, &uid, note)
-                    .await;
+                if !self.held_pools.contains(pool) {
+                    tracing::warn!(%pool, n, size, "breaker holds the sweep of this pool");
+                    self.ctx
+                        .metrics
+                        .breaker_holds
+                        .get_or_create(&pool.clone().into())
+                        .inc();
+                    self.ctx
+                        .events
+                        .breaker_hold(&self.config.namespace, pool, &uid, note)
+                        .await;
+                }
                 held.insert(pool.clone());
             }
         }
+        self.held_pools.clone_from(&held);
         confirmed.retain(|r| !held.contains(&r.judged.pool));
         report.held_pools = held.into_iter().collect();
         report.held_pools.sort();

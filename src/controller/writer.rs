@@ -92,6 +92,9 @@ pub struct Writer {
     pub(crate) dry_run: bool,
     /// The controller's index, kept in step with what is written (the node agent has none).
     pub(crate) state: Option<Arc<RwLock<State>>>,
+    /// Under `--dry-run`, the allocations (pool, key, id) already reported: nothing is
+    /// written, so they come back on every sweep, and each is reported once.
+    pub(crate) dry_run_reported: std::sync::Mutex<HashSet<(String, String, String)>>,
 }
 
 /// A handle to submit releases to the batching writer.
@@ -202,13 +205,15 @@ impl Writer {
         if self.dry_run {
             for (req, reply) in items {
                 let j = &req.judged;
-                self.events
-                    .dry_run(&j.pod, j.entry.ip, &j.network, req.reason)
-                    .await;
-                self.metrics
-                    .dry_run_releases
-                    .get_or_create(&req.reason.as_str().to_string().into())
-                    .inc();
+                if self.first_dry_run_report(pool, &j.entry.key, &j.entry.id) {
+                    self.events
+                        .dry_run(&j.pod, j.entry.ip, &j.network, req.reason)
+                        .await;
+                    self.metrics
+                        .dry_run_releases
+                        .get_or_create(&req.reason.as_str().to_string().into())
+                        .inc();
+                }
                 let _ = reply.send(Ok(ReleaseOutcome::DryRun));
             }
             return Vec::new();
@@ -225,6 +230,17 @@ impl Writer {
             let _ = reply.send(outcome);
         }
         released
+    }
+
+    /// Whether this allocation's dry-run decision is new (and remembers it). Allocations gone
+    /// from the controller's index are forgotten, so a new one at the same key is reported.
+    fn first_dry_run_report(&self, pool: &str, key: &str, id: &str) -> bool {
+        let mut reported = self.dry_run_reported.lock().expect("dry-run lock");
+        if let Some(state) = &self.state {
+            let st = state.read().expect("state lock");
+            reported.retain(|(p, k, i)| st.entry(p, k).is_some_and(|e| e.id == *i));
+        }
+        reported.insert((pool.to_owned(), key.to_owned(), id.to_owned()))
     }
 
     /// Reservations of written releases (Events are the caller's: it sees all of a pod's pools).

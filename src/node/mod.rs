@@ -326,6 +326,7 @@ pub async fn run(
         events: events_pub.clone(),
         dry_run: args.dry_run,
         state: None,
+        dry_run_reported: Default::default(),
     }));
     let releaser = Arc::new(Releaser {
         client: client.clone(),
