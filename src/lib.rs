@@ -10,5 +10,6 @@ pub mod node;
 pub mod reclaim;
 pub mod scan;
 pub mod telemetry;
+pub mod watch_retry;
 
 pub use podlife;

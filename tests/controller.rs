@@ -753,6 +753,50 @@ async fn with_two_replicas_only_the_lease_holder_writes() {
 }
 
 #[tokio::test]
+async fn after_a_long_outage_the_watches_resume_as_soon_as_the_apiserver_answers() {
+    let cp = tokio::task::spawn_blocking(ControlPlane::start)
+        .await
+        .unwrap()
+        .expect("private control plane");
+    let client = cp.client().await;
+    cp.install_crds(&client).await.expect("install crds/");
+    let ns = cp.namespace(&client, "ctl-outage").await;
+    let mut env = Env::with(client, ns.clone());
+    env.nad("macvlan", "192.0.2.0/24").await;
+    env.pool(
+        "192.0.2.0-24",
+        "192.0.2.0/24",
+        &[(10, "sb-web", "web-0"), (11, "sb-db", "db-0")],
+    )
+    .await;
+    env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
+    env.pod("db-0", "macvlan", Some(&["192.0.2.11"])).await;
+    env.start(&[]).await;
+
+    let (second, other) = cp.start_second_apiserver().await.expect("second apiserver");
+    cp.stop_apiserver().expect("stop the first apiserver");
+    Api::<Pod>::namespaced(other, &ns)
+        .delete("web-0", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    // The fault: an outage long enough for the watches' retry delays to grow past 10 s.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    cp.start_apiserver()
+        .await
+        .expect("restart the first apiserver");
+    // Well under the grown delay: the watches retry once the apiserver answers.
+    testenv::poll::wait_for_within(
+        "the release within 5 s of the apiserver's return",
+        Duration::from_secs(5),
+        Duration::from_millis(50),
+        || async { env.keys("192.0.2.0-24").await == ["11"] },
+    )
+    .await;
+    env.stop().await;
+    drop(second);
+}
+
+#[tokio::test]
 async fn a_pod_deleted_while_the_watched_apiserver_is_down_is_released() {
     // A private control plane with two apiservers: the controller watches through the first,
     // which goes down while the pod is deleted through the second.

@@ -17,6 +17,7 @@ use tokio::sync::watch;
 use super::state::State;
 use crate::api::{IPPool, NetworkAttachmentDefinition, OverlappingRangeIPReservation};
 use crate::telemetry::ControllerMetrics;
+use crate::watch_retry::retrying;
 
 fn podref_of(meta: &kube::api::ObjectMeta) -> Option<(String, String)> {
     Some((
@@ -57,12 +58,10 @@ pub async fn pods(
     metrics: ControllerMetrics,
     synced: Synced,
 ) {
-    let api = Api::<PartialObjectMeta<Pod>>::all(client);
-    let stream = watcher::watcher(api, watcher::Config::default())
-        .default_backoff()
-        .modify(|p| {
-            p.managed_fields_mut().clear();
-        });
+    let api = Api::<PartialObjectMeta<Pod>>::all(client.clone());
+    let stream = retrying(client, watcher::watcher(api, watcher::Config::default())).modify(|p| {
+        p.managed_fields_mut().clear();
+    });
     let mut relists = PodRelist::default();
     drive("pods", stream, synced, |event| {
         let mut st = state.write().expect("state lock");
@@ -154,9 +153,9 @@ pub async fn terminal_pods(
     phase: &'static str,
     synced: Synced,
 ) {
-    let api = Api::<PartialObjectMeta<Pod>>::all(client);
+    let api = Api::<PartialObjectMeta<Pod>>::all(client.clone());
     let config = watcher::Config::default().fields(&format!("status.phase={phase}"));
-    let stream = watcher::watcher(api, config).default_backoff();
+    let stream = retrying(client, watcher::watcher(api, config));
     let mut known: HashSet<String> = HashSet::new();
     let mut relisted: HashSet<String> = HashSet::new();
     drive("terminal-pods", stream, synced, |event| {
@@ -189,8 +188,8 @@ pub async fn terminal_pods(
 
 /// Watches the pools in the whereabouts namespace.
 pub async fn pools(client: Client, namespace: String, state: Arc<RwLock<State>>, synced: Synced) {
-    let api = Api::<IPPool>::namespaced(client, &namespace);
-    let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
+    let api = Api::<IPPool>::namespaced(client.clone(), &namespace);
+    let stream = retrying(client, watcher::watcher(api, watcher::Config::default()));
     let mut relisted: HashSet<String> = HashSet::new();
     drive("ippools", stream, synced, |event| {
         let mut st = state.write().expect("state lock");
@@ -224,8 +223,8 @@ pub async fn reservations(
     state: Arc<RwLock<State>>,
     synced: Synced,
 ) {
-    let api = Api::<OverlappingRangeIPReservation>::namespaced(client, &namespace);
-    let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
+    let api = Api::<OverlappingRangeIPReservation>::namespaced(client.clone(), &namespace);
+    let stream = retrying(client, watcher::watcher(api, watcher::Config::default()));
     drive("reservations", stream, synced, |event| {
         let mut st = state.write().expect("state lock");
         match event {
@@ -241,8 +240,8 @@ pub async fn reservations(
 
 /// Watches NADs in all namespaces.
 pub async fn nads(client: Client, state: Arc<RwLock<State>>, synced: Synced) {
-    let api = Api::<NetworkAttachmentDefinition>::all(client);
-    let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
+    let api = Api::<NetworkAttachmentDefinition>::all(client.clone());
+    let stream = retrying(client, watcher::watcher(api, watcher::Config::default()));
     drive("network-attachment-definitions", stream, synced, |event| {
         let mut st = state.write().expect("state lock");
         match event {

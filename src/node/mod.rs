@@ -103,11 +103,10 @@ type PodStore = Store<PartialObjectMeta<Pod>>;
 
 /// Watches the metadata of this node's pods into a store.
 fn watch_node_pods(client: Client, node: &str) -> (PodStore, tokio::task::JoinHandle<()>) {
-    let api = Api::<PartialObjectMeta<Pod>>::all(client);
+    let api = Api::<PartialObjectMeta<Pod>>::all(client.clone());
     let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
     let (reader, writer) = reflector::store();
-    let stream = watcher::watcher(api, config)
-        .default_backoff()
+    let stream = crate::watch_retry::retrying(client, watcher::watcher(api, config))
         .modify(|p| {
             p.managed_fields_mut().clear();
         })
