@@ -372,3 +372,22 @@ impl Releaser {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Outcome;
+
+    #[test]
+    fn every_outcome_label_is_listed() {
+        let all = [
+            Outcome::Released(1),
+            Outcome::DryRun(1),
+            Outcome::NoAllocation,
+            Outcome::Kept,
+            Outcome::PodGone,
+            Outcome::Failed("x".into()),
+        ];
+        let labels: Vec<&str> = all.iter().map(Outcome::label).collect();
+        assert_eq!(labels, Outcome::LABELS);
+    }
+}
