@@ -752,15 +752,19 @@ async fn with_two_replicas_only_the_lease_holder_writes() {
     second.stop().await;
 }
 
-#[tokio::test]
-async fn after_a_long_outage_the_watches_resume_as_soon_as_the_apiserver_answers() {
+/// A controller on a private control plane of two apiservers, watching through the first,
+/// which is down; web-0 (192.0.2.10) was deleted through the second meanwhile, db-0
+/// (192.0.2.11) lives. The second apiserver stops when its handle is dropped.
+async fn web_0_deleted_while_the_watched_apiserver_is_down(
+    prefix: &str,
+) -> (ControlPlane, Env, testenv::controlplane::SecondApiServer) {
     let cp = tokio::task::spawn_blocking(ControlPlane::start)
         .await
         .unwrap()
         .expect("private control plane");
     let client = cp.client().await;
     cp.install_crds(&client).await.expect("install crds/");
-    let ns = cp.namespace(&client, "ctl-outage").await;
+    let ns = cp.namespace(&client, prefix).await;
     let mut env = Env::with(client, ns.clone());
     env.nad("macvlan", "192.0.2.0/24").await;
     env.pool(
@@ -779,6 +783,13 @@ async fn after_a_long_outage_the_watches_resume_as_soon_as_the_apiserver_answers
         .delete("web-0", &DeleteParams::default().grace_period(0))
         .await
         .unwrap();
+    (cp, env, second)
+}
+
+#[tokio::test]
+async fn after_a_long_outage_the_watches_resume_as_soon_as_the_apiserver_answers() {
+    let (cp, mut env, _second) =
+        web_0_deleted_while_the_watched_apiserver_is_down("ctl-outage").await;
     // The fault: an outage long enough for the watches' retry delays to grow past 10 s.
     tokio::time::sleep(Duration::from_secs(20)).await;
     cp.start_apiserver()
@@ -793,47 +804,18 @@ async fn after_a_long_outage_the_watches_resume_as_soon_as_the_apiserver_answers
     )
     .await;
     env.stop().await;
-    drop(second);
 }
 
 #[tokio::test]
 async fn a_pod_deleted_while_the_watched_apiserver_is_down_is_released() {
-    // A private control plane with two apiservers: the controller watches through the first,
-    // which goes down while the pod is deleted through the second.
-    let cp = tokio::task::spawn_blocking(ControlPlane::start)
-        .await
-        .unwrap()
-        .expect("private control plane");
-    let client = cp.client().await;
-    cp.install_crds(&client).await.expect("install crds/");
-    let ns = cp.namespace(&client, "ctl-gap").await;
-    let mut env = Env::with(client, ns.clone());
-    env.nad("macvlan", "192.0.2.0/24").await;
-    env.pool(
-        "192.0.2.0-24",
-        "192.0.2.0/24",
-        &[(10, "sb-web", "web-0"), (11, "sb-db", "db-0")],
-    )
-    .await;
-    env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
-    env.pod("db-0", "macvlan", Some(&["192.0.2.11"])).await;
-    env.start(&[]).await;
-
-    let (second, other) = cp.start_second_apiserver().await.expect("second apiserver");
-    cp.stop_apiserver().expect("stop the first apiserver");
-    Api::<Pod>::namespaced(other, &ns)
-        .delete("web-0", &DeleteParams::default().grace_period(0))
-        .await
-        .unwrap();
+    let (cp, mut env, _second) = web_0_deleted_while_the_watched_apiserver_is_down("ctl-gap").await;
     cp.start_apiserver()
         .await
         .expect("restart the first apiserver");
-
     // The watch resumes (replayed Delete, or a re-list and its gap diff: unit-tested in
     // controller::watch); either way the address is released and the live pod's stays.
     env.wait_keys("192.0.2.0-24", &["11"]).await;
     env.stop().await;
-    drop(second);
 }
 
 testenv::as_admin_and_as_the_chart!(
