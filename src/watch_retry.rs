@@ -67,6 +67,9 @@ struct Retrying<S> {
     delay: Duration,
     /// Set after an error: how to wait before polling again.
     pending: Option<After>,
+    /// A 410 was answered with an immediate re-list since the last success (a second one in a
+    /// row backs off: an apiserver that keeps answering 410 is not hammered).
+    relisted: bool,
 }
 
 /// `stream` (a [`watcher`] without backoff of its own) with the retry policy above.
@@ -80,11 +83,13 @@ where
         client,
         delay: Duration::ZERO,
         pending: None,
+        relisted: false,
     };
     futures::stream::unfold(state, |mut st| async move {
         match st.pending.take() {
-            None | Some(After::Relist) => {}
-            Some(After::Answered) => {
+            None => {}
+            Some(After::Relist) if !st.relisted => st.relisted = true,
+            Some(After::Relist | After::Answered) => {
                 st.delay = next_delay(st.delay);
                 tokio::time::sleep(st.delay).await;
             }
@@ -99,7 +104,10 @@ where
         }
         let item = st.inner.next().await?;
         match &item {
-            Ok(_) => st.delay = Duration::ZERO,
+            Ok(_) => {
+                st.delay = Duration::ZERO;
+                st.relisted = false;
+            }
             Err(e) => st.pending = Some(classify(e)),
         }
         Some((item, st))
