@@ -166,20 +166,18 @@ async fn metrics_through_the_service(client: &Client, component: &str) -> String
     let path = format!(
         "/api/v1/namespaces/{RELEASE_NS}/services/ipreclaim-{component}:metrics/proxy/metrics"
     );
-    let req = http::Request::get(path).body(Vec::new()).unwrap();
-    tokio::time::timeout(std::time::Duration::from_secs(10), client.request_text(req))
-        .await
-        .ok()
-        .and_then(Result::ok)
-        .unwrap_or_default()
+    proxy_get(client, path).await.unwrap_or_default()
 }
 
-/// The kubelet is killed and the pods are force-deleted, as an operator does for a crashed
-/// node: no CNI DEL can run. Plain pods' entries and reservations are ipreclaim's to free. A
-/// StatefulSet pod is recreated under its name at once; while the replacement has no
-/// network-status its podref's entry is kept (the replacement's ADD may already have taken it
-/// over: whereabouts reuses a podref+ifname's entry and rewrites its id), and when the kubelet
-/// returns the replacement gets an address either way.
+/// GET through the apiserver's proxy, bounded (a dead endpoint must not hang a check).
+async fn proxy_get(client: &Client, path: String) -> Result<String, String> {
+    let req = http::Request::get(path).body(Vec::new()).unwrap();
+    match tokio::time::timeout(std::time::Duration::from_secs(10), client.request_text(req)).await {
+        Ok(r) => r.map_err(|e| e.to_string()),
+        Err(_) => Err("no answer in 10 s".into()),
+    }
+}
+
 /// `/metrics` of each controller replica, through the apiserver's pod proxy.
 async fn controller_pods_metrics(client: &Client) -> Vec<String> {
     let pods = Api::<Pod>::namespaced(client.clone(), RELEASE_NS)
@@ -190,13 +188,8 @@ async fn controller_pods_metrics(client: &Client) -> Vec<String> {
     for p in pods.items {
         let name = p.metadata.name.unwrap();
         let path = format!("/api/v1/namespaces/{RELEASE_NS}/pods/{name}:8080/proxy/metrics");
-        let req = http::Request::get(path).body(Vec::new()).unwrap();
-        out.push(
-            client
-                .request_text(req)
-                .await
-                .expect("scrape a controller pod"),
-        );
+        let text = proxy_get(client, path).await;
+        out.push(text.unwrap_or_else(|e| panic!("scrape controller pod {name}: {e}")));
     }
     assert_eq!(
         out.len(),
@@ -206,6 +199,12 @@ async fn controller_pods_metrics(client: &Client) -> Vec<String> {
     out
 }
 
+/// The kubelet is killed and the pods are force-deleted, as an operator does for a crashed
+/// node: no CNI DEL can run. Plain pods' entries and reservations are ipreclaim's to free. A
+/// StatefulSet pod is recreated under its name at once; while the replacement has no
+/// network-status its podref's entry is kept (the replacement's ADD may already have taken it
+/// over: whereabouts reuses a podref+ifname's entry and rewrites its id), and when the kubelet
+/// returns the replacement gets an address either way.
 async fn a_node_crash_with_force_deleted_pods_releases_every_address(mut c: Cluster) {
     let node = c.node_handle();
     c.create_pod("c-0").await;
@@ -343,8 +342,7 @@ async fn start_whereabouts_control_loop(node: &'static Node, client: &Client) {
     const LOOP_IMAGE: &str = "localhost/ipreclaim/whereabouts-control-loop:e2e";
     tokio::task::spawn_blocking(move || {
         let bin = binary("whereabouts-controlloop").unwrap();
-        let mut files = vec![image::File::from_host_to(&bin, "/ip-control-loop").unwrap()];
-        files.extend(image::user_files());
+        let files = image::binary_image_files(&bin, "/ip-control-loop").unwrap();
         let archive = node.dir().join("whereabouts-control-loop.tar");
         let config = image::Config {
             name: LOOP_IMAGE,

@@ -21,7 +21,7 @@ use rcgen::{
     KeyUsagePurpose,
 };
 
-use crate::procs::{binary, free_port, run_dir, spawn_supervised, workspace_root};
+use crate::procs::{binary, free_port, run_dir, spawn_supervised, workspace_root, write_file};
 
 /// How long to wait for etcd or kube-apiserver to become ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
@@ -100,8 +100,26 @@ impl Drop for ControlPlane {
     }
 }
 
-fn write(path: &Path, contents: impl AsRef<[u8]>) -> Result<()> {
-    std::fs::write(path, contents).with_context(|| format!("write {}", path.display()))
+/// A certificate for `sans` and `names` with `usage`, signed by `issuer`, as `<file>.pem` and
+/// `<file>-key.pem` in `dir`.
+fn issue_leaf(
+    dir: &Path,
+    file: &str,
+    issuer: &Issuer<'_, KeyPair>,
+    sans: Vec<String>,
+    names: &[(DnType, &str)],
+    usage: ExtendedKeyUsagePurpose,
+) -> Result<()> {
+    let mut params = CertificateParams::new(sans)?;
+    for (kind, value) in names {
+        params.distinguished_name.push(kind.clone(), *value);
+    }
+    params.extended_key_usages = vec![usage];
+    params.use_authority_key_identifier_extension = true;
+    let key = KeyPair::generate()?;
+    let cert = params.signed_by(&key, issuer)?;
+    write_file(&dir.join(format!("{file}.pem")), cert.pem())?;
+    write_file(&dir.join(format!("{file}-key.pem")), key.serialize_pem())
 }
 
 /// The CA (and its key, for kube-controller-manager's signer), the serving certificate for
@@ -119,40 +137,32 @@ fn write_pki(dir: &Path, sans: Vec<String>) -> Result<()> {
     ];
     let ca_key = KeyPair::generate()?;
     let ca_cert = ca.self_signed(&ca_key)?;
-    write(&dir.join("ca-key.pem"), ca_key.serialize_pem())?;
+    write_file(&dir.join("ca-key.pem"), ca_key.serialize_pem())?;
     let issuer = Issuer::new(ca, ca_key);
 
-    let mut serving = CertificateParams::new(sans)?;
-    serving
-        .distinguished_name
-        .push(DnType::CommonName, "kube-apiserver");
-    serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    serving.use_authority_key_identifier_extension = true;
-    let serving_key = KeyPair::generate()?;
-    let serving_cert = serving.signed_by(&serving_key, &issuer)?;
-
-    let mut kubelet_client = CertificateParams::new(Vec::<String>::new())?;
-    kubelet_client
-        .distinguished_name
-        .push(DnType::CommonName, "kube-apiserver-kubelet-client");
-    kubelet_client
-        .distinguished_name
-        .push(DnType::OrganizationName, "system:masters");
-    kubelet_client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-    kubelet_client.use_authority_key_identifier_extension = true;
-    let kubelet_client_key = KeyPair::generate()?;
-    let kubelet_client_cert = kubelet_client.signed_by(&kubelet_client_key, &issuer)?;
-    write(&dir.join("kubelet-client.pem"), kubelet_client_cert.pem())?;
-    write(
-        &dir.join("kubelet-client-key.pem"),
-        kubelet_client_key.serialize_pem(),
+    issue_leaf(
+        dir,
+        "apiserver",
+        &issuer,
+        sans,
+        &[(DnType::CommonName, "kube-apiserver")],
+        ExtendedKeyUsagePurpose::ServerAuth,
     )?;
-    write(&dir.join("ca.pem"), ca_cert.pem())?;
-    write(&dir.join("apiserver.pem"), serving_cert.pem())?;
-    write(&dir.join("apiserver-key.pem"), serving_key.serialize_pem())?;
+    issue_leaf(
+        dir,
+        "kubelet-client",
+        &issuer,
+        Vec::new(),
+        &[
+            (DnType::CommonName, "kube-apiserver-kubelet-client"),
+            (DnType::OrganizationName, "system:masters"),
+        ],
+        ExtendedKeyUsagePurpose::ClientAuth,
+    )?;
+    write_file(&dir.join("ca.pem"), ca_cert.pem())?;
     let sa_key = KeyPair::generate()?;
-    write(&dir.join("sa-key.pem"), sa_key.serialize_pem())?;
-    write(&dir.join("sa.pub"), sa_key.public_key_pem())?;
+    write_file(&dir.join("sa-key.pem"), sa_key.serialize_pem())?;
+    write_file(&dir.join("sa.pub"), sa_key.public_key_pem())?;
     Ok(())
 }
 
@@ -220,7 +230,7 @@ impl ControlPlane {
             ));
             token
         });
-        write(&dir.join("tokens.csv"), tokens)?;
+        write_file(&dir.join("tokens.csv"), tokens)?;
 
         let (client_port, peer_port) = (free_port()?, free_port()?);
         let secure_port = match options.secure_port {
@@ -291,7 +301,7 @@ impl ControlPlane {
             apiserver_cmd,
             dir,
         };
-        write(&cp.kubeconfig_path(), cp.kubeconfig_yaml(&cp.admin_token))?;
+        write_file(&cp.kubeconfig_path(), cp.kubeconfig_yaml(&cp.admin_token))?;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -321,7 +331,7 @@ impl ControlPlane {
             .kubelet_token
             .as_ref()
             .context("this control plane was not started for a node")?;
-        write(path, self.kubeconfig_yaml(token))
+        write_file(path, self.kubeconfig_yaml(token))
     }
 
     /// A kubeconfig with admin credentials whose context namespace is `namespace` (the
@@ -330,7 +340,7 @@ impl ControlPlane {
         let yaml = self
             .kubeconfig_yaml(&self.admin_token)
             .replace("namespace: default", &format!("namespace: {namespace}"));
-        write(path, yaml)
+        write_file(path, yaml)
     }
 
     fn kubeconfig_yaml(&self, token: &str) -> String {
@@ -529,7 +539,7 @@ impl ControlPlane {
 
     /// A kubeconfig for `token` (for tools such as kubectl and helm run by tests).
     pub fn write_kubeconfig_for_token(&self, token: &str, path: &Path) -> Result<()> {
-        write(path, self.kubeconfig_yaml(token))
+        write_file(path, self.kubeconfig_yaml(token))
     }
 }
 

@@ -54,3 +54,15 @@ pub fn undescribed_metrics(metrics: &str, names: &[String]) -> Vec<String> {
         .cloned()
         .collect()
 }
+
+/// Fails the test unless every metric of the README paragraph for `prefix` (at least
+/// `at_least` of them, or the paragraph was misread) is described in `/metrics` text.
+pub fn assert_readme_metrics_on(metrics: &str, prefix: &str, at_least: usize) {
+    let names = readme_metrics(prefix);
+    assert!(names.len() >= at_least, "README metric list: {names:?}");
+    let missing = undescribed_metrics(metrics, &names);
+    assert!(
+        missing.is_empty(),
+        "named in the README, not on /metrics: {missing:?}"
+    );
+}

@@ -25,11 +25,6 @@ impl File {
         }
     }
 
-    /// A file copied from the host to the same path in the image.
-    pub fn from_host(path: &Path) -> Result<File> {
-        Self::from_host_to(path, &path.display().to_string())
-    }
-
     /// A host file placed at `to` in the image, with its mode.
     pub fn from_host_to(path: &Path, to: &str) -> Result<File> {
         use std::os::unix::fs::PermissionsExt;

@@ -25,7 +25,7 @@ use kube::api::{Api, DeleteParams, ListParams};
 use crate::containerd::{Containerd, link_host_cni_plugins};
 use crate::controlplane::{ControlPlane, Options};
 use crate::host::{self, Changes};
-use crate::procs::{binary, free_port, spawn_supervised, workspace_root};
+use crate::procs::{binary, free_port, spawn_supervised, workspace_root, write_file};
 
 /// The node's name.
 pub const NODE_NAME: &str = "ipreclaim-node";
@@ -84,13 +84,6 @@ fn take_lock() -> Result<std::fs::File> {
     Ok(file)
 }
 
-fn write(path: &Path, contents: impl AsRef<[u8]>) -> Result<()> {
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
-    std::fs::write(path, contents).with_context(|| format!("write {}", path.display()))
-}
-
 /// The CNI setup: plugins linked into `bin`, Multus's conflist in `conf`.
 fn write_cni(dir: &Path, cp: &ControlPlane, bin: &Path, conf: &Path) -> Result<()> {
     std::fs::create_dir_all(bin)?;
@@ -136,12 +129,12 @@ fn write_cni(dir: &Path, cp: &ControlPlane, bin: &Path, conf: &Path) -> Result<(
         }],
     });
     std::fs::create_dir_all(dir.join("multus.d"))?;
-    write(
+    write_file(
         &conf.join("00-multus.conflist"),
         serde_json::to_vec_pretty(&multus)?,
     )?;
     // whereabouts' flat file: NADs name it with `configuration_path`.
-    write(
+    write_file(
         &dir.join("whereabouts.conf"),
         serde_json::to_vec_pretty(&serde_json::json!({
             "datastore": "kubernetes",
@@ -181,7 +174,7 @@ fn kubelet_config(dir: &Path, cp: &ControlPlane, socket: &Path) -> Result<String
         "registerNode": true,
     });
     let path = dir.join("kubelet.yaml");
-    write(&path, serde_json::to_vec_pretty(&config)?)?;
+    write_file(&path, serde_json::to_vec_pretty(&config)?)?;
     Ok(path.display().to_string())
 }
 

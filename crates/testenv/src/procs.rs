@@ -135,6 +135,14 @@ pub fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// Writes `contents` to `path`, creating its directory; the error names the path.
+pub fn write_file(path: &Path, contents: impl AsRef<[u8]>) -> Result<()> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::write(path, contents).with_context(|| format!("write {}", path.display()))
+}
+
 /// Runs `cmd` to completion; a failure carries its output.
 pub fn run(cmd: &mut Command) -> Result<()> {
     let out = cmd.output().with_context(|| format!("run {cmd:?}"))?;
