@@ -30,6 +30,20 @@ pub struct ScanRow {
     pub reason: String,
     /// Age of the live pod holding the podref (none when no pod of that name exists).
     pub pod_age_seconds: Option<i64>,
+    /// For a fenced address: the node it waits for, why, and how long.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fence: Option<ScanFence>,
+}
+
+/// A fence, as `scan` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ScanFence {
+    /// The node the deleted pod was on.
+    pub node: String,
+    /// Its Ready condition when the fence was set.
+    pub why: String,
+    /// Seconds since the fence was set.
+    pub age_seconds: i64,
 }
 
 /// Lists pods (metadata), terminal pods, pools and NADs, and judges every allocation.
@@ -103,9 +117,25 @@ pub async fn scan(
                 sandbox: j.entry.id,
                 decision: decision.into(),
                 reason: reason.as_str().into(),
+                fence: None,
             })
         })
         .collect();
+    // Fenced addresses: a deleted pod's, kept until its node is trusted again.
+    rows.extend(state.fenced().into_iter().map(|(pool, f)| ScanRow {
+        pool,
+        ip: f.entry.ip.to_string(),
+        pod_age_seconds: None,
+        podref: f.record.podref,
+        sandbox: f.entry.id,
+        decision: "fenced".into(),
+        reason: crate::reclaim::Reason::PodDeleted.as_str().into(),
+        fence: Some(ScanFence {
+            node: f.record.node,
+            why: f.record.why,
+            age_seconds: wall.duration_since(f.record.since).as_secs(),
+        }),
+    }));
     rows.sort_by(|a, b| (&a.pool, &a.ip).cmp(&(&b.pool, &b.ip)));
     Ok(rows)
 }
@@ -113,9 +143,16 @@ pub async fn scan(
 /// Renders rows as an aligned table.
 pub fn table(rows: &[ScanRow]) -> String {
     let header = [
-        "POOL", "IP", "PODREF", "SANDBOX", "DECISION", "REASON", "POD AGE",
+        "POOL",
+        "IP",
+        "PODREF",
+        "SANDBOX",
+        "DECISION",
+        "REASON",
+        "POD AGE",
+        "FENCED ON",
     ];
-    let cells: Vec<[String; 7]> = rows
+    let cells: Vec<[String; 8]> = rows
         .iter()
         .map(|r| {
             [
@@ -126,6 +163,9 @@ pub fn table(rows: &[ScanRow]) -> String {
                 r.decision.clone(),
                 r.reason.clone(),
                 r.pod_age_seconds.map_or("-".into(), |s| format!("{s}s")),
+                r.fence.as_ref().map_or("-".into(), |f| {
+                    format!("{} for {}s ({})", f.node, f.age_seconds, f.why)
+                }),
             ]
         })
         .collect();

@@ -129,8 +129,8 @@ fn helm_lint_and_template_pass_and_every_flag_is_reachable() {
         .difference(&flags_in(&controller_args))
         .cloned()
         .collect();
-    // Only given when on (checked below).
-    missing.retain(|f| f != "--dry-run");
+    // Only given when on or set (checked below).
+    missing.retain(|f| f != "--dry-run" && f != "--fence-timeout");
     assert!(
         missing.is_empty(),
         "controller flags not set from values: {missing:?}"
@@ -204,6 +204,7 @@ fn helm_lint_and_template_pass_and_every_flag_is_reachable() {
     let docs = template(&[
         "controller.dryRun=true",
         "controller.leakGrace=5m",
+        "controller.fence.timeout=10m",
         "nodeAgent.criSocket=/run/crio/crio.sock",
         "nodeAgent.dryRun=true",
         "serviceMonitor.enabled=true",
@@ -213,6 +214,7 @@ fn helm_lint_and_template_pass_and_every_flag_is_reachable() {
     for want in [
         "--dry-run",
         "--leak-grace=5m",
+        "--fence-timeout=10m",
         "--whereabouts-namespace=ipam",
     ] {
         assert!(
@@ -237,6 +239,26 @@ fn helm_lint_and_template_pass_and_every_flag_is_reachable() {
         find(&docs, "Role", "-controller-pools")["metadata"]["namespace"],
         "ipam"
     );
+
+    // Nodes are read only for fencing.
+    let node_rules = |docs: &[Value]| {
+        docs.iter()
+            .filter(|d| {
+                d["kind"] == "ClusterRole"
+                    && d["metadata"]["name"]
+                        .as_str()
+                        .is_some_and(|n| n.contains("-controller"))
+            })
+            .flat_map(|d| d["rules"].as_array().unwrap().iter())
+            .filter(|r| r["resources"] == json!(["nodes"]))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        node_rules(&template(&[])),
+        [json!({"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]})]
+    );
+    assert!(node_rules(&template(&["controller.fence.unreadyNodes=false"])).is_empty());
 }
 
 async fn get_dynamic(client: &Client, doc: &Value) -> Value {

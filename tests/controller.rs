@@ -174,6 +174,17 @@ impl Env {
 
     /// A pod whose network-status lists `ips` on network `nad` (None: no annotation).
     async fn pod(&self, name: &str, nad: &str, ips: Option<&[&str]>) -> String {
+        self.pod_on(name, nad, ips, None).await
+    }
+
+    /// Like [`pod`](Self::pod), bound to `node`.
+    async fn pod_on(
+        &self,
+        name: &str,
+        nad: &str,
+        ips: Option<&[&str]>,
+        node: Option<&str>,
+    ) -> String {
         let annotations = ips.map(|ips| {
             let status = serde_json::json!([
                 {"name": "cbr0", "interface": "eth0", "ips": ["10.244.0.5"], "default": true},
@@ -181,7 +192,10 @@ impl Env {
             ]);
             BTreeMap::from([(STATUS.to_string(), status.to_string())])
         });
-        let pod = testenv::fixtures::pod(name, annotations);
+        let mut pod = testenv::fixtures::pod(name, annotations);
+        if let (Some(spec), Some(node)) = (pod.spec.as_mut(), node) {
+            spec.node_name = Some(node.into());
+        }
         let created = self
             .pods()
             .create(&PostParams::default(), &pod)
@@ -1148,4 +1162,265 @@ async fn text_logs_to_a_pipe_carry_no_colour_codes() {
         seen.iter().all(|l| !l.contains('\u{1b}')),
         "ANSI escape codes in piped logs: {seen:?}"
     );
+}
+
+// Fencing against the real apiserver. The Nodes here are stand-ins (Node objects whose Ready
+// condition the test sets; no kubelet): the real node's own CNI DEL frees a fenced entry as
+// soon as its kubelet tears the sandbox down, so only a stand-in lets the settle period, a
+// restart while fenced and the release by ipreclaim itself be seen. The e2e scenarios on the
+// real node show the rest.
+
+const FENCED: &str = "IPAddressGarbageCollectionFenced";
+
+impl Env {
+    /// A Node named after the test's namespace, with its Ready condition `status`.
+    async fn fence_node(&self, status: &str) -> String {
+        let name = format!("{}-node", self.ns);
+        let node = k8s_openapi::api::core::v1::Node {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        Api::<k8s_openapi::api::core::v1::Node>::all(self.client.clone())
+            .create(&PostParams::default(), &node)
+            .await
+            .unwrap();
+        self.set_ready(&name, status).await;
+        name
+    }
+
+    /// Sets a Node's Ready condition, its transition now.
+    async fn set_ready(&self, node: &str, status: &str) {
+        let now = jiff::Timestamp::now().to_string();
+        let patch = serde_json::json!({"status": {"conditions": [{
+            "type": "Ready", "status": status, "reason": "SetByTest",
+            "lastHeartbeatTime": now, "lastTransitionTime": now,
+        }]}});
+        Api::<k8s_openapi::api::core::v1::Node>::all(self.client.clone())
+            .patch_status(
+                node,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(patch),
+            )
+            .await
+            .unwrap();
+    }
+
+    async fn delete_node(&self, node: &str) {
+        Api::<k8s_openapi::api::core::v1::Node>::all(self.client.clone())
+            .delete(node, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+
+    async fn reservation(&self, ip: &str, pod: &str) {
+        use ipreclaim::api::{OverlappingRangeIPReservation, OverlappingRangeIPReservationSpec};
+        let r = OverlappingRangeIPReservation::new(
+            ip,
+            OverlappingRangeIPReservationSpec {
+                containerid: Some(format!("sb-{pod}")),
+                podref: format!("{}/{pod}", self.ns),
+                ifname: Some("net1".into()),
+                ipamclaimref: None,
+            },
+        );
+        Api::<OverlappingRangeIPReservation>::namespaced(self.client.clone(), &self.ns)
+            .create(&PostParams::default(), &r)
+            .await
+            .unwrap();
+    }
+
+    async fn reservation_names(&self) -> Vec<String> {
+        Api::<ipreclaim::api::OverlappingRangeIPReservation>::namespaced(
+            self.client.clone(),
+            &self.ns,
+        )
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|r| r.metadata.name)
+        .collect()
+    }
+
+    /// (podref, fence annotation) of `key` in `pool`.
+    async fn entry_and_fence(&self, pool: &str, key: &str) -> (Option<String>, Option<String>) {
+        let p = self.pools().get(pool).await.unwrap();
+        let podref = p.spec.allocations.get(key).map(|a| a.podref.clone());
+        let fence = p
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .get(&format!("ipreclaim.io/fence-{key}"))
+            .cloned();
+        (podref, fence)
+    }
+
+    /// web-0 (192.0.2.10, with its reservation) and db-0 (192.0.2.11) on `node`; the
+    /// controller runs with `extra`; web-0 is force-deleted and its Fenced Event awaited.
+    async fn fenced_web_0(&mut self, node: &str, extra: &[&str]) -> String {
+        self.nad("macvlan", "192.0.2.0/24").await;
+        self.pool(
+            "192.0.2.0-24",
+            "192.0.2.0/24",
+            &[(10, "sb-web-0", "web-0"), (11, "sb-db-0", "db-0")],
+        )
+        .await;
+        self.reservation("192.0.2.10", "web-0").await;
+        let uid = self
+            .pod_on("web-0", "macvlan", Some(&["192.0.2.10"]), Some(node))
+            .await;
+        self.pod_on("db-0", "macvlan", Some(&["192.0.2.11"]), Some(node))
+            .await;
+        self.start(extra).await;
+        self.delete_pod("web-0").await;
+        let events = self.wait_events(FENCED).await;
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert_eq!(
+            (events[0].0.as_str(), events[0].1.as_str()),
+            ("web-0", uid.as_str())
+        );
+        assert!(
+            events[0].2.contains(&format!(
+                "node {node} was not Ready (Ready=Unknown (SetByTest))"
+            )),
+            "{}",
+            events[0].2
+        );
+        uid
+    }
+
+    async fn assert_web_0_fenced(&self, node: &str) {
+        let (podref, fence) = self.entry_and_fence("192.0.2.0-24", "10").await;
+        assert_eq!(podref, Some(format!("{}/web-0:fenced", self.ns)));
+        let fence: serde_json::Value =
+            serde_json::from_str(&fence.expect("fence annotation")).unwrap();
+        assert_eq!(fence["node"], node);
+        assert_eq!(fence["podref"], format!("{}/web-0", self.ns));
+        assert_eq!(self.keys("192.0.2.0-24").await, ["10", "11"]);
+        assert_eq!(
+            self.reservation_names().await,
+            ["192.0.2.10"],
+            "the reservation stays with the fence"
+        );
+        assert!(self.events("IPAddressGarbageCollected").await.is_empty());
+    }
+
+    /// web-0's address, reservation and fence record are gone, with one release Event.
+    async fn wait_web_0_released(&self, uid: &str) {
+        self.wait_keys("192.0.2.0-24", &["11"]).await;
+        wait_for("web-0's reservation deleted", || async {
+            self.reservation_names().await.is_empty()
+        })
+        .await;
+        assert_eq!(
+            self.entry_and_fence("192.0.2.0-24", "10").await,
+            (None, None)
+        );
+        let ns = &self.ns;
+        assert_eq!(
+            self.wait_events("IPAddressGarbageCollected").await,
+            [(
+                "web-0".to_string(),
+                uid.to_string(),
+                format!("successful cleanup of IP address [192.0.2.10] from network {ns}/macvlan")
+            )]
+        );
+    }
+}
+
+testenv::as_admin_and_as_the_chart!(
+    Env,
+    a_pod_deleted_from_an_unready_node_is_fenced_across_a_restart_until_the_node_settles,
+    "ctl-fence"
+);
+async fn a_pod_deleted_from_an_unready_node_is_fenced_across_a_restart_until_the_node_settles(
+    mut env: Env,
+) {
+    let node = env.fence_node("Unknown").await;
+    let uid = env.fenced_web_0(&node, &["--fence-settle=2s"]).await;
+    env.assert_web_0_fenced(&node).await;
+    env.wait_metric("ipreclaim_fenced_addresses 1").await;
+    env.wait_metric("ipreclaim_fences_total 1").await;
+
+    // A restart while fenced: the fence is read back from the pool, nothing is released.
+    env.stop().await;
+    env.start(&["--fence-settle=2s"]).await;
+    env.wait_metric("ipreclaim_fenced_addresses 1").await;
+    env.wait_sweeps(2.0).await;
+    env.assert_web_0_fenced(&node).await;
+
+    env.set_ready(&node, "True").await;
+    env.wait_web_0_released(&uid).await;
+    env.wait_metric("ipreclaim_fenced_addresses 0").await;
+    env.wait_metric(r#"ipreclaim_releases_total{reason="PodDeleted"} 1"#)
+        .await;
+    assert_eq!(env.keys("192.0.2.0-24").await, ["11"], "db-0 untouched");
+    env.stop().await;
+    env.delete_node(&node).await;
+}
+
+#[tokio::test]
+async fn a_fence_lifts_at_once_when_its_node_is_deleted() {
+    let mut env = Env::new("ctl-fence-gone").await;
+    let node = env.fence_node("Unknown").await;
+    let uid = env.fenced_web_0(&node, &[]).await;
+    env.assert_web_0_fenced(&node).await;
+    env.delete_node(&node).await;
+    env.wait_web_0_released(&uid).await;
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_fence_timeout_releases_with_the_node_still_down() {
+    let mut env = Env::new("ctl-fence-timeout").await;
+    let node = env.fence_node("Unknown").await;
+    let uid = env.fenced_web_0(&node, &["--fence-timeout=5s"]).await;
+    env.assert_web_0_fenced(&node).await;
+    env.wait_web_0_released(&uid).await;
+    env.stop().await;
+    env.delete_node(&node).await;
+}
+
+#[tokio::test]
+async fn with_fencing_off_a_pod_of_an_unready_node_is_released_at_once_and_old_fences_lift() {
+    let mut env = Env::new("ctl-fence-off").await;
+    let node = env.fence_node("Unknown").await;
+    let uid = env.fenced_web_0(&node, &[]).await;
+    env.assert_web_0_fenced(&node).await;
+    env.stop().await;
+    // Restarted with fencing off: the fence an earlier run set is released.
+    env.start(&["--fence-unready-nodes=false"]).await;
+    env.wait_web_0_released(&uid).await;
+    // And a new deletion on the still unready node is released at once, unfenced.
+    env.delete_pod("db-0").await;
+    env.wait_keys("192.0.2.0-24", &[]).await;
+    assert_eq!(
+        env.events(FENCED).await.len(),
+        1,
+        "only web-0's, from the first run"
+    );
+    env.stop().await;
+    env.delete_node(&node).await;
+}
+
+#[tokio::test]
+async fn a_pod_deleted_from_a_ready_node_is_released_unfenced() {
+    let mut env = Env::new("ctl-fence-ready").await;
+    let node = env.fence_node("True").await;
+    env.nad("macvlan", "192.0.2.0/24").await;
+    env.pool("192.0.2.0-24", "192.0.2.0/24", &[(10, "sb-web-0", "web-0")])
+        .await;
+    env.pod_on("web-0", "macvlan", Some(&["192.0.2.10"]), Some(&node))
+        .await;
+    env.start(&[]).await;
+    env.delete_pod("web-0").await;
+    env.wait_keys("192.0.2.0-24", &[]).await;
+    env.wait_events("IPAddressGarbageCollected").await;
+    assert!(env.events(FENCED).await.is_empty());
+    env.stop().await;
+    env.delete_node(&node).await;
 }

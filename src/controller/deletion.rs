@@ -2,15 +2,29 @@
 //! judged, and releases go to the pool writer. Failures retry with per-item backoff; after the
 //! last retry a Warning Event names the cause and the sweep still owns the leak.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use tokio::sync::watch;
 
+use super::fence::{Placement, record_for};
 use super::state::PodRef;
-use super::writer::{ReleaseOutcome, ReleaseRequest};
-use crate::reclaim::{Decision, ReclaimConfig};
+use super::writer::{EntryWrite, ReleaseOutcome, ReleaseRequest};
+use crate::reclaim::{Decision, Reason, ReclaimConfig};
+
+/// How soon a deletion asks again whether its pod ran on a node that is not Ready.
+const PLACEMENT_RETRY: Duration = Duration::from_millis(250);
+/// After this long without an answer it asks less often, and says so once.
+const PLACEMENT_SLOW: Duration = Duration::from_secs(30);
+
+/// What became of a queue item.
+enum Processed {
+    /// Released, fenced or nothing to do.
+    Done,
+    /// Asked again after this long (its node's pods are not listed yet).
+    Later(Duration),
+}
 
 /// A deletion-path worker.
 pub struct Worker {
@@ -34,7 +48,8 @@ impl Worker {
                 return;
             }
             match self.process(&podref).await {
-                Ok(()) => self.ctx.queue.forget(&podref),
+                Ok(Processed::Done) => self.ctx.queue.forget(&podref),
+                Ok(Processed::Later(after)) => self.ctx.queue.add_after(podref.clone(), after),
                 Err(cause) if self.ctx.queue.num_requeues(&podref) < self.max_retries => {
                     tracing::warn!(%podref, %cause, "release failed; retrying with backoff");
                     self.ctx.metrics.retries.inc();
@@ -66,7 +81,7 @@ impl Worker {
         }
     }
 
-    async fn process(&self, podref: &str) -> Result<(), String> {
+    async fn process(&self, podref: &str) -> Result<Processed, String> {
         let started = Instant::now();
         let blind = {
             let st = self.ctx.state.read().expect("state lock");
@@ -102,16 +117,29 @@ impl Worker {
                         judged: j,
                         reason,
                         deleted_at: None,
+                        write: Default::default(),
                     }),
                     _ => None,
                 })
                 .collect();
             (releases, st.first_deletion(podref))
         };
-        let releases: Vec<ReleaseRequest> = releases
+        let mut releases: Vec<ReleaseRequest> = releases
             .into_iter()
             .map(|r| ReleaseRequest { deleted_at, ..r })
             .collect();
+        if self.fence(&mut releases) == Placement::Pending {
+            // Never release what may still be in use on a node that is down: wait for that
+            // node's pods to be listed (the list is retried like every watch).
+            let waited = deleted_at.map_or(Duration::ZERO, |at| at.elapsed());
+            if waited < PLACEMENT_SLOW {
+                return Ok(Processed::Later(PLACEMENT_RETRY));
+            }
+            if waited < PLACEMENT_SLOW + PLACEMENT_RETRY * 8 {
+                tracing::warn!(%podref, waited = ?waited, "cannot list the pods of a node that is not Ready; holding this pod's addresses until it can");
+            }
+            return Ok(Processed::Later(PLACEMENT_RETRY * 8));
+        }
         if !releases.is_empty() {
             let outcomes = self.ctx.writer.release(releases.clone()).await;
             self.ctx
@@ -138,6 +166,33 @@ impl Worker {
             .write()
             .expect("state lock")
             .clear_tombstones(podref, started);
-        Ok(())
+        Ok(Processed::Done)
+    }
+
+    /// Turns the releases of pods deleted from a node that is not Ready into fences. Returns
+    /// `Pending` when one pod's node cannot be told yet, else `Trusted`.
+    fn fence(&self, releases: &mut [ReleaseRequest]) -> Placement {
+        let Some(view) = &self.ctx.nodes else {
+            return Placement::Trusted;
+        };
+        let view = view.read().expect("node view lock");
+        let mut pending = false;
+        for r in releases {
+            if r.reason != Reason::PodDeleted || r.judged.pod.uid.is_empty() {
+                continue;
+            }
+            match view.placement(&r.judged.pod.uid) {
+                Placement::Unready { node, why } => {
+                    r.write = EntryWrite::Fence(record_for(&r.judged, node, why));
+                }
+                Placement::Pending => pending = true,
+                Placement::Trusted => {}
+            }
+        }
+        if pending {
+            Placement::Pending
+        } else {
+            Placement::Trusted
+        }
     }
 }

@@ -7,6 +7,7 @@ use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
 use super::state::PodRef;
+use crate::ipam::fence::FenceRecord;
 use crate::reclaim::Reason;
 
 /// whereabouts' reason for a release that was written.
@@ -15,6 +16,8 @@ pub const GC_DONE: &str = "IPAddressGarbageCollected";
 pub const GC_FAILED: &str = "IPAddressGarbageCollectionFailed";
 /// ipreclaim's reason for a release decided under `--dry-run`.
 pub const GC_DRY_RUN: &str = "IPAddressGarbageCollectionDryRun";
+/// ipreclaim's reason for addresses kept allocated because the pod's node may still run it.
+pub const GC_FENCED: &str = "IPAddressGarbageCollectionFenced";
 /// ipreclaim's reason for a sweep held by the blast-radius breaker.
 pub const BREAKER_HOLD: &str = "IPAddressGarbageCollectionHeld";
 
@@ -119,7 +122,8 @@ impl Events {
         .await;
     }
 
-    /// One Event per pod and network for the releases that were written, naming every address.
+    /// One Event per pod and network for the releases that were written, naming every address,
+    /// and one per fenced address.
     pub async fn released_all<'a>(
         &self,
         results: impl IntoIterator<
@@ -131,7 +135,15 @@ impl Events {
     ) {
         let mut by_network: std::collections::BTreeMap<(PodRef, String), Vec<IpAddr>> =
             Default::default();
+        let mut fenced = Vec::new();
         for (req, outcome) in results {
+            if let (
+                Ok(super::writer::ReleaseOutcome::Fenced),
+                super::writer::EntryWrite::Fence(r),
+            ) = (outcome, &req.write)
+            {
+                fenced.push((req.judged.pod.clone(), req.judged.entry.ip, r.clone()));
+            }
             if *outcome == Ok(super::writer::ReleaseOutcome::Released) {
                 let j = &req.judged;
                 by_network
@@ -143,6 +155,9 @@ impl Events {
         for ((pod, network), ips) in by_network {
             self.released(&pod, &ips, &network).await;
         }
+        for (pod, ip, record) in fenced {
+            self.fenced(&pod, ip, &record, false).await;
+        }
     }
 
     /// A release would have been written (dry-run).
@@ -153,6 +168,27 @@ impl Events {
             EventType::Normal,
             GC_DRY_RUN,
             format!("Release {ip}"),
+            note,
+            &pod_reference(pod),
+        )
+        .await;
+    }
+
+    /// A deleted pod's address stays allocated: its node may still run the sandbox.
+    pub async fn fenced(&self, pod: &PodRef, ip: IpAddr, record: &FenceRecord, dry_run: bool) {
+        let note = format!(
+            "{}IP address [{ip}] from network {} stays allocated: the pod was deleted while its \
+             node {} was not Ready ({}) and may still run it; released once the node has been \
+             Ready for the settle period, its Node is deleted, or the fence times out",
+            if dry_run { "dry-run: " } else { "" },
+            record.network,
+            record.node,
+            record.why
+        );
+        self.publish(
+            EventType::Warning,
+            GC_FENCED,
+            format!("Fence {ip}"),
             note,
             &pod_reference(pod),
         )

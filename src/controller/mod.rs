@@ -4,6 +4,7 @@
 
 pub mod deletion;
 pub mod events;
+pub mod fence;
 pub mod state;
 pub mod sweep;
 pub mod watch;
@@ -23,6 +24,7 @@ use prometheus_client::registry::Registry;
 use tokio::sync::watch as tokio_watch;
 
 use crate::reclaim::ReclaimConfig;
+use crate::reclaim::fence::FencePolicy;
 use crate::telemetry::{ControllerMetrics, Health, LogFormat};
 use state::State;
 
@@ -64,6 +66,18 @@ pub struct ControllerArgs {
     /// Largest share of a pool (over 10 allocations) one sweep may release; more is held.
     #[arg(long, env = "IPRECLAIM_MAX_RELEASE_RATIO", default_value = "0.5", value_parser = parse_ratio)]
     pub max_release_ratio: f64,
+    /// Keep the addresses of pods deleted while their node was not Ready (the sandbox may still
+    /// run there) until the node is Ready again and settled, its Node is deleted, or
+    /// --fence-timeout passes.
+    #[arg(long, env = "IPRECLAIM_FENCE_UNREADY_NODES", default_value_t = true, action = clap::ArgAction::Set)]
+    pub fence_unready_nodes: bool,
+    /// How long a node must be Ready again before its fences lift (time to kill what it should
+    /// no longer run).
+    #[arg(long, env = "IPRECLAIM_FENCE_SETTLE", default_value = "30s", value_parser = parse_duration)]
+    pub fence_settle: Duration,
+    /// Lift a fence after this long even if its node never comes back (default: never).
+    #[arg(long, env = "IPRECLAIM_FENCE_TIMEOUT", value_parser = parse_duration)]
+    pub fence_timeout: Option<Duration>,
     /// Retries of a failed release before a Warning Event (the sweep still owns the leak).
     #[arg(long, env = "IPRECLAIM_MAX_RETRIES", default_value_t = 5)]
     pub max_retries: u32,
@@ -109,6 +123,8 @@ pub struct Ctx {
     pub(crate) writer: writer::WriterHandle,
     pub(crate) events: events::Events,
     pub(crate) metrics: ControllerMetrics,
+    /// Nodes' readiness (`None`: fencing is off).
+    pub(crate) nodes: Option<Arc<RwLock<fence::NodeView>>>,
 }
 
 /// Handles a running controller exposes (for tests and the binary).
@@ -259,6 +275,12 @@ pub async fn run(
         ))
     });
     watch_task(&|tx| tokio::spawn(watch::nads(client.clone(), state.clone(), tx)));
+    let nodes = args
+        .fence_unready_nodes
+        .then(|| Arc::new(RwLock::new(fence::NodeView::default())));
+    if let Some(view) = &nodes {
+        watch_task(&|tx| tokio::spawn(fence::nodes(client.clone(), view.clone(), tx)));
+    }
 
     let ctx = Ctx {
         client: client.clone(),
@@ -267,6 +289,7 @@ pub async fn run(
         writer,
         events,
         metrics: metrics.clone(),
+        nodes: nodes.clone(),
     };
     let main = async {
         for mut rx in synced {
@@ -297,6 +320,24 @@ pub async fn run(
                 .run(),
             ));
         }
+        let lifter = fence::Lifter {
+            ctx: ctx.clone(),
+            view: nodes.clone().unwrap_or_default(),
+            policy: args.fence_unready_nodes.then_some(FencePolicy {
+                settle: args.fence_settle,
+                timeout: args.fence_timeout,
+            }),
+        };
+        let lifting = leader.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(fence::LIFT_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let leads = *lifting.borrow();
+                lifter.pass(leads).await;
+            }
+        }));
         let mut sweeper = sweep::Sweeper {
             ctx: ctx.clone(),
             config: sweep::SweepConfig {
@@ -326,7 +367,7 @@ pub async fn run(
                     metrics
                         .allocations
                         .get_or_create(&label.clone().into())
-                        .set(pool.entries.len() as i64);
+                        .set((pool.entries.len() + pool.fenced.len()) as i64);
                     metrics
                         .pool_problems
                         .get_or_create(&label.into())

@@ -11,6 +11,7 @@ use std::time::Instant;
 use ipnet::IpNet;
 
 use crate::api::{IPPool, NetworkAttachmentDefinition, OverlappingRangeIPReservation};
+use crate::ipam::fence::{BadFence, FenceRecord, fence_annotation_key, fenced_podref, pool_fences};
 use crate::ipam::{
     NetworkAttachment, PoolEntry, is_node_slice_pool, parse_nad_config, parse_network_status,
     pool_allocations, reservation_name,
@@ -75,6 +76,23 @@ pub struct PoolInfo {
     pub bad_range: bool,
     /// The range, when it parses.
     pub range: Option<IpNet>,
+    /// Fenced entries by key (their podref rewritten, their record in an annotation).
+    pub fenced: BTreeMap<String, FencedEntry>,
+    /// Fence annotations whose entry is gone or no longer fenced, with their value.
+    pub stale_fences: BTreeMap<String, String>,
+    /// Fence annotations that cannot be read.
+    pub bad_fences: Vec<BadFence>,
+    /// The pool has an annotations map (a fence patch adds into it, else creates it).
+    pub has_annotations: bool,
+}
+
+/// A fenced allocation.
+#[derive(Debug, Clone)]
+pub struct FencedEntry {
+    /// The entry as stored (podref rewritten).
+    pub entry: PoolEntry,
+    /// Whose it was, where and since when.
+    pub record: FenceRecord,
 }
 
 /// A reservation, stripped.
@@ -310,8 +328,18 @@ impl State {
                 self.slice_networks.insert(name.clone(), nets);
             }
         }
+        let (mut records, bad_fences) = pool_fences(pool.metadata.annotations.as_ref());
+        let mut fenced = BTreeMap::new();
         let mut by_key = BTreeMap::new();
         for e in entries {
+            if records
+                .get(&e.key)
+                .is_some_and(|r| e.podref == fenced_podref(&r.podref))
+                && let Some(record) = records.remove(&e.key)
+            {
+                fenced.insert(e.key.clone(), FencedEntry { entry: e, record });
+                continue;
+            }
             self.by_podref
                 .entry(e.podref.clone())
                 .or_default()
@@ -327,8 +355,51 @@ impl State {
                 problems,
                 bad_range: range.is_none(),
                 range,
+                fenced,
+                stale_fences: records
+                    .keys()
+                    .filter_map(|k| {
+                        let raw = pool
+                            .metadata
+                            .annotations
+                            .as_ref()?
+                            .get(&fence_annotation_key(k))?;
+                        Some((k.clone(), raw.clone()))
+                    })
+                    .collect(),
+                bad_fences,
+                has_annotations: pool.metadata.annotations.is_some(),
             },
         );
+    }
+
+    /// Marks an entry fenced after the fence was written (the watch will confirm).
+    pub fn fence_entry(&mut self, pool: &str, key: &str, record: FenceRecord) {
+        let Some(mut entry) = self.entry(pool, key).cloned() else {
+            return;
+        };
+        self.forget_entry(pool, key);
+        entry.podref = fenced_podref(&record.podref);
+        if let Some(p) = self.pools.get_mut(pool) {
+            p.has_annotations = true;
+            p.fenced
+                .insert(key.to_owned(), FencedEntry { entry, record });
+        }
+    }
+
+    /// Forgets a fenced entry after its release was written.
+    pub fn forget_fenced(&mut self, pool: &str, key: &str) {
+        if let Some(p) = self.pools.get_mut(pool) {
+            p.fenced.remove(key);
+        }
+    }
+
+    /// Every fenced entry as (pool, entry).
+    pub fn fenced(&self) -> Vec<(String, FencedEntry)> {
+        self.pools
+            .iter()
+            .flat_map(|(name, p)| p.fenced.values().map(move |f| (name.clone(), f.clone())))
+            .collect()
     }
 
     /// Forgets a pool.
@@ -477,10 +548,18 @@ impl State {
     /// Reservations `(name, uid, podref)` whose podref has no live pod and no allocation left in
     /// any pool: nothing can still be using them.
     pub fn orphan_reservations(&self) -> Vec<(String, String, String)> {
+        // A fenced entry's reservation names the deleted pod: it goes with the fence's release.
+        let fenced: HashSet<&str> = self
+            .pools
+            .values()
+            .flat_map(|p| p.fenced.values().map(|f| f.record.podref.as_str()))
+            .collect();
         self.reservations
             .iter()
             .filter(|(_, r)| {
-                !self.live.contains_key(&r.podref) && !self.by_podref.contains_key(&r.podref)
+                !self.live.contains_key(&r.podref)
+                    && !self.by_podref.contains_key(&r.podref)
+                    && !fenced.contains(r.podref.as_str())
             })
             .map(|(name, r)| (name.clone(), r.uid.clone(), r.podref.clone()))
             .collect()
@@ -710,6 +789,70 @@ mod tests {
         assert_eq!(
             st.pool_networks(SLICE_POOL),
             Some(vec!["ns/plain".to_string()])
+        );
+    }
+
+    #[test]
+    fn a_fenced_entry_is_kept_out_of_judgement_and_a_stale_fence_record_is_found() {
+        use crate::ipam::fence::{FenceRecord, fence_annotation_key, fence_annotation_value};
+        let record = |podref: &str| FenceRecord {
+            podref: podref.into(),
+            uid: "u".into(),
+            node: "n".into(),
+            why: "Ready=Unknown".into(),
+            network: "ns/net".into(),
+            since: "2026-11-23T10:00:00Z".parse().unwrap(),
+        };
+        let entry = |podref: &str| IPAllocation {
+            id: "sb".into(),
+            podref: podref.into(),
+            ifname: Some("net1".into()),
+            ipamclaimref: None,
+        };
+        let mut pool = IPPool::new(
+            "p",
+            IPPoolSpec {
+                range: "192.0.2.0/24".into(),
+                allocations: BTreeMap::from([
+                    ("5".to_string(), entry("ns/web-0:fenced")),
+                    // Its fence record names another pod: a new allocation took the offset.
+                    ("6".to_string(), entry("ns/db-0")),
+                ]),
+            },
+        );
+        pool.metadata.annotations = Some(BTreeMap::from([
+            (
+                fence_annotation_key("5"),
+                fence_annotation_value(&record("ns/web-0")),
+            ),
+            (
+                fence_annotation_key("6"),
+                fence_annotation_value(&record("ns/old-0")),
+            ),
+            (
+                fence_annotation_key("7"),
+                fence_annotation_value(&record("ns/gone-0")),
+            ),
+        ]));
+        let mut st = State::default();
+        st.upsert_pool(&pool);
+        let fenced = st.fenced();
+        assert_eq!(fenced.len(), 1);
+        assert_eq!(fenced[0].1.record.podref, "ns/web-0");
+        assert_eq!(
+            st.judge_all(&ReclaimConfig::default())
+                .iter()
+                .map(|j| j.entry.podref.as_str())
+                .collect::<Vec<_>>(),
+            ["ns/db-0"],
+            "the fenced entry is the fence's, not the sweep's"
+        );
+        let p = &st.pools()["p"];
+        assert_eq!(p.stale_fences.keys().collect::<Vec<_>>(), ["6", "7"]);
+        assert!(
+            st.allocated_podrefs()
+                .iter()
+                .all(|p| p != "ns/web-0:fenced")
         );
     }
 }

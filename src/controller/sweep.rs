@@ -119,6 +119,7 @@ impl Sweeper {
                     judged: j,
                     reason,
                     deleted_at: None,
+                    write: Default::default(),
                 }),
                 Ok(false) => {}
                 Err(e) => {

@@ -29,7 +29,7 @@ fn podref_of(meta: &kube::api::ObjectMeta) -> Option<(String, String)> {
 /// Marks a watch synced (first InitDone) for readiness.
 pub type Synced = watch::Sender<bool>;
 
-async fn drive<K, S, F>(name: &'static str, stream: S, synced: Synced, mut apply: F)
+pub(crate) async fn drive<K, S, F>(name: &'static str, stream: S, synced: Synced, mut apply: F)
 where
     S: Stream<Item = Result<Event<K>, watcher::Error>>,
     F: FnMut(Event<K>),

@@ -15,6 +15,9 @@ use tokio::sync::{mpsc, oneshot};
 use super::events::Events;
 use super::state::{Judged, State};
 use crate::api::{IPPool, OverlappingRangeIPReservation};
+use crate::ipam::fence::{
+    FenceRecord, fence_annotation_key, fence_annotation_value, fenced_podref,
+};
 use crate::reclaim::Reason;
 use crate::telemetry::WriteMetrics;
 
@@ -30,6 +33,20 @@ pub struct ReleaseRequest {
     pub reason: Reason,
     /// When the pod's deletion was seen (for the latency metric).
     pub deleted_at: Option<Instant>,
+    /// What the write does to the entry.
+    pub write: EntryWrite,
+}
+
+/// What a write does to a pool entry.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum EntryWrite {
+    /// Removes it: a release.
+    #[default]
+    Remove,
+    /// Keeps it, fenced: its podref rewritten and the record in a pool annotation.
+    Fence(FenceRecord),
+    /// Removes a fenced entry and its fence annotation: the delayed release.
+    Unfence(FenceRecord),
 }
 
 /// What happened to a release.
@@ -43,6 +60,8 @@ pub enum ReleaseOutcome {
     Changed,
     /// `--dry-run`: reported, not written.
     DryRun,
+    /// Fenced: kept allocated, unusable by a pod of the same name.
+    Fenced,
 }
 
 /// Why a release failed (it will be retried, and the sweep still owns the leak).
@@ -110,6 +129,36 @@ impl WriterHandle {
     pub async fn delete_reservations(&self, reservations: Vec<(String, String)>) {
         if !self.writer.dry_run {
             self.writer.delete_reservations(reservations).await;
+        }
+    }
+
+    /// Removes fence annotations `(key, value)` of `pool` whose entry is no longer fenced,
+    /// each pinned by a `test` of its value (nothing under `--dry-run`).
+    pub async fn clear_fences(&self, pool: &str, annotations: Vec<(String, String)>) {
+        if self.writer.dry_run || annotations.is_empty() {
+            return;
+        }
+        let mut ops = Vec::with_capacity(annotations.len() * 2);
+        for (key, value) in &annotations {
+            let path = format!(
+                "/metadata/annotations/{}",
+                pointer_token(&fence_annotation_key(key))
+            );
+            ops.push(json!({"op": "test", "path": path, "value": value}));
+            ops.push(json!({"op": "remove", "path": path}));
+        }
+        let patch: json_patch::Patch =
+            serde_json::from_value(serde_json::Value::Array(ops)).expect("a JSON patch");
+        let _permit = self.writer.throttle.acquire().await;
+        self.writer.metrics.write("patch");
+        if let Err(e) = self
+            .writer
+            .pools()
+            .patch(pool, &PatchParams::default(), &Patch::<()>::Json(patch))
+            .await
+        {
+            // Changed or gone meanwhile: the next pass sees the pool as it is now.
+            tracing::debug!(%pool, error = %e, "could not clear fence records");
         }
     }
 
@@ -205,7 +254,11 @@ impl Writer {
         if self.dry_run {
             for (req, reply) in items {
                 let j = &req.judged;
-                if self.first_dry_run_report(pool, &j.entry.key, &j.entry.id) {
+                if let EntryWrite::Fence(record) = &req.write {
+                    if self.first_dry_run_report(pool, &j.entry.key, &j.entry.id) {
+                        self.events.fenced(&j.pod, j.entry.ip, record, true).await;
+                    }
+                } else if self.first_dry_run_report(pool, &j.entry.key, &j.entry.id) {
                     self.events
                         .dry_run(&j.pod, j.entry.ip, &j.network, req.reason)
                         .await;
@@ -221,8 +274,12 @@ impl Writer {
         let (reqs, replies): (Vec<_>, Vec<_>) = items.into_iter().unzip();
         let outcomes = self.patch_with_retry(pool, &reqs).await;
         let mut released = Vec::new();
-        for ((req, reply), outcome) in reqs.into_iter().zip(replies).zip(outcomes) {
+        for ((req, reply), mut outcome) in reqs.into_iter().zip(replies).zip(outcomes) {
             match &outcome {
+                Ok(ReleaseOutcome::Released) if matches!(req.write, EntryWrite::Fence(_)) => {
+                    self.record_fence(&req);
+                    outcome = Ok(ReleaseOutcome::Fenced);
+                }
                 Ok(ReleaseOutcome::Released) => released.push(self.record_release(&req)),
                 Err(e) => self.metrics.failed(e.cause()),
                 Ok(_) => {}
@@ -319,16 +376,16 @@ impl Writer {
     }
 
     async fn patch(&self, pool: &str, batch: &[&ReleaseRequest]) -> Result<(), kube::Error> {
-        let mut ops = Vec::with_capacity(batch.len() * 3);
-        for r in batch {
-            let e = &r.judged.entry;
-            let path = format!("/spec/allocations/{}", e.key);
-            ops.push(json!({"op": "test", "path": format!("{path}/id"), "value": e.id}));
-            ops.push(json!({"op": "test", "path": format!("{path}/podref"), "value": e.podref}));
-            ops.push(json!({"op": "remove", "path": path}));
-        }
-        let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))
-            .map_err(kube::Error::SerdeError)?;
+        let has_annotations = self.state.as_ref().is_some_and(|st| {
+            st.read()
+                .expect("state lock")
+                .pools()
+                .get(pool)
+                .is_some_and(|p| p.has_annotations)
+        });
+        let patch = patch_ops(batch, has_annotations);
+        let patch: json_patch::Patch =
+            serde_json::from_value(patch).map_err(kube::Error::SerdeError)?;
         let _permit = self.throttle.acquire().await;
         self.metrics.write("patch");
         self.pools()
@@ -337,14 +394,35 @@ impl Writer {
             .map(|_| ())
     }
 
+    /// Updates the state for a written fence.
+    fn record_fence(&self, req: &ReleaseRequest) {
+        let (j, EntryWrite::Fence(record)) = (&req.judged, &req.write) else {
+            return;
+        };
+        self.metrics.fences.inc();
+        if let Some(state) = &self.state {
+            state
+                .write()
+                .expect("state lock")
+                .fence_entry(&j.pool, &j.entry.key, record.clone());
+        }
+        tracing::info!(pool = %j.pool, ip = %j.entry.ip, podref = %record.podref, node = %record.node, why = %record.why, "fenced");
+    }
+
     /// Updates the state and metrics for a written release; returns what is left to do.
     fn record_release(&self, req: &ReleaseRequest) -> FollowUp {
         let j = &req.judged;
+        // A fenced entry's reservations still name the pod it was fenced for.
+        let podref = match &req.write {
+            EntryWrite::Unfence(record) => &record.podref,
+            _ => &j.entry.podref,
+        };
         let reservations = match &self.state {
             Some(state) => {
                 let mut state = state.write().expect("state lock");
                 state.forget_entry(&j.pool, &j.entry.key);
-                state.reservations_for(&j.entry.podref, j.entry.ip)
+                state.forget_fenced(&j.pool, &j.entry.key);
+                state.reservations_for(podref, j.entry.ip)
             }
             None => Vec::new(),
         };
@@ -354,7 +432,7 @@ impl Writer {
                 .deletion_to_release_seconds
                 .observe(at.elapsed().as_secs_f64());
         }
-        tracing::info!(pool = %j.pool, ip = %j.entry.ip, podref = %j.entry.podref, reason = %req.reason, "released");
+        tracing::info!(pool = %j.pool, ip = %j.entry.ip, %podref, reason = %req.reason, "released");
         (req.clone(), reservations)
     }
 
@@ -381,5 +459,131 @@ impl Writer {
                 }
             }
         }
+    }
+}
+
+/// A JSON pointer token (RFC 6901).
+fn pointer_token(s: &str) -> String {
+    s.replace('~', "~0").replace('/', "~1")
+}
+
+/// The JSON patch of one batch: each entry pinned by `test`s on its `id` and `podref`, then
+/// removed or fenced; fence annotations added (into a new map when the pool has none, pinned
+/// by a `test` that it still has none) or removed.
+fn patch_ops(batch: &[&ReleaseRequest], has_annotations: bool) -> serde_json::Value {
+    let mut ops = Vec::with_capacity(batch.len() * 4);
+    let mut new_annotations = serde_json::Map::new();
+    for r in batch {
+        let e = &r.judged.entry;
+        let path = format!("/spec/allocations/{}", pointer_token(&e.key));
+        ops.push(json!({"op": "test", "path": format!("{path}/id"), "value": e.id}));
+        ops.push(json!({"op": "test", "path": format!("{path}/podref"), "value": e.podref}));
+        let annotation = format!(
+            "/metadata/annotations/{}",
+            pointer_token(&fence_annotation_key(&e.key))
+        );
+        match &r.write {
+            EntryWrite::Remove => ops.push(json!({"op": "remove", "path": path})),
+            EntryWrite::Fence(record) => {
+                ops.push(json!({"op": "replace", "path": format!("{path}/podref"), "value": fenced_podref(&record.podref)}));
+                let value = fence_annotation_value(record);
+                if has_annotations {
+                    ops.push(json!({"op": "add", "path": annotation, "value": value}));
+                } else {
+                    new_annotations.insert(fence_annotation_key(&e.key), value.into());
+                }
+            }
+            EntryWrite::Unfence(_) => {
+                ops.push(json!({"op": "remove", "path": path}));
+                if has_annotations {
+                    ops.push(json!({"op": "remove", "path": annotation}));
+                }
+            }
+        }
+    }
+    if !new_annotations.is_empty() {
+        ops.push(json!({"op": "test", "path": "/metadata/annotations", "value": null}));
+        ops.push(json!({"op": "add", "path": "/metadata/annotations", "value": new_annotations}));
+    }
+    serde_json::Value::Array(ops)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::state::PodRef;
+    use crate::ipam::PoolEntry;
+    use crate::reclaim::Decision;
+
+    fn request(key: &str, podref: &str, write: EntryWrite) -> ReleaseRequest {
+        ReleaseRequest {
+            judged: Judged {
+                pool: "p".into(),
+                entry: PoolEntry {
+                    key: key.into(),
+                    offset: key.parse().unwrap(),
+                    ip: "192.0.2.5".parse().unwrap(),
+                    id: "sb".into(),
+                    podref: podref.into(),
+                    ifname: None,
+                },
+                decision: Decision::Release(Reason::PodDeleted),
+                network: "ns/net".into(),
+                pod: PodRef {
+                    namespace: "ns".into(),
+                    name: "web-0".into(),
+                    uid: "u".into(),
+                },
+            },
+            reason: Reason::PodDeleted,
+            deleted_at: None,
+            write,
+        }
+    }
+
+    fn record() -> FenceRecord {
+        FenceRecord {
+            podref: "ns/web-0".into(),
+            uid: "u".into(),
+            node: "n".into(),
+            why: "Ready=Unknown".into(),
+            network: "ns/net".into(),
+            since: "2026-11-23T10:00:00Z".parse().unwrap(),
+        }
+    }
+
+    #[test]
+    fn a_fence_pins_the_entry_rewrites_its_podref_and_records_itself() {
+        let fence = request("5", "ns/web-0", EntryWrite::Fence(record()));
+        let value = fence_annotation_value(&record());
+        // A pool without annotations: the map is created, pinned by a test that it is missing.
+        assert_eq!(
+            patch_ops(&[&fence], false),
+            json!([
+                {"op": "test", "path": "/spec/allocations/5/id", "value": "sb"},
+                {"op": "test", "path": "/spec/allocations/5/podref", "value": "ns/web-0"},
+                {"op": "replace", "path": "/spec/allocations/5/podref", "value": "ns/web-0:fenced"},
+                {"op": "test", "path": "/metadata/annotations", "value": null},
+                {"op": "add", "path": "/metadata/annotations", "value": {"ipreclaim.io/fence-5": value}},
+            ])
+        );
+        assert_eq!(
+            patch_ops(&[&fence], true).as_array().unwrap()[3],
+            json!({"op": "add", "path": "/metadata/annotations/ipreclaim.io~1fence-5", "value": value})
+        );
+    }
+
+    #[test]
+    fn an_unfence_removes_the_marked_entry_and_its_record() {
+        let lift = request("5", "ns/web-0:fenced", EntryWrite::Unfence(record()));
+        assert_eq!(
+            patch_ops(&[&lift], true),
+            json!([
+                {"op": "test", "path": "/spec/allocations/5/id", "value": "sb"},
+                {"op": "test", "path": "/spec/allocations/5/podref", "value": "ns/web-0:fenced"},
+                {"op": "remove", "path": "/spec/allocations/5"},
+                {"op": "remove", "path": "/metadata/annotations/ipreclaim.io~1fence-5"},
+            ])
+        );
     }
 }

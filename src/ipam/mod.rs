@@ -2,6 +2,7 @@
 //! offset <-> IP, pool allocations, and the pod network-status annotation.
 
 pub mod config;
+pub mod fence;
 pub mod naming;
 pub mod network_status;
 pub mod networks;

@@ -205,6 +205,7 @@ impl Releaser {
                     },
                     reason: Reason::SandboxGone,
                     deleted_at: None,
+                    write: Default::default(),
                 });
             }
         }

@@ -5,6 +5,8 @@
 //! (a terminal pod's is at most a candidate), and a live pod without network-status keeps every
 //! allocation (the allocation may simply be ahead of the annotation).
 
+pub mod fence;
+
 use std::net::IpAddr;
 
 use crate::ipam::NetworkAttachment;

@@ -73,6 +73,8 @@ pub struct WriteMetrics {
     pub deletion_to_release_seconds: Histogram,
     /// API writes, by verb.
     pub api_writes: Family<VerbLabel, Counter>,
+    /// Addresses fenced (kept allocated because the pod's node was not Ready).
+    pub fences: Counter,
 }
 
 const LATENCY_BUCKETS: [f64; 12] = [
@@ -91,7 +93,13 @@ impl WriteMetrics {
             failures: Family::default(),
             deletion_to_release_seconds: Histogram::new(LATENCY_BUCKETS),
             api_writes: Family::default(),
+            fences: Counter::default(),
         };
+        r.register(
+            "fences",
+            "Addresses fenced: kept allocated because the deleted pod's node was not Ready",
+            m.fences.clone(),
+        );
         r.register(
             "releases",
             "Addresses released, by reason",
@@ -177,6 +185,10 @@ pub struct ControllerMetrics {
     pub malformed_network_status: Gauge,
     /// Live pods in the controller's cache.
     pub cached_pods: Gauge,
+    /// Addresses fenced now.
+    pub fenced_addresses: Gauge,
+    /// Age in seconds of the oldest fence held.
+    pub oldest_fence_seconds: Gauge,
 }
 
 impl ControllerMetrics {
@@ -197,7 +209,19 @@ impl ControllerMetrics {
             nad_config_errors: Gauge::default(),
             malformed_network_status: Gauge::default(),
             cached_pods: Gauge::default(),
+            fenced_addresses: Gauge::default(),
+            oldest_fence_seconds: Gauge::default(),
         };
+        r.register(
+            "fenced_addresses",
+            "Addresses held by a fence now",
+            m.fenced_addresses.clone(),
+        );
+        r.register(
+            "fence_oldest_age_seconds",
+            "Age of the oldest fence held",
+            m.oldest_fence_seconds.clone(),
+        );
         r.register(
             "allocations",
             "Allocations per IP pool",

@@ -118,6 +118,7 @@ impl Cluster {
         INSTALLED
             .get_or_init(|| crate::node_only::install_ipreclaim(node, &client))
             .await;
+        crate::node_only::ensure_default_chart_values(node, &client).await;
         let ns = test_namespace(prefix);
         fresh_namespace(&client, &ns).await;
         // A network name per namespace: each scenario gets pools of its own in kube-system.

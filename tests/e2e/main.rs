@@ -13,6 +13,7 @@
 //! Each scenario ends by checking the pools (only live pods hold addresses) and the Events.
 
 mod cluster;
+mod fencing;
 mod local;
 mod node_only;
 

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use ipreclaim::api::OverlappingRangeIPReservation;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -95,8 +96,21 @@ pub async fn install_ipreclaim(node: &'static Node, client: &Client) {
     let _ = Api::<Namespace>::all(client.clone())
         .create(&PostParams::default(), &ns)
         .await;
+    let sets = chart_values(node, &[]);
+    let cp = &node.cp;
+    tokio::task::spawn_blocking(move || {
+        testenv::helm::install(cp, "ipreclaim", RELEASE_NS, &sets).expect("helm install")
+    })
+    .await
+    .unwrap();
+    wait_chart_ready(client, RELEASE_NS, CONTROLLER_REPLICAS).await;
+}
+
+/// The chart's values for the node: the image built here, two controller replicas, short test
+/// timings, plus `extra` (`key=value`).
+fn chart_values(node: &Node, extra: &[&str]) -> Vec<String> {
     let (repository, tag) = IMAGE.rsplit_once(':').unwrap();
-    let sets = [
+    let mut sets = vec![
         format!("image.repository={repository}"),
         format!("image.tag={tag}"),
         "image.pullPolicy=Never".into(),
@@ -109,20 +123,51 @@ pub async fn install_ipreclaim(node: &'static Node, client: &Client) {
         "controller.leakGrace=10s".into(),
         format!("nodeAgent.criSocket={}", node.cri_socket().display()),
         "nodeAgent.sandboxGrace=5s".into(),
+        "controller.fence.settle=10s".into(),
         "logLevel=info\\,ipreclaim=debug".into(),
     ];
+    sets.extend(extra.iter().map(|s| s.to_string()));
+    sets
+}
+
+static CHART_VALUES_CHANGED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// `helm upgrade`s the installation to [`chart_values`] with `extra` and waits until the
+/// controller Deployment has rolled out (every replica updated and Ready, no old one left).
+pub async fn set_chart_values(node: &'static Node, client: &Client, extra: &[&str]) {
+    let sets = chart_values(node, extra);
+    CHART_VALUES_CHANGED.store(!extra.is_empty(), std::sync::atomic::Ordering::SeqCst);
     let cp = &node.cp;
     tokio::task::spawn_blocking(move || {
-        testenv::helm::install(cp, "ipreclaim", RELEASE_NS, &sets).expect("helm install")
+        testenv::helm::upgrade(cp, "ipreclaim", RELEASE_NS, &sets).expect("helm upgrade")
     })
     .await
     .unwrap();
+    let deployments = Api::<Deployment>::namespaced(client.clone(), RELEASE_NS);
+    wait_long("the controller rolled out with the new values", || async {
+        let d = deployments.get("ipreclaim-controller").await.unwrap();
+        let generation = d.metadata.generation.unwrap_or(0);
+        let s = d.status.unwrap_or_default();
+        s.observed_generation.unwrap_or(0) >= generation
+            && s.updated_replicas.unwrap_or(0) == CONTROLLER_REPLICAS
+            && s.ready_replicas.unwrap_or(0) == CONTROLLER_REPLICAS
+            && s.replicas.unwrap_or(0) == CONTROLLER_REPLICAS
+    })
+    .await;
     wait_chart_ready(client, RELEASE_NS, CONTROLLER_REPLICAS).await;
+}
+
+/// Puts the chart's values back when a scenario that changed them failed before doing so.
+pub async fn ensure_default_chart_values(node: &'static Node, client: &Client) {
+    if CHART_VALUES_CHANGED.load(std::sync::atomic::Ordering::SeqCst) {
+        set_chart_values(node, client, &[]).await;
+    }
 }
 
 /// `kubectl get events` as an operator runs it, for `reason` in `ns`: one line per Event,
 /// `<object name> <message>`.
-fn kubectl_events(node: &Node, ns: &str, reason: &str) -> Vec<String> {
+pub(crate) fn kubectl_events(node: &Node, ns: &str, reason: &str) -> Vec<String> {
     let out = Command::new(binary("kubectl").unwrap())
         .env("KUBECONFIG", node.cp.kubeconfig_path())
         .args(["get", "events", "-n", ns, "--field-selector"])
@@ -143,7 +188,7 @@ fn kubectl_events(node: &Node, ns: &str, reason: &str) -> Vec<String> {
 
 /// The reservations of this scenario's network (named `<network_name>-<ip>`), as
 /// `name podref`.
-async fn reservations(c: &Cluster) -> Vec<String> {
+pub(crate) async fn reservations(c: &Cluster) -> Vec<String> {
     Api::<OverlappingRangeIPReservation>::namespaced(c.client().clone(), c.pool_ns())
         .list(&ListParams::default())
         .await
@@ -178,8 +223,14 @@ async fn proxy_get(client: &Client, path: String) -> Result<String, String> {
     }
 }
 
+/// `/metrics` of the controller pod `pod`, through the apiserver's pod proxy.
+pub(crate) async fn controller_pod_metrics(client: &Client, pod: &str) -> Result<String, String> {
+    let path = format!("/api/v1/namespaces/{RELEASE_NS}/pods/{pod}:8080/proxy/metrics");
+    proxy_get(client, path).await
+}
+
 /// `/metrics` of each controller replica, through the apiserver's pod proxy.
-async fn controller_pods_metrics(client: &Client) -> Vec<String> {
+pub(crate) async fn controller_pods_metrics(client: &Client) -> Vec<String> {
     let pods = Api::<Pod>::namespaced(client.clone(), RELEASE_NS)
         .list(&ListParams::default().labels("app.kubernetes.io/component=controller"))
         .await
@@ -187,8 +238,7 @@ async fn controller_pods_metrics(client: &Client) -> Vec<String> {
     let mut out = Vec::new();
     for p in pods.items {
         let name = p.metadata.name.unwrap();
-        let path = format!("/api/v1/namespaces/{RELEASE_NS}/pods/{name}:8080/proxy/metrics");
-        let text = proxy_get(client, path).await;
+        let text = controller_pod_metrics(client, &name).await;
         out.push(text.unwrap_or_else(|e| panic!("scrape controller pod {name}: {e}")));
     }
     assert_eq!(

@@ -67,6 +67,26 @@ pub fn install(
     )
 }
 
+/// Upgrades `release` in `namespace` to the chart with its defaults plus `sets` (values set
+/// before and not set now go back to the chart's defaults).
+pub fn upgrade(cp: &ControlPlane, release: &str, namespace: &str, sets: &[String]) -> Result<()> {
+    let chart = chart_dir();
+    let mut args = vec![
+        "upgrade",
+        release,
+        chart.to_str().expect("utf-8 path"),
+        "--namespace",
+        namespace,
+        "--skip-crds",
+        "--reset-values",
+    ];
+    for s in sets {
+        args.push("--set");
+        args.push(s);
+    }
+    helm(Some(cp), &args).map(|_| ())
+}
+
 /// Installs the chart into the test namespace `ns` as release `ns`, with `ns` also its
 /// whereabouts namespace (what the tests that run the programs under the chart's RBAC need).
 pub fn install_in(cp: &ControlPlane, ns: &str) -> Result<String> {

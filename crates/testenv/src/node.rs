@@ -40,9 +40,14 @@ pub const PRIMARY_NETWORK: &str = "ipreclaim-node";
 
 const POD_BRIDGE: &str = "iprc-pods";
 const POD_GATEWAY: &str = "198.18.64.1";
+/// Locally administered.
+const POD_BRIDGE_MAC: &str = "02:00:c6:12:40:01";
 const POD_SUBNET: &str = "198.18.64.0/24";
 const LOCK: &str = "/run/lock/ipreclaim-testenv-node.lock";
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// kube-controller-manager's `--node-monitor-grace-period`: how long after the kubelet's last
+/// heartbeat the Node turns NotReady (Ready=Unknown).
+pub const NODE_MONITOR_GRACE: Duration = Duration::from_secs(16);
 
 /// A running node with its control plane.
 pub struct Node {
@@ -172,6 +177,10 @@ fn kubelet_config(dir: &Path, cp: &ControlPlane, socket: &Path) -> Result<String
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
         "registerNode": true,
+        // A short lease and status period, with kube-controller-manager's short grace: a killed
+        // kubelet makes the Node NotReady in about 16 s instead of 50 s.
+        "nodeLeaseDurationSeconds": 8,
+        "nodeStatusUpdateFrequency": "4s",
     });
     let path = dir.join("kubelet.yaml");
     write_file(&path, serde_json::to_vec_pretty(&config)?)?;
@@ -266,7 +275,19 @@ impl Node {
     ) -> Result<Node> {
         let started = Instant::now();
         host::ip(&["addr", "add", &format!("{API_ADDRESS}/32"), "dev", "lo"])?;
-        host::ip(&["link", "add", POD_BRIDGE, "type", "bridge"])?;
+        // A fixed MAC: a bridge without one takes the lowest of its ports' MACs, so it changes
+        // as pods come and go, and pods that cached the gateway's old MAC cannot open new
+        // connections until their ARP entry expires (seen as 30 s connect timeouts to the
+        // apiserver after a rollout).
+        host::ip(&[
+            "link",
+            "add",
+            POD_BRIDGE,
+            "address",
+            POD_BRIDGE_MAC,
+            "type",
+            "bridge",
+        ])?;
         host::ip(&[
             "addr",
             "add",
@@ -298,6 +319,11 @@ impl Node {
             format!("--cluster-signing-cert-file={}", pki("ca.pem")),
             format!("--cluster-signing-key-file={}", pki("ca-key.pem")),
             "--leader-elect=false".into(),
+            format!(
+                "--node-monitor-grace-period={}s",
+                NODE_MONITOR_GRACE.as_secs()
+            ),
+            "--node-monitor-period=1s".into(),
             "--bind-address=127.0.0.1".into(),
             format!("--secure-port={}", free_port()?),
             "--v=1".into(),

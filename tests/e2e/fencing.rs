@@ -1,0 +1,347 @@
+//! Fencing on testenv's real node: the kubelet is killed, kube-controller-manager turns the Node
+//! NotReady, and a StatefulSet pod is force-deleted as an operator does to get it scheduled
+//! elsewhere. Its sandbox still runs with its address, so the address must stay allocated
+//! until the node is back and settled (or its Node is deleted).
+
+use ipreclaim::api::IPPool;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Event as CoreEvent, Node as NodeObject, Pod};
+use kube::api::{Api, DeleteParams, ListParams};
+use testenv::node::NODE_NAME;
+
+use crate::cluster::{Cluster, RELEASE_NS, wait_long};
+use crate::node_only::{controller_pod_metrics, kubectl_events, reservations, set_chart_values};
+use crate::{GC_DONE, Platform, expect_clean_releases, pool_entries, wait_pool_matches_live_pods};
+
+const FENCED: &str = "IPAddressGarbageCollectionFenced";
+
+/// web-0's (ip, sandbox id) in the pool.
+async fn web_0_entry(c: &Cluster) -> (String, String) {
+    let entries = pool_entries(c).await;
+    let web: Vec<_> = entries.iter().filter(|(n, _, _)| n == "web-0").collect();
+    assert_eq!(web.len(), 1, "one entry for web-0: {entries:?}");
+    (web[0].1.clone(), web[0].2.clone())
+}
+
+/// The Fenced Events of the namespace as (name, resourceVersion): a repeat of an Event
+/// updates it.
+async fn fenced_event_versions(c: &Cluster) -> Vec<(String, String)> {
+    let lp = ListParams::default().fields(&format!("reason={FENCED}"));
+    Api::<CoreEvent>::namespaced(c.client().clone(), c.ns())
+        .list(&lp)
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|e| {
+            (
+                e.metadata.name.unwrap_or_default(),
+                e.metadata.resource_version.unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+/// The pool's fence annotations.
+async fn fence_annotations(c: &Cluster) -> Vec<String> {
+    let pool = Api::<IPPool>::namespaced(c.client().clone(), c.pool_ns())
+        .get(c.pool())
+        .await
+        .unwrap();
+    pool.metadata
+        .annotations
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("ipreclaim.io/fence-"))
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect()
+}
+
+/// The pod name of the controller replica holding the Lease.
+async fn lease_holder(client: &kube::Client) -> String {
+    let lease = Api::<Lease>::namespaced(client.clone(), RELEASE_NS)
+        .get("ipreclaim-controller")
+        .await
+        .unwrap();
+    let holder = lease
+        .spec
+        .and_then(|s| s.holder_identity)
+        .unwrap_or_default();
+    // The identity is `<pod name>_<run>`.
+    holder.split('_').next().unwrap_or_default().to_string()
+}
+
+/// SIGKILLs the `ipreclaim controller` process of pod `pod` on this host.
+fn kill_controller_process(pod: &str) {
+    let mut killed = 0;
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let is_controller = args.first().is_some_and(|a| a.ends_with(b"ipreclaim"))
+            && args.get(1) == Some(&&b"controller"[..]);
+        let of_pod = environ
+            .split(|b| *b == 0)
+            .any(|v| v == format!("POD_NAME={pod}").as_bytes());
+        if is_controller && of_pod {
+            // SAFETY: kill has no memory preconditions.
+            assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0, "kill {pid}");
+            killed += 1;
+        }
+    }
+    assert_eq!(killed, 1, "the controller process of pod {pod}");
+}
+
+/// Kills the kubelet, waits for the Node to turn NotReady, force-deletes web-0 and waits for
+/// its Fenced Event; checks the entry is kept, marked, with its sandbox id and reservation.
+async fn crash_and_force_delete_web_0(c: &Cluster, ip: &str, id: &str) {
+    let node = c.node_handle();
+    node.kill_kubelet().unwrap();
+    node.wait_node_ready(false).await.unwrap();
+    Api::<Pod>::namespaced(c.client().clone(), c.ns())
+        .delete("web-0", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    let ns = c.ns().to_string();
+    wait_long("a Fenced Event for web-0 in kubectl", || async {
+        kubectl_events(node, &ns, FENCED).iter().any(|e| {
+            e.starts_with("web-0 ")
+                && e.contains(&format!("[{ip}]"))
+                && e.contains(&format!("node {NODE_NAME} was not Ready"))
+        })
+    })
+    .await;
+    let entries = pool_entries(c).await;
+    assert!(
+        entries.contains(&("web-0:fenced".into(), ip.into(), id.into())),
+        "the entry kept, its podref marked so no pod named web-0 reuses it: {entries:?}"
+    );
+    let fences = fence_annotations(c).await;
+    assert_eq!(fences.len(), 1, "{fences:?}");
+    assert!(
+        reservations(c)
+            .await
+            .contains(&format!("{}-{ip} {}/web-0", c.ns(), c.ns())),
+        "the reservation stays with the fence"
+    );
+}
+
+async fn a_statefulset_pod_force_deleted_from_a_notready_node_keeps_its_address_until_the_node_settles(
+    mut c: Cluster,
+) {
+    let node = c.node_handle();
+    c.create_pod("c-0").await;
+    c.scale_statefulset(1).await;
+    wait_pool_matches_live_pods(&c).await;
+    // A normal deletion on a Ready node: released as before, no fence.
+    c.delete_pod("c-0").await;
+    wait_pool_matches_live_pods(&c).await;
+    let (ip, id) = web_0_entry(&c).await;
+
+    crash_and_force_delete_web_0(&c, &ip, &id).await;
+    // A failover while fenced: the leader is killed (kill -9 of its process on the host; with
+    // the kubelet down nothing restarts it) and the standby, which reads the fence back from the
+    // pool, takes over and keeps it.
+    let client = c.client().clone();
+    let leader = lease_holder(&client).await;
+    kill_controller_process(&leader);
+    wait_long("the standby to take the Lease", || async {
+        let holder = lease_holder(&client).await;
+        holder != leader && !holder.is_empty()
+    })
+    .await;
+    // Held while the node stays down: the new leader's gauge shows the fence ageing.
+    let new_leader = lease_holder(&client).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let scrape = controller_pod_metrics(&client, &new_leader).await;
+        let held = scrape.as_ref().is_ok_and(|t| {
+            testenv::poll::metric_value(t, "ipreclaim_fenced_addresses") == 1.0
+                && testenv::poll::metric_value(t, "ipreclaim_fence_oldest_age_seconds") >= 10.0
+        });
+        if held {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the new leader {new_leader} does not show the fence held for 10 s: {}",
+            match &scrape {
+                Ok(t) => t
+                    .lines()
+                    .filter(|l| l.starts_with("ipreclaim_fence"))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+                Err(e) => e.clone(),
+            }
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    assert!(
+        pool_entries(&c)
+            .await
+            .contains(&("web-0:fenced".into(), ip.clone(), id.clone())),
+        "still fenced"
+    );
+
+    node.start_kubelet().await.unwrap();
+    c.wait_running_with_address("web-0").await;
+    let (new_ip, new_id) = web_0_entry(&c).await;
+    assert_ne!(
+        new_ip, ip,
+        "the replacement got another address while the old one was fenced"
+    );
+    assert_ne!(new_id, id);
+    // The old sandbox is torn down (its CNI DEL frees the entry) or the settle period ends
+    // (ipreclaim frees it): either way once, and the fence record goes.
+    wait_long(
+        "the fenced address released and its record cleared",
+        || async {
+            let entries = pool_entries(&c).await;
+            !entries.iter().any(|(_, i, _)| *i == ip)
+                && fence_annotations(&c).await.is_empty()
+                && !reservations(&c)
+                    .await
+                    .iter()
+                    .any(|r| r.contains(&format!("-{ip} ")))
+        },
+    )
+    .await;
+    wait_pool_matches_live_pods(&c).await;
+    let ns = c.ns().to_string();
+    let fenced = kubectl_events(node, &ns, FENCED);
+    assert!(
+        fenced.iter().all(|e| e.starts_with("web-0 ")),
+        "only web-0 was fenced (c-0 was deleted on a Ready node): {fenced:?}"
+    );
+    let released = kubectl_events(node, &ns, GC_DONE);
+    assert!(
+        released
+            .iter()
+            .filter(|e| e.starts_with("web-0 ") && e.contains(&format!("[{ip}]")))
+            .count()
+            <= 1,
+        "{released:?}"
+    );
+    expect_clean_releases(&c).await;
+}
+
+async fn a_fence_lifts_at_once_when_the_node_object_is_deleted(mut c: Cluster) {
+    let node = c.node_handle();
+    c.scale_statefulset(1).await;
+    wait_pool_matches_live_pods(&c).await;
+    let (ip, id) = web_0_entry(&c).await;
+    crash_and_force_delete_web_0(&c, &ip, &id).await;
+
+    // The operator declares the node dead. (Its kubelet is started again right after: pods
+    // bound to a missing Node are garbage-collected after 40 s, the chart's included.)
+    Api::<NodeObject>::all(c.client().clone())
+        .delete(NODE_NAME, &DeleteParams::default())
+        .await
+        .unwrap();
+    let ns = c.ns().to_string();
+    wait_long(
+        "web-0's address released with the kubelet still down",
+        || async {
+            let entries = pool_entries(&c).await;
+            !entries.iter().any(|(_, i, _)| *i == ip)
+                && fence_annotations(&c).await.is_empty()
+                && kubectl_events(node, &ns, GC_DONE)
+                    .iter()
+                    .any(|e| e.starts_with("web-0 ") && e.contains(&format!("[{ip}]")))
+        },
+    )
+    .await;
+    node.start_kubelet().await.unwrap();
+    c.wait_running_with_address("web-0").await;
+    wait_pool_matches_live_pods(&c).await;
+    expect_clean_releases(&c).await;
+}
+
+/// `--fence-timeout` releases with the node still down; `--fence-unready-nodes=false` releases
+/// at once as before fencing existed. Both set through the chart's values (`helm upgrade`).
+async fn a_fence_timeout_or_fencing_off_releases_with_the_node_down(mut c: Cluster) {
+    let node = c.node_handle();
+    let client = c.client().clone();
+    set_chart_values(node, &client, &["controller.fence.timeout=20s"]).await;
+    c.scale_statefulset(1).await;
+    wait_pool_matches_live_pods(&c).await;
+    let (ip, id) = web_0_entry(&c).await;
+    crash_and_force_delete_web_0(&c, &ip, &id).await;
+    let fenced_at = std::time::Instant::now();
+    let ns = c.ns().to_string();
+    wait_long("the fence to time out with the node down", || async {
+        !pool_entries(&c).await.iter().any(|(_, i, _)| *i == ip)
+    })
+    .await;
+    let held = fenced_at.elapsed();
+    assert!(
+        held >= std::time::Duration::from_secs(15),
+        "released {held:?} after the Fenced Event: before the 20 s timeout"
+    );
+    assert!(
+        kubectl_events(node, &ns, GC_DONE)
+            .iter()
+            .any(|e| e.starts_with("web-0 ") && e.contains(&format!("[{ip}]"))),
+        "released by ipreclaim (the kubelet is still down)"
+    );
+    node.wait_node_ready(false).await.unwrap();
+    node.start_kubelet().await.unwrap();
+    c.wait_running_with_address("web-0").await;
+    wait_pool_matches_live_pods(&c).await;
+
+    set_chart_values(node, &client, &["controller.fence.unreadyNodes=false"]).await;
+    let (ip, _) = web_0_entry(&c).await;
+    let fenced_before = fenced_event_versions(&c).await;
+    node.kill_kubelet().unwrap();
+    node.wait_node_ready(false).await.unwrap();
+    Api::<Pod>::namespaced(client.clone(), c.ns())
+        .delete("web-0", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    wait_long("web-0 released at once, unfenced", || async {
+        !pool_entries(&c).await.iter().any(|(_, i, _)| *i == ip)
+    })
+    .await;
+    assert_eq!(
+        fenced_event_versions(&c).await,
+        fenced_before,
+        "no Fenced Event created or updated with fencing off"
+    );
+    node.start_kubelet().await.unwrap();
+    c.wait_running_with_address("web-0").await;
+    wait_pool_matches_live_pods(&c).await;
+    set_chart_values(node, &client, &[]).await;
+    expect_clean_releases(&c).await;
+}
+
+mod fencing_scenarios {
+    use crate::cluster::Cluster;
+
+    #[tokio::test]
+    async fn a_statefulset_pod_force_deleted_from_a_notready_node_keeps_its_address_until_the_node_settles()
+     {
+        super::a_statefulset_pod_force_deleted_from_a_notready_node_keeps_its_address_until_the_node_settles(
+            Cluster::node("fence-settle").await,
+        )
+        .await
+    }
+
+    #[tokio::test]
+    async fn a_fence_timeout_or_fencing_off_releases_with_the_node_down() {
+        super::a_fence_timeout_or_fencing_off_releases_with_the_node_down(
+            Cluster::node("fence-values").await,
+        )
+        .await
+    }
+
+    #[tokio::test]
+    async fn a_fence_lifts_at_once_when_the_node_object_is_deleted() {
+        super::a_fence_lifts_at_once_when_the_node_object_is_deleted(
+            Cluster::node("fence-node-gone").await,
+        )
+        .await
+    }
+}
