@@ -654,7 +654,7 @@ async fn a_release_that_keeps_failing_ends_in_a_warning_event_with_the_cause() {
             ..Default::default()
         },
         rules: Some(vec![
-            rule(&[""], &["pods"], &["get", "list", "watch"]),
+            rule(&[""], &["pods", "nodes"], &["get", "list", "watch"]),
             rule(
                 &["whereabouts.cni.cncf.io"],
                 &["ippools", "overlappingrangeipreservations"],
