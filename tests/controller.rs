@@ -1345,6 +1345,21 @@ async fn a_pod_deleted_from_an_unready_node_is_fenced_across_a_restart_until_the
     env.assert_web_0_fenced(&node).await;
     env.wait_metric("ipreclaim_fenced_addresses 1").await;
     env.wait_metric("ipreclaim_fences_total 1").await;
+    let rows = ipreclaim::scan::scan(env.client.clone(), &env.ns, Default::default())
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let (row, fence) = (&rows[0], rows[0].fence.as_ref().expect("a fenced row"));
+    assert_eq!(
+        (row.ip.as_str(), row.podref.as_str(), row.decision.as_str()),
+        ("192.0.2.10", format!("{}/web-0", env.ns).as_str(), "fenced")
+    );
+    assert_eq!(fence.node, node);
+    assert!(
+        ipreclaim::scan::table(&rows).contains(&format!("{node} for ")),
+        "{}",
+        ipreclaim::scan::table(&rows)
+    );
 
     // A restart while fenced: the fence is read back from the pool, nothing is released.
     env.stop().await;
