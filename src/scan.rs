@@ -9,6 +9,7 @@ use kube::Client;
 use kube::api::{Api, ListParams};
 use serde::Serialize;
 
+use crate::api::lenient::Lenient;
 use crate::api::{IPPool, NetworkAttachmentDefinition};
 use crate::controller::state::State;
 use crate::reclaim::{Decision, ReclaimConfig};
@@ -85,18 +86,26 @@ pub async fn scan(
             }
         }
     }
-    let pools = Api::<IPPool>::namespaced(client.clone(), namespace)
+    let pools = Api::<Lenient<IPPool>>::namespaced(client.clone(), namespace)
         .list(&ListParams::default())
         .await
         .with_context(|| format!("list IPPools in {namespace}"))?;
     for pool in &pools {
-        state.upsert_pool(pool);
+        match pool {
+            Lenient::Valid(pool) => state.upsert_pool(pool),
+            Lenient::Invalid { metadata, error } => {
+                tracing::warn!(pool = ?metadata.name, %error, "IPPool skipped: it does not fit the schema")
+            }
+        }
     }
-    match Api::<NetworkAttachmentDefinition>::all(client)
+    match Api::<Lenient<NetworkAttachmentDefinition>>::all(client)
         .list(&ListParams::default())
         .await
     {
-        Ok(nads) => nads.iter().for_each(|n| state.upsert_nad(n)),
+        Ok(nads) => nads
+            .iter()
+            .filter_map(Lenient::valid)
+            .for_each(|n| state.upsert_nad(n)),
         // Without NADs the rules fall back to interface names: still a useful report.
         Err(e) => tracing::warn!(error = %e, "cannot list NetworkAttachmentDefinitions"),
     }

@@ -1439,3 +1439,145 @@ async fn a_pod_deleted_from_a_ready_node_is_released_unfenced() {
     env.stop().await;
     env.delete_node(&node).await;
 }
+
+/// Creates `object` (raw JSON, so that fields our types require can be left out) in the test
+/// namespace.
+async fn create_raw<K: kube::Resource<DynamicType = ()>>(env: &Env, object: serde_json::Value) {
+    let resource = kube::api::ApiResource::erase::<K>(&());
+    let object: kube::api::DynamicObject = serde_json::from_value(object).unwrap();
+    Api::<kube::api::DynamicObject>::namespaced_with(env.client.clone(), &env.ns, &resource)
+        .create(&PostParams::default(), &object)
+        .await
+        .unwrap();
+}
+
+/// Warning Events with `reason` as (object name, message, count).
+async fn warnings(env: &Env, reason: &str) -> Vec<(String, String, i32)> {
+    let lp = ListParams::default().fields(&format!("reason={reason}"));
+    Api::<CoreEvent>::namespaced(env.client.clone(), &env.ns)
+        .list(&lp)
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|e| {
+            let count = e
+                .series
+                .as_ref()
+                .map_or(e.count.unwrap_or(1), |s| s.count.unwrap_or(1));
+            (
+                e.involved_object.name.unwrap_or_default(),
+                e.message.unwrap_or_default(),
+                count,
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn objects_that_do_not_fit_are_skipped_and_reported_once_and_the_rest_goes_on() {
+    let mut env = Env::new("ctl-unfit").await;
+    let ns = env.ns.clone();
+    // Upstream's schemas accept all of these.
+    create_raw::<IPPool>(
+        &env,
+        serde_json::json!({"apiVersion": "whereabouts.cni.cncf.io/v1alpha1", "kind": "IPPool",
+            "metadata": {"name": "nospec"}}),
+    )
+    .await;
+    create_raw::<NetworkAttachmentDefinition>(
+        &env,
+        serde_json::json!({"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+            "metadata": {"name": "config-on-the-node"}}),
+    )
+    .await;
+    let broken = NetworkAttachmentDefinition::new(
+        "broken",
+        NetworkAttachmentDefinitionSpec {
+            config: Some("this is not json".into()),
+        },
+    );
+    Api::<NetworkAttachmentDefinition>::namespaced(env.client.clone(), &ns)
+        .create(&PostParams::default(), &broken)
+        .await
+        .unwrap();
+    env.nad("macvlan", "192.0.2.0/24").await;
+    create_raw::<IPPool>(
+        &env,
+        serde_json::json!({"apiVersion": "whereabouts.cni.cncf.io/v1alpha1", "kind": "IPPool",
+        "metadata": {"name": "192.0.2.0-24"},
+        "spec": {"range": "192.0.2.0/24", "allocations": {
+            "10": {"id": "sb-odd", "podref": format!("{ns}/odd-0"), "ifname": "net1"},
+            "11": {"id": "sb-nopodref"},
+            "12": {"podref": format!("{ns}/noid-0")},
+            "13": {"id": "sb-x", "podref": "Not A Pod"},
+            "14": {"id": "sb-web", "podref": format!("{ns}/web-0"), "ifname": "net1"},
+        }}}),
+    )
+    .await;
+    let odd = testenv::fixtures::pod_with_network_status("odd-0", "{not json");
+    env.pods()
+        .create(&PostParams::default(), &odd)
+        .await
+        .unwrap();
+    env.pod("web-0", "macvlan", Some(&["192.0.2.14"])).await;
+
+    env.start(&[]).await;
+    env.delete_pod("web-0").await;
+    env.wait_keys("192.0.2.0-24", &["10", "11", "12", "13"])
+        .await;
+    env.wait_metric(r#"ipreclaim_invalid_objects{kind="IPPool"} 1"#)
+        .await;
+
+    let want = [
+        ("InvalidObject", "nospec", "spec"),
+        ("InvalidNetworkConfig", "broken", "config cannot be used"),
+        ("MalformedNetworkStatus", "odd-0", "network-status"),
+        (
+            "UnreadablePoolEntries",
+            "192.0.2.0-24",
+            "allocation 11 has no podref",
+        ),
+        (
+            "UnreadablePoolEntries",
+            "192.0.2.0-24",
+            "allocation 12 has no id",
+        ),
+        (
+            "UnreadablePoolEntries",
+            "192.0.2.0-24",
+            r#"podref "Not A Pod", which names no pod"#,
+        ),
+    ];
+    for (reason, object, text) in want {
+        wait_for(
+            &format!("a {reason} Warning on {object} naming {text:?}"),
+            || async {
+                warnings(&env, reason)
+                    .await
+                    .iter()
+                    .any(|(o, m, _)| o == object && m.contains(text))
+            },
+        )
+        .await;
+    }
+    // Reported once, not once per sweep; a NAD without spec is no problem at all.
+    env.wait_sweeps(5.0).await;
+    for reason in [
+        "InvalidObject",
+        "InvalidNetworkConfig",
+        "MalformedNetworkStatus",
+        "UnreadablePoolEntries",
+    ] {
+        let w = warnings(&env, reason).await;
+        assert_eq!(w.len(), 1, "{reason}: {w:?}");
+        assert_eq!(w[0].2, 1, "{reason} reported once: {w:?}");
+        assert!(w[0].0 != "config-on-the-node", "{w:?}");
+    }
+    // scan reads the same objects.
+    let rows = ipreclaim::scan::scan(env.client.clone(), &ns, Default::default())
+        .await
+        .expect("scan despite the objects that do not fit");
+    assert!(rows.is_empty(), "nothing to release: {rows:?}");
+    env.stop().await;
+}

@@ -1,6 +1,8 @@
 //! The custom resources ipreclaim reads and writes, wire-compatible with whereabouts v0.9
 //! (`whereabouts.cni.cncf.io/v1alpha1`) and Multus (`k8s.cni.cncf.io/v1`).
 
+pub mod lenient;
+
 use std::collections::BTreeMap;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -31,8 +33,10 @@ pub struct IPPoolSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 pub struct IPAllocation {
     /// The sandbox (container) ID that holds the address.
+    #[serde(default)]
     pub id: String,
     /// The owning pod as "namespace/name".
+    #[serde(default)]
     pub podref: String,
     /// The interface inside the pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -126,6 +130,36 @@ pub struct NetworkAttachmentDefinitionSpec {
     pub config: Option<String>,
 }
 
+/// An entry without `id` or `podref` (older whereabouts releases did not require them) is
+/// read with them empty and reported as a problem of its pool.
+impl lenient::Defaults for IPPool {}
+
+impl lenient::Defaults for OverlappingRangeIPReservation {}
+
+impl lenient::Defaults for NetworkAttachmentDefinition {
+    /// Upstream's schema does not require `spec`: without it (the config is a file on the
+    /// node) the NAD has no config here.
+    fn fill_defaults(object: &mut serde_json::Value) {
+        if let Some(o) = object.as_object_mut() {
+            o.entry("spec").or_insert_with(|| serde_json::json!({}));
+        }
+    }
+}
+
+/// Drops `spec` from a CRD's required top-level fields (upstream's schema does not require it).
+fn spec_optional(crd: &mut CustomResourceDefinition) {
+    for v in &mut crd.spec.versions {
+        let required = v
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+            .and_then(|s| s.required.as_mut());
+        if let Some(required) = required {
+            required.retain(|r| r != "spec");
+        }
+    }
+}
+
 /// The CRDs ipreclaim works with, as the apiserver should hold them.
 pub fn crds() -> Vec<CustomResourceDefinition> {
     let mut node_slice = NodeSlicePool::crd();
@@ -134,12 +168,10 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
     for v in &mut node_slice.spec.versions {
         v.subresources = None;
     }
-    vec![
-        IPPool::crd(),
-        OverlappingRangeIPReservation::crd(),
-        node_slice,
-        NetworkAttachmentDefinition::crd(),
-    ]
+    let (mut pool, mut nad) = (IPPool::crd(), NetworkAttachmentDefinition::crd());
+    spec_optional(&mut pool);
+    spec_optional(&mut nad);
+    vec![pool, OverlappingRangeIPReservation::crd(), node_slice, nad]
 }
 
 /// Every CRD as one multi-document YAML stream (what `ipreclaim crds` prints and `crds/` holds).

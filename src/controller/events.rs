@@ -195,6 +195,19 @@ impl Events {
         .await;
     }
 
+    /// A Warning about bad input on `reference` (one action per reason: the recorder merges
+    /// repeats of it).
+    pub async fn warning(&self, reference: &ObjectReference, reason: &str, note: &str) {
+        self.publish(
+            EventType::Warning,
+            reason,
+            "Read".into(),
+            note.into(),
+            reference,
+        )
+        .await;
+    }
+
     /// Releases for a pod failed for good.
     pub async fn failed(&self, pod: &PodRef, cause: &str) {
         let note = format!(

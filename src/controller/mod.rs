@@ -5,6 +5,7 @@
 pub mod deletion;
 pub mod events;
 pub mod fence;
+pub mod report;
 pub mod state;
 pub mod sweep;
 pub mod watch;
@@ -192,6 +193,11 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let mut registry = Registry::default();
     let metrics = ControllerMetrics::new(&mut registry);
+    for kind in report::KINDS {
+        let _ = metrics
+            .invalid_objects
+            .get_or_create(&kind.to_string().into());
+    }
     let health = Health::default();
     let (metrics_addr, server) =
         crate::telemetry::serve(args.metrics_addr, Arc::new(registry), health.clone())
@@ -328,7 +334,17 @@ pub async fn run(
                 timeout: args.fence_timeout,
             }),
         };
-        let lifting = leader.clone();
+        let mut reporter = report::Reporter {
+            events: ctx.events.clone(),
+            metrics: metrics.clone(),
+            reported: Default::default(),
+        };
+        let (lifting, housekeeping_state, ns) = (
+            leader.clone(),
+            state.clone(),
+            args.whereabouts_namespace.clone(),
+        );
+        // Every second: fences that lift, and bad input to report.
         tasks.push(tokio::spawn(async move {
             let mut tick = tokio::time::interval(fence::LIFT_EVERY);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -336,6 +352,9 @@ pub async fn run(
                 tick.tick().await;
                 let leads = *lifting.borrow();
                 lifter.pass(leads).await;
+                let problems =
+                    report::problems(&housekeeping_state.read().expect("state lock"), &ns);
+                reporter.pass(problems, leads).await;
             }
         }));
         let mut sweeper = sweep::Sweeper {
@@ -371,7 +390,7 @@ pub async fn run(
                     metrics
                         .pool_problems
                         .get_or_create(&label.into())
-                        .set(pool.problems as i64);
+                        .set((pool.problems.len() + pool.bad_fences.len()) as i64);
                     // A pool's breaker series exists at 0 before its first hold.
                     let _ = metrics.breaker_holds.get_or_create(&name.clone().into());
                 }

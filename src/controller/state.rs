@@ -11,7 +11,9 @@ use std::time::Instant;
 use ipnet::IpNet;
 
 use crate::api::{IPPool, NetworkAttachmentDefinition, OverlappingRangeIPReservation};
-use crate::ipam::fence::{BadFence, FenceRecord, fence_annotation_key, fenced_podref, pool_fences};
+use crate::ipam::fence::{
+    BadFence, FENCED_PODREF_SUFFIX, FenceRecord, fence_annotation_key, fenced_podref, pool_fences,
+};
 use crate::ipam::{
     NetworkAttachment, PoolEntry, is_node_slice_pool, parse_nad_config, parse_network_status,
     pool_allocations, reservation_name,
@@ -46,8 +48,8 @@ pub struct LiveInfo {
     pub uid: String,
     /// Secondary networks, `None` when the annotation is missing or malformed.
     pub networks: Option<Arc<[NetworkAttachment]>>,
-    /// The annotation was present but malformed.
-    pub malformed_status: bool,
+    /// Why the annotation, present, cannot be read.
+    pub malformed_status: Option<String>,
 }
 
 /// A deleted pod waiting for its addresses to be released.
@@ -61,6 +63,26 @@ pub struct Tombstone {
     pub seen_at: Instant,
 }
 
+/// An object that does not fit its type: kind, namespace, name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct InvalidKey {
+    /// Its kind.
+    pub kind: String,
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+}
+
+/// Why an object does not fit, and its uid (for an Event on it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidObject {
+    /// Its uid.
+    pub uid: String,
+    /// What is wrong.
+    pub error: String,
+}
+
 /// A pool, parsed.
 #[derive(Debug, Clone)]
 pub struct PoolInfo {
@@ -70,8 +92,8 @@ pub struct PoolInfo {
     pub uid: String,
     /// Usable entries by key.
     pub entries: BTreeMap<String, PoolEntry>,
-    /// Number of unreadable entries.
-    pub problems: usize,
+    /// What cannot be read: entries (left alone) or the whole range.
+    pub problems: Vec<String>,
     /// The range could not be parsed at all.
     pub bad_range: bool,
     /// The range, when it parses.
@@ -140,16 +162,18 @@ pub struct State {
     /// NADs whose config cannot be used, with the error.
     pub nad_errors: HashMap<String, String>,
     reservations: HashMap<String, ReservationInfo>,
+    /// Objects skipped because they do not fit their type.
+    invalid: BTreeMap<InvalidKey, InvalidObject>,
 }
 
 fn networks_of(
     annotations: Option<&BTreeMap<String, String>>,
-) -> (Option<Arc<[NetworkAttachment]>>, bool) {
+) -> (Option<Arc<[NetworkAttachment]>>, Option<String>) {
     match annotations.and_then(|a| a.get(crate::ipam::NETWORK_STATUS_ANNOTATION)) {
-        None => (None, false),
+        None => (None, None),
         Some(s) => match parse_network_status(s) {
-            Ok(n) => (Some(n.into()), false),
-            Err(_) => (None, true),
+            Ok(n) => (Some(n.into()), None),
+            Err(e) => (None, Some(e.to_string())),
         },
     }
 }
@@ -233,6 +257,52 @@ impl State {
             });
     }
 
+    /// Records an object that does not fit its type; whether this is news (new or changed).
+    pub fn set_invalid(&mut self, key: InvalidKey, uid: String, error: String) -> bool {
+        let object = InvalidObject { uid, error };
+        self.invalid.insert(key, object.clone()) != Some(object)
+    }
+
+    /// Forgets an invalid object (it fits now, or it is gone).
+    pub fn clear_invalid(&mut self, key: &InvalidKey) {
+        self.invalid.remove(key);
+    }
+
+    /// Forgets the invalid object `kind` `namespace/name`.
+    pub fn clear_invalid_named(&mut self, kind: &str, namespace: &str, name: &str) {
+        self.clear_invalid(&InvalidKey {
+            kind: kind.into(),
+            namespace: namespace.into(),
+            name: name.into(),
+        });
+    }
+
+    /// Keeps the invalid objects of `kind` for which `keep(namespace, name)` holds.
+    pub fn retain_invalid(&mut self, kind: &str, keep: impl Fn(&str, &str) -> bool) {
+        self.invalid
+            .retain(|k, _| k.kind != kind || keep(&k.namespace, &k.name));
+    }
+
+    /// Objects skipped because they do not fit their type.
+    pub fn invalid_objects(&self) -> &BTreeMap<InvalidKey, InvalidObject> {
+        &self.invalid
+    }
+
+    /// Keeps the reservations for which `keep(name)` holds (after a re-list).
+    pub fn retain_reservations(&mut self, keep: impl Fn(&str) -> bool) {
+        self.reservations.retain(|name, _| keep(name));
+    }
+
+    /// The NADs known (`ns/name`), usable or not.
+    pub fn nad_keys(&self) -> Vec<String> {
+        self.nad_pools
+            .keys()
+            .chain(self.slice_nads.keys())
+            .chain(self.nad_errors.keys())
+            .cloned()
+            .collect()
+    }
+
     /// A pool's entry by key.
     pub fn entry(&self, pool: &str, key: &str) -> Option<&PoolEntry> {
         self.pools.get(pool)?.entries.get(key)
@@ -258,7 +328,18 @@ impl State {
 
     /// Number of live pods with a malformed network-status.
     pub fn malformed_status_count(&self) -> usize {
-        self.live.values().filter(|l| l.malformed_status).count()
+        self.live
+            .values()
+            .filter(|l| l.malformed_status.is_some())
+            .count()
+    }
+
+    /// Live pods (podref, uid, error) whose network-status cannot be read.
+    pub fn malformed_status_pods(&self) -> Vec<(String, String, String)> {
+        self.live
+            .iter()
+            .filter_map(|(p, l)| Some((p.clone(), l.uid.clone(), l.malformed_status.clone()?)))
+            .collect()
     }
 
     /// Sets the terminal (Succeeded/Failed) pod uids.
@@ -311,9 +392,13 @@ impl State {
     pub fn upsert_pool(&mut self, pool: &IPPool) {
         let name = pool.metadata.name.clone().unwrap_or_default();
         self.remove_pool(&name);
-        let (entries, problems, range) = match pool_allocations(&pool.spec) {
-            Ok(p) => (p.entries, p.problems.len(), Some(p.range)),
-            Err(_) => (Vec::new(), pool.spec.allocations.len(), None),
+        let (entries, mut problems, range) = match pool_allocations(&pool.spec) {
+            Ok(p) => (
+                p.entries,
+                p.problems.iter().map(ToString::to_string).collect(),
+                Some(p.range),
+            ),
+            Err(e) => (Vec::new(), vec![e.to_string()], None),
         };
         if let Some(range) = range {
             let nets: Vec<String> = self
@@ -338,6 +423,17 @@ impl State {
                 && let Some(record) = records.remove(&e.key)
             {
                 fenced.insert(e.key.clone(), FencedEntry { entry: e, record });
+                continue;
+            }
+            if e.podref.ends_with(FENCED_PODREF_SUFFIX) {
+                // Fenced, but its record is gone: whose it is cannot be told; left alone.
+                problems.push(format!(
+                    "allocation {} is fenced ({}) but has no fence record (annotation {}); \
+                     left alone: remove the entry to release it",
+                    e.key,
+                    e.podref,
+                    fence_annotation_key(&e.key)
+                ));
                 continue;
             }
             self.by_podref
@@ -448,7 +544,10 @@ impl State {
             nad.metadata.name.as_deref().unwrap_or_default()
         );
         self.remove_nad(&key);
-        let config = nad.spec.config.as_deref().unwrap_or("");
+        // No config here (it is a file on the node): nothing to map, nothing wrong.
+        let Some(config) = nad.spec.config.as_deref().filter(|c| !c.trim().is_empty()) else {
+            return;
+        };
         match parse_nad_config(config) {
             Ok(Some(ipam)) if ipam.node_slice_size.is_some() => {
                 // whereabouts slices only the first range (a parsed config has one).

@@ -14,7 +14,9 @@ use kube::{Client, Resource, ResourceExt};
 use podlife::queue::WorkQueue;
 use tokio::sync::watch;
 
+use super::state::InvalidKey;
 use super::state::State;
+use crate::api::lenient::Lenient;
 use crate::api::{IPPool, NetworkAttachmentDefinition, OverlappingRangeIPReservation};
 use crate::telemetry::ControllerMetrics;
 use crate::watch_retry::retrying;
@@ -186,9 +188,41 @@ pub async fn terminal_pods(
     .await;
 }
 
-/// Watches the pools in the whereabouts namespace.
+/// Records an object that does not fit its type (or clears it once it does) and says so once.
+fn invalid<K: Resource<DynamicType = ()>>(st: &mut State, object: &Lenient<K>) {
+    let meta = object.meta();
+    let key = InvalidKey {
+        kind: K::kind(&()).into_owned(),
+        namespace: meta.namespace.clone().unwrap_or_default(),
+        name: meta.name.clone().unwrap_or_default(),
+    };
+    match object {
+        Lenient::Valid(_) => st.clear_invalid(&key),
+        Lenient::Invalid { error, .. } => {
+            let uid = meta.uid.clone().unwrap_or_default();
+            // Reported (log line, Event) by the reporter.
+            st.set_invalid(key, uid, error.clone());
+        }
+    }
+}
+
+fn name_of<K: Resource>(object: &K) -> String {
+    object.meta().name.clone().unwrap_or_default()
+}
+
+fn nad_key<K: Resource>(object: &K) -> String {
+    let m = object.meta();
+    format!(
+        "{}/{}",
+        m.namespace.as_deref().unwrap_or_default(),
+        m.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// Watches the pools in the whereabouts namespace. A pool that cannot be read is skipped and
+/// reported; it never stops the watch.
 pub async fn pools(client: Client, namespace: String, state: Arc<RwLock<State>>, synced: Synced) {
-    let api = Api::<IPPool>::namespaced(client.clone(), &namespace);
+    let api = Api::<Lenient<IPPool>>::namespaced(client.clone(), &namespace);
     let stream = retrying(client, watcher::watcher(api, watcher::Config::default()));
     let mut relisted: HashSet<String> = HashSet::new();
     drive("ippools", stream, synced, |event| {
@@ -196,10 +230,17 @@ pub async fn pools(client: Client, namespace: String, state: Arc<RwLock<State>>,
         match event {
             Event::Init => relisted.clear(),
             Event::InitApply(p) | Event::Apply(p) => {
-                relisted.insert(p.metadata.name.clone().unwrap_or_default());
-                st.upsert_pool(&p);
+                relisted.insert(name_of(&p));
+                invalid(&mut st, &p);
+                match &p {
+                    Lenient::Valid(pool) => st.upsert_pool(pool),
+                    Lenient::Invalid { .. } => st.remove_pool(&name_of(&p)),
+                }
             }
-            Event::Delete(p) => st.remove_pool(p.metadata.name.as_deref().unwrap_or_default()),
+            Event::Delete(p) => {
+                st.clear_invalid_named(IPPool::kind(&()).as_ref(), &namespace, &name_of(&p));
+                st.remove_pool(&name_of(&p))
+            }
             Event::InitDone => {
                 let gone: Vec<String> = st
                     .pools()
@@ -210,6 +251,8 @@ pub async fn pools(client: Client, namespace: String, state: Arc<RwLock<State>>,
                 for name in gone {
                     st.remove_pool(&name);
                 }
+                let kind = IPPool::kind(&());
+                st.retain_invalid(kind.as_ref(), |_, name| relisted.contains(name));
             }
         }
     })
@@ -223,16 +266,31 @@ pub async fn reservations(
     state: Arc<RwLock<State>>,
     synced: Synced,
 ) {
-    let api = Api::<OverlappingRangeIPReservation>::namespaced(client.clone(), &namespace);
+    let api = Api::<Lenient<OverlappingRangeIPReservation>>::namespaced(client.clone(), &namespace);
     let stream = retrying(client, watcher::watcher(api, watcher::Config::default()));
+    let mut relisted: HashSet<String> = HashSet::new();
     drive("reservations", stream, synced, |event| {
         let mut st = state.write().expect("state lock");
         match event {
-            Event::InitApply(r) | Event::Apply(r) => st.upsert_reservation(&r),
-            Event::Delete(r) => {
-                st.remove_reservation(r.metadata.name.as_deref().unwrap_or_default())
+            Event::Init => relisted.clear(),
+            Event::InitApply(r) | Event::Apply(r) => {
+                relisted.insert(name_of(&r));
+                invalid(&mut st, &r);
+                match &r {
+                    Lenient::Valid(r) => st.upsert_reservation(r),
+                    Lenient::Invalid { .. } => st.remove_reservation(&name_of(&r)),
+                }
             }
-            Event::Init | Event::InitDone => {}
+            Event::Delete(r) => {
+                let kind = OverlappingRangeIPReservation::kind(&());
+                st.clear_invalid_named(kind.as_ref(), &namespace, &name_of(&r));
+                st.remove_reservation(&name_of(&r))
+            }
+            Event::InitDone => {
+                let kind = OverlappingRangeIPReservation::kind(&());
+                st.retain_invalid(kind.as_ref(), |_, name| relisted.contains(name));
+                st.retain_reservations(|name| relisted.contains(name));
+            }
         }
     })
     .await;
@@ -240,31 +298,42 @@ pub async fn reservations(
 
 /// Watches NADs in all namespaces.
 pub async fn nads(client: Client, state: Arc<RwLock<State>>, synced: Synced) {
-    let api = Api::<NetworkAttachmentDefinition>::all(client.clone());
+    let api = Api::<Lenient<NetworkAttachmentDefinition>>::all(client.clone());
     let stream = retrying(client, watcher::watcher(api, watcher::Config::default()));
+    let mut relisted: HashSet<String> = HashSet::new();
     drive("network-attachment-definitions", stream, synced, |event| {
         let mut st = state.write().expect("state lock");
         match event {
+            Event::Init => relisted.clear(),
             Event::InitApply(n) | Event::Apply(n) => {
-                st.upsert_nad(&n);
-                let key = format!(
-                    "{}/{}",
-                    n.meta().namespace.as_deref().unwrap_or_default(),
-                    n.meta().name.as_deref().unwrap_or_default()
-                );
-                if let Some(err) = st.nad_errors.get(&key) {
-                    tracing::warn!(nad = %key, error = %err, "NetworkAttachmentDefinition config cannot be used");
+                let key = nad_key(&n);
+                relisted.insert(key.clone());
+                invalid(&mut st, &n);
+                match &n {
+                    Lenient::Valid(nad) => st.upsert_nad(nad),
+                    Lenient::Invalid { .. } => st.remove_nad(&key),
                 }
             }
             Event::Delete(n) => {
-                let key = format!(
-                    "{}/{}",
-                    n.meta().namespace.as_deref().unwrap_or_default(),
-                    n.meta().name.as_deref().unwrap_or_default()
-                );
+                let (kind, key) = (NetworkAttachmentDefinition::kind(&()), nad_key(&n));
+                let (ns, name) = key.split_once('/').unwrap_or(("", &key));
+                st.clear_invalid_named(kind.as_ref(), ns, name);
                 st.remove_nad(&key);
             }
-            Event::Init | Event::InitDone => {}
+            Event::InitDone => {
+                let kind = NetworkAttachmentDefinition::kind(&());
+                st.retain_invalid(kind.as_ref(), |ns, name| {
+                    relisted.contains(&format!("{ns}/{name}"))
+                });
+                let gone: Vec<String> = st
+                    .nad_keys()
+                    .into_iter()
+                    .filter(|k| !relisted.contains(k))
+                    .collect();
+                for key in gone {
+                    st.remove_nad(&key);
+                }
+            }
         }
     })
     .await;

@@ -54,9 +54,51 @@ pub fn reservation_name(ip: IpAddr, network_name: Option<&str>) -> String {
     prefixed(&[network_name], normalize(&ip.to_string()))
 }
 
+/// An RFC 1123 label (a namespace name): at most 63 of `a-z0-9-`, alphanumeric at both ends.
+fn is_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// Whether `podref` is `<namespace>/<pod name>` with names Kubernetes accepts (a pod name is
+/// an RFC 1123 subdomain: dot-separated labels, at most 253 characters).
+pub fn is_pod_ref(podref: &str) -> bool {
+    let Some((namespace, name)) = podref.split_once('/') else {
+        return false;
+    };
+    is_label(namespace) && name.len() <= 253 && name.split('.').all(is_label)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pod_refs_are_namespace_and_pod_name() {
+        for good in ["ns/web-0", "kube-system/a.b-c", "a/b"] {
+            assert!(is_pod_ref(good), "{good}");
+        }
+        for bad in [
+            "",
+            "web-0",
+            "ns/",
+            "/web-0",
+            "ns/Web-0",
+            "ns/web_0",
+            "ns/web-0/x",
+            "ns/-a",
+            "ns/a..b",
+            "ns/web-0:fenced",
+            "ns /a",
+        ] {
+            assert!(!is_pod_ref(bad), "{bad}");
+        }
+        assert!(!is_pod_ref(&format!("ns/{}", "a".repeat(254))));
+    }
 
     #[test]
     fn ippool_names_from_compat() {

@@ -65,6 +65,22 @@ pub enum PoolProblem {
         /// The key as stored.
         key: String,
     },
+    /// The entry has no `id` or no `podref`: whose it is cannot be told.
+    #[error("allocation {key} has no {field}")]
+    MissingField {
+        /// The key as stored.
+        key: String,
+        /// `id` or `podref`.
+        field: &'static str,
+    },
+    /// The podref is not `<namespace>/<pod name>`: no pod can be looked up for it.
+    #[error("allocation {key} has podref {podref:?}, which names no pod")]
+    BadPodref {
+        /// The key as stored.
+        key: String,
+        /// The podref as stored.
+        podref: String,
+    },
     /// The offset lies outside the pool's range.
     #[error("allocation offset {key} is outside range {range}")]
     OutOfRange {
@@ -121,6 +137,28 @@ pub fn pool_allocations(spec: &IPPoolSpec) -> Result<PoolAllocations, BadPoolRan
             problems.push(PoolProblem::MalformedKey { key: key.clone() });
             continue;
         };
+        if let Some(field) = [("id", &alloc.id), ("podref", &alloc.podref)]
+            .into_iter()
+            .find_map(|(f, v)| v.is_empty().then_some(f))
+        {
+            problems.push(PoolProblem::MissingField {
+                key: key.clone(),
+                field,
+            });
+            continue;
+        }
+        // A fenced entry's podref carries a marker after the pod's (see `fence`).
+        let podref = &alloc.podref;
+        let pod = podref
+            .strip_suffix(super::fence::FENCED_PODREF_SUFFIX)
+            .unwrap_or(podref);
+        if !super::naming::is_pod_ref(pod) {
+            problems.push(PoolProblem::BadPodref {
+                key: key.clone(),
+                podref: podref.clone(),
+            });
+            continue;
+        }
         let Some(ip) = ip_at(&range, offset) else {
             problems.push(PoolProblem::OutOfRange {
                 key: key.clone(),

@@ -21,6 +21,19 @@ pub struct PoolLabel {
     pub pool: String,
 }
 
+/// A `kind` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    /// Object kind.
+    pub kind: String,
+}
+
+impl From<String> for KindLabel {
+    fn from(kind: String) -> Self {
+        KindLabel { kind }
+    }
+}
+
 /// A `cause` label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CauseLabel {
@@ -185,6 +198,8 @@ pub struct ControllerMetrics {
     pub malformed_network_status: Gauge,
     /// Live pods in the controller's cache.
     pub cached_pods: Gauge,
+    /// Objects skipped because they do not fit their schema, by kind.
+    pub invalid_objects: Family<KindLabel, Gauge>,
     /// Addresses fenced now.
     pub fenced_addresses: Gauge,
     /// Age in seconds of the oldest fence held.
@@ -211,7 +226,13 @@ impl ControllerMetrics {
             cached_pods: Gauge::default(),
             fenced_addresses: Gauge::default(),
             oldest_fence_seconds: Gauge::default(),
+            invalid_objects: Family::default(),
         };
+        r.register(
+            "invalid_objects",
+            "Objects skipped because they do not fit their schema, by kind",
+            m.invalid_objects.clone(),
+        );
         r.register(
             "fenced_addresses",
             "Addresses held by a fence now",

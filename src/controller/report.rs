@@ -1,0 +1,162 @@
+//! Bad input, reported where an operator looks: a Warning Event on the object and one log line,
+//! once per problem (again only if it changes or comes back): objects skipped because they do
+//! not fit their schema, NADs whose config cannot be used, pods whose network-status cannot be
+//! read, pools with entries that cannot be read.
+
+use std::collections::{BTreeMap, HashMap};
+
+use k8s_openapi::api::core::v1::ObjectReference;
+
+use super::events::Events;
+use super::state::State;
+use crate::telemetry::ControllerMetrics;
+
+/// Event reason: an object was skipped because it does not fit the schema.
+pub const INVALID_OBJECT: &str = "InvalidObject";
+/// Event reason: a NAD's config cannot be used.
+pub const INVALID_NETWORK_CONFIG: &str = "InvalidNetworkConfig";
+/// Event reason: a pod's network-status annotation cannot be read.
+pub const MALFORMED_NETWORK_STATUS: &str = "MalformedNetworkStatus";
+/// Event reason: a pool has entries that cannot be read (left alone).
+pub const UNREADABLE_POOL_ENTRIES: &str = "UnreadablePoolEntries";
+
+/// The kinds whose objects can be skipped, for the metric (each has a series from the start).
+pub const KINDS: [&str; 3] = [
+    "IPPool",
+    "OverlappingRangeIPReservation",
+    "NetworkAttachmentDefinition",
+];
+
+/// Most entry problems named in one Event.
+const NAMED: usize = 5;
+
+/// One problem on one object.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Problem {
+    /// The object.
+    pub reference: ObjectReference,
+    /// The Event reason.
+    pub reason: &'static str,
+    /// The message.
+    pub message: String,
+}
+
+fn api_version(kind: &str) -> &'static str {
+    match kind {
+        "NetworkAttachmentDefinition" => "k8s.cni.cncf.io/v1",
+        "Pod" => "v1",
+        _ => "whereabouts.cni.cncf.io/v1alpha1",
+    }
+}
+
+fn reference(kind: &str, namespace: &str, name: &str, uid: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(api_version(kind).into()),
+        kind: Some(kind.into()),
+        namespace: Some(namespace.into()),
+        name: Some(name.into()),
+        uid: (!uid.is_empty()).then(|| uid.into()),
+        ..Default::default()
+    }
+}
+
+/// Every problem the state knows of; pools live in `namespace`.
+pub fn problems(st: &State, namespace: &str) -> Vec<Problem> {
+    let mut out = Vec::new();
+    for (k, o) in st.invalid_objects() {
+        out.push(Problem {
+            reference: reference(&k.kind, &k.namespace, &k.name, &o.uid),
+            reason: INVALID_OBJECT,
+            message: format!(
+                "skipped by ipreclaim: it does not fit the schema: {}",
+                o.error
+            ),
+        });
+    }
+    for (key, error) in &st.nad_errors {
+        let (ns, name) = key.split_once('/').unwrap_or(("", key));
+        out.push(Problem {
+            reference: reference("NetworkAttachmentDefinition", ns, name, ""),
+            reason: INVALID_NETWORK_CONFIG,
+            message: format!("config cannot be used, its pools are not matched to it: {error}"),
+        });
+    }
+    for (podref, uid, error) in st.malformed_status_pods() {
+        let (ns, name) = podref.split_once('/').unwrap_or(("", &podref));
+        out.push(Problem {
+            reference: reference("Pod", ns, name, &uid),
+            reason: MALFORMED_NETWORK_STATUS,
+            message: format!(
+                "network-status annotation cannot be read (its allocations are kept): {error}"
+            ),
+        });
+    }
+    for (name, pool) in st.pools() {
+        let mut notes: Vec<String> = pool.problems.clone();
+        notes.extend(pool.bad_fences.iter().map(ToString::to_string));
+        if notes.is_empty() {
+            continue;
+        }
+        let n = notes.len();
+        let mut message = format!(
+            "{n} allocation problem(s), left alone: {}",
+            notes[..n.min(NAMED)].join("; ")
+        );
+        if n > NAMED {
+            message.push_str(&format!("; and {} more", n - NAMED));
+        }
+        out.push(Problem {
+            reference: reference("IPPool", namespace, name, &pool.uid),
+            reason: UNREADABLE_POOL_ENTRIES,
+            message,
+        });
+    }
+    out
+}
+
+/// Reports each problem once.
+pub struct Reporter {
+    pub(crate) events: Events,
+    pub(crate) metrics: ControllerMetrics,
+    /// What was reported, by (reason, kind, namespace, name).
+    pub(crate) reported: HashMap<(&'static str, String, String, String), String>,
+}
+
+impl Reporter {
+    /// Sets the invalid-object gauges and, on the leader, logs and publishes what is new.
+    pub async fn pass(&mut self, problems: Vec<Problem>, leader: bool) {
+        let mut invalid: BTreeMap<String, i64> = KINDS.iter().map(|k| (k.to_string(), 0)).collect();
+        for p in problems.iter().filter(|p| p.reason == INVALID_OBJECT) {
+            *invalid
+                .entry(p.reference.kind.clone().unwrap_or_default())
+                .or_default() += 1;
+        }
+        for (kind, n) in invalid {
+            self.metrics
+                .invalid_objects
+                .get_or_create(&kind.into())
+                .set(n);
+        }
+        if !leader {
+            return;
+        }
+        let mut now = HashMap::with_capacity(problems.len());
+        for p in problems {
+            let r = &p.reference;
+            let key = (
+                p.reason,
+                r.kind.clone().unwrap_or_default(),
+                r.namespace.clone().unwrap_or_default(),
+                r.name.clone().unwrap_or_default(),
+            );
+            if self.reported.get(&key) != Some(&p.message) {
+                tracing::warn!(reason = p.reason, kind = %key.1, namespace = %key.2, name = %key.3, message = %p.message, "bad input");
+                self.events
+                    .warning(&p.reference, p.reason, &p.message)
+                    .await;
+            }
+            now.insert(key, p.message);
+        }
+        self.reported = now;
+    }
+}
