@@ -10,6 +10,7 @@ use kube::api::Api;
 use kube::{Client, ResourceExt};
 
 use super::witness::DeadSandbox;
+use crate::api::lenient::Lenient;
 use crate::api::{
     IPPool, NetworkAttachmentDefinition, NodeSlicePool, OverlappingRangeIPReservation,
 };
@@ -154,10 +155,14 @@ impl Releaser {
         let mut reservations: Vec<(IpAddr, &PoolTarget)> = Vec::new();
         let mut seen_entries = 0;
         let dead = [sb.id.clone()];
-        let api: Api<IPPool> = Api::namespaced(self.client.clone(), &self.namespace);
+        let api: Api<Lenient<IPPool>> = Api::namespaced(self.client.clone(), &self.namespace);
         for t in targets.values() {
             let pool = match api.get_opt(&t.pool).await {
-                Ok(Some(p)) => p,
+                Ok(Some(Lenient::Valid(p))) => p,
+                Ok(Some(Lenient::Invalid { error, .. })) => {
+                    tracing::warn!(pool = %t.pool, %error, "pool skipped: it does not fit the schema");
+                    continue;
+                }
                 Ok(None) => continue,
                 Err(e) => return failed(&format!("get pool {}", t.pool), e),
             };
@@ -257,9 +262,15 @@ impl Releaser {
         let Some((ns, nad_name)) = network.split_once('/') else {
             return Ok(Vec::new());
         };
-        let nads: Api<NetworkAttachmentDefinition> = Api::namespaced(self.client.clone(), ns);
+        let nads: Api<Lenient<NetworkAttachmentDefinition>> =
+            Api::namespaced(self.client.clone(), ns);
         let nad = match nads.get_opt(nad_name).await {
-            Ok(Some(n)) => n,
+            Ok(Some(Lenient::Valid(n))) => n,
+            Ok(Some(Lenient::Invalid { error, .. })) => {
+                self.metrics.config_errors.inc();
+                tracing::warn!(nad = %network, %error, "NAD skipped: it does not fit the schema");
+                return Ok(Vec::new());
+            }
             Ok(None) => return Ok(Vec::new()),
             Err(e) => return Err(failed(&format!("get NAD {network}"), e)),
         };
