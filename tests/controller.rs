@@ -1581,3 +1581,87 @@ async fn objects_that_do_not_fit_are_skipped_and_reported_once_and_the_rest_goes
     assert!(rows.is_empty(), "nothing to release: {rows:?}");
     env.stop().await;
 }
+
+#[tokio::test]
+async fn a_restart_never_releases_what_the_breaker_holds_and_pods_gone_meanwhile_still_go_fast() {
+    let mut env = Env::new("ctl-restart-held").await;
+    env.nad("macvlan", "192.0.2.0/24").await;
+    // 40 allocations whose pods do not exist: a sweep would free all of them.
+    let names: Vec<String> = (0..40).map(|i| format!("gone-{i}")).collect();
+    let allocs: Vec<(u32, String, &str)> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (10 + i as u32, format!("sb-{i}"), n.as_str()))
+        .collect();
+    let borrowed: Vec<(u32, &str, &str)> = allocs
+        .iter()
+        .map(|(o, s, n)| (*o, s.as_str(), *n))
+        .collect();
+    env.pool("192.0.2.0-24", "192.0.2.0/24", &borrowed).await;
+    let flags = ["--max-release-ratio=0.5"];
+    env.start(&flags).await;
+    let held = env.wait_events("IPAddressGarbageCollectionHeld").await;
+    assert!(held[0].2.contains("40 of 40"), "{held:?}");
+    env.stop().await;
+
+    // While it is down, a pod of a small pool is deleted; then it restarts (same flags).
+    env.nad("small", "198.18.1.0/24").await;
+    env.pool("198.18.1.0-24", "198.18.1.0/24", &[(7, "sb-x", "live-1")])
+        .await;
+    env.pod("live-1", "small", Some(&["198.18.1.7"])).await;
+    env.delete_pod("live-1").await;
+    env.start(&flags).await;
+    env.wait_keys("198.18.1.0-24", &[]).await;
+    env.wait_sweeps(5.0).await;
+    assert_eq!(
+        env.keys("192.0.2.0-24").await.len(),
+        40,
+        "the restart released what the breaker holds"
+    );
+    let released = env.events("IPAddressGarbageCollected").await;
+    assert_eq!(
+        released.iter().map(|e| e.0.as_str()).collect::<Vec<_>>(),
+        ["live-1"],
+        "{released:?}"
+    );
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_pod_that_lists_its_address_between_sweeps_keeps_it() {
+    let mut env = Env::new("ctl-flap").await;
+    env.nad("macvlan", "192.0.2.0/24").await;
+    env.pool("192.0.2.0-24", "192.0.2.0/24", &[(10, "sb-web", "web-0")])
+        .await;
+    env.pod("web-0", "macvlan", Some(&["192.0.2.99"])).await;
+    env.start(&["--leak-grace=1s"]).await;
+    let status = |ip: &str| {
+        let s = serde_json::json!([
+            {"name": format!("{}/macvlan", env.ns), "interface": "net1", "ips": [ip]},
+        ]);
+        serde_json::json!({"metadata": {"annotations": {STATUS: s.to_string()}}})
+    };
+    // web-0 lists its address briefly every 400 ms: the sweep (every 200 ms) mostly samples the
+    // other one, but the address never goes a whole grace (1 s) unlisted.
+    for _ in 0..15 {
+        for (ip, ms) in [("192.0.2.10", 50), ("192.0.2.99", 350)] {
+            env.pods()
+                .patch(
+                    "web-0",
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(status(ip)),
+                )
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+        assert_eq!(
+            env.keys("192.0.2.0-24").await,
+            ["10"],
+            "released while in use"
+        );
+    }
+    // Unlisted for good: released after the grace.
+    env.wait_keys("192.0.2.0-24", &[]).await;
+    env.stop().await;
+}

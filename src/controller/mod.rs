@@ -58,6 +58,10 @@ pub struct ControllerArgs {
     /// How long an allocation must look leaked before the sweep releases it.
     #[arg(long, env = "IPRECLAIM_LEAK_GRACE", default_value = "2m", value_parser = parse_duration)]
     pub leak_grace: Duration,
+    /// The leak grace for an allocation whose pod does not exist at all (no annotation can lag
+    /// behind it; e.g. deleted while no replica ran); at most --leak-grace.
+    #[arg(long, env = "IPRECLAIM_MISSING_POD_GRACE", default_value = "20s", value_parser = parse_duration)]
+    pub missing_pod_grace: Duration,
     /// Release the addresses of Succeeded/Failed pods.
     #[arg(long, env = "IPRECLAIM_RELEASE_TERMINAL_PODS", default_value_t = true, action = clap::ArgAction::Set)]
     pub release_terminal_pods: bool,
@@ -301,17 +305,8 @@ pub async fn run(
         for mut rx in synced {
             let _ = rx.wait_for(|s| *s).await;
         }
-        // Pods gone while we were down: their allocations have no live pod now.
-        {
-            let mut st = state.write().expect("state lock");
-            let now = Instant::now();
-            for podref in st.allocated_podrefs() {
-                if st.live(&podref).is_none() {
-                    st.orphan_tombstone(&podref, now);
-                    queue.add(podref);
-                }
-            }
-        }
+        // Pods gone while no replica ran were not seen deleted: their allocations are the
+        // sweep's (grace, a fresh list, the breaker), which runs at once.
         health.set_ready(true);
         tracing::info!("caches synced; ready");
         // Many workers: each waits on the writer, which batches what they hand in together.
@@ -361,6 +356,7 @@ pub async fn run(
             ctx: ctx.clone(),
             config: sweep::SweepConfig {
                 leak_grace: args.leak_grace,
+                missing_pod_grace: args.missing_pod_grace.min(args.leak_grace),
                 max_release_ratio: args.max_release_ratio,
                 reclaim,
                 namespace: args.whereabouts_namespace.clone(),
@@ -375,7 +371,15 @@ pub async fn run(
             tick.tick().await;
             {
                 let mut st = state.write().expect("state lock");
-                st.expire_tombstones(Instant::now() - Duration::from_secs(600));
+                // checked: an Instant cannot go back before the machine started.
+                let now = Instant::now();
+                if let Some(before) = now.checked_sub(Duration::from_secs(600)) {
+                    st.expire_tombstones(before);
+                }
+                let keep = Duration::from_secs(600).max(args.leak_grace.saturating_mul(2));
+                if let Some(before) = now.checked_sub(keep) {
+                    st.expire_listings(before);
+                }
                 metrics.nad_config_errors.set(st.nad_errors.len() as i64);
                 metrics.cached_pods.set(st.live_count() as i64);
                 metrics

@@ -164,6 +164,9 @@ pub struct State {
     reservations: HashMap<String, ReservationInfo>,
     /// Objects skipped because they do not fit their type.
     invalid: BTreeMap<InvalidKey, InvalidObject>,
+    /// When each podref's network-status last listed each address: any such observation
+    /// restarts a leak's grace, not only the sweep's samples.
+    listed_at: HashMap<String, HashMap<IpAddr, Instant>>,
 }
 
 fn networks_of(
@@ -189,6 +192,12 @@ impl State {
         now: Instant,
     ) -> Option<Tombstone> {
         let (networks, malformed_status) = networks_of(annotations);
+        if let Some(nets) = &networks {
+            let listed = self.listed_at.entry(podref.to_owned()).or_default();
+            for ip in nets.iter().flat_map(|n| n.ips.iter()) {
+                listed.insert(*ip, now);
+            }
+        }
         let info = LiveInfo {
             uid: uid.to_owned(),
             networks,
@@ -242,19 +251,6 @@ impl State {
         self.live.remove(podref);
         self.terminal.remove(uid);
         Some(self.bury(podref, live, now))
-    }
-
-    /// A podref with allocations but no pod, found at start: a tombstone without uid or
-    /// network-status (the worker confirms with a GET before releasing).
-    pub fn orphan_tombstone(&mut self, podref: &str, now: Instant) {
-        self.tombstones
-            .entry(podref.to_owned())
-            .or_default()
-            .push(Tombstone {
-                uid: String::new(),
-                networks: None,
-                seen_at: now,
-            });
     }
 
     /// Records an object that does not fit its type; whether this is news (new or changed).
@@ -367,6 +363,19 @@ impl State {
         self.tombstones
             .get(podref)
             .is_some_and(|ts| ts.iter().any(|t| t.networks.is_none()))
+    }
+
+    /// When a pod of `podref` last listed `ip` in its network-status.
+    pub fn last_listed(&self, podref: &str, ip: IpAddr) -> Option<Instant> {
+        self.listed_at.get(podref)?.get(&ip).copied()
+    }
+
+    /// Forgets listings older than `before`.
+    pub fn expire_listings(&mut self, before: Instant) {
+        self.listed_at.retain(|_, ips| {
+            ips.retain(|_, at| *at >= before);
+            !ips.is_empty()
+        });
     }
 
     /// Forgets tombstones older than `before` whose podref has no allocation left.

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::Api;
+use kube::api::{Api, ListParams};
 
 use super::state::Judged;
 use super::writer::ReleaseRequest;
@@ -14,6 +14,9 @@ use crate::ipam::{NETWORK_STATUS_ANNOTATION, parse_network_status};
 use crate::reclaim::{
     self, Allocation, Decision, LivePod, PodKnowledge, PodPhase, PoolContext, Reason, ReclaimConfig,
 };
+
+/// Up to this many missing pods are confirmed by a GET each, more by one list.
+const CONFIRM_BY_GET: usize = 8;
 
 /// Pools with at most this many allocations are never held by the breaker.
 const BREAKER_MIN_POOL: usize = 10;
@@ -23,6 +26,8 @@ const BREAKER_MIN_POOL: usize = 10;
 pub struct SweepConfig {
     /// How long an allocation must be seen as garbage before it is released.
     pub leak_grace: Duration,
+    /// The same for an allocation whose pod does not exist at all.
+    pub missing_pod_grace: Duration,
     /// Largest share of a pool one sweep may release.
     pub max_release_ratio: f64,
     /// The decision rules.
@@ -67,7 +72,15 @@ impl Sweeper {
                 .iter()
                 .map(|(n, p)| (n.clone(), (p.entries.len(), p.uid.clone())))
                 .collect();
-            (st.judge_all(&self.config.reclaim), sizes)
+            let judged: Vec<(Judged, Option<Instant>)> = st
+                .judge_all(&self.config.reclaim)
+                .into_iter()
+                .map(|j| {
+                    let listed = st.last_listed(&j.entry.podref, j.entry.ip);
+                    (j, listed)
+                })
+                .collect();
+            (judged, sizes)
         };
         let mut report = SweepReport::default();
         let mut seen = HashSet::new();
@@ -75,7 +88,7 @@ impl Sweeper {
         let mut counts: BTreeMap<&'static str, i64> =
             Reason::ALL.iter().map(|r| (r.as_str(), 0)).collect();
         let mut oldest = Duration::ZERO;
-        for j in judged {
+        for (j, listed) in judged {
             let reason = match j.decision {
                 Decision::Candidate(r) => r,
                 Decision::Release(_) => {
@@ -93,9 +106,17 @@ impl Sweeper {
             if first.1 != reason {
                 *first = (started, reason);
             }
+            // The pod listed the address after the grace began (between sweeps): it begins again.
+            if let Some(at) = listed.filter(|at| *at > first.0) {
+                first.0 = at;
+            }
             let age = started.saturating_duration_since(first.0);
             oldest = oldest.max(age);
-            if age >= self.config.leak_grace {
+            let grace = match reason {
+                Reason::PodMissing => self.config.missing_pod_grace,
+                _ => self.config.leak_grace,
+            };
+            if age >= grace {
                 due.push((j, reason));
             }
         }
@@ -113,8 +134,26 @@ impl Sweeper {
             .set(oldest.as_secs() as i64);
 
         let mut confirmed: Vec<ReleaseRequest> = Vec::new();
+        // Many pods gone (e.g. while no replica ran): one consistent list confirms them all.
+        let missing = due.iter().filter(|(_, r)| *r == Reason::PodMissing).count();
+        let existing = if missing > CONFIRM_BY_GET {
+            match self.existing_podrefs().await {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not list pods to confirm leaks; next sweep");
+                    due.retain(|(_, r)| *r != Reason::PodMissing);
+                    None
+                }
+            }
+        } else {
+            None
+        };
         for (j, reason) in due {
-            match self.confirm(&j, reason).await {
+            let check = match &existing {
+                Some(pods) if reason == Reason::PodMissing => Ok(!pods.contains(&j.entry.podref)),
+                _ => self.confirm(&j, reason).await,
+            };
+            match check {
                 Ok(true) => confirmed.push(ReleaseRequest {
                     judged: j,
                     reason,
@@ -225,6 +264,18 @@ impl Sweeper {
             self.ctx.writer.delete_reservations(due).await;
         }
         n
+    }
+
+    /// Every pod's `namespace/name`, from one consistent list of metadata.
+    async fn existing_podrefs(&self) -> Result<HashSet<String>, kube::Error> {
+        let pods = Api::<Pod>::all(self.ctx.client.clone())
+            .list_metadata(&ListParams::default())
+            .await?;
+        Ok(pods
+            .items
+            .into_iter()
+            .filter_map(|p| Some(format!("{}/{}", p.metadata.namespace?, p.metadata.name?)))
+            .collect())
     }
 
     /// A fresh look at the pod before releasing on the sweep's evidence.
