@@ -1665,3 +1665,73 @@ async fn a_pod_that_lists_its_address_between_sweeps_keeps_it() {
     env.wait_keys("192.0.2.0-24", &[]).await;
     env.stop().await;
 }
+
+/// An `ipreclaim controller` process (the binary, so that it can be killed with SIGKILL).
+fn controller_process(env: &Env, flags: &[&str]) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_ipreclaim"))
+        .arg("controller")
+        .arg(format!("--whereabouts-namespace={}", env.ns))
+        .arg("--metrics-addr=127.0.0.1:0")
+        .args(flags)
+        .env("KUBECONFIG", ControlPlane::shared().kubeconfig_path())
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("start the ipreclaim binary")
+}
+
+/// The Lease's holder identity and when it acquired the Lease.
+async fn lease(env: &Env) -> Option<(String, jiff::Timestamp)> {
+    let l =
+        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(env.client.clone(), &env.ns)
+            .get_opt("ipreclaim-controller")
+            .await
+            .unwrap()?;
+    let spec = l.spec?;
+    let at = spec.acquire_time.or(spec.renew_time)?;
+    Some((spec.holder_identity?, at.0))
+}
+
+#[tokio::test]
+async fn when_the_leader_is_killed_the_standby_leads_within_the_lease_and_one_renew_period() {
+    let env = Env::new("ctl-kill-leader").await;
+    let (duration, grace) = (4u64, 1u64);
+    let lease_ns = format!("--lease-namespace={}", env.ns);
+    let flags = ["--leader-election=true", "--lease-duration=4s", &lease_ns];
+    let mut replicas = [
+        controller_process(&env, &flags),
+        controller_process(&env, &flags),
+    ];
+    wait_for("a leader", || async { lease(&env).await.is_some() }).await;
+    let (holder, _) = lease(&env).await.unwrap();
+    // The identity is `<host>_<pid>-<run>-<nanos>`.
+    let pid: u32 = holder
+        .rsplit_once('_')
+        .and_then(|(_, rest)| rest.split('-').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("a pid in the identity {holder:?}"));
+    let leader = replicas
+        .iter_mut()
+        .position(|c| c.id() == pid)
+        .unwrap_or_else(|| panic!("the holder {holder} is one of the replicas"));
+    replicas[leader].kill().unwrap();
+    let killed_at = jiff::Timestamp::now();
+    replicas[leader].wait().unwrap();
+    wait_for("the standby to hold the Lease", || async {
+        lease(&env).await.is_some_and(|(h, _)| h != holder)
+    })
+    .await;
+    let (_, acquired) = lease(&env).await.unwrap();
+    let took = acquired.duration_since(killed_at);
+    let bound = jiff::SignedDuration::from_secs((duration + (duration - grace)) as i64);
+    eprintln!(
+        "failover: the standby renewed the Lease {took:#} after the leader's SIGKILL (bound {bound:#})"
+    );
+    assert!(
+        took <= bound,
+        "failover took {took:#}, more than the Lease duration plus one renew period ({bound:#})"
+    );
+    for c in &mut replicas {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
