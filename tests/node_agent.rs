@@ -336,6 +336,15 @@ impl NodeEnv {
         pool.spec.allocations.keys().cloned().collect()
     }
 
+    /// The Events with `reason` once there is one (Events are published after the release).
+    async fn wait_events(&self, reason: &str) -> Vec<(String, String)> {
+        wait_for(&format!("a {reason} Event"), || async {
+            !self.events(reason).await.is_empty()
+        })
+        .await;
+        self.events(reason).await
+    }
+
     async fn events(&self, reason: &str) -> Vec<(String, String)> {
         let lp = ListParams::default().fields(&format!("reason={reason}"));
         Api::<CoreEvent>::namespaced(self.client.clone(), &self.ns)
@@ -395,7 +404,7 @@ async fn a_dead_sandboxs_entry_is_released_after_the_grace_and_the_new_sandboxs_
     })
     .await;
 
-    let events = env.events("IPAddressGarbageCollected").await;
+    let events = env.wait_events("IPAddressGarbageCollected").await;
     assert_eq!(events.len(), 1, "{events:?}");
     let (pod, message) = &events[0];
     assert_eq!(pod, "web-0");
@@ -448,7 +457,7 @@ async fn a_node_slice_networks_entry_is_released_from_this_nodes_slice_pool(mut 
         env.reservations().await == ["192.0.2.19"]
     })
     .await;
-    let events = env.events("IPAddressGarbageCollected").await;
+    let events = env.wait_events("IPAddressGarbageCollected").await;
     assert_eq!(events.len(), 1, "{events:?}");
     assert!(
         events[0].1.contains("[192.0.2.18]") && events[0].1.contains("SandboxGone"),

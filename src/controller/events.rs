@@ -1,14 +1,17 @@
 //! Kubernetes Events, with whereabouts' reasons.
 
 use std::net::IpAddr;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use tokio::sync::mpsc;
 
 use super::state::PodRef;
 use crate::ipam::fence::FenceRecord;
 use crate::reclaim::Reason;
+use crate::telemetry::WriteMetrics;
 
 /// whereabouts' reason for a release that was written.
 pub const GC_DONE: &str = "IPAddressGarbageCollected";
@@ -21,10 +24,19 @@ pub const GC_FENCED: &str = "IPAddressGarbageCollectionFenced";
 /// ipreclaim's reason for a sweep held by the blast-radius breaker.
 pub const BREAKER_HOLD: &str = "IPAddressGarbageCollectionHeld";
 
-/// Publishes Events; failures to publish are logged, never fatal.
+/// Events waiting to be published at most; beyond that new ones are dropped (and counted).
+const QUEUE: usize = 10_000;
+/// Retries of one Event back off between these delays, for at most `RETRY_FOR`.
+const RETRY_FIRST: Duration = Duration::from_millis(200);
+const RETRY_MAX: Duration = Duration::from_secs(5);
+const RETRY_FOR: Duration = Duration::from_secs(120);
+
+/// Publishes Events from a bounded queue, in order, retrying what fails for a while (an
+/// apiserver restart); nobody waits for an Event, and what cannot be published is counted.
 #[derive(Clone)]
 pub struct Events {
-    recorder: Recorder,
+    tx: mpsc::Sender<(Event, ObjectReference)>,
+    metrics: WriteMetrics,
 }
 
 fn pod_reference(pod: &PodRef) -> ObjectReference {
@@ -38,16 +50,57 @@ fn pod_reference(pod: &PodRef) -> ObjectReference {
     }
 }
 
+/// Whether asking again may help (not when the apiserver refused the Event itself).
+fn retryable(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(s) => s.code == 429 || s.code >= 500,
+        _ => true,
+    }
+}
+
+async fn publish_queued(
+    recorder: Recorder,
+    mut rx: mpsc::Receiver<(Event, ObjectReference)>,
+    metrics: WriteMetrics,
+) {
+    while let Some((event, reference)) = rx.recv().await {
+        let started = Instant::now();
+        let mut delay = RETRY_FIRST;
+        loop {
+            match recorder.publish(&event, &reference).await {
+                Ok(()) => {
+                    metrics.events_published.inc();
+                    break;
+                }
+                Err(e) if retryable(&e) && started.elapsed() < RETRY_FOR => {
+                    tracing::debug!(error = %e, reason = %event.reason, "publishing an event failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(RETRY_MAX);
+                }
+                Err(e) => {
+                    metrics.events_dropped.inc();
+                    tracing::warn!(error = %e, reason = %event.reason, object = ?reference.name, "could not publish event; dropped");
+                    break;
+                }
+            }
+        }
+    }
+}
+
 impl Events {
-    /// A publisher reporting as `instance` (the pod name of this replica).
-    pub fn new(client: Client, instance: &str) -> Self {
+    /// A publisher reporting as `instance` (the pod name of this replica); starts its queue.
+    pub fn new(client: Client, instance: &str, metrics: WriteMetrics) -> Self {
         let reporter = Reporter {
             controller: "ipreclaim".into(),
             instance: Some(instance.into()),
         };
-        Events {
-            recorder: Recorder::new(client, reporter),
-        }
+        let (tx, rx) = mpsc::channel(QUEUE);
+        tokio::spawn(publish_queued(
+            Recorder::new(client, reporter),
+            rx,
+            metrics.clone(),
+        ));
+        Events { tx, metrics }
     }
 
     async fn publish(
@@ -67,8 +120,9 @@ impl Events {
             action,
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&event, reference).await {
-            tracing::warn!(error = %e, reason, object = ?reference.name, "could not publish event");
+        if self.tx.try_send((event, reference.clone())).is_err() {
+            self.metrics.events_dropped.inc();
+            tracing::warn!(reason, object = ?reference.name, "event queue full; event dropped");
         }
     }
 

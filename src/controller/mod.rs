@@ -218,7 +218,7 @@ pub async fn run(
     let clock = RealClock::shared();
     let queue: Arc<WorkQueue<String>> = WorkQueue::new(clock.clone());
     let identity = identity();
-    let events = events::Events::new(client.clone(), &identity);
+    let events = events::Events::new(client.clone(), &identity, metrics.writes.clone());
     let reclaim = ReclaimConfig {
         release_terminal_pods: args.release_terminal_pods,
     };

@@ -310,7 +310,11 @@ pub async fn run(
     tracing::info!(%metrics_addr, node = %args.node_name, cri = %args.cri_endpoint, dry_run = args.dry_run, "node agent starting");
 
     let (pods, watch_task) = watch_node_pods(client.clone(), &args.node_name);
-    let events_pub = Events::new(client.clone(), &format!("node-agent/{}", args.node_name));
+    let events_pub = Events::new(
+        client.clone(),
+        &format!("node-agent/{}", args.node_name),
+        writes.clone(),
+    );
     let writer = writer::spawn(Arc::new(writer::Writer {
         client: client.clone(),
         namespace: args.whereabouts_namespace.clone(),

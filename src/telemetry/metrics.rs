@@ -88,6 +88,10 @@ pub struct WriteMetrics {
     pub api_writes: Family<VerbLabel, Counter>,
     /// Addresses fenced (kept allocated because the pod's node was not Ready).
     pub fences: Counter,
+    /// Events published.
+    pub events_published: Counter,
+    /// Events that could not be published (queue full, or refused or failing for too long).
+    pub events_dropped: Counter,
 }
 
 const LATENCY_BUCKETS: [f64; 12] = [
@@ -107,7 +111,19 @@ impl WriteMetrics {
             deletion_to_release_seconds: Histogram::new(LATENCY_BUCKETS),
             api_writes: Family::default(),
             fences: Counter::default(),
+            events_published: Counter::default(),
+            events_dropped: Counter::default(),
         };
+        r.register(
+            "events_published",
+            "Kubernetes Events published",
+            m.events_published.clone(),
+        );
+        r.register(
+            "events_dropped",
+            "Kubernetes Events dropped: queue full, or refused or failing for two minutes",
+            m.events_dropped.clone(),
+        );
         r.register(
             "fences",
             "Addresses fenced: kept allocated because the deleted pod's node was not Ready",

@@ -1,0 +1,87 @@
+//! The Event queue under faults. A stand-in apiserver (an in-process HTTP service): a real
+//! apiserver cannot be made to fail only its Event writes, for a set number of requests, while
+//! everything else works. Against the real apiserver, Events are checked by the controller tests.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use http_body_util::BodyExt;
+use ipreclaim::controller::events::Events;
+use ipreclaim::controller::state::PodRef;
+use ipreclaim::telemetry::WriteMetrics;
+use kube::client::Body;
+use prometheus_client::registry::Registry;
+use testenv::poll::wait_for;
+
+/// Answers Event creates: the first `fail` with `status`, then by echoing the Event back.
+fn apiserver(fail: usize, status: u16, created: Arc<AtomicUsize>) -> kube::Client {
+    let seen = Arc::new(AtomicUsize::new(0));
+    let service = tower::service_fn(move |req: http::Request<Body>| {
+        let (seen, created) = (seen.clone(), created.clone());
+        async move {
+            let body = req.into_body().collect().await.unwrap().to_bytes();
+            let n = seen.fetch_add(1, Ordering::SeqCst);
+            let response = if n < fail {
+                let status_body = serde_json::json!({
+                    "kind": "Status", "apiVersion": "v1", "status": "Failure",
+                    "message": "injected", "reason": "ServiceUnavailable", "code": status,
+                });
+                http::Response::builder()
+                    .status(status)
+                    .body(Body::from(serde_json::to_vec(&status_body).unwrap()))
+            } else {
+                created.fetch_add(1, Ordering::SeqCst);
+                http::Response::builder()
+                    .status(201)
+                    .body(Body::from(body.to_vec()))
+            };
+            Ok::<_, Infallible>(response.unwrap())
+        }
+    });
+    kube::Client::new(service, "default")
+}
+
+fn pod(i: usize) -> PodRef {
+    PodRef {
+        namespace: "ns".into(),
+        name: format!("p-{i}"),
+        uid: format!("uid-{i}"),
+    }
+}
+
+fn metrics() -> WriteMetrics {
+    WriteMetrics::new(&mut Registry::default())
+}
+
+#[tokio::test]
+async fn events_that_fail_while_the_apiserver_is_unavailable_are_retried_not_lost() {
+    let created = Arc::new(AtomicUsize::new(0));
+    let m = metrics();
+    let events = Events::new(apiserver(5, 503, created.clone()), "test", m.clone());
+    for i in 0..50 {
+        let ip = format!("192.0.2.{i}").parse().unwrap();
+        events.released(&pod(i), &[ip], "ns/net").await;
+    }
+    wait_for("every event published", || async {
+        m.events_published.get() == 50
+    })
+    .await;
+    assert_eq!(created.load(Ordering::SeqCst), 50);
+    assert_eq!(m.events_dropped.get(), 0);
+}
+
+#[tokio::test]
+async fn an_event_the_apiserver_refuses_is_dropped_and_counted() {
+    let created = Arc::new(AtomicUsize::new(0));
+    let m = metrics();
+    let events = Events::new(apiserver(1, 422, created.clone()), "test", m.clone());
+    for i in 0..3 {
+        let ip = format!("192.0.2.{i}").parse().unwrap();
+        events.released(&pod(i), &[ip], "ns/net").await;
+    }
+    wait_for("two published, one dropped", || async {
+        m.events_published.get() == 2 && m.events_dropped.get() == 1
+    })
+    .await;
+}
