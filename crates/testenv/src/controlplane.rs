@@ -76,6 +76,7 @@ pub struct ControlPlane {
     /// The kubelet's token (user `system:node:<name>`), when started for a node.
     kubelet_token: Option<String>,
     etcd: Mutex<Child>,
+    etcd_cmd: Vec<String>,
     apiserver: Mutex<Child>,
     apiserver_cmd: Vec<String>,
 }
@@ -239,19 +240,19 @@ impl ControlPlane {
         };
         let etcd_url = format!("http://127.0.0.1:{client_port}");
         let peer_url = format!("http://127.0.0.1:{peer_port}");
-        let mut etcd = Command::new(&etcd_bin);
-        etcd.args([
-            "--name=testenv",
-            &format!("--data-dir={}", dir.join("etcd").display()),
-            &format!("--listen-client-urls={etcd_url}"),
-            &format!("--advertise-client-urls={etcd_url}"),
-            &format!("--listen-peer-urls={peer_url}"),
-            &format!("--initial-advertise-peer-urls={peer_url}"),
-            &format!("--initial-cluster=testenv={peer_url}"),
-            "--unsafe-no-fsync",
-            "--log-level=warn",
-        ]);
-        let etcd = spawn_supervised(etcd, &dir.join("etcd.log"))?;
+        let etcd_cmd: Vec<String> = vec![
+            etcd_bin.display().to_string(),
+            "--name=testenv".into(),
+            format!("--data-dir={}", dir.join("etcd").display()),
+            format!("--listen-client-urls={etcd_url}"),
+            format!("--advertise-client-urls={etcd_url}"),
+            format!("--listen-peer-urls={peer_url}"),
+            format!("--initial-advertise-peer-urls={peer_url}"),
+            format!("--initial-cluster=testenv={peer_url}"),
+            "--unsafe-no-fsync".into(),
+            "--log-level=warn".into(),
+        ];
+        let etcd = Self::spawn_etcd(&etcd_cmd, &dir)?;
 
         let d = |f: &str| dir.join(f).display().to_string();
         let mut apiserver_cmd: Vec<String> = vec![
@@ -297,6 +298,7 @@ impl ControlPlane {
             admin_token,
             kubelet_token,
             etcd: Mutex::new(etcd),
+            etcd_cmd,
             apiserver: Mutex::new(Self::spawn_apiserver(&apiserver_cmd, &dir)?),
             apiserver_cmd,
             dir,
@@ -413,6 +415,24 @@ impl ControlPlane {
             child.kill()?;
             child.wait()?;
             *child = Self::spawn_apiserver(&self.apiserver_cmd, &self.dir)?;
+        }
+        self.wait_ready().await
+    }
+
+    fn spawn_etcd(cmd: &[String], dir: &Path) -> Result<Child> {
+        let mut etcd = Command::new(&cmd[0]);
+        etcd.args(&cmd[1..]);
+        spawn_supervised(etcd, &dir.join("etcd.log"))
+    }
+
+    /// Kills etcd (SIGKILL; its data stays on disk) and starts it again on the same ports; waits
+    /// until kube-apiserver answers again.
+    pub async fn restart_etcd(&self) -> Result<()> {
+        {
+            let mut child = self.etcd.lock().expect("etcd lock");
+            child.kill()?;
+            child.wait()?;
+            *child = Self::spawn_etcd(&self.etcd_cmd, &self.dir)?;
         }
         self.wait_ready().await
     }
