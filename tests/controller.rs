@@ -1724,7 +1724,7 @@ async fn when_the_leader_is_killed_the_standby_leads_within_the_lease_and_one_re
     let took = acquired.duration_since(killed_at);
     let bound = jiff::SignedDuration::from_secs((duration + (duration - grace)) as i64);
     eprintln!(
-        "failover: the standby renewed the Lease {took:#} after the leader's SIGKILL (bound {bound:#})"
+        "failover: the standby acquired the Lease {took:#} after the leader's SIGKILL (bound {bound:#})"
     );
     assert!(
         took <= bound,
