@@ -8,6 +8,7 @@ pub mod controller;
 pub mod ipam;
 pub mod node;
 pub mod reclaim;
+pub mod release;
 pub mod scan;
 pub mod telemetry;
 pub mod watch_retry;

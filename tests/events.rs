@@ -7,8 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use http_body_util::BodyExt;
-use ipreclaim::controller::events::Events;
-use ipreclaim::controller::state::PodRef;
+use ipreclaim::release::{Events, PodRef};
 use ipreclaim::telemetry::WriteMetrics;
 use kube::client::Body;
 use prometheus_client::registry::Registry;

@@ -10,8 +10,8 @@ use tokio::sync::watch;
 
 use super::fence::{Placement, record_for};
 use super::state::PodRef;
-use super::writer::{EntryWrite, ReleaseOutcome, ReleaseRequest};
 use crate::reclaim::{Decision, Reason, ReclaimConfig};
+use crate::release::{EntryWrite, ReleaseOutcome, ReleaseRequest};
 
 /// How soon a deletion asks again whether its pod ran on a node that is not Ready.
 const PLACEMENT_RETRY: Duration = Duration::from_millis(250);

@@ -15,10 +15,10 @@ use tokio::task::JoinHandle;
 
 use super::state::{FencedEntry, Judged, PodRef};
 use super::watch::{Synced, drive};
-use super::writer::{EntryWrite, ReleaseOutcome, ReleaseRequest};
 use crate::ipam::fence::FenceRecord;
 use crate::reclaim::fence::{FencePolicy, Lift, NodeReadiness, distrust, lift};
 use crate::reclaim::{Decision, Reason};
+use crate::release::{EntryWrite, ReleaseOutcome, ReleaseRequest};
 use crate::watch_retry::retrying;
 
 /// How often fences are checked for lifting.

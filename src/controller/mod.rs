@@ -3,13 +3,11 @@
 //! live pod. Writes only as the leader; standbys keep warm caches.
 
 pub mod deletion;
-pub mod events;
 pub mod fence;
 pub mod report;
 pub mod state;
 pub mod sweep;
 pub mod watch;
-pub mod writer;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -26,6 +24,7 @@ use tokio::sync::watch as tokio_watch;
 
 use crate::reclaim::ReclaimConfig;
 use crate::reclaim::fence::FencePolicy;
+use crate::release::{Events, writer};
 use crate::telemetry::{ControllerMetrics, Health, LogFormat};
 use state::State;
 
@@ -126,7 +125,7 @@ pub struct Ctx {
     pub(crate) state: Arc<RwLock<State>>,
     pub(crate) queue: Arc<WorkQueue<String>>,
     pub(crate) writer: writer::WriterHandle,
-    pub(crate) events: events::Events,
+    pub(crate) events: Events,
     pub(crate) metrics: ControllerMetrics,
     /// Nodes' readiness (`None`: fencing is off).
     pub(crate) nodes: Option<Arc<RwLock<fence::NodeView>>>,
@@ -218,7 +217,7 @@ pub async fn run(
     let clock = RealClock::shared();
     let queue: Arc<WorkQueue<String>> = WorkQueue::new(clock.clone());
     let identity = identity();
-    let events = events::Events::new(client.clone(), &identity, metrics.writes.clone());
+    let events = Events::new(client.clone(), &identity, metrics.writes.clone());
     let reclaim = ReclaimConfig {
         release_terminal_pods: args.release_terminal_pods,
     };
@@ -236,7 +235,7 @@ pub async fn run(
         metrics: metrics.writes.clone(),
         events: events.clone(),
         dry_run: args.dry_run,
-        state: Some(state.clone()),
+        index: Some(state.clone()),
         dry_run_reported: Default::default(),
     }));
     let leader = leadership(client.clone(), &args, &identity).await?;

@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 
-use super::events::Events;
 use super::state::State;
+use crate::release::Events;
 use crate::telemetry::ControllerMetrics;
 
 /// Event reason: an object was skipped because it does not fit the schema.

@@ -22,24 +22,7 @@ use crate::reclaim::{
     self, Allocation, Decision, DeletedPod, LivePod, PodKnowledge, PodPhase, PoolContext,
     ReclaimConfig,
 };
-
-/// A pod's identity for Events.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PodRef {
-    /// Namespace.
-    pub namespace: String,
-    /// Name.
-    pub name: String,
-    /// Uid (empty when unknown, e.g. a pod that vanished while the controller was down).
-    pub uid: String,
-}
-
-impl PodRef {
-    /// `namespace/name`.
-    pub fn podref(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
-    }
-}
+pub use crate::release::{Judged, PodRef};
 
 /// A live pod, stripped.
 #[derive(Debug, Clone)]
@@ -124,21 +107,6 @@ pub struct ReservationInfo {
     pub uid: String,
     /// The podref it names.
     pub podref: String,
-}
-
-/// One allocation with everything needed to decide and to release it.
-#[derive(Debug, Clone)]
-pub struct Judged {
-    /// Pool name.
-    pub pool: String,
-    /// The entry.
-    pub entry: PoolEntry,
-    /// The decision.
-    pub decision: Decision,
-    /// The network to name in Events.
-    pub network: String,
-    /// The pod to put Events on.
-    pub pod: PodRef,
 }
 
 /// The controller's view of the cluster.
@@ -776,6 +744,32 @@ impl State {
                 uid: uid.unwrap_or_default(),
             },
         }
+    }
+}
+
+/// The writer keeps the controller's index in step with what it writes.
+impl crate::release::Index for std::sync::RwLock<State> {
+    fn holds(&self, pool: &str, key: &str, id: &str) -> bool {
+        let st = self.read().expect("state lock");
+        st.entry(pool, key).is_some_and(|e| e.id == id)
+    }
+
+    fn has_annotations(&self, pool: &str) -> bool {
+        let st = self.read().expect("state lock");
+        st.pools().get(pool).is_some_and(|p| p.has_annotations)
+    }
+
+    fn fenced(&self, pool: &str, key: &str, record: &FenceRecord) {
+        self.write()
+            .expect("state lock")
+            .fence_entry(pool, key, record.clone());
+    }
+
+    fn released(&self, pool: &str, key: &str, podref: &str, ip: IpAddr) -> Vec<(String, String)> {
+        let mut st = self.write().expect("state lock");
+        st.forget_entry(pool, key);
+        st.forget_fenced(pool, key);
+        st.reservations_for(podref, ip)
     }
 }
 

@@ -9,11 +9,11 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 
 use super::state::Judged;
-use super::writer::ReleaseRequest;
 use crate::ipam::{NETWORK_STATUS_ANNOTATION, parse_network_status};
 use crate::reclaim::{
     self, Allocation, Decision, LivePod, PodKnowledge, PodPhase, PoolContext, Reason, ReclaimConfig,
 };
+use crate::release::ReleaseRequest;
 
 /// Up to this many missing pods are confirmed by a GET each, more by one list.
 const CONFIRM_BY_GET: usize = 8;

@@ -16,18 +16,12 @@ use podlife::throttle::Throttle;
 use podlife::{
     Container, ContainerState, PodStatus, RuntimePod, SandboxState, SandboxStatus, SourceError,
 };
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-/// A CRI `method` label.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct MethodLabel {
-    /// The CRI method.
-    pub method: String,
-}
+pub use crate::telemetry::node_metrics::MethodLabel;
 
 /// CRI calls made, by method (metrics counters; `get()` reads them).
 #[derive(Debug, Clone, Default)]

@@ -29,8 +29,8 @@ use podlife::throttle::{Parallelism, Throttle};
 use prometheus_client::registry::Registry;
 use tokio::task::JoinSet;
 
-use crate::controller::{events::Events, writer};
 use crate::reclaim::ReclaimConfig;
+use crate::release::{Events, writer};
 use crate::telemetry::{Health, LogFormat, NodeMetrics, WriteMetrics};
 use cri::{CriCalls, CriPodSource, RuntimeView};
 use release::{Outcome, Releaser};
@@ -328,7 +328,7 @@ pub async fn run(
         metrics: writes,
         events: events_pub.clone(),
         dry_run: args.dry_run,
-        state: None,
+        index: None,
         dry_run_reported: Default::default(),
     }));
     let releaser = Arc::new(Releaser {

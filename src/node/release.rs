@@ -14,9 +14,6 @@ use crate::api::lenient::Lenient;
 use crate::api::{
     IPPool, NetworkAttachmentDefinition, NodeSlicePool, OverlappingRangeIPReservation,
 };
-use crate::controller::events::Events;
-use crate::controller::state::{Judged, PodRef};
-use crate::controller::writer::{ReleaseOutcome, ReleaseRequest, WriterHandle};
 use crate::ipam::{
     IpamConfig, NETWORK_STATUS_ANNOTATION, NETWORKS_ANNOTATION, ippool_name, parse_nad_config,
     parse_network_status, parse_networks, pool_allocations, reservation_name,
@@ -24,6 +21,9 @@ use crate::ipam::{
 use crate::reclaim::{
     self, Allocation, Decision, LivePod, PodKnowledge, PodPhase, PoolContext, Reason, ReclaimConfig,
 };
+use crate::release::Events;
+use crate::release::{Judged, PodRef};
+use crate::release::{ReleaseOutcome, ReleaseRequest, WriterHandle};
 use crate::telemetry::NodeMetrics;
 
 /// What became of a dead sandbox.

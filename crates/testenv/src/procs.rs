@@ -123,11 +123,34 @@ pub fn workspace_root() -> PathBuf {
 pub fn run_dir(what: &str) -> Result<PathBuf> {
     static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir = workspace_root()
-        .join("target/testenv")
-        .join(format!("{what}-{}-{seq}", std::process::id()));
+    let base = workspace_root().join("target/testenv");
+    if what == "controlplane" {
+        remove_dead_runs(&base, what);
+    }
+    let dir = base.join(format!("{what}-{}-{seq}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     Ok(dir)
+}
+
+/// Removes `<what>-<pid>-<n>` run directories of processes that are gone: a control plane's
+/// etcd data is 100 MB or more, and every test process leaves one (the shared control plane is
+/// never dropped). Only control planes: they hold no mounts.
+fn remove_dead_runs(base: &Path, what: &str) {
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let pid = name
+            .strip_prefix(&format!("{what}-"))
+            .and_then(|rest| rest.split('-').next()?.parse::<u32>().ok());
+        if let Some(pid) = pid
+            && pid != std::process::id()
+            && !Path::new(&format!("/proc/{pid}")).exists()
+        {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 /// A TCP port on 127.0.0.1 that was free a moment ago.

@@ -8,7 +8,7 @@ use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::sync::mpsc;
 
-use super::state::PodRef;
+use super::types::{EntryWrite, PodRef, ReleaseError, ReleaseOutcome, ReleaseRequest};
 use crate::ipam::fence::FenceRecord;
 use crate::reclaim::Reason;
 use crate::telemetry::WriteMetrics;
@@ -181,24 +181,17 @@ impl Events {
     pub async fn released_all<'a>(
         &self,
         results: impl IntoIterator<
-            Item = (
-                &'a super::writer::ReleaseRequest,
-                &'a Result<super::writer::ReleaseOutcome, super::writer::ReleaseError>,
-            ),
+            Item = (&'a ReleaseRequest, &'a Result<ReleaseOutcome, ReleaseError>),
         >,
     ) {
         let mut by_network: std::collections::BTreeMap<(PodRef, String), Vec<IpAddr>> =
             Default::default();
         let mut fenced = Vec::new();
         for (req, outcome) in results {
-            if let (
-                Ok(super::writer::ReleaseOutcome::Fenced),
-                super::writer::EntryWrite::Fence(r),
-            ) = (outcome, &req.write)
-            {
+            if let (Ok(ReleaseOutcome::Fenced), EntryWrite::Fence(r)) = (outcome, &req.write) {
                 fenced.push((req.judged.pod.clone(), req.judged.entry.ip, r.clone()));
             }
-            if *outcome == Ok(super::writer::ReleaseOutcome::Released) {
+            if *outcome == Ok(ReleaseOutcome::Released) {
                 let j = &req.judged;
                 by_network
                     .entry((j.pod.clone(), j.network.clone()))

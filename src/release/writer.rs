@@ -3,8 +3,8 @@
 //! offsets are never lost and never conflict. Reservations go with a uid precondition.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::{Arc, RwLock};
-use std::time::Instant;
+use std::net::IpAddr;
+use std::sync::Arc;
 
 use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
@@ -13,93 +13,32 @@ use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 
 use super::events::Events;
-use super::state::{Judged, State};
+use super::types::{EntryWrite, ReleaseError, ReleaseOutcome, ReleaseRequest};
 use crate::api::{IPPool, OverlappingRangeIPReservation};
 use crate::ipam::fence::{
     FenceRecord, fence_annotation_key, fence_annotation_value, fenced_podref,
 };
-use crate::reclaim::Reason;
 use crate::telemetry::WriteMetrics;
 
 /// Most releases in one batch.
 const MAX_BATCH: usize = 1000;
 
-/// One address to release.
-#[derive(Debug, Clone)]
-pub struct ReleaseRequest {
-    /// The allocation and where to report it.
-    pub judged: Judged,
-    /// Why.
-    pub reason: Reason,
-    /// When the pod's deletion was seen (for the latency metric).
-    pub deleted_at: Option<Instant>,
-    /// What the write does to the entry.
-    pub write: EntryWrite,
-}
-
-/// What a write does to a pool entry.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum EntryWrite {
-    /// Removes it: a release.
-    #[default]
-    Remove,
-    /// Keeps it, fenced: its podref rewritten and the record in a pool annotation.
-    Fence(FenceRecord),
-    /// Removes a fenced entry and its fence annotation: the delayed release.
-    Unfence(FenceRecord),
-}
-
-/// What happened to a release.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReleaseOutcome {
-    /// Removed from the pool.
-    Released,
-    /// The entry was already gone (the CNI's DEL got there first).
-    AlreadyGone,
-    /// The entry now belongs to another sandbox or pod: not ours to remove.
-    Changed,
-    /// `--dry-run`: reported, not written.
-    DryRun,
-    /// Fenced: kept allocated, unusable by a pod of the same name.
-    Fenced,
-}
-
-/// Why a release failed (it will be retried, and the sweep still owns the leak).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ReleaseError {
-    /// The API refused or failed.
-    #[error("patching pool {pool}: {message}")]
-    Api {
-        /// The pool.
-        pool: String,
-        /// What the API said.
-        message: String,
-    },
-    /// The entry kept changing under us.
-    #[error("pool {pool} kept changing while releasing")]
-    Conflict {
-        /// The pool.
-        pool: String,
-    },
-    /// The writer is shutting down.
-    #[error("the pool writer stopped")]
-    Stopped,
-}
-
-impl ReleaseError {
-    /// Label for the failures metric.
-    pub fn cause(&self) -> &'static str {
-        match self {
-            ReleaseError::Api { .. } => "api",
-            ReleaseError::Conflict { .. } => "conflict",
-            ReleaseError::Stopped => "stopped",
-        }
-    }
-}
-
 type Reply = oneshot::Sender<Result<ReleaseOutcome, ReleaseError>>;
 /// A written release and the reservations (name, uid) to delete with it.
 type FollowUp = (ReleaseRequest, Vec<(String, String)>);
+
+/// The controller's index of pools and reservations, kept in step with what the writer writes.
+pub trait Index: Send + Sync {
+    /// Whether `pool` still has the allocation (`key`, `id`).
+    fn holds(&self, pool: &str, key: &str, id: &str) -> bool;
+    /// Whether `pool` has an annotations map.
+    fn has_annotations(&self, pool: &str) -> bool;
+    /// The entry at `key` of `pool` was fenced with `record`.
+    fn fenced(&self, pool: &str, key: &str, record: &FenceRecord);
+    /// The entry at `key` of `pool` (held by `podref`, address `ip`) was released; returns the
+    /// reservations (name, uid) of that pod for that address, to delete.
+    fn released(&self, pool: &str, key: &str, podref: &str, ip: IpAddr) -> Vec<(String, String)>;
+}
 
 /// Everything the writer needs.
 pub struct Writer {
@@ -110,7 +49,7 @@ pub struct Writer {
     pub(crate) events: Events,
     pub(crate) dry_run: bool,
     /// The controller's index, kept in step with what is written (the node agent has none).
-    pub(crate) state: Option<Arc<RwLock<State>>>,
+    pub(crate) index: Option<Arc<dyn Index>>,
     /// Under `--dry-run`, the allocations (pool, key, id) already reported: nothing is
     /// written, so they come back on every sweep, and each is reported once.
     pub(crate) dry_run_reported: std::sync::Mutex<HashSet<(String, String, String)>>,
@@ -293,9 +232,8 @@ impl Writer {
     /// from the controller's index are forgotten, so a new one at the same key is reported.
     fn first_dry_run_report(&self, pool: &str, key: &str, id: &str) -> bool {
         let mut reported = self.dry_run_reported.lock().expect("dry-run lock");
-        if let Some(state) = &self.state {
-            let st = state.read().expect("state lock");
-            reported.retain(|(p, k, i)| st.entry(p, k).is_some_and(|e| e.id == *i));
+        if let Some(index) = &self.index {
+            reported.retain(|(p, k, i)| index.holds(p, k, i));
         }
         reported.insert((pool.to_owned(), key.to_owned(), id.to_owned()))
     }
@@ -376,13 +314,7 @@ impl Writer {
     }
 
     async fn patch(&self, pool: &str, batch: &[&ReleaseRequest]) -> Result<(), kube::Error> {
-        let has_annotations = self.state.as_ref().is_some_and(|st| {
-            st.read()
-                .expect("state lock")
-                .pools()
-                .get(pool)
-                .is_some_and(|p| p.has_annotations)
-        });
+        let has_annotations = self.index.as_ref().is_some_and(|i| i.has_annotations(pool));
         let patch = patch_ops(batch, has_annotations);
         let patch: json_patch::Patch =
             serde_json::from_value(patch).map_err(kube::Error::SerdeError)?;
@@ -400,11 +332,8 @@ impl Writer {
             return;
         };
         self.metrics.fences.inc();
-        if let Some(state) = &self.state {
-            state
-                .write()
-                .expect("state lock")
-                .fence_entry(&j.pool, &j.entry.key, record.clone());
+        if let Some(index) = &self.index {
+            index.fenced(&j.pool, &j.entry.key, record);
         }
         tracing::info!(pool = %j.pool, ip = %j.entry.ip, podref = %record.podref, node = %record.node, why = %record.why, "fenced");
     }
@@ -417,13 +346,8 @@ impl Writer {
             EntryWrite::Unfence(record) => &record.podref,
             _ => &j.entry.podref,
         };
-        let reservations = match &self.state {
-            Some(state) => {
-                let mut state = state.write().expect("state lock");
-                state.forget_entry(&j.pool, &j.entry.key);
-                state.forget_fenced(&j.pool, &j.entry.key);
-                state.reservations_for(podref, j.entry.ip)
-            }
+        let reservations = match &self.index {
+            Some(index) => index.released(&j.pool, &j.entry.key, podref, j.entry.ip),
             None => Vec::new(),
         };
         self.metrics.released(req.reason.as_str());
@@ -511,9 +435,9 @@ fn patch_ops(batch: &[&ReleaseRequest], has_annotations: bool) -> serde_json::Va
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::state::PodRef;
     use crate::ipam::PoolEntry;
-    use crate::reclaim::Decision;
+    use crate::reclaim::{Decision, Reason};
+    use crate::release::types::{Judged, PodRef};
 
     fn request(key: &str, podref: &str, write: EntryWrite) -> ReleaseRequest {
         ReleaseRequest {

@@ -1,0 +1,114 @@
+//! What the release path's parts share: the allocation judged, the pod to name, the request
+//! and what became of it.
+
+use std::time::Instant;
+
+use crate::ipam::PoolEntry;
+use crate::ipam::fence::FenceRecord;
+use crate::reclaim::{Decision, Reason};
+
+/// A pod's identity for Events.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PodRef {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Uid (empty when unknown, e.g. a pod that vanished while the controller was down).
+    pub uid: String,
+}
+
+impl PodRef {
+    /// `namespace/name`.
+    pub fn podref(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// One allocation with everything needed to decide and to release it.
+#[derive(Debug, Clone)]
+pub struct Judged {
+    /// Pool name.
+    pub pool: String,
+    /// The entry.
+    pub entry: PoolEntry,
+    /// The decision.
+    pub decision: Decision,
+    /// The network to name in Events.
+    pub network: String,
+    /// The pod to put Events on.
+    pub pod: PodRef,
+}
+
+/// One address to release.
+#[derive(Debug, Clone)]
+pub struct ReleaseRequest {
+    /// The allocation and where to report it.
+    pub judged: Judged,
+    /// Why.
+    pub reason: Reason,
+    /// When the pod's deletion was seen (for the latency metric).
+    pub deleted_at: Option<Instant>,
+    /// What the write does to the entry.
+    pub write: EntryWrite,
+}
+
+/// What a write does to a pool entry.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum EntryWrite {
+    /// Removes it: a release.
+    #[default]
+    Remove,
+    /// Keeps it, fenced: its podref rewritten and the record in a pool annotation.
+    Fence(FenceRecord),
+    /// Removes a fenced entry and its fence annotation: the delayed release.
+    Unfence(FenceRecord),
+}
+
+/// What happened to a release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    /// Removed from the pool.
+    Released,
+    /// The entry was already gone (the CNI's DEL got there first).
+    AlreadyGone,
+    /// The entry now belongs to another sandbox or pod: not ours to remove.
+    Changed,
+    /// `--dry-run`: reported, not written.
+    DryRun,
+    /// Fenced: kept allocated, unusable by a pod of the same name.
+    Fenced,
+}
+
+/// Why a release failed (it will be retried, and the sweep still owns the leak).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReleaseError {
+    /// The API refused or failed.
+    #[error("patching pool {pool}: {message}")]
+    Api {
+        /// The pool.
+        pool: String,
+        /// What the API said.
+        message: String,
+    },
+    /// The entry kept changing under us.
+    #[error("pool {pool} kept changing while releasing")]
+    Conflict {
+        /// The pool.
+        pool: String,
+    },
+    /// The writer is shutting down.
+    #[error("the pool writer stopped")]
+    Stopped,
+}
+
+impl ReleaseError {
+    /// Label for the failures metric.
+    pub fn cause(&self) -> &'static str {
+        match self {
+            ReleaseError::Api { .. } => "api",
+            ReleaseError::Conflict { .. } => "conflict",
+            ReleaseError::Stopped => "stopped",
+        }
+    }
+}
