@@ -10,7 +10,7 @@ use ipreclaim::api::{
     IPAllocation, IPPool, IPPoolSpec, NetworkAttachmentDefinition, NetworkAttachmentDefinitionSpec,
 };
 use ipreclaim::controller::{self, ControllerArgs};
-use k8s_openapi::api::core::v1::{Event as CoreEvent, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 use testenv::ControlPlane;
@@ -234,12 +234,8 @@ impl Env {
 
     /// Events with `reason` in the test namespace, as (object name, uid, message).
     async fn events(&self, reason: &str) -> Vec<(String, String, String)> {
-        let lp = ListParams::default().fields(&format!("reason={reason}"));
-        Api::<CoreEvent>::namespaced(self.client.clone(), &self.ns)
-            .list(&lp)
+        testenv::events::with_reason(&self.client, &self.ns, reason, None)
             .await
-            .unwrap()
-            .items
             .into_iter()
             .map(|e| {
                 (
@@ -1453,18 +1449,11 @@ async fn create_raw<K: kube::Resource<DynamicType = ()>>(env: &Env, object: serd
 
 /// Warning Events with `reason` as (object name, message, count).
 async fn warnings(env: &Env, reason: &str) -> Vec<(String, String, i32)> {
-    let lp = ListParams::default().fields(&format!("reason={reason}"));
-    Api::<CoreEvent>::namespaced(env.client.clone(), &env.ns)
-        .list(&lp)
+    testenv::events::with_reason(&env.client, &env.ns, reason, None)
         .await
-        .unwrap()
-        .items
         .into_iter()
         .map(|e| {
-            let count = e
-                .series
-                .as_ref()
-                .map_or(e.count.unwrap_or(1), |s| s.count.unwrap_or(1));
+            let count = testenv::events::count(&e);
             (
                 e.involved_object.name.unwrap_or_default(),
                 e.message.unwrap_or_default(),

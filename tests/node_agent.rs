@@ -16,7 +16,7 @@ use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
     PodSandboxStatusRequest, RemovePodSandboxRequest, RunPodSandboxRequest, StopPodSandboxRequest,
 };
-use k8s_openapi::api::core::v1::{Event as CoreEvent, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use testenv::poll::{http_get, metric_sum, metric_value, wait_for};
@@ -346,12 +346,8 @@ impl NodeEnv {
     }
 
     async fn events(&self, reason: &str) -> Vec<(String, String)> {
-        let lp = ListParams::default().fields(&format!("reason={reason}"));
-        Api::<CoreEvent>::namespaced(self.client.clone(), &self.ns)
-            .list(&lp)
+        testenv::events::with_reason(&self.client, &self.ns, reason, None)
             .await
-            .unwrap()
-            .items
             .into_iter()
             .map(|e| {
                 (

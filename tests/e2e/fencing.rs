@@ -5,8 +5,8 @@
 
 use ipreclaim::api::IPPool;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Event as CoreEvent, Node as NodeObject, Pod};
-use kube::api::{Api, DeleteParams, ListParams};
+use k8s_openapi::api::core::v1::{Node as NodeObject, Pod};
+use kube::api::{Api, DeleteParams};
 use testenv::node::NODE_NAME;
 
 use crate::cluster::{Cluster, RELEASE_NS, wait_long};
@@ -26,12 +26,8 @@ async fn web_0_entry(c: &Cluster) -> (String, String) {
 /// The Fenced Events of the namespace as (name, resourceVersion): a repeat of an Event
 /// updates it.
 async fn fenced_event_versions(c: &Cluster) -> Vec<(String, String)> {
-    let lp = ListParams::default().fields(&format!("reason={FENCED}"));
-    Api::<CoreEvent>::namespaced(c.client().clone(), c.ns())
-        .list(&lp)
+    testenv::events::with_reason(c.client(), c.ns(), FENCED, None)
         .await
-        .unwrap()
-        .items
         .into_iter()
         .map(|e| {
             (

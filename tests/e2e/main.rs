@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use ipreclaim::api::IPPool;
 use ipreclaim::ipam::{ip_at, parse_network_status};
-use k8s_openapi::api::core::v1::{Event as CoreEvent, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, ListParams};
 use testenv::poll::wait_for;
@@ -144,15 +144,8 @@ async fn wait_pool_matches_live_pods(p: &impl Platform) {
 }
 
 async fn events_for(p: &impl Platform, reason: &str, pod: Option<&str>) -> Vec<String> {
-    let mut fields = format!("reason={reason}");
-    if let Some(pod) = pod {
-        fields.push_str(&format!(",involvedObject.name={pod}"));
-    }
-    Api::<CoreEvent>::namespaced(p.client().clone(), p.ns())
-        .list(&ListParams::default().fields(&fields))
+    testenv::events::with_reason(p.client(), p.ns(), reason, pod)
         .await
-        .unwrap()
-        .items
         .into_iter()
         .filter_map(|e| e.message)
         .collect()
@@ -180,11 +173,7 @@ async fn expect_release_event(p: &impl Platform, pod: &str) {
 async fn expect_clean_releases(p: &impl Platform) {
     let failed = events_for(p, GC_FAILED, None).await;
     assert!(failed.is_empty(), "release failures: {failed:?}");
-    let done = Api::<CoreEvent>::namespaced(p.client().clone(), p.ns())
-        .list(&ListParams::default().fields(&format!("reason={GC_DONE}")))
-        .await
-        .unwrap()
-        .items;
+    let done = testenv::events::with_reason(p.client(), p.ns(), GC_DONE, None).await;
     for e in &done {
         assert!(
             e.count.unwrap_or(1) <= 1 && e.series.is_none(),

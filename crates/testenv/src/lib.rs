@@ -12,6 +12,7 @@
 pub mod containerd;
 pub mod controlplane;
 pub mod docs;
+pub mod events;
 pub mod fixtures;
 pub mod helm;
 pub mod host;
