@@ -172,6 +172,18 @@ impl Env {
             .unwrap();
     }
 
+    /// A pool with one allocation per pod of `names`: offsets 10, 11, ..., sandboxes sb-0, sb-1, ...
+    async fn pool_of_pods(&self, name: &str, range: &str, names: &[String]) {
+        let sandboxes: Vec<String> = (0..names.len()).map(|i| format!("sb-{i}")).collect();
+        let allocations: Vec<(u32, &str, &str)> = names
+            .iter()
+            .zip(&sandboxes)
+            .enumerate()
+            .map(|(i, (n, sb))| (10 + i as u32, sb.as_str(), n.as_str()))
+            .collect();
+        self.pool(name, range, &allocations).await;
+    }
+
     /// A pod whose network-status lists `ips` on network `nad` (None: no annotation).
     async fn pod(&self, name: &str, nad: &str, ips: Option<&[&str]>) -> String {
         self.pod_on(name, nad, ips, None).await
@@ -471,16 +483,8 @@ testenv::as_admin_and_as_the_chart!(
 async fn breaker_holds_a_sweep_that_would_free_most_of_a_pool(mut env: Env) {
     env.nad("macvlan", "192.0.2.0/24").await;
     let names: Vec<String> = (0..12).map(|i| format!("p{i}")).collect();
-    let allocs: Vec<(u32, String, &str)> = names
-        .iter()
-        .enumerate()
-        .map(|(i, n)| (10 + i as u32, format!("sb-{i}"), n.as_str()))
-        .collect();
-    let borrowed: Vec<(u32, &str, &str)> = allocs
-        .iter()
-        .map(|(o, s, n)| (*o, s.as_str(), *n))
-        .collect();
-    env.pool("192.0.2.0-24", "192.0.2.0/24", &borrowed).await;
+    env.pool_of_pods("192.0.2.0-24", "192.0.2.0/24", &names)
+        .await;
     // Every pod lists another address: all twelve look like IPNotOnPod.
     for (i, n) in names.iter().enumerate() {
         let other = format!("192.0.2.{}", 100 + i);
@@ -1577,16 +1581,8 @@ async fn a_restart_never_releases_what_the_breaker_holds_and_pods_gone_meanwhile
     env.nad("macvlan", "192.0.2.0/24").await;
     // 40 allocations whose pods do not exist: a sweep would free all of them.
     let names: Vec<String> = (0..40).map(|i| format!("gone-{i}")).collect();
-    let allocs: Vec<(u32, String, &str)> = names
-        .iter()
-        .enumerate()
-        .map(|(i, n)| (10 + i as u32, format!("sb-{i}"), n.as_str()))
-        .collect();
-    let borrowed: Vec<(u32, &str, &str)> = allocs
-        .iter()
-        .map(|(o, s, n)| (*o, s.as_str(), *n))
-        .collect();
-    env.pool("192.0.2.0-24", "192.0.2.0/24", &borrowed).await;
+    env.pool_of_pods("192.0.2.0-24", "192.0.2.0/24", &names)
+        .await;
     let flags = ["--max-release-ratio=0.5"];
     env.start(&flags).await;
     let held = env.wait_events("IPAddressGarbageCollectionHeld").await;
