@@ -39,9 +39,14 @@ enum Command {
 }
 
 async fn client() -> anyhow::Result<kube::Client> {
-    kube::Client::try_default()
+    let mut config = kube::Config::infer()
         .await
-        .context("no Kubernetes client config (set KUBECONFIG, or run in a pod)")
+        .context("no Kubernetes client config (set KUBECONFIG, or run in a pod)")?;
+    // Writes handle 429 themselves (every write pauses for the Retry-After, within the
+    // budgets); the client's own retry would resend outside them. Reads are retried by
+    // their watch or the next pass.
+    config.default_retry = false;
+    kube::Client::try_from(config).context("building the Kubernetes client")
 }
 
 /// Completes on Ctrl-C or SIGTERM.

@@ -7,13 +7,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use http_body_util::BodyExt;
-use ipreclaim::release::{Events, PodRef};
+use ipreclaim::release::{BudgetConfig, Budgets, Events, PodRef};
 use ipreclaim::telemetry::WriteMetrics;
 use kube::client::Body;
+use podlife::clock::RealClock;
 use prometheus_client::registry::Registry;
 use testenv::poll::wait_for;
 
-/// Answers Event creates: the first `fail` with `status`, then by echoing the Event back.
+/// Answers Event creates: the first `fail` with `status` (a 429 asks for a 1 s pause, as
+/// API Priority and Fairness does), then by echoing the Event back.
 fn apiserver(fail: usize, status: u16, created: Arc<AtomicUsize>) -> kube::Client {
     let seen = Arc::new(AtomicUsize::new(0));
     let service = tower::service_fn(move |req: http::Request<Body>| {
@@ -22,13 +24,16 @@ fn apiserver(fail: usize, status: u16, created: Arc<AtomicUsize>) -> kube::Clien
             let body = req.into_body().collect().await.unwrap().to_bytes();
             let n = seen.fetch_add(1, Ordering::SeqCst);
             let response = if n < fail {
-                let status_body = serde_json::json!({
+                let mut status_body = serde_json::json!({
                     "kind": "Status", "apiVersion": "v1", "status": "Failure",
                     "message": "injected", "reason": "ServiceUnavailable", "code": status,
                 });
-                http::Response::builder()
-                    .status(status)
-                    .body(Body::from(serde_json::to_vec(&status_body).unwrap()))
+                let mut response = http::Response::builder().status(status);
+                if status == 429 {
+                    status_body["details"] = serde_json::json!({"retryAfterSeconds": 1});
+                    response = response.header("Retry-After", "1");
+                }
+                response.body(Body::from(serde_json::to_vec(&status_body).unwrap()))
             } else {
                 created.fetch_add(1, Ordering::SeqCst);
                 http::Response::builder()
@@ -53,11 +58,26 @@ fn metrics() -> WriteMetrics {
     WriteMetrics::new(&mut Registry::default())
 }
 
+/// Events under budgets that limit nothing.
+fn events(client: kube::Client, m: &WriteMetrics) -> Events {
+    let unlimited = BudgetConfig {
+        pool_qps: 0.0,
+        pool_burst: 0,
+        reservation_qps: 0.0,
+        reservation_burst: 0,
+        write_qps: 0.0,
+        write_burst: 0,
+        max_in_flight: 8,
+    };
+    let budgets = Budgets::new(unlimited, RealClock::shared(), m.clone());
+    Events::new(client, "test", budgets, m.clone())
+}
+
 #[tokio::test]
 async fn events_that_fail_while_the_apiserver_is_unavailable_are_retried_not_lost() {
     let created = Arc::new(AtomicUsize::new(0));
     let m = metrics();
-    let events = Events::new(apiserver(5, 503, created.clone()), "test", m.clone());
+    let events = events(apiserver(5, 503, created.clone()), &m);
     for i in 0..50 {
         let ip = format!("192.0.2.{i}").parse().unwrap();
         events.released(&pod(i), &[ip], "ns/net").await;
@@ -74,7 +94,7 @@ async fn events_that_fail_while_the_apiserver_is_unavailable_are_retried_not_los
 async fn an_event_the_apiserver_refuses_is_dropped_and_counted() {
     let created = Arc::new(AtomicUsize::new(0));
     let m = metrics();
-    let events = Events::new(apiserver(1, 422, created.clone()), "test", m.clone());
+    let events = events(apiserver(1, 422, created.clone()), &m);
     for i in 0..3 {
         let ip = format!("192.0.2.{i}").parse().unwrap();
         events.released(&pod(i), &[ip], "ns/net").await;
@@ -83,4 +103,23 @@ async fn an_event_the_apiserver_refuses_is_dropped_and_counted() {
         m.events_published.get() == 2 && m.events_dropped.get() == 1
     })
     .await;
+}
+
+#[tokio::test]
+async fn a_429_pauses_for_its_retry_after_and_the_event_is_sent_again() {
+    let created = Arc::new(AtomicUsize::new(0));
+    let m = metrics();
+    let events = events(apiserver(2, 429, created.clone()), &m);
+    for i in 0..3 {
+        let ip = format!("192.0.2.{i}").parse().unwrap();
+        events.released(&pod(i), &[ip], "ns/net").await;
+    }
+    wait_for("every event published", || async {
+        m.events_published.get() == 3
+    })
+    .await;
+    // Each 429 counted once, none dropped, nothing sent twice.
+    assert_eq!(m.throttled.get(), 2);
+    assert_eq!(m.events_dropped.get(), 0);
+    assert_eq!(created.load(Ordering::SeqCst), 3);
 }

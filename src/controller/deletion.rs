@@ -1,6 +1,9 @@
 //! The deletion path: podrefs with tombstones come off the work queue, their allocations are
-//! judged, and releases go to the pool writer. Failures retry with per-item backoff; after the
-//! last retry a Warning Event names the cause and the sweep still owns the leak.
+//! judged, and releases go to the pool writer. A worker does not wait for the write: the item
+//! is finished (Events, retry or done) when its outcomes come back, while the worker hands in
+//! the next, so a burst reaches the writer whole and leaves as a few patches. Failures retry
+//! with per-item backoff; after the last retry a Warning Event names the cause and the sweep
+//! still owns the leak.
 
 use std::time::{Duration, Instant};
 
@@ -11,7 +14,7 @@ use tokio::sync::watch;
 use super::fence::{Placement, record_for};
 use super::state::PodRef;
 use crate::reclaim::{Decision, Reason, ReclaimConfig};
-use crate::release::{EntryWrite, ReleaseOutcome, ReleaseRequest};
+use crate::release::{EntryWrite, ReleaseError, ReleaseOutcome, ReleaseRequest};
 
 /// How soon a deletion asks again whether its pod ran on a node that is not Ready.
 const PLACEMENT_RETRY: Duration = Duration::from_millis(250);
@@ -24,6 +27,8 @@ enum Processed {
     Done,
     /// Asked again after this long (its node's pods are not listed yet).
     Later(Duration),
+    /// Handed to the writer; finished when its outcomes come back.
+    Submitted,
 }
 
 /// A deletion-path worker.
@@ -47,28 +52,37 @@ impl Worker {
                 self.ctx.queue.done(&podref);
                 return;
             }
-            match self.process(&podref).await {
-                Ok(Processed::Done) => self.ctx.queue.forget(&podref),
-                Ok(Processed::Later(after)) => self.ctx.queue.add_after(podref.clone(), after),
-                Err(cause) if self.ctx.queue.num_requeues(&podref) < self.max_retries => {
-                    tracing::warn!(%podref, %cause, "release failed; retrying with backoff");
-                    self.ctx.metrics.retries.inc();
-                    self.ctx.queue.add_rate_limited(podref.clone());
-                }
-                Err(cause) => {
-                    tracing::error!(%podref, %cause, "release failed for good; the sweep keeps the leak");
-                    let pod = self.pod_of(&podref);
-                    self.ctx.events.failed(&pod, &cause).await;
-                    self.ctx.queue.forget(&podref);
-                    self.ctx
-                        .state
-                        .write()
-                        .expect("state lock")
-                        .clear_tombstones(&podref, Instant::now());
-                }
-            }
-            self.ctx.queue.done(&podref);
+            let processed = self.process(&podref).await;
+            self.finish(&podref, processed).await;
         }
+    }
+
+    /// Files a processed item: done, later, or retried with backoff; the last failure gets a
+    /// Warning Event. A submitted item is filed by its own task when its outcomes come back.
+    async fn finish(&self, podref: &str, processed: Result<Processed, String>) {
+        let queue = &self.ctx.queue;
+        match processed {
+            Ok(Processed::Submitted) => return,
+            Ok(Processed::Done) => queue.forget(&podref.to_owned()),
+            Ok(Processed::Later(after)) => queue.add_after(podref.to_owned(), after),
+            Err(cause) if queue.num_requeues(&podref.to_owned()) < self.max_retries => {
+                tracing::warn!(%podref, %cause, "release failed; retrying with backoff");
+                self.ctx.metrics.retries.inc();
+                queue.add_rate_limited(podref.to_owned());
+            }
+            Err(cause) => {
+                tracing::error!(%podref, %cause, "release failed for good; the sweep keeps the leak");
+                let pod = self.pod_of(podref);
+                self.ctx.events.failed(&pod, &cause).await;
+                queue.forget(&podref.to_owned());
+                self.ctx
+                    .state
+                    .write()
+                    .expect("state lock")
+                    .clear_tombstones(podref, Instant::now());
+            }
+        }
+        queue.done(&podref.to_owned());
     }
 
     fn pod_of(&self, podref: &str) -> PodRef {
@@ -140,26 +154,48 @@ impl Worker {
             }
             return Ok(Processed::Later(PLACEMENT_RETRY * 8));
         }
-        if !releases.is_empty() {
-            let outcomes = self.ctx.writer.release(releases.clone()).await;
+        if releases.is_empty() {
             self.ctx
+                .state
+                .write()
+                .expect("state lock")
+                .clear_tombstones(podref, started);
+            return Ok(Processed::Done);
+        }
+        let outcomes = self.ctx.writer.submit(releases.clone()).await;
+        let (me, podref) = (self.clone_for_finish(), podref.to_owned());
+        tokio::spawn(async move {
+            let outcomes = outcomes.await;
+            me.ctx
                 .events
                 .released_all(releases.iter().zip(&outcomes))
                 .await;
-            let errors: Vec<String> = outcomes
-                .iter()
-                .filter_map(|o| o.as_ref().err().map(|e| e.to_string()))
-                .collect();
-            if !errors.is_empty() {
-                return Err(errors.join("; "));
-            }
-            let changed = outcomes
-                .iter()
-                .filter(|o| **o == Ok(ReleaseOutcome::Changed))
-                .count();
-            if changed > 0 {
-                tracing::info!(%podref, changed, "entries now belong to another allocation; left alone");
-            }
+            let processed = me.settle(&podref, started, &outcomes);
+            me.finish(&podref, processed).await;
+        });
+        Ok(Processed::Submitted)
+    }
+
+    /// What the outcomes of an item's releases make of it.
+    fn settle(
+        &self,
+        podref: &str,
+        started: Instant,
+        outcomes: &[Result<ReleaseOutcome, ReleaseError>],
+    ) -> Result<Processed, String> {
+        let errors: Vec<String> = outcomes
+            .iter()
+            .filter_map(|o| o.as_ref().err().map(|e| e.to_string()))
+            .collect();
+        if !errors.is_empty() {
+            return Err(errors.join("; "));
+        }
+        let changed = outcomes
+            .iter()
+            .filter(|o| **o == Ok(ReleaseOutcome::Changed))
+            .count();
+        if changed > 0 {
+            tracing::info!(%podref, changed, "entries now belong to another allocation; left alone");
         }
         self.ctx
             .state
@@ -167,6 +203,15 @@ impl Worker {
             .expect("state lock")
             .clear_tombstones(podref, started);
         Ok(Processed::Done)
+    }
+
+    fn clone_for_finish(&self) -> Worker {
+        Worker {
+            ctx: self.ctx.clone(),
+            reclaim: self.reclaim,
+            max_retries: self.max_retries,
+            leader: self.leader.clone(),
+        }
     }
 
     /// Turns the releases of pods deleted from a node that is not Ready into fences. Returns

@@ -18,13 +18,12 @@ use anyhow::Context;
 use kube::Client;
 use podlife::clock::RealClock;
 use podlife::queue::WorkQueue;
-use podlife::throttle::{Parallelism, Throttle};
 use prometheus_client::registry::Registry;
 use tokio::sync::watch as tokio_watch;
 
 use crate::reclaim::ReclaimConfig;
 use crate::reclaim::fence::FencePolicy;
-use crate::release::{Events, writer};
+use crate::release::{BudgetConfig, Budgets, Events, writer};
 use crate::telemetry::{ControllerMetrics, Health, LogFormat};
 use state::State;
 
@@ -59,7 +58,7 @@ pub struct ControllerArgs {
     pub leak_grace: Duration,
     /// The leak grace for an allocation whose pod does not exist at all (no annotation can lag
     /// behind it; e.g. deleted while no replica ran); at most --leak-grace.
-    #[arg(long, env = "IPRECLAIM_MISSING_POD_GRACE", default_value = "20s", value_parser = parse_duration)]
+    #[arg(long, env = "IPRECLAIM_MISSING_POD_GRACE", default_value = "5s", value_parser = parse_duration)]
     pub missing_pod_grace: Duration,
     /// Release the addresses of Succeeded/Failed pods.
     #[arg(long, env = "IPRECLAIM_RELEASE_TERMINAL_PODS", default_value_t = true, action = clap::ArgAction::Set)]
@@ -85,14 +84,38 @@ pub struct ControllerArgs {
     /// Retries of a failed release before a Warning Event (the sweep still owns the leak).
     #[arg(long, env = "IPRECLAIM_MAX_RETRIES", default_value_t = 5)]
     pub max_retries: u32,
-    /// API writes per second.
-    #[arg(long, env = "IPRECLAIM_WRITE_QPS", default_value_t = 20.0)]
+    /// Pool patches per second (each patch releases everything pending for its pool).
+    #[arg(long, env = "IPRECLAIM_POOL_WRITE_QPS", default_value_t = 20.0)]
+    pub pool_write_qps: f64,
+    /// Pool patch burst.
+    #[arg(long, env = "IPRECLAIM_POOL_WRITE_BURST", default_value_t = 40)]
+    pub pool_write_burst: u32,
+    /// Least time between two patches of one pool; releases arriving meanwhile join the next.
+    #[arg(long, env = "IPRECLAIM_POOL_PATCH_INTERVAL", default_value = "200ms", value_parser = parse_duration)]
+    pub pool_patch_interval: Duration,
+    /// Reservation deletes per second (one request per address; after the pool entries).
+    #[arg(
+        long,
+        env = "IPRECLAIM_RESERVATION_DELETE_QPS",
+        default_value_t = 100.0
+    )]
+    pub reservation_delete_qps: f64,
+    /// Reservation delete burst.
+    #[arg(
+        long,
+        env = "IPRECLAIM_RESERVATION_DELETE_BURST",
+        default_value_t = 200
+    )]
+    pub reservation_delete_burst: u32,
+    /// All API writes per second together (pool patches, reservation deletes, Events), pool
+    /// patches first; 0 for no limit.
+    #[arg(long, env = "IPRECLAIM_WRITE_QPS", default_value_t = 150.0)]
     pub write_qps: f64,
-    /// API write burst.
-    #[arg(long, env = "IPRECLAIM_WRITE_BURST", default_value_t = 50)]
+    /// Burst of all API writes together.
+    #[arg(long, env = "IPRECLAIM_WRITE_BURST", default_value_t = 300)]
     pub write_burst: u32,
     /// API writes in flight at once.
-    #[arg(long, env = "IPRECLAIM_MAX_INFLIGHT_WRITES", default_value_t = 4)]
+    #[arg(long, env = "IPRECLAIM_MAX_INFLIGHT_WRITES", default_value_t = 8)]
     pub max_inflight_writes: usize,
     /// Elect a leader with a Lease; only the leader writes.
     #[arg(long, env = "IPRECLAIM_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
@@ -217,21 +240,33 @@ pub async fn run(
     let clock = RealClock::shared();
     let queue: Arc<WorkQueue<String>> = WorkQueue::new(clock.clone());
     let identity = identity();
-    let events = Events::new(client.clone(), &identity, metrics.writes.clone());
+    let budgets = Budgets::new(
+        BudgetConfig {
+            pool_qps: args.pool_write_qps,
+            pool_burst: args.pool_write_burst,
+            reservation_qps: args.reservation_delete_qps,
+            reservation_burst: args.reservation_delete_burst,
+            write_qps: args.write_qps,
+            write_burst: args.write_burst,
+            max_in_flight: args.max_inflight_writes,
+        },
+        clock.clone(),
+        metrics.writes.clone(),
+    );
+    let events = Events::new(
+        client.clone(),
+        &identity,
+        budgets.clone(),
+        metrics.writes.clone(),
+    );
     let reclaim = ReclaimConfig {
         release_terminal_pods: args.release_terminal_pods,
     };
     let writer = writer::spawn(Arc::new(writer::Writer {
         client: client.clone(),
         namespace: args.whereabouts_namespace.clone(),
-        throttle: Throttle::new(
-            args.write_qps,
-            args.write_burst,
-            Parallelism::Parallel {
-                max: Some(args.max_inflight_writes),
-            },
-            clock,
-        ),
+        budgets,
+        patch_interval: args.pool_patch_interval,
         metrics: metrics.writes.clone(),
         events: events.clone(),
         dry_run: args.dry_run,
@@ -364,10 +399,11 @@ pub async fn run(
             held_pools: Default::default(),
             orphan_reservations_seen: Default::default(),
         };
-        let mut tick = tokio::time::interval(args.sweep_interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Every --sweep-interval, and as soon as a candidate's grace ends.
+        let mut next_sweep = Instant::now();
         loop {
-            tick.tick().await;
+            tokio::time::sleep_until(next_sweep.into()).await;
+            next_sweep = Instant::now() + args.sweep_interval;
             {
                 let mut st = state.write().expect("state lock");
                 // checked: an Instant cannot go back before the machine started.
@@ -402,6 +438,11 @@ pub async fn run(
             if *leader.borrow() {
                 let report = sweeper.sweep().await;
                 tracing::debug!(?report, "sweep done");
+                if let Some(due) = report.next_due {
+                    // Not sooner than a tenth of a second: a sweep reads every pool.
+                    let soonest = Instant::now() + Duration::from_millis(100);
+                    next_sweep = next_sweep.min(due.max(soonest));
+                }
             }
         }
     };

@@ -59,6 +59,8 @@ pub struct SweepReport {
     pub held_pools: Vec<String>,
     /// Orphaned reservations deleted.
     pub reservations_deleted: usize,
+    /// When the next candidate's grace ends (sweep again then, not a whole interval later).
+    pub next_due: Option<Instant>,
 }
 
 impl Sweeper {
@@ -118,6 +120,9 @@ impl Sweeper {
             };
             if age >= grace {
                 due.push((j, reason));
+            } else {
+                let at = first.0 + grace;
+                report.next_due = Some(report.next_due.map_or(at, |n| n.min(at)));
             }
         }
         self.first_seen.retain(|k, _| seen.contains(k));
@@ -261,7 +266,7 @@ impl Sweeper {
         let n = due.len();
         if n > 0 {
             tracing::info!(count = n, "deleting orphaned reservations");
-            self.ctx.writer.delete_reservations(due).await;
+            self.ctx.writer.delete_reservations(due);
         }
         n
     }

@@ -30,7 +30,7 @@ use prometheus_client::registry::Registry;
 use tokio::task::JoinSet;
 
 use crate::reclaim::ReclaimConfig;
-use crate::release::{Events, writer};
+use crate::release::{BudgetConfig, Budgets, Events, writer};
 use crate::telemetry::{Health, LogFormat, NodeMetrics, WriteMetrics};
 use cri::{CriCalls, CriPodSource, RuntimeView};
 use release::{Outcome, Releaser};
@@ -42,6 +42,8 @@ const FORGET_AFTER_LISTINGS: u64 = 600;
 /// Failed releases are retried this often before a Warning Event; the controller's sweep
 /// still owns the leak afterwards (IPNotOnPod).
 const MAX_ATTEMPTS: u32 = 5;
+/// Least time between two patches of one pool by this node's agent.
+const POOL_PATCH_INTERVAL: Duration = Duration::from_millis(200);
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e} (use e.g. 500ms, 1s, 3m)"))
@@ -310,21 +312,31 @@ pub async fn run(
     tracing::info!(%metrics_addr, node = %args.node_name, cri = %args.cri_endpoint, dry_run = args.dry_run, "node agent starting");
 
     let (pods, watch_task) = watch_node_pods(client.clone(), &args.node_name);
+    // A node's releases are few; keep its share of the API small.
+    let budgets = Budgets::new(
+        BudgetConfig {
+            pool_qps: 5.0,
+            pool_burst: 10,
+            reservation_qps: 5.0,
+            reservation_burst: 10,
+            write_qps: 10.0,
+            write_burst: 20,
+            max_in_flight: 2,
+        },
+        clock.clone(),
+        writes.clone(),
+    );
     let events_pub = Events::new(
         client.clone(),
         &format!("node-agent/{}", args.node_name),
+        budgets.clone(),
         writes.clone(),
     );
     let writer = writer::spawn(Arc::new(writer::Writer {
         client: client.clone(),
         namespace: args.whereabouts_namespace.clone(),
-        // A node's releases are few; keep its share of the API small.
-        throttle: Throttle::new(
-            5.0,
-            10,
-            Parallelism::Parallel { max: Some(2) },
-            clock.clone(),
-        ),
+        budgets,
+        patch_interval: POOL_PATCH_INTERVAL,
         metrics: writes,
         events: events_pub.clone(),
         dry_run: args.dry_run,

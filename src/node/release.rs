@@ -360,7 +360,7 @@ impl Releaser {
                 .as_deref()
                 .is_none_or(|c| c.is_empty() || c == sandbox);
         if let (true, Some(uid)) = (ours, r.metadata.uid.clone()) {
-            self.writer.delete_reservations(vec![(name, uid)]).await;
+            self.writer.delete_reservations(vec![(name, uid)]);
         }
     }
 

@@ -8,6 +8,7 @@ use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::sync::mpsc;
 
+use super::budget::{Budgets, WriteKind};
 use super::types::{EntryWrite, PodRef, ReleaseError, ReleaseOutcome, ReleaseRequest};
 use crate::ipam::fence::FenceRecord;
 use crate::reclaim::Reason;
@@ -61,13 +62,17 @@ fn retryable(e: &kube::Error) -> bool {
 async fn publish_queued(
     recorder: Recorder,
     mut rx: mpsc::Receiver<(Event, ObjectReference)>,
+    budgets: Budgets,
     metrics: WriteMetrics,
 ) {
     while let Some((event, reference)) = rx.recv().await {
         let started = Instant::now();
         let mut delay = RETRY_FIRST;
         loop {
-            match recorder.publish(&event, &reference).await {
+            let sent = budgets
+                .send(WriteKind::Event, || recorder.publish(&event, &reference))
+                .await;
+            match sent {
                 Ok(()) => {
                     metrics.events_published.inc();
                     break;
@@ -88,8 +93,9 @@ async fn publish_queued(
 }
 
 impl Events {
-    /// A publisher reporting as `instance` (the pod name of this replica); starts its queue.
-    pub fn new(client: Client, instance: &str, metrics: WriteMetrics) -> Self {
+    /// A publisher reporting as `instance` (the pod name of this replica), within `budgets`
+    /// (after every pool patch and reservation delete that waits); starts its queue.
+    pub fn new(client: Client, instance: &str, budgets: Budgets, metrics: WriteMetrics) -> Self {
         let reporter = Reporter {
             controller: "ipreclaim".into(),
             instance: Some(instance.into()),
@@ -98,6 +104,7 @@ impl Events {
         tokio::spawn(publish_queued(
             Recorder::new(client, reporter),
             rx,
+            budgets,
             metrics.clone(),
         ));
         Events { tx, metrics }

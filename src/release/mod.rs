@@ -1,10 +1,12 @@
 //! The release path, shared by the controller and the node agent: the batching pool writer
 //! (releases, fences, reservation deletes), the Event publisher, and the types they share.
 
+pub mod budget;
 pub mod events;
 pub mod types;
 pub mod writer;
 
+pub use budget::{BudgetConfig, Budgets, WriteKind};
 pub use events::Events;
 pub use types::{EntryWrite, Judged, PodRef, ReleaseError, ReleaseOutcome, ReleaseRequest};
 pub use writer::{Index, Writer, WriterHandle};

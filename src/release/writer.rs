@@ -1,17 +1,21 @@
 //! The pool writer: releases batched into one JSON patch per pool, each entry pinned by `test`
 //! operations on its `id` and `podref` before its `remove`, so concurrent allocations of other
-//! offsets are never lost and never conflict. Reservations go with a uid precondition.
+//! offsets are never lost and never conflict. Reservations go with a uid precondition, on their
+//! own queue and budget, after the pool entries they belong to.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::future::Future;
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
-use podlife::throttle::Throttle;
 use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 
+use super::budget::{Budgets, WriteKind};
 use super::events::Events;
 use super::types::{EntryWrite, ReleaseError, ReleaseOutcome, ReleaseRequest};
 use crate::api::{IPPool, OverlappingRangeIPReservation};
@@ -22,10 +26,11 @@ use crate::telemetry::WriteMetrics;
 
 /// Most releases in one batch.
 const MAX_BATCH: usize = 1000;
+/// Reservation deletes sent at once at most (the shared in-flight cap may allow fewer).
+const RESERVATION_DELETERS: usize = 64;
 
-type Reply = oneshot::Sender<Result<ReleaseOutcome, ReleaseError>>;
-/// A written release and the reservations (name, uid) to delete with it.
-type FollowUp = (ReleaseRequest, Vec<(String, String)>);
+type Outcome = Result<ReleaseOutcome, ReleaseError>;
+type Reply = oneshot::Sender<Outcome>;
 
 /// The controller's index of pools and reservations, kept in step with what the writer writes.
 pub trait Index: Send + Sync {
@@ -44,7 +49,9 @@ pub trait Index: Send + Sync {
 pub struct Writer {
     pub(crate) client: Client,
     pub(crate) namespace: String,
-    pub(crate) throttle: Throttle,
+    pub(crate) budgets: Budgets,
+    /// Least time between two patches of one pool: what arrives meanwhile joins the next.
+    pub(crate) patch_interval: Duration,
     pub(crate) metrics: WriteMetrics,
     pub(crate) events: Events,
     pub(crate) dry_run: bool,
@@ -59,15 +66,20 @@ pub struct Writer {
 #[derive(Clone)]
 pub struct WriterHandle {
     tx: mpsc::Sender<(ReleaseRequest, Reply)>,
+    reservations: mpsc::UnboundedSender<(String, String)>,
     writer: Arc<Writer>,
 }
 
 impl WriterHandle {
-    /// Deletes reservations `(name, uid)` with a uid precondition, throttled like every write
-    /// (nothing under `--dry-run`).
-    pub async fn delete_reservations(&self, reservations: Vec<(String, String)>) {
-        if !self.writer.dry_run {
-            self.writer.delete_reservations(reservations).await;
+    /// Queues reservations `(name, uid)` for deletion with a uid precondition, on their own
+    /// budget (nothing under `--dry-run`).
+    pub fn delete_reservations(&self, reservations: Vec<(String, String)>) {
+        if self.writer.dry_run {
+            return;
+        }
+        for r in reservations {
+            // The receiver lives as long as any handle.
+            let _ = self.reservations.send(r);
         }
     }
 
@@ -88,98 +100,152 @@ impl WriterHandle {
         }
         let patch: json_patch::Patch =
             serde_json::from_value(serde_json::Value::Array(ops)).expect("a JSON patch");
-        let _permit = self.writer.throttle.acquire().await;
-        self.writer.metrics.write("patch");
-        if let Err(e) = self
+        let pools = self.writer.pools();
+        let result = self
             .writer
-            .pools()
-            .patch(pool, &PatchParams::default(), &Patch::<()>::Json(patch))
-            .await
-        {
+            .budgets
+            .send(WriteKind::Pool, || {
+                self.writer.metrics.write("patch");
+                let patch = Patch::<()>::Json(patch.clone());
+                let pools = pools.clone();
+                async move { pools.patch(pool, &PatchParams::default(), &patch).await }
+            })
+            .await;
+        if let Err(e) = result {
             // Changed or gone meanwhile: the next pass sees the pool as it is now.
             tracing::debug!(%pool, error = %e, "could not clear fence records");
         }
     }
 
-    /// Releases `reqs` (batched with whatever else is pending) and returns each outcome.
-    pub async fn release(
+    /// Hands `reqs` to the writer (batched with whatever else is pending) and returns a future
+    /// of each outcome: the caller need not wait for the write to hand in more.
+    pub async fn submit(
         &self,
         reqs: Vec<ReleaseRequest>,
-    ) -> Vec<Result<ReleaseOutcome, ReleaseError>> {
+    ) -> impl Future<Output = Vec<Outcome>> + Send + use<> {
         let mut waits = Vec::with_capacity(reqs.len());
         for r in reqs {
             let (tx, rx) = oneshot::channel();
-            if self.tx.send((r, tx)).await.is_err() {
-                waits.push(None);
-            } else {
-                waits.push(Some(rx));
+            waits.push(self.tx.send((r, tx)).await.ok().map(|()| rx));
+        }
+        async move {
+            let mut out = Vec::with_capacity(waits.len());
+            for w in waits {
+                out.push(match w {
+                    Some(rx) => rx.await.unwrap_or(Err(ReleaseError::Stopped)),
+                    None => Err(ReleaseError::Stopped),
+                });
             }
+            out
         }
-        let mut out = Vec::with_capacity(waits.len());
-        for w in waits {
-            out.push(match w {
-                Some(rx) => rx.await.unwrap_or(Err(ReleaseError::Stopped)),
-                None => Err(ReleaseError::Stopped),
-            });
-        }
-        out
+    }
+
+    /// Releases `reqs` (batched with whatever else is pending) and returns each outcome.
+    pub async fn release(&self, reqs: Vec<ReleaseRequest>) -> Vec<Outcome> {
+        self.submit(reqs).await.await
     }
 }
 
-/// Starts the batcher; it runs until every handle is dropped. At most one patch per pool is in
-/// flight; what arrives meanwhile for that pool waits and goes out as the next patch, so a
+/// Starts the batcher and the reservation deleter; they run until every handle is dropped.
+/// At most one patch per pool is in flight, and a pool is patched at most once per
+/// `patch_interval`; what arrives meanwhile for that pool goes out as the next patch, so a
 /// burst of deletions becomes a few large patches while a lone deletion goes out at once.
 pub fn spawn(writer: Arc<Writer>) -> WriterHandle {
-    let (tx, mut rx) = mpsc::channel::<(ReleaseRequest, Reply)>(4 * MAX_BATCH);
+    let (tx, rx) = mpsc::channel::<(ReleaseRequest, Reply)>(4 * MAX_BATCH);
+    let (res_tx, res_rx) = mpsc::unbounded_channel();
     let handle = WriterHandle {
         tx,
+        reservations: res_tx.clone(),
         writer: writer.clone(),
     };
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<String>();
-    tokio::spawn(async move {
-        let mut pending: BTreeMap<String, Vec<(ReleaseRequest, Reply)>> = BTreeMap::new();
-        let mut in_flight: HashSet<String> = HashSet::new();
-        loop {
-            tokio::select! {
-                item = rx.recv() => match item {
-                    Some(item) => {
-                        let pool = item.0.judged.pool.clone();
-                        pending.entry(pool).or_default().push(item);
-                        // Let whatever else is already queued join this batch.
-                        while let Ok(item) = rx.try_recv() {
-                            pending.entry(item.0.judged.pool.clone()).or_default().push(item);
-                        }
-                    }
-                    None if in_flight.is_empty() && pending.is_empty() => return,
-                    None => {}
-                },
-                Some(pool) = done_rx.recv() => {
-                    in_flight.remove(&pool);
-                }
-            }
-            let ready: Vec<String> = pending
-                .keys()
-                .filter(|p| !in_flight.contains(*p))
-                .cloned()
-                .collect();
-            for pool in ready {
-                let Some(mut items) = pending.remove(&pool) else {
-                    continue;
-                };
-                if items.len() > MAX_BATCH {
-                    pending.insert(pool.clone(), items.split_off(MAX_BATCH));
-                }
-                in_flight.insert(pool.clone());
-                let (w, done) = (writer.clone(), done_tx.clone());
-                tokio::spawn(async move {
-                    let follow_ups = w.release_pool(&pool, items).await;
-                    let _ = done.send(pool);
-                    w.follow_up(follow_ups).await;
-                });
-            }
-        }
-    });
+    tokio::spawn(delete_reservations(writer.clone(), res_rx));
+    tokio::spawn(batch(writer, rx, res_tx));
     handle
+}
+
+/// The batcher: collects requests per pool and sends each pool's patch when it may.
+async fn batch(
+    writer: Arc<Writer>,
+    mut rx: mpsc::Receiver<(ReleaseRequest, Reply)>,
+    reservations: mpsc::UnboundedSender<(String, String)>,
+) {
+    let mut pending: BTreeMap<String, Vec<(ReleaseRequest, Reply)>> = BTreeMap::new();
+    let mut in_flight: HashSet<String> = HashSet::new();
+    let mut last_sent: HashMap<String, Instant> = HashMap::new();
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<String>();
+    let mut open = true;
+    loop {
+        let now = Instant::now();
+        let due = |pool: &String| last_sent.get(pool).map(|t| *t + writer.patch_interval);
+        // The soonest a waiting pool may be patched again.
+        let next = pending
+            .keys()
+            .filter(|p| !in_flight.contains(*p))
+            .filter_map(due)
+            .filter(|t| *t > now)
+            .min();
+        let ready: Vec<String> = pending
+            .keys()
+            .filter(|p| !in_flight.contains(*p) && due(p).is_none_or(|t| t <= now))
+            .cloned()
+            .collect();
+        for pool in ready {
+            let Some(mut items) = pending.remove(&pool) else {
+                continue;
+            };
+            if items.len() > MAX_BATCH {
+                pending.insert(pool.clone(), items.split_off(MAX_BATCH));
+            }
+            in_flight.insert(pool.clone());
+            last_sent.insert(pool.clone(), now);
+            let (w, done, res) = (writer.clone(), done_tx.clone(), reservations.clone());
+            tokio::spawn(async move {
+                for r in w.release_pool(&pool, items).await {
+                    let _ = res.send(r);
+                }
+                let _ = done.send(pool);
+            });
+        }
+        // Forget pools not written for a while (the interval has long passed).
+        last_sent.retain(|_, t| now.saturating_duration_since(*t) < writer.patch_interval);
+        if !open && in_flight.is_empty() && pending.is_empty() {
+            return;
+        }
+        let wake = async {
+            match next {
+                Some(t) => tokio::time::sleep_until(t.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            item = rx.recv(), if open => match item {
+                Some(item) => {
+                    pending.entry(item.0.judged.pool.clone()).or_default().push(item);
+                    // Let whatever else is already queued join this batch.
+                    while let Ok(item) = rx.try_recv() {
+                        pending.entry(item.0.judged.pool.clone()).or_default().push(item);
+                    }
+                }
+                None => open = false,
+            },
+            Some(pool) = done_rx.recv() => {
+                in_flight.remove(&pool);
+            }
+            () = wake => {}
+        }
+    }
+}
+
+/// Deletes queued reservations, as many at once as the budgets allow.
+async fn delete_reservations(writer: Arc<Writer>, rx: mpsc::UnboundedReceiver<(String, String)>) {
+    let queued =
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
+    queued
+        .for_each_concurrent(RESERVATION_DELETERS, |(name, uid)| {
+            let w = writer.clone();
+            async move { w.delete_reservation(name, uid).await }
+        })
+        .await;
 }
 
 impl Writer {
@@ -187,9 +253,13 @@ impl Writer {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
 
-    /// Writes one batch and answers each request; returns the written releases with their
-    /// reservations, for [`follow_up`](Self::follow_up) once the pool is free again.
-    async fn release_pool(&self, pool: &str, items: Vec<(ReleaseRequest, Reply)>) -> Vec<FollowUp> {
+    /// Writes one batch and answers each request; returns the reservations (name, uid) of
+    /// what was released, to delete.
+    async fn release_pool(
+        &self,
+        pool: &str,
+        items: Vec<(ReleaseRequest, Reply)>,
+    ) -> Vec<(String, String)> {
         if self.dry_run {
             for (req, reply) in items {
                 let j = &req.judged;
@@ -219,7 +289,7 @@ impl Writer {
                     self.record_fence(&req);
                     outcome = Ok(ReleaseOutcome::Fenced);
                 }
-                Ok(ReleaseOutcome::Released) => released.push(self.record_release(&req)),
+                Ok(ReleaseOutcome::Released) => released.extend(self.record_release(&req)),
                 Err(e) => self.metrics.failed(e.cause()),
                 Ok(_) => {}
             }
@@ -238,13 +308,6 @@ impl Writer {
         reported.insert((pool.to_owned(), key.to_owned(), id.to_owned()))
     }
 
-    /// Reservations of written releases (Events are the caller's: it sees all of a pod's pools).
-    async fn follow_up(&self, released: Vec<FollowUp>) {
-        for (_, reservations) in released {
-            self.delete_reservations(reservations).await;
-        }
-    }
-
     /// One patch; on a failed `test` (422) re-reads the pool and retries only the entries that
     /// still belong to the allocation we meant, once.
     async fn patch_with_retry(
@@ -252,7 +315,6 @@ impl Writer {
         pool: &str,
         reqs: &[ReleaseRequest],
     ) -> Vec<Result<ReleaseOutcome, ReleaseError>> {
-        type Outcome = Result<ReleaseOutcome, ReleaseError>;
         let mut outcomes: Vec<Option<Outcome>> = vec![None; reqs.len()];
         let mut pending: Vec<usize> = (0..reqs.len()).collect();
         // Gives every pending request the same outcome.
@@ -276,8 +338,12 @@ impl Writer {
                 }
                 Err(kube::Error::Api(s)) if s.code == 422 && attempt == 0 => {
                     // Someone changed an entry: look again, per entry.
-                    self.throttle.acquire().await;
-                    let current = match self.pools().get_opt(pool).await {
+                    let pools = self.pools();
+                    let current = self
+                        .budgets
+                        .send(WriteKind::Pool, || pools.get_opt(pool))
+                        .await;
+                    let current = match current {
                         Ok(c) => c,
                         Err(e) => {
                             settle(&mut outcomes, &mut pending, api_error(&e));
@@ -318,10 +384,14 @@ impl Writer {
         let patch = patch_ops(batch, has_annotations);
         let patch: json_patch::Patch =
             serde_json::from_value(patch).map_err(kube::Error::SerdeError)?;
-        let _permit = self.throttle.acquire().await;
-        self.metrics.write("patch");
-        self.pools()
-            .patch(pool, &PatchParams::default(), &Patch::<()>::Json(patch))
+        let pools = self.pools();
+        self.budgets
+            .send(WriteKind::Pool, || {
+                self.metrics.write("patch");
+                let patch = Patch::<()>::Json(patch.clone());
+                let pools = pools.clone();
+                async move { pools.patch(pool, &PatchParams::default(), &patch).await }
+            })
             .await
             .map(|_| ())
     }
@@ -338,8 +408,8 @@ impl Writer {
         tracing::info!(pool = %j.pool, ip = %j.entry.ip, podref = %record.podref, node = %record.node, why = %record.why, "fenced");
     }
 
-    /// Updates the state and metrics for a written release; returns what is left to do.
-    fn record_release(&self, req: &ReleaseRequest) -> FollowUp {
+    /// Updates the state and metrics for a written release; returns its reservations.
+    fn record_release(&self, req: &ReleaseRequest) -> Vec<(String, String)> {
         let j = &req.judged;
         // A fenced entry's reservations still name the pod it was fenced for.
         let podref = match &req.write {
@@ -357,30 +427,33 @@ impl Writer {
                 .observe(at.elapsed().as_secs_f64());
         }
         tracing::info!(pool = %j.pool, ip = %j.entry.ip, %podref, reason = %req.reason, "released");
-        (req.clone(), reservations)
+        reservations
     }
 
-    async fn delete_reservations(&self, reservations: Vec<(String, String)>) {
+    async fn delete_reservation(&self, name: String, uid: String) {
         let api: Api<OverlappingRangeIPReservation> =
             Api::namespaced(self.client.clone(), &self.namespace);
-        for (name, uid) in reservations {
-            let params = DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: Some(uid),
-                    resource_version: None,
-                }),
-                ..DeleteParams::default()
-            };
-            let _permit = self.throttle.acquire().await;
-            self.metrics.write("delete");
-            match api.delete(&name, &params).await {
-                Ok(_) => {}
-                // Gone already, or replaced by a new reservation (uid changed): not ours.
-                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-                Err(e) => {
-                    self.metrics.failed("reservation");
-                    tracing::warn!(reservation = %name, error = %e, "could not delete reservation");
-                }
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        let result = self
+            .budgets
+            .send(WriteKind::Reservation, || {
+                self.metrics.write("delete");
+                api.delete(&name, &params)
+            })
+            .await;
+        match result {
+            Ok(_) => {}
+            // Gone already, or replaced by a new reservation (uid changed): not ours.
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            Err(e) => {
+                self.metrics.failed("reservation");
+                tracing::warn!(reservation = %name, error = %e, "could not delete reservation");
             }
         }
     }

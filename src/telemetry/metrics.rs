@@ -92,6 +92,8 @@ pub struct WriteMetrics {
     pub events_published: Counter,
     /// Events that could not be published (queue full, or refused or failing for too long).
     pub events_dropped: Counter,
+    /// Writes the apiserver answered `429 Too Many Requests` (then paused and sent again).
+    pub throttled: Counter,
 }
 
 const LATENCY_BUCKETS: [f64; 12] = [
@@ -113,6 +115,7 @@ impl WriteMetrics {
             fences: Counter::default(),
             events_published: Counter::default(),
             events_dropped: Counter::default(),
+            throttled: Counter::default(),
         };
         r.register(
             "events_published",
@@ -123,6 +126,11 @@ impl WriteMetrics {
             "events_dropped",
             "Kubernetes Events dropped: queue full, or refused or failing for two minutes",
             m.events_dropped.clone(),
+        );
+        r.register(
+            "api_throttled",
+            "Writes the apiserver answered 429 Too Many Requests; every write then paused for its Retry-After",
+            m.throttled.clone(),
         );
         r.register(
             "fences",

@@ -4,7 +4,8 @@
 //! - [`cache`]: the pod status cache it fills, with the kubelet's IP preservation.
 //! - [`lifecycle`]: a pod lifecycle tracker (syncing, terminating, terminated, finished).
 //! - [`queue`]: a keyed work queue with client-go semantics and rate limiters.
-//! - [`backoff`] and [`throttle`]: per-key backoff, QPS/burst and max-in-flight limits.
+//! - [`backoff`] and [`throttle`]: per-key backoff, QPS/burst and max-in-flight limits;
+//!   [`priority`]: one such budget shared by work of different urgency.
 //! - [`clock`]: injected time, so that nothing here needs a real sleep to be tested.
 //!
 //! Everything here is pure: no I/O, and no time but the injected [`clock::Clock`].
@@ -53,6 +54,7 @@ pub mod clock;
 pub mod lifecycle;
 pub mod pleg;
 pub mod pod;
+pub mod priority;
 pub mod queue;
 pub mod throttle;
 

@@ -66,6 +66,20 @@ impl TokenBucket {
         }
     }
 
+    /// How long until a whole token is there (zero if one is there now, or no limit).
+    pub fn until_next_token(&self) -> Duration {
+        if self.is_unlimited() {
+            return Duration::ZERO;
+        }
+        let mut b = self.state.lock().expect("token bucket poisoned");
+        self.refill(&mut b, self.clock.now());
+        if b.tokens >= 1.0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64((1.0 - b.tokens) / self.qps)
+        }
+    }
+
     /// Takes a token now, possibly going into debt, and returns how long the caller must wait
     /// before acting on it (x/time/rate's reservation). With a burst of zero, a burst of one is
     /// assumed so that every caller eventually gets through.

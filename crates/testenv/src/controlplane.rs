@@ -557,6 +557,24 @@ impl ControlPlane {
         self.client_with_token(&token).await
     }
 
+    /// What a program using client-go's in-cluster config needs, with admin credentials:
+    /// `token` and `ca.crt` written into `dir` (mount or copy it to
+    /// `/var/run/secrets/kubernetes.io/serviceaccount`), and the environment
+    /// (`KUBERNETES_SERVICE_HOST`, `KUBERNETES_SERVICE_PORT`).
+    pub fn write_in_cluster_credentials(&self, dir: &Path) -> Result<Vec<(String, String)>> {
+        write_file(&dir.join("token"), &self.admin_token)?;
+        std::fs::copy(self.dir.join("ca.pem"), dir.join("ca.crt"))
+            .context("copying the CA certificate")?;
+        let authority = self.server.trim_start_matches("https://");
+        let (host, port) = authority
+            .rsplit_once(':')
+            .ok_or_else(|| anyhow!("no port in {}", self.server))?;
+        Ok(vec![
+            ("KUBERNETES_SERVICE_HOST".into(), host.into()),
+            ("KUBERNETES_SERVICE_PORT".into(), port.into()),
+        ])
+    }
+
     /// A kubeconfig for `token` (for tools such as kubectl and helm run by tests).
     pub fn write_kubeconfig_for_token(&self, token: &str, path: &Path) -> Result<()> {
         write_file(path, self.kubeconfig_yaml(token))

@@ -1,0 +1,156 @@
+//! Write budgets. Pool patches and reservation deletes each have their own rate (a freed pool
+//! entry is what pods wait for; a reservation delete is one small request per address), and
+//! every write, Events included, shares one cap in which pool patches go first, then
+//! reservation deletes, then Events. A `429` pauses them all for the server's `Retry-After`.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::core::Status;
+use podlife::clock::SharedClock;
+use podlife::priority::PriorityThrottle;
+use podlife::throttle::{InFlightPermit, Parallelism, TokenBucket};
+
+use crate::telemetry::WriteMetrics;
+
+/// Sends of one write answered `429` before it is given up (the caller retries it later).
+const MAX_THROTTLED: u32 = 30;
+/// The pause after a `429` that names no delay.
+const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
+/// The longest pause one `429` can ask for.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// What a write is, most urgent first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteKind {
+    /// A patch of a pool (releases, fences) or its re-read after a conflict.
+    Pool = 0,
+    /// A reservation delete.
+    Reservation = 1,
+    /// An Event.
+    Event = 2,
+}
+
+/// The limits, as the flags give them (a qps of 0: no limit).
+#[derive(Debug, Clone, Copy)]
+pub struct BudgetConfig {
+    /// Pool patches per second and burst.
+    pub pool_qps: f64,
+    pub pool_burst: u32,
+    /// Reservation deletes per second and burst.
+    pub reservation_qps: f64,
+    pub reservation_burst: u32,
+    /// All writes per second and burst.
+    pub write_qps: f64,
+    pub write_burst: u32,
+    /// All writes in flight at once.
+    pub max_in_flight: usize,
+}
+
+struct Inner {
+    pools: TokenBucket,
+    reservations: TokenBucket,
+    all: PriorityThrottle,
+    metrics: WriteMetrics,
+}
+
+/// The budgets of one program, shared by its writer and its Event publisher.
+#[derive(Clone)]
+pub struct Budgets(Arc<Inner>);
+
+impl Budgets {
+    /// Budgets of `config` on `clock`, counting into `metrics`.
+    pub fn new(config: BudgetConfig, clock: SharedClock, metrics: WriteMetrics) -> Self {
+        Budgets(Arc::new(Inner {
+            pools: TokenBucket::new(config.pool_qps, config.pool_burst, clock.clone()),
+            reservations: TokenBucket::new(
+                config.reservation_qps,
+                config.reservation_burst,
+                clock.clone(),
+            ),
+            all: PriorityThrottle::new(
+                config.write_qps,
+                config.write_burst,
+                Parallelism::Parallel {
+                    max: Some(config.max_in_flight),
+                },
+                3,
+                clock,
+            ),
+            metrics,
+        }))
+    }
+
+    /// Waits until a write of `kind` may go: its own rate, then the shared cap.
+    pub async fn admit(&self, kind: WriteKind) -> InFlightPermit {
+        match kind {
+            WriteKind::Pool => self.0.pools.acquire().await,
+            WriteKind::Reservation => self.0.reservations.acquire().await,
+            WriteKind::Event => {}
+        }
+        self.0.all.acquire(kind as usize).await
+    }
+
+    /// Sends one write of `kind` within the budgets. When the apiserver answers `429` (API
+    /// Priority and Fairness rejected it), every write pauses for the `Retry-After` it gives
+    /// and this one is sent again, up to a limit.
+    pub async fn send<T, F, Fut>(&self, kind: WriteKind, mut write: F) -> Result<T, kube::Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, kube::Error>>,
+    {
+        let mut throttled = 0;
+        loop {
+            let permit = self.admit(kind).await;
+            let result = write().await;
+            drop(permit);
+            match &result {
+                Err(kube::Error::Api(s)) if s.code == 429 && throttled < MAX_THROTTLED => {
+                    throttled += 1;
+                    let wait = retry_after(s);
+                    self.0.metrics.throttled.inc();
+                    self.0.all.pause_for(wait);
+                    tracing::debug!(?kind, ?wait, "the apiserver asked to slow down (429)");
+                }
+                _ => return result,
+            }
+        }
+    }
+}
+
+/// The delay a `429` asks for (its `Retry-After`, which the apiserver also puts in the
+/// Status details), within bounds.
+fn retry_after(status: &Status) -> Duration {
+    let secs = status.details.as_ref().map_or(0, |d| d.retry_after_seconds);
+    if secs == 0 {
+        DEFAULT_RETRY_AFTER
+    } else {
+        Duration::from_secs(u64::from(secs)).min(MAX_RETRY_AFTER)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A Status as the apiserver sends it with a 429.
+    fn status(code: u16, retry_after_seconds: Option<u32>) -> Status {
+        let mut s = serde_json::json!({
+            "status": "Failure", "message": "too many requests", "reason": "TooManyRequests",
+            "code": code,
+        });
+        if let Some(secs) = retry_after_seconds {
+            s["details"] = serde_json::json!({"retryAfterSeconds": secs});
+        }
+        serde_json::from_value(s).expect("a Status")
+    }
+
+    #[test]
+    fn a_429_waits_what_the_server_asks_within_bounds() {
+        assert_eq!(retry_after(&status(429, Some(3))), Duration::from_secs(3));
+        assert_eq!(retry_after(&status(429, None)), DEFAULT_RETRY_AFTER);
+        assert_eq!(retry_after(&status(429, Some(0))), DEFAULT_RETRY_AFTER);
+        assert_eq!(retry_after(&status(429, Some(3600))), MAX_RETRY_AFTER);
+    }
+}
