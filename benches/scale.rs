@@ -7,11 +7,16 @@
 //!   the same W pods, and the ratio;
 //! - N pods deleted at once (64 deletes in flight): when each pool entry and reservation went;
 //! - N pods deleted while the controller was down: released after it is ready;
-//! - M deletions at R/s: deletion-to-release latency;
+//! - M deletions at R/s: deletion-to-release latency, in small and in large pools;
 //! - the controller's memory with F pods.
 //!
 //! `cargo bench --bench scale [-- --pods N --whereabouts-pods W --trickle M --rate R
-//! --footprint F --skip-whereabouts]`
+//! --footprint F --phases whereabouts,mass,restart,steady,footprint --steady-keepers K,...
+//! --controller-arg FLAG...]` (defaults: 2000, 100, 1000, 50, 20000, all phases, 64,600,
+//! ipreclaim's default flags). Each phase has 4 pools of its own; live pods ("keepers") in
+//! them: W in the side-by-side, N/10 in the mass delete, 1.2 N in the restart (more than it
+//! deletes: the sweep's breaker holds a pool it would free more than half of), K per pool in
+//! each steady run; the pool patch's cost at the apiserver grows with the pool.
 
 mod common;
 
@@ -30,7 +35,7 @@ use ipreclaim::api::{
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use testenv::ControlPlane;
 
 const POOLS: usize = 4;
@@ -44,7 +49,11 @@ struct Options {
     trickle: usize,
     rate: f64,
     footprint: usize,
-    skip_whereabouts: bool,
+    phases: Vec<String>,
+    /// Live pods per pool in the steady phase, one run each.
+    steady_keepers: Vec<usize>,
+    /// Flags added to ipreclaim's defaults.
+    controller_args: Vec<String>,
 }
 
 fn options() -> anyhow::Result<Options> {
@@ -54,9 +63,22 @@ fn options() -> anyhow::Result<Options> {
         trickle: 1000,
         rate: 50.0,
         footprint: 20_000,
-        skip_whereabouts: false,
+        phases: ["whereabouts", "mass", "restart", "steady", "footprint"]
+            .map(String::from)
+            .to_vec(),
+        steady_keepers: vec![64, 600],
+        controller_args: Vec::new(),
     };
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    // `--flag=value` as well as `--flag value`.
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .flat_map(|a| match a.split_once('=') {
+            Some((flag, value)) if flag.starts_with("--") && !flag.contains(' ') => {
+                vec![flag.to_string(), value.to_string()]
+            }
+            _ => vec![a],
+        })
+        .collect();
     let mut i = 0;
     while i < args.len() {
         let value = || args.get(i + 1).context("a flag without its value");
@@ -66,11 +88,14 @@ fn options() -> anyhow::Result<Options> {
             "--trickle" => o.trickle = value()?.parse()?,
             "--rate" => o.rate = value()?.parse()?,
             "--footprint" => o.footprint = value()?.parse()?,
-            "--skip-whereabouts" => {
-                o.skip_whereabouts = true;
-                i += 1;
-                continue;
+            "--phases" => o.phases = value()?.split(',').map(String::from).collect(),
+            "--steady-keepers" => {
+                o.steady_keepers = value()?
+                    .split(',')
+                    .map(str::parse)
+                    .collect::<Result<_, _>>()?
             }
+            "--controller-arg" => o.controller_args.push(value()?.clone()),
             // cargo bench passes --bench.
             _ => {
                 i += 1;
@@ -125,12 +150,18 @@ struct Tracker {
     /// Keepers' entries and reservations: must never go.
     keeper_entries: HashSet<(String, String)>,
     keeper_reservations: HashSet<String>,
+    /// The entries of each pool as last watched.
+    current: HashMap<String, HashSet<String>>,
     violations: Vec<String>,
 }
 
 impl Tracker {
     fn pool_seen(&mut self, pool: &IPPool, now: Instant) {
         let name = pool.metadata.name.clone().unwrap_or_default();
+        self.current.insert(
+            name.clone(),
+            pool.spec.allocations.keys().cloned().collect(),
+        );
         let present =
             |key: &(String, String)| key.0 != name || pool.spec.allocations.contains_key(&key.1);
         for (key, (seen, gone)) in self.entries.iter_mut() {
@@ -169,8 +200,12 @@ struct Bench {
     client: Client,
     ns: String,
     tracker: Arc<Mutex<Tracker>>,
+    /// Pools made so far (pool `g` is 10.(20+g).0.0/18).
+    pools_made: usize,
+    /// The pools of the current phase.
+    in_use: Vec<usize>,
     /// Next free offset per pool.
-    next_offset: Vec<usize>,
+    next_offset: HashMap<usize, usize>,
     rounds: usize,
 }
 
@@ -199,21 +234,14 @@ impl Proc {
     }
     /// User + system CPU seconds so far.
     fn cpu_seconds(&self) -> f64 {
-        let stat =
-            std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
-        // Fields after the command name (which may hold spaces) start at ") ".
-        let rest = stat.rsplit_once(") ").map_or("", |(_, r)| r);
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-        // utime and stime are fields 14 and 15, i.e. 11 and 12 after the state field.
-        (ticks(11) + ticks(12)) / 100.0
+        cpu_seconds_of(self.child.id())
     }
     fn stop(mut self) {
         // SIGTERM first: a clean shutdown, as a rollout does.
         let _ = Command::new("kill")
             .arg(self.child.id().to_string())
             .status();
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + Duration::from_secs(3);
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {
                 return;
@@ -256,12 +284,38 @@ impl Bench {
             },
             ..Default::default()
         };
-        Api::<Node>::all(client.clone())
-            .create(&PostParams::default(), &node)
+        let nodes = Api::<Node>::all(client.clone());
+        nodes.create(&PostParams::default(), &node).await?;
+        // Ready, as a kubelet reports it: a pod of a node that is not Ready is fenced.
+        let ready = serde_json::json!({"status": {"conditions": [{
+            "type": "Ready", "status": "True", "reason": "KubeletReady",
+            "lastHeartbeatTime": jiff::Timestamp::now().to_string(),
+            "lastTransitionTime": jiff::Timestamp::now().to_string(),
+        }]}});
+        nodes
+            .patch_status(NODE, &PatchParams::default(), &Patch::Merge(ready))
             .await?;
-        let nads: Api<NetworkAttachmentDefinition> = Api::namespaced(client.clone(), &ns);
-        let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
-        for p in 0..POOLS {
+        let bench = Bench {
+            cp,
+            client,
+            ns,
+            tracker: Default::default(),
+            pools_made: 0,
+            in_use: Vec::new(),
+            next_offset: HashMap::new(),
+            rounds: 0,
+        };
+        bench.watch();
+        Ok(bench)
+    }
+
+    /// A new set of `POOLS` empty pools, each with its NAD, for the next phase: each phase
+    /// has pools of its own size.
+    async fn new_pools(&mut self) -> anyhow::Result<()> {
+        let nads: Api<NetworkAttachmentDefinition> = Api::namespaced(self.client.clone(), &self.ns);
+        self.in_use = (self.pools_made..self.pools_made + POOLS).collect();
+        self.pools_made += POOLS;
+        for &p in &self.in_use {
             let config = serde_json::json!({
                 "cniVersion": "0.3.1", "name": network(p), "type": "macvlan", "master": "eth0",
                 "ipam": {"type": "whereabouts", "range": range(p),
@@ -278,27 +332,29 @@ impl Bench {
                 range: range(p),
                 allocations: BTreeMap::new(),
             };
-            pools
+            self.pools()
                 .create(&PostParams::default(), &IPPool::new(&pool_name(p), spec))
                 .await?;
         }
-        let bench = Bench {
-            cp,
-            client,
-            ns,
-            tracker: Default::default(),
-            next_offset: vec![1; POOLS],
-            rounds: 0,
-        };
-        bench.watch();
-        Ok(bench)
+        Ok(())
+    }
+
+    /// Allocations in each pool in use, as last watched.
+    fn pool_sizes(&self) -> Vec<usize> {
+        let t = self.tracker.lock().unwrap();
+        self.in_use
+            .iter()
+            .map(|p| t.current.get(&pool_name(*p)).map_or(0, HashSet::len))
+            .collect()
     }
 
     /// Follows pools and reservations into the tracker for the whole run.
     fn watch(&self) {
         let (pools, tracker) = (self.pools(), self.tracker.clone());
         tokio::spawn(async move {
-            let mut events = watcher::watcher(pools, watcher::Config::default()).boxed();
+            let mut events = watcher::watcher(pools, watcher::Config::default())
+                .default_backoff()
+                .boxed();
             while let Some(e) = events.next().await {
                 if let Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) = e {
                     tracker.lock().unwrap().pool_seen(&p, Instant::now());
@@ -307,7 +363,9 @@ impl Bench {
         });
         let (reservations, tracker) = (self.reservations(), self.tracker.clone());
         tokio::spawn(async move {
-            let mut events = watcher::watcher(reservations, watcher::Config::default()).boxed();
+            let mut events = watcher::watcher(reservations, watcher::Config::default())
+                .default_backoff()
+                .boxed();
             while let Some(e) = events.next().await {
                 if let Ok(watcher::Event::Delete(r)) = e {
                     let name = r.metadata.name.unwrap_or_default();
@@ -337,9 +395,10 @@ impl Bench {
         let prefix = if keep { "k" } else { "v" };
         let mut allocs = Vec::with_capacity(n);
         for i in 0..n {
-            let pool = i % POOLS;
-            let offset = self.next_offset[pool];
-            self.next_offset[pool] += 1;
+            let pool = self.in_use[i % self.in_use.len()];
+            let next = self.next_offset.entry(pool).or_insert(1);
+            let offset = *next;
+            *next += 1;
             allocs.push(Alloc {
                 pod: format!("{prefix}{}-{i}", self.rounds),
                 pool,
@@ -358,7 +417,7 @@ impl Bench {
             .try_collect::<Vec<_>>()
             .await
             .context("creating pods")?;
-        for p in 0..POOLS {
+        for &p in &self.in_use {
             let entries: serde_json::Map<String, serde_json::Value> = allocs
                 .iter()
                 .filter(|a| a.pool == p)
@@ -418,7 +477,11 @@ impl Bench {
     /// Starts tracking `victims` (their entries and reservations exist now).
     fn track(&self, victims: &[Alloc]) {
         let mut t = self.tracker.lock().unwrap();
-        t.entries = victims.iter().map(|a| (a.key(), (false, None))).collect();
+        let seen = |k: &(String, String)| t.current.get(&k.0).is_some_and(|p| p.contains(&k.1));
+        t.entries = victims
+            .iter()
+            .map(|a| (a.key(), (seen(&a.key()), None)))
+            .collect();
         t.reservations = victims.iter().map(|a| (a.reservation(), None)).collect();
     }
 
@@ -478,7 +541,10 @@ impl Bench {
     }
 
     /// The ipreclaim controller as its own process, default flags, one replica.
-    async fn start_ipreclaim(&self) -> anyhow::Result<(Proc, std::net::SocketAddr)> {
+    async fn start_ipreclaim(
+        &self,
+        extra: &[String],
+    ) -> anyhow::Result<(Proc, std::net::SocketAddr)> {
         let port = testenv::procs::free_port()?;
         let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse()?;
         let log = std::fs::File::create(self.cp.dir().join(format!("ipreclaim-{port}.log")))?;
@@ -489,6 +555,7 @@ impl Bench {
                 "--leader-election=false",
                 &format!("--metrics-addr={addr}"),
             ])
+            .args(extra)
             .env("KUBECONFIG", self.cp.kubeconfig_path())
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
@@ -586,13 +653,15 @@ fn pod(ns: &str, a: &Alloc) -> Pod {
     p
 }
 
-/// Pool patches, reservation deletes and 429s counted by the controller.
-async fn writes(addr: std::net::SocketAddr) -> (f64, f64, f64) {
+/// Pool patches, reservation deletes, 429s, and the patches' summed seconds as counted by
+/// the controller.
+async fn writes(addr: std::net::SocketAddr) -> (f64, f64, f64, f64) {
     let text = common::metrics_text(addr).await;
     (
         common::metric(&text, "ipreclaim_api_writes_total{verb=\"patch\"}"),
         common::metric(&text, "ipreclaim_api_writes_total{verb=\"delete\"}"),
         common::metric(&text, "ipreclaim_api_throttled_total"),
+        common::metric(&text, "ipreclaim_pool_patch_duration_seconds_sum"),
     )
 }
 
@@ -612,7 +681,7 @@ async fn delete_at_once(
 ) -> anyhow::Result<f64> {
     let victims = bench.add(n, false).await?;
     bench.track(&victims);
-    let cpu_before = releaser.cpu_seconds();
+    let cpu_before = (releaser.cpu_seconds(), control_plane_cpu(&bench.cp));
     let start = Instant::now();
     let last_delete = bench.delete_all(&victims).await?;
     let r = bench.released(start, timeout).await?;
@@ -627,9 +696,10 @@ async fn delete_at_once(
         r.last_reservation() - deleted,
     );
     println!(
-        "{label}: {} CPU {:.1}s, RSS {:.1} MiB (peak {:.1} MiB), {:.1} addresses/s",
+        "{label}: {} CPU {:.1}s (apiserver+etcd {:.1}s), RSS {:.1} MiB (peak {:.1} MiB), {:.1} addresses/s",
         releaser.name,
-        releaser.cpu_seconds() - cpu_before,
+        releaser.cpu_seconds() - cpu_before.0,
+        control_plane_cpu(&bench.cp) - cpu_before.1,
         releaser.rss_mib(),
         releaser.peak_rss_mib(),
         n as f64 / all,
@@ -637,52 +707,80 @@ async fn delete_at_once(
     Ok(all)
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let o = options()?;
-    let mut bench = Bench::start().await?;
-    // Keepers: live pods with allocations and reservations in every pool, more than any
-    // phase deletes, so the sweep's breaker (half a pool) never holds a phase.
-    bench.add(o.pods + o.pods / 5, true).await?;
-
-    if o.skip_whereabouts {
-        println!("whereabouts: skipped (--skip-whereabouts)");
-    } else {
-        let w = o.whereabouts_pods;
-        println!(
-            "whereabouts: its ip-control-loop takes about 0.8 s per address here, so this phase uses {w} pods (--whereabouts-pods), not {}",
-            o.pods
-        );
-        let loop_ = bench.start_whereabouts().await?;
-        let wt = delete_at_once(
-            &mut bench,
-            "whereabouts ip-control-loop",
-            w,
-            &loop_,
-            Duration::from_secs(60 + 5 * w as u64),
-        )
-        .await?;
-        loop_.stop();
-        let (ipreclaim, _) = bench.start_ipreclaim().await?;
-        let it = delete_at_once(
-            &mut bench,
-            "ipreclaim (same workload)",
-            w,
-            &ipreclaim,
-            Duration::from_secs(120),
-        )
-        .await?;
-        ipreclaim.stop();
-        println!(
-            "ratio: on {w} pods with reservations, whereabouts took {wt:.1}s and ipreclaim {it:.2}s to free every entry and reservation: {:.0}x",
-            wt / it
-        );
+/// CPU seconds used so far by the control plane's processes (kube-apiserver, etcd).
+fn control_plane_cpu(cp: &ControlPlane) -> f64 {
+    let dir = cp.dir().to_string_lossy().into_owned();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return f64::NAN;
+    };
+    let mut total = 0.0;
+    for e in entries.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(&dir) {
+            total += cpu_seconds_of(pid);
+        }
     }
+    total
+}
 
-    let (ipreclaim, addr) = bench.start_ipreclaim().await?;
+/// User + system CPU seconds of process `pid` so far.
+fn cpu_seconds_of(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces) start at ") ".
+    let rest = stat.rsplit_once(") ").map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 of the line, 11 and 12 after the state field.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// whereabouts' ip-control-loop, then ipreclaim, on the same `w` pods; prints the ratio.
+async fn side_by_side(bench: &mut Bench, o: &Options) -> anyhow::Result<()> {
+    let w = o.whereabouts_pods;
+    bench.new_pools().await?;
+    bench.add(w, true).await?;
+    println!(
+        "whereabouts: its ip-control-loop takes about 0.8 s per address here, so this phase uses {w} pods (--whereabouts-pods), not {}",
+        o.pods
+    );
+    let control_loop = bench.start_whereabouts().await?;
+    let wt = delete_at_once(
+        bench,
+        "whereabouts ip-control-loop",
+        w,
+        &control_loop,
+        Duration::from_secs(60 + 5 * w as u64),
+    )
+    .await?;
+    control_loop.stop();
+    let (ipreclaim, _) = bench.start_ipreclaim(&o.controller_args).await?;
+    let it = delete_at_once(
+        bench,
+        "ipreclaim (same workload)",
+        w,
+        &ipreclaim,
+        Duration::from_secs(120),
+    )
+    .await?;
+    ipreclaim.stop();
+    println!(
+        "ratio: on {w} pods with reservations, whereabouts took {wt:.1}s and ipreclaim {it:.2}s to free every entry and reservation: {:.0}x",
+        wt / it
+    );
+    Ok(())
+}
+
+/// `n` pods deleted at once with the controller running.
+async fn mass(bench: &mut Bench, o: &Options) -> anyhow::Result<()> {
+    bench.new_pools().await?;
+    bench.add(o.pods / 10, true).await?;
+    let (ipreclaim, addr) = bench.start_ipreclaim(&o.controller_args).await?;
     let before = writes(addr).await;
     delete_at_once(
-        &mut bench,
+        bench,
         "mass delete",
         o.pods,
         &ipreclaim,
@@ -692,17 +790,25 @@ async fn main() -> anyhow::Result<()> {
     let after = writes(addr).await;
     let (patches, deletes) = (after.0 - before.0, after.1 - before.1);
     println!(
-        "mass delete: {patches} pool patches ({:.3} per address), {deletes} reservation deletes, {} answered 429",
+        "mass delete: {patches} pool patches ({:.3} per address, {:.0} ms each on average), {deletes} reservation deletes, {} answered 429",
         patches / o.pods as f64,
+        (after.3 - before.3) / patches * 1000.0,
         after.2 - before.2,
     );
+    ipreclaim.stop();
+    Ok(())
+}
 
-    // Down while the pods go.
+/// `n` pods deleted while the controller is down, released after it starts.
+async fn restart(bench: &mut Bench, o: &Options) -> anyhow::Result<()> {
+    // More keepers than victims: the sweep's breaker holds a pool it would free more than
+    // half of (--max-release-ratio), and pods gone while it was down are the sweep's.
+    bench.new_pools().await?;
+    bench.add(o.pods + o.pods / 5, true).await?;
     let victims = bench.add(o.pods, false).await?;
     bench.track(&victims);
-    ipreclaim.stop();
     bench.delete_all(&victims).await?;
-    let (ipreclaim, addr) = bench.start_ipreclaim().await?;
+    let (ipreclaim, _) = bench.start_ipreclaim(&o.controller_args).await?;
     let ready = Instant::now();
     let r = bench.released(ready, Duration::from_secs(300)).await?;
     println!(
@@ -712,14 +818,26 @@ async fn main() -> anyhow::Result<()> {
         median(&r.entries),
         r.last_reservation(),
     );
+    ipreclaim.stop();
+    Ok(())
+}
 
-    // A steady rate: latency of each pod's release from its delete request.
+/// Deletions at a steady rate: latency of each pod's release from its delete request, in
+/// pools with `keepers` live pods each.
+async fn steady(bench: &mut Bench, o: &Options, keepers: usize) -> anyhow::Result<()> {
+    bench.new_pools().await?;
+    bench.add(keepers * POOLS, true).await?;
+    let (ipreclaim, addr) = bench.start_ipreclaim(&o.controller_args).await?;
     let victims = bench.add(o.trickle, false).await?;
+    println!(
+        "steady: pools of {:?} entries ({keepers} live pods each, the rest to delete)",
+        bench.pool_sizes()
+    );
     bench.track(&victims);
     let before = writes(addr).await;
+    let cpu = (ipreclaim.cpu_seconds(), control_plane_cpu(&bench.cp));
     let sent: Arc<Mutex<HashMap<(String, String), Instant>>> = Default::default();
-    let period = Duration::from_secs_f64(1.0 / o.rate);
-    let mut tick = tokio::time::interval(period);
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / o.rate));
     let mut deletes = Vec::new();
     for a in victims.clone() {
         tick.tick().await;
@@ -750,18 +868,27 @@ async fn main() -> anyhow::Result<()> {
     };
     let after = writes(addr).await;
     println!(
-        "steady: {} deletions at {}/s; delete request to pool entry freed: p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms; {} pool patches, {} reservation deletes",
+        "steady: {} deletions at {}/s; delete request to pool entry freed: p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms; {} pool patches ({:.0} ms each on average), {} reservation deletes; CPU: ipreclaim {:.1}s, apiserver+etcd {:.1}s",
         o.trickle,
         o.rate,
         common::quantile(&mut latency, 0.5) * 1000.0,
         common::quantile(&mut latency, 0.99) * 1000.0,
         common::quantile(&mut latency, 1.0) * 1000.0,
         after.0 - before.0,
+        (after.3 - before.3) / (after.0 - before.0) * 1000.0,
         after.1 - before.1,
+        ipreclaim.cpu_seconds() - cpu.0,
+        control_plane_cpu(&bench.cp) - cpu.1,
     );
+    ipreclaim.stop();
+    Ok(())
+}
 
-    // Memory with many pods cached.
-    let have = o.pods + o.pods / 5;
+/// The controller's memory with `footprint` pods (with allocations and reservations).
+async fn footprint(bench: &mut Bench, o: &Options) -> anyhow::Result<()> {
+    bench.new_pools().await?;
+    let (ipreclaim, addr) = bench.start_ipreclaim(&o.controller_args).await?;
+    let have = bench.tracker.lock().unwrap().keeper_entries.len();
     if o.footprint > have {
         bench.add(o.footprint - have, true).await?;
     }
@@ -773,21 +900,61 @@ async fn main() -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    let cached_rss = ipreclaim.rss_mib();
+    // RSS settles after a sweep, which gives back what the reads left free.
+    let sweeps = |text: &str| common::metric(text, "ipreclaim_sweep_duration_seconds_count");
+    let before = sweeps(&common::metrics_text(addr).await);
+    while sweeps(&common::metrics_text(addr).await) <= before {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     println!(
-        "footprint: controller RSS with {} pods, allocations and reservations cached: {:.1} MiB (peak over the whole run {:.1} MiB)",
+        "footprint: controller RSS with {} pods, their allocations and reservations cached: {:.1} MiB after the next sweep ({cached_rss:.1} MiB when the last was cached, peak {:.1} MiB)",
         o.footprint,
         ipreclaim.rss_mib(),
         ipreclaim.peak_rss_mib(),
     );
-    let violations = bench.tracker.lock().unwrap().violations.clone();
+    ipreclaim.stop();
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let result = run().await;
+    if let Err(e) = &result {
+        eprintln!("scale: {e:#}");
+    }
+    // The watch tasks would outlive the control plane (dropped with the bench) and retry it.
+    std::process::exit(i32::from(result.is_err()));
+}
+
+async fn run() -> anyhow::Result<()> {
+    let o = options()?;
+    let mut bench = Bench::start().await?;
+    if !o.controller_args.is_empty() {
+        println!("ipreclaim flags: defaults but {:?}", o.controller_args);
+    }
+    for phase in &o.phases {
+        match phase.as_str() {
+            "whereabouts" => side_by_side(&mut bench, &o).await?,
+            "mass" => mass(&mut bench, &o).await?,
+            "restart" => restart(&mut bench, &o).await?,
+            "steady" => {
+                for &keepers in &o.steady_keepers {
+                    steady(&mut bench, &o, keepers).await?;
+                }
+            }
+            "footprint" => footprint(&mut bench, &o).await?,
+            other => bail!("no phase {other:?} (whereabouts, mass, restart, steady, footprint)"),
+        }
+    }
+    let t = bench.tracker.lock().unwrap();
     println!(
         "keepers: {} live pods' entries and reservations checked through every phase; {} freed",
-        bench.tracker.lock().unwrap().keeper_entries.len(),
-        violations.len()
+        t.keeper_entries.len(),
+        t.violations.len()
     );
-    ipreclaim.stop();
-    if !violations.is_empty() {
-        bail!("live addresses freed: {violations:?}");
+    if !t.violations.is_empty() {
+        bail!("live addresses freed: {:?}", t.violations);
     }
     Ok(())
 }

@@ -101,10 +101,13 @@ async fn run_scan(
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
-        Command::Controller(args) => tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()?
-            .block_on(run_controller(*args))?,
+        Command::Controller(args) => {
+            ipreclaim::controller::limit_malloc_arenas();
+            tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?
+                .block_on(run_controller(*args))?
+        }
         Command::NodeAgent(args) => tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()

@@ -110,7 +110,7 @@ pub async fn scan(
         Err(e) => tracing::warn!(error = %e, "cannot list NetworkAttachmentDefinitions"),
     }
     let mut rows: Vec<ScanRow> = state
-        .judge_all(&reclaim)
+        .judge_leaks(&reclaim)
         .into_iter()
         .filter_map(|j| {
             let (decision, reason) = match j.decision {

@@ -164,6 +164,26 @@ pub struct Running {
     pub state: Arc<RwLock<State>>,
 }
 
+/// Two malloc arenas, not eight per core: the controller's threads mostly wait, and every
+/// arena keeps its own free memory.
+pub fn limit_malloc_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes allocator tuning; called before the runtime starts threads.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+    }
+}
+
+/// Hands the memory freed after large transient reads (the initial lists, a sweep) back to
+/// the system: glibc keeps freed heap otherwise, and RSS is what a memory limit counts.
+fn return_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only gives free pages of the heap back; it touches no live memory.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// A leader-election identity unique to this run (like client-go's hostname + "_" + uuid):
 /// a restarted replica must not mistake its predecessor's lease for its own.
 fn identity() -> String {
@@ -343,6 +363,7 @@ pub async fn run(
         // sweep's (grace, a fresh list, the breaker), which runs at once.
         health.set_ready(true);
         tracing::info!("caches synced; ready");
+        return_free_memory();
         // Many workers: each waits on the writer, which batches what they hand in together.
         for _ in 0..DELETION_WORKERS {
             tasks.push(tokio::spawn(
@@ -435,6 +456,7 @@ pub async fn run(
                 }
             }
             metrics.queue_depth.set(queue.len() as i64);
+            return_free_memory();
             if *leader.borrow() {
                 let report = sweeper.sweep().await;
                 tracing::debug!(?report, "sweep done");

@@ -116,7 +116,9 @@ pub struct State {
     terminal: HashSet<String>,
     tombstones: HashMap<String, Vec<Tombstone>>,
     pools: HashMap<String, PoolInfo>,
-    by_podref: HashMap<String, HashSet<(String, String)>>,
+    /// (pool, key) of each podref's allocations: a Vec, as a pod has one or two (20,000 small
+    /// sets would cost megabytes).
+    by_podref: HashMap<String, Vec<(String, String)>>,
     /// Pool name -> networks (`ns/nad`) that allocate from it.
     pool_networks: HashMap<String, Vec<String>>,
     /// NAD (`ns/name`) -> pool names it maps to.
@@ -134,7 +136,7 @@ pub struct State {
     invalid: BTreeMap<InvalidKey, InvalidObject>,
     /// When each podref's network-status last listed each address: any such observation
     /// restarts a leak's grace, not only the sweep's samples.
-    listed_at: HashMap<String, HashMap<IpAddr, Instant>>,
+    listed_at: HashMap<String, Vec<(IpAddr, Instant)>>,
 }
 
 fn networks_of(
@@ -160,10 +162,31 @@ impl State {
         now: Instant,
     ) -> Option<Tombstone> {
         let (networks, malformed_status) = networks_of(annotations);
-        if let Some(nets) = &networks {
-            let listed = self.listed_at.entry(podref.to_owned()).or_default();
-            for ip in nets.iter().flat_map(|n| n.ips.iter()) {
-                listed.insert(*ip, now);
+        // An address the same pod listed and lists no more was listed until now: the leak
+        // grace of that address starts again. (While listed it is kept anyway, so only drops
+        // are recorded: a record per pod would cost megabytes at scale.)
+        if let Some(old) = self.live.get(podref).filter(|l| l.uid == uid)
+            && let Some(old_nets) = &old.networks
+        {
+            let lists = |ip: &IpAddr| {
+                networks
+                    .as_deref()
+                    .is_some_and(|n| n.iter().any(|n| n.ips.contains(ip)))
+            };
+            let dropped: Vec<IpAddr> = old_nets
+                .iter()
+                .flat_map(|n| n.ips.iter())
+                .filter(|ip| !lists(ip))
+                .copied()
+                .collect();
+            if !dropped.is_empty() {
+                let listed = self.listed_at.entry(podref.to_owned()).or_default();
+                for ip in dropped {
+                    match listed.iter_mut().find(|(i, _)| *i == ip) {
+                        Some((_, at)) => *at = now,
+                        None => listed.push((ip, now)),
+                    }
+                }
             }
         }
         let info = LiveInfo {
@@ -333,15 +356,16 @@ impl State {
             .is_some_and(|ts| ts.iter().any(|t| t.networks.is_none()))
     }
 
-    /// When a pod of `podref` last listed `ip` in its network-status.
+    /// When a pod of `podref` last stopped listing `ip` in its network-status.
     pub fn last_listed(&self, podref: &str, ip: IpAddr) -> Option<Instant> {
-        self.listed_at.get(podref)?.get(&ip).copied()
+        let listed = self.listed_at.get(podref)?;
+        listed.iter().find(|(i, _)| *i == ip).map(|(_, at)| *at)
     }
 
     /// Forgets listings older than `before`.
     pub fn expire_listings(&mut self, before: Instant) {
         self.listed_at.retain(|_, ips| {
-            ips.retain(|_, at| *at >= before);
+            ips.retain(|(_, at)| *at >= before);
             !ips.is_empty()
         });
     }
@@ -413,10 +437,11 @@ impl State {
                 ));
                 continue;
             }
-            self.by_podref
-                .entry(e.podref.clone())
-                .or_default()
-                .insert((name.clone(), e.key.clone()));
+            let keys = self.by_podref.entry(e.podref.clone()).or_default();
+            let key = (name.clone(), e.key.clone());
+            if !keys.contains(&key) {
+                keys.push(key);
+            }
             by_key.insert(e.key.clone(), e);
         }
         self.pools.insert(
@@ -481,7 +506,7 @@ impl State {
         if let Some(old) = self.pools.remove(name) {
             for e in old.entries.values() {
                 if let Some(set) = self.by_podref.get_mut(&e.podref) {
-                    set.remove(&(name.to_owned(), e.key.clone()));
+                    set.retain(|(p, k)| (p.as_str(), k) != (name, &e.key));
                     if set.is_empty() {
                         self.by_podref.remove(&e.podref);
                     }
@@ -496,7 +521,7 @@ impl State {
             && let Some(e) = p.entries.remove(key)
             && let Some(set) = self.by_podref.get_mut(&e.podref)
         {
-            set.remove(&(pool.to_owned(), key.to_owned()));
+            set.retain(|(p, k)| (p.as_str(), k.as_str()) != (pool, key));
             if set.is_empty() {
                 self.by_podref.remove(&e.podref);
             }
@@ -653,6 +678,21 @@ impl State {
             }
         }
         out.sort_by(|a, b| (&a.pool, &a.entry.key).cmp(&(&b.pool, &b.entry.key)));
+        out
+    }
+
+    /// Every allocation that is not kept: releases and leak candidates (the sweep's and
+    /// `scan`'s work; without materializing the kept majority, which at scale is most).
+    pub fn judge_leaks(&self, config: &ReclaimConfig) -> Vec<Judged> {
+        let mut out = Vec::new();
+        for (name, pool) in &self.pools {
+            for entry in pool.entries.values() {
+                let j = self.judge(name, entry, config);
+                if !matches!(j.decision, Decision::Keep(_)) {
+                    out.push(j);
+                }
+            }
+        }
         out
     }
 

@@ -75,7 +75,7 @@ impl Sweeper {
                 .map(|(n, p)| (n.clone(), (p.entries.len(), p.uid.clone())))
                 .collect();
             let judged: Vec<(Judged, Option<Instant>)> = st
-                .judge_all(&self.config.reclaim)
+                .judge_leaks(&self.config.reclaim)
                 .into_iter()
                 .map(|j| {
                     let listed = st.last_listed(&j.entry.podref, j.entry.ip);

@@ -108,7 +108,7 @@ impl PodRelist {
         match event {
             Event::Init => {
                 self.before = Some(st.live_pods());
-                self.relisted.clear();
+                self.relisted = HashSet::new();
             }
             Event::InitApply(p) | Event::Apply(p) => {
                 let Some((podref, uid)) = podref_of(&p.metadata) else {
@@ -140,7 +140,8 @@ impl PodRelist {
                         out.enqueue.push(podref);
                     }
                 }
-                self.relisted.clear();
+                // Dropped, not cleared: a cleared set keeps its table (megabytes at scale).
+                self.relisted = HashSet::new();
             }
         }
         out

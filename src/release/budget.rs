@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use kube::core::Status;
 use podlife::clock::SharedClock;
-use podlife::priority::PriorityThrottle;
-use podlife::throttle::{InFlightPermit, Parallelism, TokenBucket};
+use podlife::priority::{PriorityPermit, PriorityThrottle};
+use podlife::throttle::{Parallelism, TokenBucket};
 
 use crate::telemetry::WriteMetrics;
 
@@ -83,7 +83,7 @@ impl Budgets {
     }
 
     /// Waits until a write of `kind` may go: its own rate, then the shared cap.
-    pub async fn admit(&self, kind: WriteKind) -> InFlightPermit {
+    pub async fn admit(&self, kind: WriteKind) -> PriorityPermit {
         match kind {
             WriteKind::Pool => self.0.pools.acquire().await,
             WriteKind::Reservation => self.0.reservations.acquire().await,

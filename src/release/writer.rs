@@ -26,8 +26,13 @@ use crate::telemetry::WriteMetrics;
 
 /// Most releases in one batch.
 const MAX_BATCH: usize = 1000;
+/// A patch of at least this many entries means a burst: the pool's next patch waits
+/// `BURST_SLOWDOWN` intervals, so a mass deletion leaves in fewer, larger patches (each costs
+/// the apiserver about as much as the whole pool, whatever it removes).
+const BURST: usize = 16;
+const BURST_SLOWDOWN: u32 = 4;
 /// Reservation deletes sent at once at most (the shared in-flight cap may allow fewer).
-const RESERVATION_DELETERS: usize = 64;
+const RESERVATION_DELETERS: usize = 16;
 
 type Outcome = Result<ReleaseOutcome, ReleaseError>;
 type Reply = oneshot::Sender<Outcome>;
@@ -148,8 +153,9 @@ impl WriterHandle {
 
 /// Starts the batcher and the reservation deleter; they run until every handle is dropped.
 /// At most one patch per pool is in flight, and a pool is patched at most once per
-/// `patch_interval`; what arrives meanwhile for that pool goes out as the next patch, so a
-/// burst of deletions becomes a few large patches while a lone deletion goes out at once.
+/// `patch_interval` (four after a patch of a burst); what arrives meanwhile for that pool goes
+/// out as the next patch, so a burst of deletions becomes a few large patches while a lone
+/// deletion goes out at once.
 pub fn spawn(writer: Arc<Writer>) -> WriterHandle {
     let (tx, rx) = mpsc::channel::<(ReleaseRequest, Reply)>(4 * MAX_BATCH);
     let (res_tx, res_rx) = mpsc::unbounded_channel();
@@ -171,12 +177,13 @@ async fn batch(
 ) {
     let mut pending: BTreeMap<String, Vec<(ReleaseRequest, Reply)>> = BTreeMap::new();
     let mut in_flight: HashSet<String> = HashSet::new();
-    let mut last_sent: HashMap<String, Instant> = HashMap::new();
+    // When each pool was last patched, and how long its next patch waits after that.
+    let mut last_sent: HashMap<String, (Instant, Duration)> = HashMap::new();
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<String>();
     let mut open = true;
     loop {
         let now = Instant::now();
-        let due = |pool: &String| last_sent.get(pool).map(|t| *t + writer.patch_interval);
+        let due = |pool: &String| last_sent.get(pool).map(|(t, wait)| *t + *wait);
         // The soonest a waiting pool may be patched again.
         let next = pending
             .keys()
@@ -196,8 +203,13 @@ async fn batch(
             if items.len() > MAX_BATCH {
                 pending.insert(pool.clone(), items.split_off(MAX_BATCH));
             }
+            let wait = if items.len() >= BURST {
+                writer.patch_interval * BURST_SLOWDOWN
+            } else {
+                writer.patch_interval
+            };
             in_flight.insert(pool.clone());
-            last_sent.insert(pool.clone(), now);
+            last_sent.insert(pool.clone(), (now, wait));
             let (w, done, res) = (writer.clone(), done_tx.clone(), reservations.clone());
             tokio::spawn(async move {
                 for r in w.release_pool(&pool, items).await {
@@ -207,7 +219,7 @@ async fn batch(
             });
         }
         // Forget pools not written for a while (the interval has long passed).
-        last_sent.retain(|_, t| now.saturating_duration_since(*t) < writer.patch_interval);
+        last_sent.retain(|_, (t, wait)| now.saturating_duration_since(*t) < *wait);
         if !open && in_flight.is_empty() && pending.is_empty() {
             return;
         }
@@ -385,12 +397,20 @@ impl Writer {
         let patch: json_patch::Patch =
             serde_json::from_value(patch).map_err(kube::Error::SerdeError)?;
         let pools = self.pools();
+        self.metrics.pool_patch_entries.observe(batch.len() as f64);
         self.budgets
             .send(WriteKind::Pool, || {
                 self.metrics.write("patch");
                 let patch = Patch::<()>::Json(patch.clone());
-                let pools = pools.clone();
-                async move { pools.patch(pool, &PatchParams::default(), &patch).await }
+                let (pools, metrics) = (pools.clone(), self.metrics.clone());
+                async move {
+                    let started = Instant::now();
+                    let result = pools.patch(pool, &PatchParams::default(), &patch).await;
+                    metrics
+                        .pool_patch_seconds
+                        .observe(started.elapsed().as_secs_f64());
+                    result
+                }
             })
             .await
             .map(|_| ())

@@ -94,11 +94,17 @@ pub struct WriteMetrics {
     pub events_dropped: Counter,
     /// Writes the apiserver answered `429 Too Many Requests` (then paused and sent again).
     pub throttled: Counter,
+    /// Time of one pool patch request, in seconds (the apiserver's cost grows with the pool).
+    pub pool_patch_seconds: Histogram,
+    /// Entries released or fenced by one pool patch.
+    pub pool_patch_entries: Histogram,
 }
 
 const LATENCY_BUCKETS: [f64; 12] = [
     0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
+
+const BATCH_BUCKETS: [f64; 8] = [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 500.0];
 
 /// The causes [`WriteMetrics::failed`] is called with.
 pub const FAILURE_CAUSES: [&str; 4] = ["api", "conflict", "stopped", "reservation"];
@@ -116,6 +122,8 @@ impl WriteMetrics {
             events_published: Counter::default(),
             events_dropped: Counter::default(),
             throttled: Counter::default(),
+            pool_patch_seconds: Histogram::new(LATENCY_BUCKETS),
+            pool_patch_entries: Histogram::new(BATCH_BUCKETS),
         };
         r.register(
             "events_published",
@@ -126,6 +134,16 @@ impl WriteMetrics {
             "events_dropped",
             "Kubernetes Events dropped: queue full, or refused or failing for two minutes",
             m.events_dropped.clone(),
+        );
+        r.register(
+            "pool_patch_duration_seconds",
+            "Time of one pool patch request (the apiserver's cost grows with the pool's size)",
+            m.pool_patch_seconds.clone(),
+        );
+        r.register(
+            "pool_patch_entries",
+            "Entries released or fenced by one pool patch",
+            m.pool_patch_entries.clone(),
         );
         r.register(
             "api_throttled",

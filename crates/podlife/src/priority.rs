@@ -1,17 +1,20 @@
 //! One write budget shared by kinds of work of different urgency: a QPS/burst bucket and a
-//! max-in-flight limit where a token goes to the most urgent waiter, and which the server can
-//! pause (a `429 Too Many Requests` with `Retry-After`).
+//! max-in-flight limit where tokens and slots go to the most urgent waiter, and which the server
+//! can pause (a `429 Too Many Requests` with `Retry-After`).
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
 
 use crate::clock::SharedClock;
 use crate::throttle::{InFlightLimit, InFlightPermit, Parallelism, TokenBucket};
 
-/// How often a waiter looks again while more urgent work waits on an unlimited bucket.
-const UNLIMITED_POLL: Duration = Duration::from_millis(1);
-/// The longest a waiter sleeps before looking again.
+/// The shortest wait for a token.
+const MIN_POLL: Duration = Duration::from_millis(1);
+/// The longest a waiter sleeps before looking again (it is also woken when a slot frees or a
+/// more urgent waiter leaves).
 const MAX_POLL: Duration = Duration::from_millis(100);
 
 /// A budget whose tokens go to level 0 first, then 1, and so on.
@@ -21,22 +24,41 @@ pub struct PriorityThrottle {
     in_flight: InFlightLimit,
     waiting: Vec<AtomicUsize>,
     paused_until: Mutex<Option<Instant>>,
+    /// Woken when a slot frees or a waiter leaves.
+    changed: Arc<Notify>,
     clock: SharedClock,
 }
 
-/// Counts a waiter at its level while it waits for a token (also when its future is dropped).
-struct Waiting<'a>(&'a AtomicUsize);
+/// Held while a piece of work is in flight; dropping it frees the slot and wakes the waiters.
+#[derive(Debug)]
+pub struct PriorityPermit {
+    _slot: InFlightPermit,
+    changed: Arc<Notify>,
+}
+
+impl Drop for PriorityPermit {
+    fn drop(&mut self) {
+        self.changed.notify_waiters();
+    }
+}
+
+/// Counts a waiter at its level while it waits (also when its future is dropped).
+struct Waiting<'a> {
+    count: &'a AtomicUsize,
+    changed: &'a Notify,
+}
 
 impl<'a> Waiting<'a> {
-    fn enter(count: &'a AtomicUsize) -> Self {
+    fn enter(count: &'a AtomicUsize, changed: &'a Notify) -> Self {
         count.fetch_add(1, Ordering::SeqCst);
-        Waiting(count)
+        Waiting { count, changed }
     }
 }
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+        self.count.fetch_sub(1, Ordering::SeqCst);
+        self.changed.notify_waiters();
     }
 }
 
@@ -54,37 +76,44 @@ impl PriorityThrottle {
             in_flight: InFlightLimit::new(parallelism),
             waiting: (0..levels.max(1)).map(|_| AtomicUsize::new(0)).collect(),
             paused_until: Mutex::new(None),
+            changed: Arc::new(Notify::new()),
             clock,
         }
     }
 
-    /// Waits for a token, which no more urgent waiter wants, and then for a slot. `level` 0 is
-    /// the most urgent; levels past the last count as the last.
-    pub async fn acquire(&self, level: usize) -> InFlightPermit {
+    /// Waits until no more urgent work waits and both a slot and a token are there. `level` 0
+    /// is the most urgent; levels past the last count as the last.
+    pub async fn acquire(&self, level: usize) -> PriorityPermit {
         let level = level.min(self.waiting.len() - 1);
-        {
-            let _waiting = Waiting::enter(&self.waiting[level]);
-            loop {
-                let now = self.clock.now();
-                if let Some(until) = self.paused_until().filter(|u| *u > now) {
-                    self.clock.sleep_until(until).await;
-                    continue;
+        let _waiting = Waiting::enter(&self.waiting[level], &self.changed);
+        loop {
+            // Registered before looking, so a change after the look still wakes this waiter.
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let now = self.clock.now();
+            if let Some(until) = self.paused_until().filter(|u| *u > now) {
+                self.clock.sleep_until(until).await;
+                continue;
+            }
+            let urgent_waits = self.waiting[..level]
+                .iter()
+                .any(|w| w.load(Ordering::SeqCst) > 0);
+            let mut wait = MAX_POLL;
+            if !urgent_waits && let Some(slot) = self.in_flight.try_acquire() {
+                if self.bucket.try_accept() {
+                    return PriorityPermit {
+                        _slot: slot,
+                        changed: self.changed.clone(),
+                    };
                 }
-                let urgent_waits = self.waiting[..level]
-                    .iter()
-                    .any(|w| w.load(Ordering::SeqCst) > 0);
-                if !urgent_waits && self.bucket.try_accept() {
-                    break;
-                }
-                let poll = if self.bucket.is_unlimited() {
-                    UNLIMITED_POLL
-                } else {
-                    self.bucket.until_next_token().max(UNLIMITED_POLL)
-                };
-                self.clock.sleep_until(now + poll.min(MAX_POLL)).await;
+                wait = self.bucket.until_next_token().clamp(MIN_POLL, MAX_POLL);
+            }
+            tokio::select! {
+                () = &mut changed => {}
+                () = self.clock.sleep_until(now + wait) => {}
             }
         }
-        self.in_flight.acquire().await
     }
 
     /// Nothing is admitted for `d` from now (longer pauses win).
@@ -151,6 +180,30 @@ mod tests {
         clock.step(Duration::from_millis(100));
         assert_ready!(low.poll());
         assert_eq!(t.waiting(), [0, 0, 0]);
+    }
+
+    #[test]
+    fn a_freed_slot_goes_to_the_most_urgent_waiter() {
+        let clock = FakeClock::new();
+        let t = PriorityThrottle::new(
+            0.0,
+            0,
+            Parallelism::Parallel { max: Some(1) },
+            3,
+            clock.clone(),
+        );
+        let mut first = task::spawn(t.acquire(2));
+        let held = assert_ready!(first.poll());
+        let mut low = task::spawn(t.acquire(1));
+        assert_pending!(low.poll());
+        let mut high = task::spawn(t.acquire(0));
+        assert_pending!(high.poll());
+        drop(held);
+        assert!(low.is_woken() && high.is_woken());
+        assert_pending!(low.poll());
+        let held = assert_ready!(high.poll());
+        drop(held);
+        assert_ready!(low.poll());
     }
 
     #[test]

@@ -38,6 +38,9 @@ pub struct Options {
     /// ServiceAccount admission, a kubelet token and the certificates the kubelet and
     /// kube-controller-manager need.
     pub node_name: Option<String>,
+    /// API Priority and Fairness on, as in production (off by default: a test process shares
+    /// one control plane, and its priority levels would make tests wait on each other).
+    pub priority_and_fairness: bool,
 }
 
 impl Default for Options {
@@ -48,6 +51,7 @@ impl Default for Options {
             // Data only: no service traffic exists here.
             service_cluster_ip_range: "10.0.0.0/24".into(),
             node_name: None,
+            priority_and_fairness: false,
         }
     }
 }
@@ -63,6 +67,7 @@ impl Options {
             secure_port: Some(443),
             service_cluster_ip_range: format!("{a}.{b}.{c}.0/24"),
             node_name: Some(node_name.into()),
+            priority_and_fairness: false,
         }
     }
 }
@@ -274,7 +279,10 @@ impl ControlPlane {
             "--service-account-issuer=https://kubernetes.default.svc".into(),
             format!("--service-account-key-file={}", d("sa.pub")),
             format!("--service-account-signing-key-file={}", d("sa-key.pem")),
-            "--enable-priority-and-fairness=false".into(),
+            format!(
+                "--enable-priority-and-fairness={}",
+                options.priority_and_fairness
+            ),
             "--v=1".into(),
         ];
         if options.node_name.is_some() {
@@ -528,6 +536,17 @@ impl ControlPlane {
         namespace: &str,
         name: &str,
     ) -> Result<Client> {
+        let token = self.service_account_token(admin, namespace, name).await?;
+        self.client_with_token(&token).await
+    }
+
+    /// A token (an hour long) of ServiceAccount `namespace/name`, created if missing.
+    pub async fn service_account_token(
+        &self,
+        admin: &Client,
+        namespace: &str,
+        name: &str,
+    ) -> Result<String> {
         let sas = Api::<ServiceAccount>::namespaced(admin.clone(), namespace);
         if sas.get_opt(name).await?.is_none() {
             let sa = ServiceAccount {
@@ -554,7 +573,7 @@ impl ControlPlane {
             .status
             .and_then(|s| s.token)
             .ok_or_else(|| anyhow!("TokenRequest returned no token"))?;
-        self.client_with_token(&token).await
+        Ok(token)
     }
 
     /// What a program using client-go's in-cluster config needs, with admin credentials:
