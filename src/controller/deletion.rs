@@ -60,21 +60,21 @@ impl Worker {
     /// Files a processed item: done, later, or retried with backoff; the last failure gets a
     /// Warning Event. A submitted item is filed by its own task when its outcomes come back.
     async fn finish(&self, podref: &str, processed: Result<Processed, String>) {
-        let queue = &self.ctx.queue;
+        let (queue, key) = (&self.ctx.queue, podref.to_owned());
         match processed {
             Ok(Processed::Submitted) => return,
-            Ok(Processed::Done) => queue.forget(&podref.to_owned()),
-            Ok(Processed::Later(after)) => queue.add_after(podref.to_owned(), after),
-            Err(cause) if queue.num_requeues(&podref.to_owned()) < self.max_retries => {
+            Ok(Processed::Done) => queue.forget(&key),
+            Ok(Processed::Later(after)) => queue.add_after(key.clone(), after),
+            Err(cause) if queue.num_requeues(&key) < self.max_retries => {
                 tracing::warn!(%podref, %cause, "release failed; retrying with backoff");
                 self.ctx.metrics.retries.inc();
-                queue.add_rate_limited(podref.to_owned());
+                queue.add_rate_limited(key.clone());
             }
             Err(cause) => {
                 tracing::error!(%podref, %cause, "release failed for good; the sweep keeps the leak");
                 let pod = self.pod_of(podref);
                 self.ctx.events.failed(&pod, &cause).await;
-                queue.forget(&podref.to_owned());
+                queue.forget(&key);
                 self.ctx
                     .state
                     .write()
@@ -82,7 +82,7 @@ impl Worker {
                     .clear_tombstones(podref, Instant::now());
             }
         }
-        queue.done(&podref.to_owned());
+        queue.done(&key);
     }
 
     fn pod_of(&self, podref: &str) -> PodRef {
