@@ -18,7 +18,7 @@ use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::{Client, ResourceExt};
 use testenv::controlplane::Options;
-use testenv::poll::wait_for_within;
+use testenv::poll::{http_get, metric_sum, metric_value, wait_for_within};
 use testenv::{ControlPlane, fixtures};
 
 const PODS: usize = 24;
@@ -181,21 +181,10 @@ async fn squeezed_by_priority_and_fairness_every_release_lands_after_waiting_out
         .env("RUST_LOG", "warn")
         .spawn()
         .expect("start the ipreclaim binary");
+    // The binary binds its metrics address a moment after it starts.
     let metrics = || async move {
-        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .await
-            .ok()?;
-        let mut out = String::new();
-        s.read_to_string(&mut out).await.ok()?;
-        Some(out)
-    };
-    let value = |text: &str, name: &str| -> f64 {
-        text.lines()
-            .filter(|l| l.starts_with(name))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        tokio::net::TcpStream::connect(addr).await.ok()?;
+        Some(http_get(addr, "/metrics").await.1)
     };
     wait_for_within(
         "the controller to cache the pods",
@@ -204,7 +193,7 @@ async fn squeezed_by_priority_and_fairness_every_release_lands_after_waiting_out
         || async {
             metrics()
                 .await
-                .is_some_and(|m| value(&m, "ipreclaim_cached_pods ") >= PODS as f64)
+                .is_some_and(|m| metric_sum(&m, "ipreclaim_cached_pods") >= PODS as f64)
         },
     )
     .await;
@@ -236,19 +225,19 @@ async fn squeezed_by_priority_and_fairness_every_release_lands_after_waiting_out
     let text = metrics().await.expect("the controller's metrics");
     let _ = child.kill();
     let _ = child.wait();
-    let throttled = value(&text, "ipreclaim_api_throttled_total");
+    let throttled = metric_sum(&text, "ipreclaim_api_throttled_total");
     eprintln!(
         "apf: {throttled} writes answered 429 and sent again; {} pool patches, {} deletes",
-        value(&text, "ipreclaim_api_writes_total{verb=\"patch\"}"),
-        value(&text, "ipreclaim_api_writes_total{verb=\"delete\"}"),
+        metric_value(&text, "ipreclaim_api_writes_total{verb=\"patch\"}"),
+        metric_value(&text, "ipreclaim_api_writes_total{verb=\"delete\"}"),
     );
     assert!(
         throttled > 0.0,
         "no 429 seen: the squeeze did not bite (3 seats, {PODS} deletions at once)"
     );
-    assert_eq!(value(&text, "ipreclaim_release_failures_total"), 0.0);
+    assert_eq!(metric_sum(&text, "ipreclaim_release_failures_total"), 0.0);
     assert_eq!(
-        value(&text, "ipreclaim_releases_total"),
+        metric_sum(&text, "ipreclaim_releases_total"),
         PODS as f64,
         "each address released once"
     );
