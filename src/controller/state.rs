@@ -16,7 +16,7 @@ use crate::ipam::fence::{
 };
 use crate::ipam::{
     NetworkAttachment, PoolEntry, is_node_slice_pool, parse_nad_config, parse_network_status,
-    pool_allocations, reservation_name,
+    pool_allocations, reservation_name, reservation_prefixes,
 };
 use crate::reclaim::{
     self, Allocation, Decision, DeletedPod, LivePod, PodKnowledge, PodPhase, PoolContext,
@@ -132,6 +132,9 @@ pub struct State {
     /// NADs whose config cannot be used, with the error.
     pub nad_errors: HashMap<String, String>,
     reservations: HashMap<String, ReservationInfo>,
+    /// The `<network_name>` parts of reservation names, with how many names have each: a
+    /// release looks its reservations up by name instead of scanning them all.
+    reservation_prefixes: HashMap<String, usize>,
     /// Objects skipped because they do not fit their type.
     invalid: BTreeMap<InvalidKey, InvalidObject>,
     /// When each podref's network-status last listed each address: any such observation
@@ -278,6 +281,12 @@ impl State {
     /// Keeps the reservations for which `keep(name)` holds (after a re-list).
     pub fn retain_reservations(&mut self, keep: impl Fn(&str) -> bool) {
         self.reservations.retain(|name, _| keep(name));
+        self.reservation_prefixes.clear();
+        for name in self.reservations.keys() {
+            for p in reservation_prefixes(name) {
+                *self.reservation_prefixes.entry(p.to_owned()).or_default() += 1;
+            }
+        }
     }
 
     /// The NADs known (`ns/name`), usable or not.
@@ -619,30 +628,46 @@ impl State {
     /// Records a reservation.
     pub fn upsert_reservation(&mut self, r: &OverlappingRangeIPReservation) {
         if let Some(name) = &r.metadata.name {
-            self.reservations.insert(
-                name.clone(),
-                ReservationInfo {
-                    uid: r.metadata.uid.clone().unwrap_or_default(),
-                    podref: r.spec.podref.clone(),
-                },
-            );
+            let info = ReservationInfo {
+                uid: r.metadata.uid.clone().unwrap_or_default(),
+                podref: r.spec.podref.clone(),
+            };
+            if self.reservations.insert(name.clone(), info).is_none() {
+                for p in reservation_prefixes(name) {
+                    *self.reservation_prefixes.entry(p.to_owned()).or_default() += 1;
+                }
+            }
         }
     }
 
     /// Forgets a reservation.
     pub fn remove_reservation(&mut self, name: &str) {
-        self.reservations.remove(name);
+        if self.reservations.remove(name).is_some() {
+            for p in reservation_prefixes(name) {
+                if let Some(n) = self.reservation_prefixes.get_mut(p) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.reservation_prefixes.remove(p);
+                    }
+                }
+            }
+        }
     }
 
     /// Reservations of `podref` for `ip`: named `[<network_name>-]<normalized ip>`, matched by
-    /// computing the IP's name forward, never by reversing names.
+    /// computing the IP's name forward (bare, and with each network name part seen).
     pub fn reservations_for(&self, podref: &str, ip: IpAddr) -> Vec<(String, String)> {
         let bare = reservation_name(ip, None);
-        let suffix = format!("-{bare}");
-        self.reservations
-            .iter()
-            .filter(|(name, r)| r.podref == podref && (**name == bare || name.ends_with(&suffix)))
-            .map(|(name, r)| (name.clone(), r.uid.clone()))
+        let prefixed = self
+            .reservation_prefixes
+            .keys()
+            .map(|p| reservation_name(ip, Some(p)));
+        std::iter::once(bare)
+            .chain(prefixed)
+            .filter_map(|name| {
+                let r = self.reservations.get(&name)?;
+                (r.podref == podref).then(|| (name, r.uid.clone()))
+            })
             .collect()
     }
 
@@ -871,6 +896,58 @@ mod tests {
         let judged = st.judge_all(&ReclaimConfig::default());
         assert_eq!(judged.len(), 1, "{judged:?}");
         (judged[0].decision, judged[0].network.clone())
+    }
+
+    fn reservation(name: &str, podref: &str) -> OverlappingRangeIPReservation {
+        let mut r = OverlappingRangeIPReservation::new(
+            name,
+            crate::api::OverlappingRangeIPReservationSpec {
+                containerid: None,
+                podref: podref.into(),
+                ifname: None,
+                ipamclaimref: None,
+            },
+        );
+        r.metadata.uid = Some(format!("uid-{name}"));
+        r
+    }
+
+    #[test]
+    fn reservations_are_found_by_name_bare_or_with_any_network_name_seen() {
+        let mut st = State::default();
+        for (name, podref) in [
+            ("10.0.0.5", "ns/a"),
+            ("blue-10.0.0.5", "ns/a"),
+            ("red-10.0.0.5", "ns/b"),
+            ("green-10.0.0.6", "ns/a"),
+            ("blue-fd00--5", "ns/a"),
+        ] {
+            st.upsert_reservation(&reservation(name, podref));
+        }
+        let names = |st: &State, podref: &str, ip: &str| {
+            let mut v: Vec<String> = st
+                .reservations_for(podref, ip.parse().unwrap())
+                .into_iter()
+                .map(|(n, uid)| {
+                    assert_eq!(uid, format!("uid-{n}"));
+                    n
+                })
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(names(&st, "ns/a", "10.0.0.5"), ["10.0.0.5", "blue-10.0.0.5"]);
+        assert_eq!(names(&st, "ns/b", "10.0.0.5"), ["red-10.0.0.5"]);
+        // "green" is known from another address's reservation.
+        assert_eq!(names(&st, "ns/a", "10.0.0.6"), ["green-10.0.0.6"]);
+        assert_eq!(names(&st, "ns/a", "fd00::5"), ["blue-fd00--5"]);
+        // A network name is forgotten with the last reservation that had it.
+        st.remove_reservation("red-10.0.0.5");
+        assert!(!st.reservation_prefixes.contains_key("red"));
+        assert_eq!(st.reservation_prefixes["blue"], 2);
+        st.retain_reservations(|n| !n.starts_with("blue"));
+        assert!(!st.reservation_prefixes.contains_key("blue"));
+        assert_eq!(names(&st, "ns/a", "10.0.0.6"), ["green-10.0.0.6"]);
     }
 
     #[test]

@@ -9,7 +9,7 @@ pub mod networks;
 pub mod pool;
 
 pub use config::{IpRange, IpamConfig, NadConfigError, parse_nad_config};
-pub use naming::{ippool_name, is_node_slice_pool, reservation_name};
+pub use naming::{ippool_name, is_node_slice_pool, reservation_name, reservation_prefixes};
 pub use network_status::{
     NETWORK_STATUS_ANNOTATION, NetworkAttachment, NetworkStatusError, parse_network_status,
 };

@@ -54,6 +54,17 @@ pub fn reservation_name(ip: IpAddr, network_name: Option<&str>) -> String {
     prefixed(&[network_name], normalize(&ip.to_string()))
 }
 
+/// The `<network_name>` parts `p` for which `name` is `p-<normalized IP>` (a name can split
+/// more than one way: `a-fd00--1` ends in both `fd00--1` and `a-fd00--1`). Each split is checked
+/// forward: the rest must be exactly the name of the address it parses to.
+pub fn reservation_prefixes(name: &str) -> impl Iterator<Item = &str> {
+    name.match_indices('-').filter_map(move |(i, _)| {
+        let rest = &name[i + 1..];
+        let ip: IpAddr = rest.replace('-', ":").parse().ok()?;
+        (i > 0 && reservation_name(ip, None) == rest).then(|| &name[..i])
+    })
+}
+
 /// An RFC 1123 label (a namespace name): at most 63 of `a-z0-9-`, alphanumeric at both ends.
 fn is_label(s: &str) -> bool {
     !s.is_empty()
@@ -148,6 +159,29 @@ mod tests {
                 want,
                 "{ip} {network:?}"
             );
+        }
+    }
+
+    #[test]
+    fn reservation_prefixes_are_every_forward_split() {
+        let cases: [(&str, &[&str]); 7] = [
+            ("10.0.0.5", &[]),
+            ("test-10.0.0.5", &["test"]),
+            ("a-b-10.0.0.5", &["a-b"]),
+            ("test-2001-db8--1", &["test", "test-2001"]),
+            ("fd00--5", &[]),
+            ("net-fd00--0", &["net"]),
+            ("net-10.0.0.05", &[]),
+        ];
+        for (name, want) in cases {
+            let got: Vec<&str> = reservation_prefixes(name).collect();
+            assert_eq!(got, want, "{name}");
+        }
+        // Every split names the address forward.
+        for p in reservation_prefixes("test-2001-db8--1") {
+            let rest = &"test-2001-db8--1"[p.len() + 1..];
+            let ip: IpAddr = rest.replace('-', ":").parse().unwrap();
+            assert_eq!(reservation_name(ip, Some(p)), "test-2001-db8--1");
         }
     }
 
