@@ -9,6 +9,7 @@ use kube::Resource;
 use kube::api::ObjectMeta;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer};
+use serde_json::value::RawValue;
 
 /// One object as read: the typed object, or its metadata and why it does not fit the type.
 #[derive(Debug, Clone)]
@@ -40,23 +41,47 @@ impl<K> Lenient<K> {
     }
 }
 
-impl<'de, K: DeserializeOwned + Defaults> Deserialize<'de> for Lenient<K> {
+impl<'de, K: DeserializeOwned + Defaults + Resource> Deserialize<'de> for Lenient<K> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let mut value = serde_json::Value::deserialize(d)?;
-        K::fill_defaults(&mut value);
-        let metadata = || {
-            value
-                .get("metadata")
-                .and_then(|m| serde_json::from_value::<ObjectMeta>(m.clone()).ok())
-                .unwrap_or_default()
+        let raw = Box::<RawValue>::deserialize(d)?;
+        Ok(Self::read(raw.get()))
+    }
+}
+
+impl<K: DeserializeOwned + Defaults + Resource> Lenient<K> {
+    /// Reads one object's JSON text. The common case goes straight into the type: a pool of
+    /// thousands of entries would cost several times its size as an intermediate tree.
+    /// `managedFields` is dropped: nothing here uses it, and a pool's lists every entry.
+    fn read(text: &str) -> Self {
+        if let Ok(mut k) = serde_json::from_str::<K>(text) {
+            k.meta_mut().managed_fields = None;
+            return Lenient::Valid(k);
+        }
+        let mut value: serde_json::Value = match serde_json::from_str(text) {
+            Ok(v) => v,
+            Err(e) => {
+                return Lenient::Invalid {
+                    metadata: Box::default(),
+                    error: e.to_string(),
+                };
+            }
         };
-        Ok(match serde_json::from_value::<K>(value.clone()) {
+        if let Some(m) = value.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+            m.remove("managedFields");
+        }
+        K::fill_defaults(&mut value);
+        match K::deserialize(&value) {
             Ok(k) => Lenient::Valid(k),
             Err(e) => Lenient::Invalid {
-                metadata: Box::new(metadata()),
+                metadata: Box::new(
+                    value
+                        .get("metadata")
+                        .and_then(|m| ObjectMeta::deserialize(m).ok())
+                        .unwrap_or_default(),
+                ),
                 error: e.to_string(),
             },
-        })
+        }
     }
 }
 
@@ -124,5 +149,42 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(nad.valid().unwrap().spec.config, None);
+    }
+
+    #[test]
+    fn managed_fields_are_dropped_from_valid_and_invalid_objects() {
+        let managed = json!([{"manager": "whereabouts", "operation": "Update",
+            "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:allocations": {"f:1": {}}}}}]);
+        let text = json!([
+            {"apiVersion": "whereabouts.cni.cncf.io/v1alpha1", "kind": "IPPool",
+             "metadata": {"name": "good", "namespace": "ns", "managedFields": managed},
+             "spec": {"range": "192.0.2.0/24", "allocations": {}}},
+            {"apiVersion": "whereabouts.cni.cncf.io/v1alpha1", "kind": "IPPool",
+             "metadata": {"name": "bad", "namespace": "ns", "managedFields": managed},
+             "spec": {"range": 5}},
+        ])
+        .to_string();
+        // As kube reads a list or a watch event: from text.
+        let read: Vec<Lenient<IPPool>> = serde_json::from_str(&text).unwrap();
+        assert_eq!(read[0].meta().name.as_deref(), Some("good"));
+        assert!(read[0].valid().is_some());
+        assert!(
+            matches!(&read[1], Lenient::Invalid { error, .. } if error.contains("integer `5`")),
+            "{:?}",
+            read[1]
+        );
+        assert_eq!(read[1].meta().name.as_deref(), Some("bad"));
+        for r in &read {
+            assert_eq!(r.meta().managed_fields, None);
+        }
+    }
+
+    #[test]
+    fn text_that_is_not_an_object_is_invalid_not_an_error() {
+        let read: Vec<Lenient<IPPool>> = serde_json::from_str("[5, \"x\"]").unwrap();
+        assert!(
+            read.iter()
+                .all(|r| matches!(r, Lenient::Invalid { metadata, .. } if metadata.name.is_none()))
+        );
     }
 }
