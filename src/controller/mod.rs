@@ -90,7 +90,9 @@ pub struct ControllerArgs {
     /// Pool patch burst.
     #[arg(long, env = "IPRECLAIM_POOL_WRITE_BURST", default_value_t = 40)]
     pub pool_write_burst: u32,
-    /// Least time between two patches of one pool; releases arriving meanwhile join the next.
+    /// Least time between two patches of one pool (longer for a pool whose patches take
+    /// long: four times what they take, averaged, up to 1s); releases arriving meanwhile join
+    /// the next.
     #[arg(long, env = "IPRECLAIM_POOL_PATCH_INTERVAL", default_value = "200ms", value_parser = parse_duration)]
     pub pool_patch_interval: Duration,
     /// Reservation deletes per second (one request per address; after the pool entries).

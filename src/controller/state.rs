@@ -936,7 +936,10 @@ mod tests {
             v.sort();
             v
         };
-        assert_eq!(names(&st, "ns/a", "10.0.0.5"), ["10.0.0.5", "blue-10.0.0.5"]);
+        assert_eq!(
+            names(&st, "ns/a", "10.0.0.5"),
+            ["10.0.0.5", "blue-10.0.0.5"]
+        );
         assert_eq!(names(&st, "ns/b", "10.0.0.5"), ["red-10.0.0.5"]);
         // "green" is known from another address's reservation.
         assert_eq!(names(&st, "ns/a", "10.0.0.6"), ["green-10.0.0.6"]);
