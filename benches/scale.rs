@@ -844,12 +844,15 @@ async fn steady(bench: &mut Bench, o: &Options, keepers: usize) -> anyhow::Resul
         let (pods, sent) = (bench.pods(), sent.clone());
         sent.lock().unwrap().insert(a.key(), Instant::now());
         deletes.push(tokio::spawn(async move {
+            let started = Instant::now();
             pods.delete(&a.pod, &DeleteParams::default().grace_period(0))
                 .await
+                .map(|_| started.elapsed().as_secs_f64())
         }));
     }
+    let mut delete_took = Vec::with_capacity(deletes.len());
     for d in deletes {
-        d.await??;
+        delete_took.push(d.await??);
     }
     bench
         .released(Instant::now(), Duration::from_secs(120))
@@ -867,6 +870,22 @@ async fn steady(bench: &mut Bench, o: &Options, keepers: usize) -> anyhow::Resul
             .collect()
     };
     let after = writes(addr).await;
+    // Where the time went: the delete request itself, and the controller's own histogram
+    // (observed deletion to pool patched).
+    let text = common::metrics_text(addr).await;
+    let within = |le: &str| {
+        let h = "ipreclaim_deletion_to_release_seconds";
+        common::metric(&text, &format!("{h}_bucket{{le=\"{le}\"}}"))
+            / common::metric(&text, &format!("{h}_count"))
+            * 100.0
+    };
+    println!(
+        "steady: the delete requests took p50 {:.0} ms, p99 {:.0} ms; in the controller, deletion seen to entry released: {:.1}% within 250 ms, {:.1}% within 500 ms",
+        common::quantile(&mut delete_took, 0.5) * 1000.0,
+        common::quantile(&mut delete_took, 0.99) * 1000.0,
+        within("0.25"),
+        within("0.5"),
+    );
     println!(
         "steady: {} deletions at {}/s; delete request to pool entry freed: p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms; {} pool patches ({:.0} ms each on average), {} reservation deletes; CPU: ipreclaim {:.1}s, apiserver+etcd {:.1}s",
         o.trickle,
