@@ -12,7 +12,7 @@
 //!
 //! `cargo bench --bench scale [-- --pods N --whereabouts-pods W --trickle M --rate R
 //! --footprint F --phases whereabouts,mass,restart,steady,footprint --steady-keepers K,...
-//! --controller-arg FLAG...]` (defaults: 2000, 100, 1000, 50, 20000, all phases, 64,600,
+//! --controller-arg FLAG...]` (defaults: 2000, 100, 1000, 50, 20000, all phases, 64,300,600,
 //! ipreclaim's default flags). Each phase has 4 pools of its own; live pods ("keepers") in
 //! them: W in the side-by-side, N/10 in the mass delete, 1.2 N in the restart (more than it
 //! deletes: the sweep's breaker holds a pool it would free more than half of), K per pool in
@@ -66,7 +66,7 @@ fn options() -> anyhow::Result<Options> {
         phases: ["whereabouts", "mass", "restart", "steady", "footprint"]
             .map(String::from)
             .to_vec(),
-        steady_keepers: vec![64, 600],
+        steady_keepers: vec![64, 300, 600],
         controller_args: Vec::new(),
     };
     // `--flag=value` as well as `--flag value`.

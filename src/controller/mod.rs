@@ -93,7 +93,7 @@ pub struct ControllerArgs {
     /// Least time between two patches of one pool (longer for a pool whose patches take
     /// long: four times what they take, averaged, up to 1s); releases arriving meanwhile join
     /// the next.
-    #[arg(long, env = "IPRECLAIM_POOL_PATCH_INTERVAL", default_value = "200ms", value_parser = parse_duration)]
+    #[arg(long, env = "IPRECLAIM_POOL_PATCH_INTERVAL", default_value = "100ms", value_parser = parse_duration)]
     pub pool_patch_interval: Duration,
     /// Reservation deletes per second (one request per address; after the pool entries).
     #[arg(
