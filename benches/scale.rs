@@ -7,7 +7,7 @@
 //!   the same W pods, and the ratio;
 //! - N pods deleted at once (64 deletes in flight): when each pool entry and reservation went;
 //! - N pods deleted while the controller was down: released after it is ready;
-//! - M deletions at R/s: deletion-to-release latency, in small and in large pools;
+//! - M deletions at R/s: deletion-to-release latency, in pools of three sizes;
 //! - the controller's memory with F pods.
 //!
 //! `cargo bench --bench scale [-- --pods N --whereabouts-pods W --trickle M --rate R
