@@ -4,12 +4,12 @@
 use std::collections::BTreeMap;
 
 use anyhow::Context;
-use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, ListParams};
 use serde::Serialize;
 
 use crate::api::lenient::Lenient;
+use crate::api::pod_view::PodView;
 use crate::api::{IPPool, NetworkAttachmentDefinition};
 use crate::controller::state::State;
 use crate::reclaim::{Decision, ReclaimConfig};
@@ -47,43 +47,36 @@ pub struct ScanFence {
     pub age_seconds: i64,
 }
 
-/// Lists pods (metadata), terminal pods, pools and NADs, and judges every allocation.
+/// Lists pods (stripped, paged), pools and NADs, and judges every allocation.
 pub async fn scan(
     client: Client,
     namespace: &str,
     reclaim: ReclaimConfig,
 ) -> anyhow::Result<Vec<ScanRow>> {
-    let pods = Api::<Pod>::all(client.clone());
+    let pods = Api::<PodView>::all(client.clone());
     let mut state = State::default();
     let now = std::time::Instant::now();
     let mut created: BTreeMap<String, i64> = BTreeMap::new();
     let wall = jiff::Timestamp::now();
-    for p in pods
-        .list_metadata(&ListParams::default())
-        .await
-        .context("list pods")?
-    {
-        let (Some(ns), Some(name), Some(uid)) =
-            (&p.metadata.namespace, &p.metadata.name, &p.metadata.uid)
-        else {
-            continue;
-        };
-        let podref = format!("{ns}/{name}");
-        if let Some(t) = &p.metadata.creation_timestamp {
-            created.insert(podref.clone(), wall.duration_since(t.0).as_secs());
-        }
-        state.upsert_pod(&podref, uid, p.metadata.annotations.as_ref(), now);
-    }
-    for phase in ["Succeeded", "Failed"] {
-        let lp = ListParams::default().fields(&format!("status.phase={phase}"));
-        for p in pods
-            .list_metadata(&lp)
-            .await
-            .context("list terminal pods")?
-        {
-            if let Some(uid) = &p.metadata.uid {
-                state.set_terminal(uid, true);
+    // Paged: a page of full pods is read, stripped and dropped before the next.
+    let mut page = ListParams::default().limit(500);
+    loop {
+        let list = pods.list(&page).await.context("list pods")?;
+        for p in &list.items {
+            let (Some(ns), Some(name), Some(uid)) =
+                (&p.metadata.namespace, &p.metadata.name, &p.metadata.uid)
+            else {
+                continue;
+            };
+            let podref = format!("{ns}/{name}");
+            if let Some(t) = &p.metadata.creation_timestamp {
+                created.insert(podref.clone(), wall.duration_since(t.0).as_secs());
             }
+            state.upsert_pod(&podref, uid, crate::controller::watch::seen(p), now);
+        }
+        match list.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => page = page.continue_token(&token),
+            None => break,
         }
     }
     let pools = Api::<Lenient<IPPool>>::namespaced(client.clone(), namespace)

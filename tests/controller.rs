@@ -1440,6 +1440,45 @@ async fn a_pod_deleted_from_a_ready_node_is_released_unfenced() {
     env.delete_node(&node).await;
 }
 
+/// The node goes down while the controller runs and the pod is deleted as soon as the controller
+/// has seen it: the pod's node is known from the pod watch, so nothing has to be listed first.
+/// (Before, the pods of a node were listed only once it went down, and a pod deleted before that
+/// list was released unfenced.)
+#[tokio::test]
+async fn a_pod_deleted_right_after_its_node_goes_down_is_fenced() {
+    let mut env = Env::new("ctl-fence-now").await;
+    let node = env.fence_node("True").await;
+    env.nad("macvlan", "192.0.2.0/24").await;
+    env.pool(
+        "192.0.2.0-24",
+        "192.0.2.0/24",
+        &[(10, "sb-web-0", "web-0"), (11, "sb-db-0", "db-0")],
+    )
+    .await;
+    env.reservation("192.0.2.10", "web-0").await;
+    let uid = env
+        .pod_on("web-0", "macvlan", Some(&["192.0.2.10"]), Some(&node))
+        .await;
+    env.pod_on("db-0", "macvlan", Some(&["192.0.2.11"]), Some(&node))
+        .await;
+    env.start(&[]).await;
+    env.wait_metric("ipreclaim_unready_nodes 0").await;
+    env.set_ready(&node, "Unknown").await;
+    env.wait_metric("ipreclaim_unready_nodes 1").await;
+    env.delete_pod("web-0").await;
+    let events = env.wait_events(FENCED).await;
+    assert_eq!(
+        events
+            .iter()
+            .map(|(name, u, _)| (name.as_str(), u.as_str()))
+            .collect::<Vec<_>>(),
+        [("web-0", uid.as_str())]
+    );
+    env.assert_web_0_fenced(&node).await;
+    env.stop().await;
+    env.delete_node(&node).await;
+}
+
 /// Creates `object` (raw JSON, so that fields our types require can be left out) in the test
 /// namespace.
 async fn create_raw<K: kube::Resource<DynamicType = ()>>(env: &Env, object: serde_json::Value) {

@@ -5,28 +5,21 @@
 //! with per-item backoff; after the last retry a Warning Event names the cause and the sweep
 //! still owns the leak.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use tokio::sync::watch;
 
-use super::fence::{Placement, record_for};
+use super::fence::record_for;
 use super::state::PodRef;
+use crate::api::pod_view::PodView;
 use crate::reclaim::{Decision, Reason, ReclaimConfig};
 use crate::release::{EntryWrite, ReleaseError, ReleaseOutcome, ReleaseRequest};
-
-/// How soon a deletion asks again whether its pod ran on a node that is not Ready.
-const PLACEMENT_RETRY: Duration = Duration::from_millis(250);
-/// After this long without an answer it asks less often, and says so once.
-const PLACEMENT_SLOW: Duration = Duration::from_secs(30);
 
 /// What became of a queue item.
 enum Processed {
     /// Released, fenced or nothing to do.
     Done,
-    /// Asked again after this long (its node's pods are not listed yet).
-    Later(Duration),
     /// Handed to the writer; finished when its outcomes come back.
     Submitted,
 }
@@ -64,7 +57,6 @@ impl Worker {
         match processed {
             Ok(Processed::Submitted) => return,
             Ok(Processed::Done) => queue.forget(&key),
-            Ok(Processed::Later(after)) => queue.add_after(key.clone(), after),
             Err(cause) if queue.num_requeues(&key) < self.max_retries => {
                 tracing::warn!(%podref, %cause, "release failed; retrying with backoff");
                 self.ctx.metrics.retries.inc();
@@ -105,18 +97,18 @@ impl Worker {
             // Without network-status the tombstone would free every allocation of the name:
             // make sure no pod of that name exists now (our cache may lag a recreation).
             let (ns, name) = podref.split_once('/').unwrap_or(("", podref));
-            let found = Api::<Pod>::namespaced(self.ctx.client.clone(), ns)
-                .get_metadata_opt(name)
+            let found = Api::<PodView>::namespaced(self.ctx.client.clone(), ns)
+                .get_opt(name)
                 .await
                 .map_err(|e| format!("confirming pod {podref} is gone: {e}"))?;
             if let Some(p) = found {
                 let mut st = self.ctx.state.write().expect("state lock");
                 if let Some(uid) = &p.metadata.uid {
-                    st.upsert_pod(podref, uid, p.metadata.annotations.as_ref(), started);
+                    st.upsert_pod(podref, uid, super::watch::seen(&p), started);
                 }
             }
         }
-        let (releases, deleted_at) = {
+        let mut releases = {
             let st = self.ctx.state.read().expect("state lock");
             let judged = st.judge_podref(podref, &self.reclaim);
             tracing::debug!(
@@ -124,36 +116,21 @@ impl Worker {
                 judged = ?judged.iter().map(|j| (j.entry.ip, j.decision)).collect::<Vec<_>>(),
                 "deletion path"
             );
-            let releases: Vec<ReleaseRequest> = judged
+            let deleted_at = st.first_deletion(podref);
+            judged
                 .into_iter()
                 .filter_map(|j| match j.decision {
                     Decision::Release(reason) => Some(ReleaseRequest {
                         judged: j,
                         reason,
-                        deleted_at: None,
+                        deleted_at,
                         write: Default::default(),
                     }),
                     _ => None,
                 })
-                .collect();
-            (releases, st.first_deletion(podref))
+                .collect::<Vec<_>>()
         };
-        let mut releases: Vec<ReleaseRequest> = releases
-            .into_iter()
-            .map(|r| ReleaseRequest { deleted_at, ..r })
-            .collect();
-        if self.fence(&mut releases) == Placement::Pending {
-            // Never release what may still be in use on a node that is down: wait for that
-            // node's pods to be listed (the list is retried like every watch).
-            let waited = deleted_at.map_or(Duration::ZERO, |at| at.elapsed());
-            if waited < PLACEMENT_SLOW {
-                return Ok(Processed::Later(PLACEMENT_RETRY));
-            }
-            if waited < PLACEMENT_SLOW + PLACEMENT_RETRY * 8 {
-                tracing::warn!(%podref, waited = ?waited, "cannot list the pods of a node that is not Ready; holding this pod's addresses until it can");
-            }
-            return Ok(Processed::Later(PLACEMENT_RETRY * 8));
-        }
+        self.fence(podref, &mut releases);
         if releases.is_empty() {
             self.ctx
                 .state
@@ -214,30 +191,22 @@ impl Worker {
         }
     }
 
-    /// Turns the releases of pods deleted from a node that is not Ready into fences. Returns
-    /// `Pending` when one pod's node cannot be told yet, else `Trusted`.
-    fn fence(&self, releases: &mut [ReleaseRequest]) -> Placement {
+    /// Turns the releases of pods deleted from a node that is not Ready into fences.
+    fn fence(&self, podref: &str, releases: &mut [ReleaseRequest]) {
         let Some(view) = &self.ctx.nodes else {
-            return Placement::Trusted;
+            return;
         };
+        let st = self.ctx.state.read().expect("state lock");
         let view = view.read().expect("node view lock");
-        let mut pending = false;
         for r in releases {
             if r.reason != Reason::PodDeleted || r.judged.pod.uid.is_empty() {
                 continue;
             }
-            match view.placement(&r.judged.pod.uid) {
-                Placement::Unready { node, why } => {
-                    r.write = EntryWrite::Fence(record_for(&r.judged, node, why));
-                }
-                Placement::Pending => pending = true,
-                Placement::Trusted => {}
+            let node = st.deleted_pod_node(podref, &r.judged.pod.uid);
+            if let Some(why) = view.distrust(node.as_deref()) {
+                let node = node.as_deref().unwrap_or_default().to_owned();
+                r.write = EntryWrite::Fence(record_for(&r.judged, node, why));
             }
-        }
-        if pending {
-            Placement::Pending
-        } else {
-            Placement::Trusted
         }
     }
 }

@@ -1,17 +1,14 @@
-//! Fencing: the Nodes' Ready condition, the pods of nodes that are not Ready (a deleted pod's
-//! node is not in its metadata, so each such node's pods are watched while it is down), and the
+//! Fencing: the Nodes' Ready condition (a deleted pod's node comes from the pod watch), and the
 //! loop that lifts fences into releases.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, PartialObjectMeta};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::Api;
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
-use tokio::sync::watch as tokio_watch;
-use tokio::task::JoinHandle;
 
 use super::state::{FencedEntry, Judged, PodRef};
 use super::watch::{Synced, drive};
@@ -24,35 +21,12 @@ use crate::watch_retry::retrying;
 /// How often fences are checked for lifting.
 pub const LIFT_EVERY: Duration = Duration::from_secs(1);
 
-/// Where a deleted pod ran, as far as fencing is concerned.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Placement {
-    /// On a node that is not Ready: fence.
-    Unready {
-        /// The node.
-        node: String,
-        /// Its Ready condition.
-        why: String,
-    },
-    /// Not on a node that is not Ready: release.
-    Trusted,
-    /// A not-Ready node's pods are not listed yet: ask again shortly.
-    Pending,
-}
-
-#[derive(Debug, Default)]
-struct UnreadyPods {
-    /// Uids of pods seen on the node since it went down, deleted ones included: the pod
-    /// watch's Delete and this watch's may come in either order.
-    uids: HashSet<String>,
-    synced: bool,
-}
-
-/// Nodes' readiness and the pods of those that are not Ready.
+/// Nodes' readiness.
 #[derive(Debug, Default)]
 pub struct NodeView {
     nodes: HashMap<String, NodeReadiness>,
-    unready: HashMap<String, UnreadyPods>,
+    /// Nodes listed again since a re-list began.
+    relisted: HashSet<String>,
 }
 
 impl NodeView {
@@ -61,21 +35,41 @@ impl NodeView {
         self.nodes.get(name)
     }
 
-    /// Where the pod with `uid` ran.
-    pub fn placement(&self, uid: &str) -> Placement {
-        for (node, pods) in &self.unready {
-            if pods.uids.contains(uid) {
-                let why = distrust(self.nodes.get(node)).unwrap_or_else(|| "Ready=missing".into());
-                return Placement::Unready {
-                    node: node.clone(),
-                    why,
-                };
+    /// Why a pod deleted now from `node` must be fenced: its node exists and is not Ready.
+    /// A pod never scheduled, or bound to a Node that is gone, ran nowhere that can be
+    /// trusted less than the operator's word.
+    pub fn distrust(&self, node: Option<&str>) -> Option<String> {
+        distrust(self.node(node?))
+    }
+
+    /// Nodes that are not Ready.
+    pub fn unready(&self) -> usize {
+        self.nodes.values().filter(|r| !r.is_ready()).count()
+    }
+
+    /// Applies one Node watch event.
+    pub fn apply(&mut self, event: Event<Node>) {
+        match event {
+            Event::Init => self.relisted.clear(),
+            Event::InitApply(n) | Event::Apply(n) => {
+                let (name, now) = (n.name_any(), readiness_of(&n));
+                let was = self.nodes.get(&name).map(NodeReadiness::is_ready);
+                if was != Some(now.is_ready()) && !now.is_ready() {
+                    tracing::info!(node = %name, ready = %now.status, "node is not Ready: its pods' addresses are fenced when they are deleted");
+                } else if was == Some(false) && now.is_ready() {
+                    tracing::info!(node = %name, "node is Ready again");
+                }
+                self.relisted.insert(name.clone());
+                self.nodes.insert(name, now);
+            }
+            Event::Delete(n) => {
+                self.nodes.remove(&n.name_any());
+            }
+            Event::InitDone => {
+                let relisted = std::mem::take(&mut self.relisted);
+                self.nodes.retain(|name, _| relisted.contains(name));
             }
         }
-        if self.unready.values().any(|p| !p.synced) {
-            return Placement::Pending;
-        }
-        Placement::Trusted
     }
 }
 
@@ -100,85 +94,12 @@ pub fn readiness_of(node: &Node) -> NodeReadiness {
     }
 }
 
-/// Watches Nodes; while one is not Ready, watches the metadata of its pods.
+/// Watches Nodes' readiness.
 pub async fn nodes(client: Client, view: Arc<RwLock<NodeView>>, synced: Synced) {
     let api = Api::<Node>::all(client.clone());
-    let stream = retrying(
-        client.clone(),
-        watcher::watcher(api, watcher::Config::default()),
-    );
-    let mut pod_watches: HashMap<String, JoinHandle<()>> = HashMap::new();
-    let mut relisted: HashSet<String> = HashSet::new();
+    let stream = retrying(client, watcher::watcher(api, watcher::Config::default()));
     drive("nodes", stream, synced, |event| {
-        let mut v = view.write().expect("node view lock");
-        let mut gone = Vec::new();
-        match event {
-            Event::Init => relisted.clear(),
-            Event::InitApply(n) | Event::Apply(n) => {
-                let name = n.name_any();
-                relisted.insert(name.clone());
-                v.nodes.insert(name, readiness_of(&n));
-            }
-            Event::Delete(n) => gone.push(n.name_any()),
-            Event::InitDone => gone.extend(
-                v.nodes
-                    .keys()
-                    .filter(|k| !relisted.contains(*k))
-                    .cloned()
-                    .collect::<Vec<_>>(),
-            ),
-        }
-        for name in gone {
-            v.nodes.remove(&name);
-        }
-        // Start watching the pods of nodes that went down; stop for those back or gone.
-        let down: Vec<String> = v
-            .nodes
-            .iter()
-            .filter(|(_, r)| !r.is_ready())
-            .map(|(n, _)| n.clone())
-            .collect();
-        for name in &down {
-            if !pod_watches.contains_key(name) {
-                tracing::info!(node = %name, "node is not Ready; watching its pods for fencing");
-                v.unready.insert(name.clone(), UnreadyPods::default());
-                pod_watches.insert(
-                    name.clone(),
-                    tokio::spawn(pods_on(client.clone(), name.clone(), view.clone())),
-                );
-            }
-        }
-        pod_watches.retain(|name, task| {
-            let keep = down.contains(name);
-            if !keep {
-                task.abort();
-                v.unready.remove(name);
-            }
-            keep
-        });
-    })
-    .await;
-}
-
-async fn pods_on(client: Client, node: String, view: Arc<RwLock<NodeView>>) {
-    let api = Api::<PartialObjectMeta<Pod>>::all(client.clone());
-    let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-    let stream = retrying(client, watcher::watcher(api, config));
-    let (tx, _rx) = tokio_watch::channel(false);
-    drive("pods-on-unready-node", stream, tx, |event| {
-        let mut v = view.write().expect("node view lock");
-        let Some(pods) = v.unready.get_mut(&node) else {
-            return;
-        };
-        match event {
-            Event::InitApply(p) | Event::Apply(p) => {
-                if let Some(uid) = p.metadata.uid {
-                    pods.uids.insert(uid);
-                }
-            }
-            Event::InitDone => pods.synced = true,
-            Event::Init | Event::Delete(_) => {}
-        }
+        view.write().expect("node view lock").apply(event)
     })
     .await;
 }
@@ -252,6 +173,7 @@ impl Lifter {
         let mut held = 0;
         {
             let v = self.view.read().expect("node view lock");
+            self.ctx.metrics.unready_nodes.set(v.unready() as i64);
             for (pool, f) in &fenced {
                 let node = v.node(&f.record.node);
                 let lifts = match &self.policy {
@@ -304,5 +226,70 @@ impl Lifter {
             }
             self.ctx.writer.clear_fences(&pool, annotations).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus};
+
+    fn node(name: &str, ready: Option<&str>) -> Node {
+        let mut n = Node::default();
+        n.metadata.name = Some(name.into());
+        n.status = Some(NodeStatus {
+            conditions: ready.map(|status| {
+                vec![NodeCondition {
+                    type_: "Ready".into(),
+                    status: status.into(),
+                    reason: Some("KubeletStopped".into()),
+                    ..Default::default()
+                }]
+            }),
+            ..Default::default()
+        });
+        n
+    }
+
+    #[test]
+    fn a_pod_of_a_node_that_is_not_ready_is_distrusted_from_the_moment_the_node_is_seen() {
+        let mut v = NodeView::default();
+        for e in [
+            Event::Init,
+            Event::InitApply(node("a", Some("True"))),
+            Event::InitApply(node("b", Some("Unknown"))),
+            Event::InitApply(node("c", None)),
+            Event::InitDone,
+        ] {
+            v.apply(e);
+        }
+        assert_eq!(v.distrust(Some("a")), None);
+        assert_eq!(
+            v.distrust(Some("b")).as_deref(),
+            Some("Ready=Unknown (KubeletStopped)")
+        );
+        assert_eq!(v.distrust(Some("c")).as_deref(), Some("Ready=missing"));
+        assert_eq!(
+            v.distrust(Some("gone")),
+            None,
+            "a deleted Node is declared dead"
+        );
+        assert_eq!(v.distrust(None), None, "never scheduled");
+        assert_eq!(v.unready(), 2);
+
+        v.apply(Event::Apply(node("a", Some("False"))));
+        assert!(v.distrust(Some("a")).is_some());
+        v.apply(Event::Delete(node("b", Some("Unknown"))));
+        assert_eq!(v.distrust(Some("b")), None);
+
+        // A re-list that no longer lists "c" forgets it.
+        for e in [
+            Event::Init,
+            Event::InitApply(node("a", Some("True"))),
+            Event::InitDone,
+        ] {
+            v.apply(e);
+        }
+        assert_eq!((v.distrust(Some("c")), v.unready()), (None, 0));
     }
 }

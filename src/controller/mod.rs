@@ -315,22 +315,6 @@ pub async fn run(
             tx,
         ))
     });
-    watch_task(&|tx| {
-        tokio::spawn(watch::terminal_pods(
-            client.clone(),
-            state.clone(),
-            "Succeeded",
-            tx,
-        ))
-    });
-    watch_task(&|tx| {
-        tokio::spawn(watch::terminal_pods(
-            client.clone(),
-            state.clone(),
-            "Failed",
-            tx,
-        ))
-    });
     watch_task(&|tx| tokio::spawn(watch::pools(client.clone(), ns.clone(), state.clone(), tx)));
     watch_task(&|tx| {
         tokio::spawn(watch::reservations(

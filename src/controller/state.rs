@@ -33,6 +33,21 @@ pub struct LiveInfo {
     pub networks: Option<Arc<[NetworkAttachment]>>,
     /// Why the annotation, present, cannot be read.
     pub malformed_status: Option<String>,
+    /// The node it is bound to.
+    pub node: Option<Arc<str>>,
+    /// Succeeded or Failed.
+    pub terminal: bool,
+}
+
+/// What one observation of a pod says.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PodSeen<'a> {
+    /// Its annotations (network-status).
+    pub annotations: Option<&'a BTreeMap<String, String>>,
+    /// The node it is bound to.
+    pub node: Option<&'a str>,
+    /// Succeeded or Failed.
+    pub terminal: bool,
 }
 
 /// A deleted pod waiting for its addresses to be released.
@@ -44,6 +59,8 @@ pub struct Tombstone {
     pub networks: Option<Arc<[NetworkAttachment]>>,
     /// When the deletion was seen.
     pub seen_at: Instant,
+    /// The node it was bound to: a node that is not Ready may still run its sandbox.
+    pub node: Option<Arc<str>>,
 }
 
 /// An object that does not fit its type: kind, namespace, name.
@@ -113,7 +130,8 @@ pub struct ReservationInfo {
 #[derive(Debug, Default)]
 pub struct State {
     live: HashMap<String, LiveInfo>,
-    terminal: HashSet<String>,
+    /// Node names, shared by the pods on each node.
+    node_names: HashSet<Arc<str>>,
     tombstones: HashMap<String, Vec<Tombstone>>,
     pools: HashMap<String, PoolInfo>,
     /// (pool, key) of each podref's allocations: a Vec, as a pod has one or two (20,000 small
@@ -155,16 +173,27 @@ fn networks_of(
 }
 
 impl State {
+    /// The shared copy of a node name.
+    fn node_name(&mut self, node: Option<&str>) -> Option<Arc<str>> {
+        let node = node?;
+        if let Some(n) = self.node_names.get(node) {
+            return Some(n.clone());
+        }
+        let n: Arc<str> = node.into();
+        self.node_names.insert(n.clone());
+        Some(n)
+    }
+
     /// Records a live pod; returns a tombstone if it replaced a pod of the same podref with
     /// another uid (a deletion whose event was missed).
     pub fn upsert_pod(
         &mut self,
         podref: &str,
         uid: &str,
-        annotations: Option<&BTreeMap<String, String>>,
+        seen: PodSeen<'_>,
         now: Instant,
     ) -> Option<Tombstone> {
-        let (networks, malformed_status) = networks_of(annotations);
+        let (networks, malformed_status) = networks_of(seen.annotations);
         // An address the same pod listed and lists no more was listed until now: the leak
         // grace of that address starts again. (While listed it is kept anyway, so only drops
         // are recorded: a record per pod would cost megabytes at scale.)
@@ -196,6 +225,8 @@ impl State {
             uid: uid.to_owned(),
             networks,
             malformed_status,
+            node: self.node_name(seen.node),
+            terminal: seen.terminal,
         };
         let old = self.live.insert(podref.to_owned(), info)?;
         (old.uid != uid).then(|| self.bury(podref, old, now))
@@ -206,6 +237,7 @@ impl State {
             uid: old.uid,
             networks: old.networks,
             seen_at: now,
+            node: old.node,
         };
         self.tombstones
             .entry(podref.to_owned())
@@ -219,18 +251,20 @@ impl State {
         &mut self,
         podref: &str,
         uid: &str,
-        annotations: Option<&BTreeMap<String, String>>,
+        seen: PodSeen<'_>,
         now: Instant,
     ) -> Tombstone {
-        if self.live.get(podref).is_some_and(|l| l.uid == uid) {
-            self.live.remove(podref);
-        }
-        self.terminal.remove(uid);
-        let (networks, _) = networks_of(annotations);
+        let known = match self.live.get(podref) {
+            Some(l) if l.uid == uid => self.live.remove(podref).and_then(|l| l.node),
+            _ => None,
+        };
+        let (networks, _) = networks_of(seen.annotations);
+        let node = self.node_name(seen.node).or(known);
         let t = Tombstone {
             uid: uid.to_owned(),
             networks,
             seen_at: now,
+            node,
         };
         self.tombstones
             .entry(podref.to_owned())
@@ -243,8 +277,18 @@ impl State {
     pub fn vanish_pod(&mut self, podref: &str, uid: &str, now: Instant) -> Option<Tombstone> {
         let live = self.live.get(podref).filter(|l| l.uid == uid)?.clone();
         self.live.remove(podref);
-        self.terminal.remove(uid);
         Some(self.bury(podref, live, now))
+    }
+
+    /// The node the deleted pod `uid` of `podref` was bound to, if known.
+    pub fn deleted_pod_node(&self, podref: &str, uid: &str) -> Option<Arc<str>> {
+        self.tombstones
+            .get(podref)?
+            .iter()
+            .rev()
+            .find(|t| t.uid == uid)?
+            .node
+            .clone()
     }
 
     /// Records an object that does not fit its type; whether this is news (new or changed).
@@ -338,15 +382,6 @@ impl State {
             .collect()
     }
 
-    /// Sets the terminal (Succeeded/Failed) pod uids.
-    pub fn set_terminal(&mut self, uid: &str, terminal: bool) {
-        if terminal {
-            self.terminal.insert(uid.to_owned());
-        } else {
-            self.terminal.remove(uid);
-        }
-    }
-
     /// Forgets the tombstones of `podref` seen at or before `upto`.
     pub fn clear_tombstones(&mut self, podref: &str, upto: Instant) {
         if let Some(ts) = self.tombstones.get_mut(podref) {
@@ -386,6 +421,8 @@ impl State {
             ts.retain(|t| t.seen_at >= before || by_podref.contains_key(podref));
             !ts.is_empty()
         });
+        // Names no pod refers to any more (nodes replaced by autoscaling).
+        self.node_names.retain(|n| Arc::strong_count(n) > 1);
     }
 
     /// The earliest deletion time seen for `podref` (start-up orphans were not seen deleted).
@@ -749,7 +786,7 @@ impl State {
         let knowledge = PodKnowledge {
             live: live.map(|l| LivePod {
                 uid: &l.uid,
-                phase: if self.terminal.contains(&l.uid) {
+                phase: if l.terminal {
                     PodPhase::Succeeded
                 } else {
                     PodPhase::Running
@@ -889,7 +926,11 @@ mod tests {
             crate::ipam::NETWORK_STATUS_ANNOTATION.to_string(),
             status.to_string(),
         )]);
-        st.upsert_pod("ns/web", "uid-web", Some(&annotations), Instant::now());
+        let seen = PodSeen {
+            annotations: Some(&annotations),
+            ..Default::default()
+        };
+        st.upsert_pod("ns/web", "uid-web", seen, Instant::now());
     }
 
     fn decision(st: &State) -> (Decision, String) {

@@ -1,22 +1,20 @@
-//! The watches that feed [`State`]: pod metadata (deletions, gap deletions, recreated pods),
-//! terminal pods, pools, reservations and NADs.
+//! The watches that feed [`State`]: pods (deletions, gap deletions, recreated pods, their
+//! nodes and phases), pools, reservations and NADs.
 
 use std::collections::HashSet;
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, PartialObjectMeta};
-use kube::runtime::WatchStreamExt;
+use kube::api::Api;
 use kube::runtime::watcher::{self, Event};
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, Resource};
 use podlife::queue::WorkQueue;
 use tokio::sync::watch;
 
-use super::state::InvalidKey;
-use super::state::State;
+use super::state::{InvalidKey, PodSeen, State};
 use crate::api::lenient::Lenient;
+use crate::api::pod_view::PodView;
 use crate::api::{IPPool, NetworkAttachmentDefinition, OverlappingRangeIPReservation};
 use crate::telemetry::ControllerMetrics;
 use crate::watch_retry::retrying;
@@ -52,7 +50,16 @@ where
     }
 }
 
-/// Watches pod metadata and turns deletions (events, gaps, recreations) into tombstones on the queue.
+/// What a pod's observation tells the state.
+pub fn seen(p: &PodView) -> PodSeen<'_> {
+    PodSeen {
+        annotations: p.metadata.annotations.as_ref(),
+        node: p.node.as_deref(),
+        terminal: p.is_terminal(),
+    }
+}
+
+/// Watches pods and turns deletions (events, gaps, recreations) into tombstones on the queue.
 pub async fn pods(
     client: Client,
     state: Arc<RwLock<State>>,
@@ -60,10 +67,8 @@ pub async fn pods(
     metrics: ControllerMetrics,
     synced: Synced,
 ) {
-    let api = Api::<PartialObjectMeta<Pod>>::all(client.clone());
-    let stream = retrying(client, watcher::watcher(api, watcher::Config::default())).modify(|p| {
-        p.managed_fields_mut().clear();
-    });
+    let api = Api::<PodView>::all(client.clone());
+    let stream = retrying(client, watcher::watcher(api, watcher::Config::default()));
     let mut relists = PodRelist::default();
     drive("pods", stream, synced, |event| {
         let mut st = state.write().expect("state lock");
@@ -101,7 +106,7 @@ impl PodRelist {
     pub fn apply(
         &mut self,
         st: &mut State,
-        event: Event<PartialObjectMeta<Pod>>,
+        event: Event<PodView>,
         now: Instant,
     ) -> PodEventOutcome {
         let mut out = PodEventOutcome::default();
@@ -116,10 +121,7 @@ impl PodRelist {
                 };
                 self.relisted.insert((podref.clone(), uid.clone()));
                 // A different uid under the same name: the old pod's deletion was missed.
-                if st
-                    .upsert_pod(&podref, &uid, p.metadata.annotations.as_ref(), now)
-                    .is_some()
-                {
+                if st.upsert_pod(&podref, &uid, seen(&p), now).is_some() {
                     out.enqueue.push(podref);
                 }
             }
@@ -127,7 +129,7 @@ impl PodRelist {
                 let Some((podref, uid)) = podref_of(&p.metadata) else {
                     return out;
                 };
-                st.delete_pod(&podref, &uid, p.metadata.annotations.as_ref(), now);
+                st.delete_pod(&podref, &uid, seen(&p), now);
                 out.enqueue.push(podref);
             }
             Event::InitDone => {
@@ -146,47 +148,6 @@ impl PodRelist {
         }
         out
     }
-}
-
-/// Watches the metadata of pods in one terminal phase (the field selector does the filtering,
-/// so no full pod is ever cached).
-pub async fn terminal_pods(
-    client: Client,
-    state: Arc<RwLock<State>>,
-    phase: &'static str,
-    synced: Synced,
-) {
-    let api = Api::<PartialObjectMeta<Pod>>::all(client.clone());
-    let config = watcher::Config::default().fields(&format!("status.phase={phase}"));
-    let stream = retrying(client, watcher::watcher(api, config));
-    let mut known: HashSet<String> = HashSet::new();
-    let mut relisted: HashSet<String> = HashSet::new();
-    drive("terminal-pods", stream, synced, |event| {
-        let mut st = state.write().expect("state lock");
-        match event {
-            Event::Init => relisted.clear(),
-            Event::InitApply(p) | Event::Apply(p) => {
-                if let Some(uid) = p.metadata.uid {
-                    st.set_terminal(&uid, true);
-                    relisted.insert(uid.clone());
-                    known.insert(uid);
-                }
-            }
-            Event::Delete(p) => {
-                if let Some(uid) = p.metadata.uid {
-                    st.set_terminal(&uid, false);
-                    known.remove(&uid);
-                }
-            }
-            Event::InitDone => {
-                for uid in known.difference(&relisted) {
-                    st.set_terminal(uid, false);
-                }
-                known = std::mem::take(&mut relisted);
-            }
-        }
-    })
-    .await;
 }
 
 /// Records an object that does not fit its type (or clears it once it does) and says so once.
@@ -346,8 +307,11 @@ mod tests {
     use crate::reclaim::{Decision, Reason, ReclaimConfig};
     use std::collections::BTreeMap;
 
-    fn pod(name: &str, uid: &str, ip: Option<&str>) -> PartialObjectMeta<Pod> {
-        let mut p = PartialObjectMeta::<Pod>::default();
+    fn pod(name: &str, uid: &str, ip: Option<&str>) -> PodView {
+        let mut p = PodView {
+            node: Some("node-a".into()),
+            ..Default::default()
+        };
         p.metadata.namespace = Some("ns".into());
         p.metadata.name = Some(name.into());
         p.metadata.uid = Some(uid.into());
@@ -441,6 +405,52 @@ mod tests {
         assert_eq!(
             decision("ns/b"),
             Decision::Keep(crate::reclaim::KeepReason::ListedOnPod)
+        );
+    }
+
+    #[test]
+    fn a_deleted_pods_node_and_a_finished_pods_phase_come_from_the_pod_watch() {
+        let mut st = State::default();
+        st.upsert_pool(&pool(&[("10", "sb-a", "a"), ("11", "sb-b", "b")]));
+        let mut r = PodRelist::default();
+        let now = Instant::now();
+        for e in [
+            Event::Init,
+            Event::InitApply(pod("a", "uid-a", Some("192.0.2.10"))),
+            Event::InitApply(pod("b", "uid-b", Some("192.0.2.11"))),
+            Event::InitDone,
+        ] {
+            r.apply(&mut st, e, now);
+        }
+        assert_eq!(st.live("ns/a").unwrap().node.as_deref(), Some("node-a"));
+        let cfg = ReclaimConfig::default();
+        let decision = |st: &State, podref: &str| st.judge_podref(podref, &cfg)[0].decision;
+
+        // "b" finishes: its address becomes a terminal pod's leak (released after the grace).
+        let mut done = pod("b", "uid-b", Some("192.0.2.11"));
+        done.phase = Some("Succeeded".into());
+        r.apply(&mut st, Event::Apply(done), now);
+        assert_eq!(
+            decision(&st, "ns/b"),
+            Decision::Candidate(Reason::PodTerminal)
+        );
+
+        // "a"'s final state names no node (a stripped object): the node it was seen on counts.
+        let mut gone = pod("a", "uid-a", Some("192.0.2.10"));
+        gone.node = None;
+        r.apply(&mut st, Event::Delete(gone), now);
+        assert_eq!(
+            st.deleted_pod_node("ns/a", "uid-a").as_deref(),
+            Some("node-a")
+        );
+        assert_eq!(st.deleted_pod_node("ns/a", "other"), None);
+
+        // "b" vanishes in a gap: its tombstone keeps its node too.
+        r.apply(&mut st, Event::Init, now);
+        r.apply(&mut st, Event::InitDone, now);
+        assert_eq!(
+            st.deleted_pod_node("ns/b", "uid-b").as_deref(),
+            Some("node-a")
         );
     }
 }

@@ -246,6 +246,8 @@ pub struct ControllerMetrics {
     pub fenced_addresses: Gauge,
     /// Age in seconds of the oldest fence held.
     pub oldest_fence_seconds: Gauge,
+    /// Nodes whose Ready condition is not True: their pods' deletions are fenced.
+    pub unready_nodes: Gauge,
 }
 
 impl ControllerMetrics {
@@ -268,6 +270,7 @@ impl ControllerMetrics {
             cached_pods: Gauge::default(),
             fenced_addresses: Gauge::default(),
             oldest_fence_seconds: Gauge::default(),
+            unready_nodes: Gauge::default(),
             invalid_objects: Family::default(),
         };
         r.register(
@@ -284,6 +287,11 @@ impl ControllerMetrics {
             "fence_oldest_age_seconds",
             "Age of the oldest fence held",
             m.oldest_fence_seconds.clone(),
+        );
+        r.register(
+            "unready_nodes",
+            "Nodes not Ready now: their pods' addresses are fenced when the pods are deleted",
+            m.unready_nodes.clone(),
         );
         r.register(
             "allocations",

@@ -10,7 +10,9 @@ use kube::api::{Api, DeleteParams};
 use testenv::node::NODE_NAME;
 
 use crate::cluster::{Cluster, RELEASE_NS, wait_long};
-use crate::node_only::{controller_pod_metrics, kubectl_events, reservations, set_chart_values};
+use crate::node_only::{
+    controller_pod_metrics, controller_pods_metrics, kubectl_events, reservations, set_chart_values,
+};
 use crate::{GC_DONE, Platform, expect_clean_releases, pool_entries, wait_pool_matches_live_pods};
 
 const FENCED: &str = "IPAddressGarbageCollectionFenced";
@@ -97,6 +99,18 @@ async fn crash_and_force_delete_web_0(c: &Cluster, ip: &str, id: &str) {
     let node = c.node_handle();
     node.kill_kubelet().unwrap();
     node.wait_node_ready(false).await.unwrap();
+    // The controllers' Node watch lags the apiserver by a moment; a pod deleted before they
+    // see the node down is, by design, not fenced.
+    wait_long(
+        "every controller replica sees the node not Ready",
+        || async {
+            controller_pods_metrics(c.client())
+                .await
+                .iter()
+                .all(|m| m.lines().any(|l| l == "ipreclaim_unready_nodes 1"))
+        },
+    )
+    .await;
     Api::<Pod>::namespaced(c.client().clone(), c.ns())
         .delete("web-0", &DeleteParams::default().grace_period(0))
         .await
