@@ -8,7 +8,7 @@
 //! - N pods deleted at once (64 deletes in flight): when each pool entry and reservation went;
 //! - N pods deleted while the controller was down: released after it is ready;
 //! - M deletions at R/s: deletion-to-release latency, in pools of three sizes;
-//! - the controller's memory with F pods.
+//! - the controller's memory with F pods, and again after a restart that lists them all.
 //!
 //! `cargo bench --bench scale [-- --pods N --whereabouts-pods W --trickle M --rate R
 //! --footprint F --phases whereabouts,mass,restart,steady,footprint --steady-keepers K,...
@@ -16,7 +16,8 @@
 //! ipreclaim's default flags). Each phase has 4 pools of its own; live pods ("keepers") in
 //! them: W in the side-by-side, N/10 in the mass delete, 1.2 N in the restart (more than it
 //! deletes: the sweep's breaker holds a pool it would free more than half of), K per pool in
-//! each steady run; the pool patch's cost at the apiserver grows with the pool.
+//! each steady run; the pool patch's cost at the apiserver grows with the pool. Pods are the
+//! size of a Deployment's (two containers with env, probes, resources), not bare.
 
 mod common;
 
@@ -34,7 +35,7 @@ use ipreclaim::api::{
 };
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
-use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use testenv::ControlPlane;
 
@@ -548,7 +549,18 @@ impl Bench {
         let port = testenv::procs::free_port()?;
         let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse()?;
         let log = std::fs::File::create(self.cp.dir().join(format!("ipreclaim-{port}.log")))?;
-        let child = Command::new(env!("CARGO_BIN_EXE_ipreclaim"))
+        // SCALE_WRAP="heaptrack -o /tmp/ht/controller" runs it under a profiler.
+        let wrap = std::env::var("SCALE_WRAP").unwrap_or_default();
+        let mut wrap = wrap.split_whitespace();
+        let mut command = match wrap.next() {
+            Some(program) => {
+                let mut c = Command::new(program);
+                c.args(wrap).arg(env!("CARGO_BIN_EXE_ipreclaim"));
+                c
+            }
+            None => Command::new(env!("CARGO_BIN_EXE_ipreclaim")),
+        };
+        let child = command
             .args([
                 "controller",
                 &format!("--whereabouts-namespace={}", self.ns),
@@ -639,18 +651,45 @@ fn sandbox(pod: &str) -> String {
     format!("sandbox-{pod}")
 }
 
+/// A pod about the size of a Deployment's (labels, an owner, two containers with env,
+/// resources, a probe and a mount): the controller reads whole pods off the wire and strips
+/// them while reading, so their size is part of what it costs.
 fn pod(ns: &str, a: &Alloc) -> Pod {
     let status = serde_json::json!([{
         "name": format!("{ns}/{}", network(a.pool)), "interface": "net1",
         "ips": [address(a.pool, a.offset)], "mac": "02:00:00:00:00:01", "dns": {},
     }]);
-    let mut p = testenv::fixtures::pod_with_network_status(&a.pod, &status.to_string());
-    let annotations = p.metadata.annotations.get_or_insert_default();
-    annotations.insert("k8s.v1.cni.cncf.io/networks".into(), network(a.pool));
-    if let Some(spec) = p.spec.as_mut() {
-        spec.node_name = Some(NODE.into());
-    }
-    p
+    let container = |name: &str| {
+        let env: Vec<_> = (0..8)
+            .map(|i| serde_json::json!({"name": format!("SETTING_{i}"), "value": format!("value-of-setting-{i}")}))
+            .collect();
+        serde_json::json!({
+            "name": name, "image": "registry.example.com/team/app:1.24.3",
+            "args": ["--listen=:8080", "--log-level=info"], "env": env,
+            "ports": [{"name": "http", "containerPort": 8080}],
+            "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
+            "readinessProbe": {"httpGet": {"path": "/healthz", "port": 8080}, "periodSeconds": 5},
+            "volumeMounts": [{"name": "config", "mountPath": "/etc/app"}],
+        })
+    };
+    let pod = serde_json::json!({
+        "metadata": {
+            "name": a.pod,
+            "labels": {"app.kubernetes.io/name": "app", "app.kubernetes.io/instance": "bench", "pod-template-hash": "5d9c7b8f4"},
+            "annotations": {
+                "k8s.v1.cni.cncf.io/network-status": status.to_string(),
+                "k8s.v1.cni.cncf.io/networks": network(a.pool),
+            },
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "app-5d9c7b8f4",
+                "uid": "6f1c9d2e-8a4b-4c3d-9e2f-1a2b3c4d5e6f", "controller": true}],
+        },
+        "spec": {
+            "nodeName": NODE,
+            "containers": [container("app"), container("sidecar")],
+            "volumes": [{"name": "config", "configMap": {"name": "app-config"}}],
+        },
+    });
+    serde_json::from_value(pod).expect("a valid pod")
 }
 
 /// Pool patches, reservation deletes, 429s, and the patches' summed seconds as counted by
@@ -926,9 +965,27 @@ async fn footprint(bench: &mut Bench, o: &Options) -> anyhow::Result<()> {
     while sweeps(&common::metrics_text(addr).await) <= before {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    let one = bench.pods().list(&ListParams::default().limit(1)).await?;
+    let size = serde_json::to_vec(&one.items)?.len();
     println!(
-        "footprint: controller RSS with {} pods, their allocations and reservations cached: {:.1} MiB after the next sweep ({cached_rss:.1} MiB when the last was cached, peak {:.1} MiB)",
+        "footprint: controller RSS with {} pods (about {size} bytes of JSON each), their allocations and reservations cached: {:.1} MiB after the next sweep ({cached_rss:.1} MiB when the last was cached, peak {:.1} MiB)",
         o.footprint,
+        ipreclaim.rss_mib(),
+        ipreclaim.peak_rss_mib(),
+    );
+    ipreclaim.stop();
+
+    // A restart reads all of it in its first lists, a page at a time.
+    let started = Instant::now();
+    let (ipreclaim, addr) = bench.start_ipreclaim(&o.controller_args).await?;
+    let ready = started.elapsed();
+    let before = sweeps(&common::metrics_text(addr).await);
+    while sweeps(&common::metrics_text(addr).await) <= before {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    println!(
+        "footprint: restarted with them all in place: ready in {:.1}s, RSS {:.1} MiB after the next sweep (peak {:.1} MiB)",
+        ready.as_secs_f64(),
         ipreclaim.rss_mib(),
         ipreclaim.peak_rss_mib(),
     );
