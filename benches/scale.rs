@@ -18,6 +18,7 @@
 //! deletes: the sweep's breaker holds a pool it would free more than half of), K per pool in
 //! each steady run; the pool patch's cost at the apiserver grows with the pool. Pods are the
 //! size of a Deployment's (two containers with env, probes, resources), not bare.
+//! `SCALE_WRAP="heaptrack -o /tmp/ht/c"` runs the controller under the given program.
 
 mod common;
 
