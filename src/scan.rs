@@ -9,7 +9,7 @@ use kube::api::{Api, ListParams};
 use serde::Serialize;
 
 use crate::api::lenient::Lenient;
-use crate::api::pod_view::PodView;
+use crate::api::slim::PodView;
 use crate::api::{IPPool, NetworkAttachmentDefinition};
 use crate::controller::state::State;
 use crate::reclaim::{Decision, ReclaimConfig};

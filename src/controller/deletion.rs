@@ -12,7 +12,7 @@ use tokio::sync::watch;
 
 use super::fence::record_for;
 use super::state::PodRef;
-use crate::api::pod_view::PodView;
+use crate::api::slim::PodView;
 use crate::reclaim::{Decision, Reason, ReclaimConfig};
 use crate::release::{EntryWrite, ReleaseError, ReleaseOutcome, ReleaseRequest};
 

@@ -5,18 +5,22 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
 
 use super::state::{FencedEntry, Judged, PodRef};
 use super::watch::{Synced, drive};
+use crate::api::slim::NodeReadyView as NodeObject;
 use crate::ipam::fence::FenceRecord;
 use crate::reclaim::fence::{FencePolicy, Lift, NodeReadiness, distrust, lift};
 use crate::reclaim::{Decision, Reason};
 use crate::release::{EntryWrite, ReleaseOutcome, ReleaseRequest};
 use crate::watch_retry::retrying;
+
+/// Nodes per page of the Node list: a Node's status (its images, above all) is tens of KB of
+/// text, read whole before it is stripped.
+const NODE_PAGE: u32 = 50;
 
 /// How often fences are checked for lifting.
 pub const LIFT_EVERY: Duration = Duration::from_secs(1);
@@ -48,7 +52,7 @@ impl NodeView {
     }
 
     /// Applies one Node watch event.
-    pub fn apply(&mut self, event: Event<Node>) {
+    pub fn apply(&mut self, event: Event<NodeObject>) {
         match event {
             Event::Init => self.relisted.clear(),
             Event::InitApply(n) | Event::Apply(n) => {
@@ -74,13 +78,8 @@ impl NodeView {
 }
 
 /// The Ready condition of a Node (`missing` when it has none yet).
-pub fn readiness_of(node: &Node) -> NodeReadiness {
-    let ready = node
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"));
-    match ready {
+pub fn readiness_of(node: &NodeObject) -> NodeReadiness {
+    match &node.ready {
         Some(c) => NodeReadiness {
             status: c.status.clone(),
             reason: c.reason.clone(),
@@ -96,8 +95,9 @@ pub fn readiness_of(node: &Node) -> NodeReadiness {
 
 /// Watches Nodes' readiness.
 pub async fn nodes(client: Client, view: Arc<RwLock<NodeView>>, synced: Synced) {
-    let api = Api::<Node>::all(client.clone());
-    let stream = retrying(client, watcher::watcher(api, watcher::Config::default()));
+    let api = Api::<NodeObject>::all(client.clone());
+    let config = watcher::Config::default().page_size(NODE_PAGE);
+    let stream = retrying(client, watcher::watcher(api, config));
     drive("nodes", stream, synced, |event| {
         view.write().expect("node view lock").apply(event)
     })
@@ -232,20 +232,15 @@ impl Lifter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus};
+    use k8s_openapi::api::core::v1::NodeCondition;
 
-    fn node(name: &str, ready: Option<&str>) -> Node {
-        let mut n = Node::default();
+    fn node(name: &str, ready: Option<&str>) -> NodeObject {
+        let mut n = NodeObject::default();
         n.metadata.name = Some(name.into());
-        n.status = Some(NodeStatus {
-            conditions: ready.map(|status| {
-                vec![NodeCondition {
-                    type_: "Ready".into(),
-                    status: status.into(),
-                    reason: Some("KubeletStopped".into()),
-                    ..Default::default()
-                }]
-            }),
+        n.ready = ready.map(|status| NodeCondition {
+            type_: "Ready".into(),
+            status: status.into(),
+            reason: Some("KubeletStopped".into()),
             ..Default::default()
         });
         n

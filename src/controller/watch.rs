@@ -14,7 +14,7 @@ use tokio::sync::watch;
 
 use super::state::{InvalidKey, PodSeen, State};
 use crate::api::lenient::Lenient;
-use crate::api::pod_view::PodView;
+use crate::api::slim::PodView;
 use crate::api::{IPPool, NetworkAttachmentDefinition, OverlappingRangeIPReservation};
 use crate::telemetry::ControllerMetrics;
 use crate::watch_retry::retrying;

@@ -1,13 +1,13 @@
-//! Pods as the controller reads them: the metadata it needs, the node a pod is bound to and
-//! whether it has finished. Everything else of a pod (its spec, statuses, managedFields) is
-//! skipped while the text is read, never built, so a full-pod watch costs what a metadata
-//! watch costs in memory, and one watch answers what three did (pods, terminal pods, the pods
-//! of unready nodes).
+//! Pods and Nodes as the controller reads them: only the fields it uses are built; the rest of
+//! each object (a pod's spec and statuses, a Node's images, everyone's managedFields) is
+//! skipped while the text is read. So one pod watch answers what three metadata watches did
+//! (pods, terminal pods, the pods of unready nodes) at the memory cost of one, and a Node costs
+//! its name and Ready condition, not the tens of KB its status holds.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, NodeCondition, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Resource;
 use kube::api::ObjectMeta;
@@ -84,27 +84,73 @@ impl<'de> Deserialize<'de> for PodView {
     }
 }
 
-impl Resource for PodView {
-    type DynamicType = ();
-    type Scope = <Pod as Resource>::Scope;
+/// `Resource` as the full type it strips: same kind, group, version and URL.
+macro_rules! resource_as {
+    ($slim:ty, $full:ty) => {
+        impl Resource for $slim {
+            type DynamicType = ();
+            type Scope = <$full as Resource>::Scope;
 
-    fn kind(dt: &()) -> Cow<'_, str> {
-        Pod::kind(dt)
-    }
-    fn group(dt: &()) -> Cow<'_, str> {
-        Pod::group(dt)
-    }
-    fn version(dt: &()) -> Cow<'_, str> {
-        Pod::version(dt)
-    }
-    fn plural(dt: &()) -> Cow<'_, str> {
-        Pod::plural(dt)
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
+            fn kind(dt: &()) -> Cow<'_, str> {
+                <$full>::kind(dt)
+            }
+            fn group(dt: &()) -> Cow<'_, str> {
+                <$full>::group(dt)
+            }
+            fn version(dt: &()) -> Cow<'_, str> {
+                <$full>::version(dt)
+            }
+            fn plural(dt: &()) -> Cow<'_, str> {
+                <$full>::plural(dt)
+            }
+            fn meta(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+            fn meta_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
+}
+
+resource_as!(PodView, Pod);
+resource_as!(NodeReadyView, Node);
+
+/// A Node, stripped to its name and Ready condition.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NodeReadyView {
+    /// Name and resourceVersion only.
+    pub metadata: ObjectMeta,
+    /// Its `Ready` condition, if it has one yet.
+    pub ready: Option<NodeCondition>,
+}
+
+#[derive(Deserialize)]
+struct NodeWire {
+    #[serde(default)]
+    metadata: WireMeta,
+    #[serde(default)]
+    status: NodeWireStatus,
+}
+
+#[derive(Deserialize, Default)]
+struct NodeWireStatus {
+    #[serde(default)]
+    conditions: Vec<NodeCondition>,
+}
+
+impl<'de> Deserialize<'de> for NodeReadyView {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let w = NodeWire::deserialize(d)?;
+        Ok(NodeReadyView {
+            metadata: ObjectMeta {
+                name: w.metadata.name,
+                uid: w.metadata.uid,
+                resource_version: w.metadata.resource_version,
+                ..Default::default()
+            },
+            ready: w.status.conditions.into_iter().find(|c| c.type_ == "Ready"),
+        })
     }
 }
 
@@ -155,5 +201,32 @@ mod tests {
             "/api/v1/namespaces/ns/pods"
         );
         assert_eq!(PodView::kind(&()), "Pod");
+    }
+
+    #[test]
+    fn a_node_reads_as_its_name_and_ready_condition() {
+        let node = json!({
+            "metadata": {"name": "n1", "resourceVersion": "9", "labels": {"a": "b"}},
+            "status": {
+                "conditions": [
+                    {"type": "MemoryPressure", "status": "False"},
+                    {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
+                     "lastTransitionTime": "2026-11-24T07:00:00Z"}
+                ],
+                "images": [{"names": ["registry.example.com/a:1"], "sizeBytes": 1}]
+            }
+        });
+        let n: NodeReadyView = serde_json::from_value(node).unwrap();
+        assert_eq!(n.metadata.name.as_deref(), Some("n1"));
+        assert_eq!(n.metadata.labels, None);
+        let ready = n.ready.expect("the Ready condition");
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_deref()),
+            ("Unknown", Some("NodeStatusUnknown"))
+        );
+        let bare: NodeReadyView =
+            serde_json::from_value(json!({"metadata": {"name": "n2"}})).unwrap();
+        assert_eq!(bare.ready, None);
+        assert_eq!(NodeReadyView::url_path(&(), None), "/api/v1/nodes");
     }
 }
