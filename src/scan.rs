@@ -9,10 +9,14 @@ use kube::api::{Api, ListParams};
 use serde::Serialize;
 
 use crate::api::lenient::Lenient;
+use crate::api::paged::for_each_listed;
 use crate::api::slim::PodView;
 use crate::api::{IPPool, NetworkAttachmentDefinition};
 use crate::controller::state::State;
 use crate::reclaim::{Decision, ReclaimConfig};
+
+/// Pods per list page.
+const SCAN_PAGE: u32 = 500;
 
 /// One reported allocation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -59,26 +63,27 @@ pub async fn scan(
     let mut created: BTreeMap<String, i64> = BTreeMap::new();
     let wall = jiff::Timestamp::now();
     // Paged: a page of full pods is read, stripped and dropped before the next.
-    let mut page = ListParams::default().limit(500);
-    loop {
-        let list = pods.list(&page).await.context("list pods")?;
-        for p in &list.items {
+    for_each_listed(
+        SCAN_PAGE,
+        |page| {
+            let pods = pods.clone();
+            async move { pods.list(&page).await }
+        },
+        |p| {
             let (Some(ns), Some(name), Some(uid)) =
                 (&p.metadata.namespace, &p.metadata.name, &p.metadata.uid)
             else {
-                continue;
+                return;
             };
             let podref = format!("{ns}/{name}");
             if let Some(t) = &p.metadata.creation_timestamp {
                 created.insert(podref.clone(), wall.duration_since(t.0).as_secs());
             }
-            state.upsert_pod(&podref, uid, crate::controller::watch::seen(p), now);
-        }
-        match list.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(token) => page = page.continue_token(&token),
-            None => break,
-        }
-    }
+            state.upsert_pod(&podref, uid, crate::controller::watch::seen(&p), now);
+        },
+    )
+    .await
+    .context("list pods")?;
     let pools = Api::<Lenient<IPPool>>::namespaced(client.clone(), namespace)
         .list(&ListParams::default())
         .await

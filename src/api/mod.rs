@@ -2,6 +2,7 @@
 //! (`whereabouts.cni.cncf.io/v1alpha1`) and Multus (`k8s.cni.cncf.io/v1`).
 
 pub mod lenient;
+pub mod paged;
 pub mod slim;
 
 use std::collections::BTreeMap;

@@ -99,22 +99,22 @@ pub struct ControllerArgs {
     #[arg(
         long,
         env = "IPRECLAIM_RESERVATION_DELETE_QPS",
-        default_value_t = 100.0
+        default_value_t = 500.0
     )]
     pub reservation_delete_qps: f64,
     /// Reservation delete burst.
     #[arg(
         long,
         env = "IPRECLAIM_RESERVATION_DELETE_BURST",
-        default_value_t = 200
+        default_value_t = 1000
     )]
     pub reservation_delete_burst: u32,
     /// All API writes per second together (pool patches, reservation deletes, Events), pool
     /// patches first; 0 for no limit.
-    #[arg(long, env = "IPRECLAIM_WRITE_QPS", default_value_t = 150.0)]
+    #[arg(long, env = "IPRECLAIM_WRITE_QPS", default_value_t = 600.0)]
     pub write_qps: f64,
     /// Burst of all API writes together.
-    #[arg(long, env = "IPRECLAIM_WRITE_BURST", default_value_t = 300)]
+    #[arg(long, env = "IPRECLAIM_WRITE_BURST", default_value_t = 1200)]
     pub write_burst: u32,
     /// API writes in flight at once.
     #[arg(long, env = "IPRECLAIM_MAX_INFLIGHT_WRITES", default_value_t = 8)]

@@ -6,9 +6,10 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 
 use super::state::Judged;
+use crate::api::paged::for_each_listed;
 use crate::ipam::{NETWORK_STATUS_ANNOTATION, parse_network_status};
 use crate::reclaim::{
     self, Allocation, Decision, LivePod, PodKnowledge, PodPhase, PoolContext, Reason, ReclaimConfig,
@@ -17,6 +18,8 @@ use crate::release::ReleaseRequest;
 
 /// Up to this many missing pods are confirmed by a GET each, more by one list.
 const CONFIRM_BY_GET: usize = 8;
+/// Pods' metadata per page of the confirming list.
+const CONFIRM_PAGE: u32 = 500;
 
 /// Pools with at most this many allocations are never held by the breaker.
 const BREAKER_MIN_POOL: usize = 10;
@@ -271,16 +274,24 @@ impl Sweeper {
         n
     }
 
-    /// Every pod's `namespace/name`, from one consistent list of metadata.
+    /// Every pod's `namespace/name`, from one consistent list of metadata, paged.
     async fn existing_podrefs(&self) -> Result<HashSet<String>, kube::Error> {
-        let pods = Api::<Pod>::all(self.ctx.client.clone())
-            .list_metadata(&ListParams::default())
-            .await?;
-        Ok(pods
-            .items
-            .into_iter()
-            .filter_map(|p| Some(format!("{}/{}", p.metadata.namespace?, p.metadata.name?)))
-            .collect())
+        let pods = Api::<Pod>::all(self.ctx.client.clone());
+        let mut podrefs = HashSet::new();
+        for_each_listed(
+            CONFIRM_PAGE,
+            |page| {
+                let pods = pods.clone();
+                async move { pods.list_metadata(&page).await }
+            },
+            |p| {
+                if let (Some(ns), Some(name)) = (p.metadata.namespace, p.metadata.name) {
+                    podrefs.insert(format!("{ns}/{name}"));
+                }
+            },
+        )
+        .await?;
+        Ok(podrefs)
     }
 
     /// A fresh look at the pod before releasing on the sweep's evidence.

@@ -298,7 +298,7 @@ impl Writer {
     async fn release_pool(
         &self,
         pool: &str,
-        items: Vec<(ReleaseRequest, Reply)>,
+        mut items: Vec<(ReleaseRequest, Reply)>,
     ) -> Vec<(String, String)> {
         if self.dry_run {
             for (req, reply) in items {
@@ -320,6 +320,9 @@ impl Writer {
             }
             return Vec::new();
         }
+        // whereabouts hands out the lowest free address that has no reservation, so the
+        // reservations go lowest address first: those addresses are reused first.
+        items.sort_by_key(|(req, _)| req.judged.entry.ip);
         let (reqs, replies): (Vec<_>, Vec<_>) = items.into_iter().unzip();
         let outcomes = self.patch_with_retry(pool, &reqs).await;
         let mut released = Vec::new();

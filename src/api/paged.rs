@@ -1,0 +1,99 @@
+//! Lists read a page at a time: a page is handled and dropped before the next is read, so a
+//! large cluster's list never sits in memory whole. The continue token pins the first page's
+//! resourceVersion, so the pages together are one consistent snapshot.
+
+use std::future::Future;
+
+use kube::api::{ListParams, ObjectList};
+
+/// Calls `each` on every item of a list fetched `limit` items at a time by `fetch`.
+pub async fn for_each_listed<T, F, Fut>(
+    limit: u32,
+    mut fetch: F,
+    mut each: impl FnMut(T),
+) -> Result<(), kube::Error>
+where
+    T: Clone,
+    F: FnMut(ListParams) -> Fut,
+    Fut: Future<Output = Result<ObjectList<T>, kube::Error>>,
+{
+    let mut params = ListParams::default().limit(limit);
+    loop {
+        let list = fetch(params.clone()).await?;
+        list.items.into_iter().for_each(&mut each);
+        match list.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A page as the apiserver sends it: items, and a continue token unless it is the last.
+    fn page(items: &[&str], next: Option<&str>) -> ObjectList<String> {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"continue": next.unwrap_or(""), "resourceVersion": "7"},
+            "items": items,
+        }))
+        .expect("an ObjectList")
+    }
+
+    #[tokio::test]
+    async fn every_page_is_read_with_the_token_of_the_one_before() {
+        let mut asked = Vec::new();
+        let mut seen = Vec::new();
+        for_each_listed(
+            2,
+            |params: ListParams| {
+                asked.push((params.limit, params.continue_token.clone()));
+                let reply = match params.continue_token.as_deref() {
+                    None => page(&["a", "b"], Some("t1")),
+                    Some("t1") => page(&["c", "d"], Some("t2")),
+                    Some(_) => page(&["e"], None),
+                };
+                async move { Ok(reply) }
+            },
+            |item| seen.push(item),
+        )
+        .await
+        .expect("listed");
+        assert_eq!(seen, ["a", "b", "c", "d", "e"]);
+        assert_eq!(
+            asked,
+            [
+                (Some(2), None),
+                (Some(2), Some("t1".to_string())),
+                (Some(2), Some("t2".to_string())),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failed_page_fails_the_list() {
+        let mut calls = 0;
+        let result = for_each_listed(
+            2,
+            |params: ListParams| {
+                calls += 1;
+                let reply = match params.continue_token {
+                    None => Ok(page(&["a", "b"], Some("t1"))),
+                    Some(_) => Err(kube::Error::Api(
+                        serde_json::from_value(serde_json::json!({
+                            "status": "Failure", "message": "continue token expired",
+                            "reason": "Expired", "code": 410,
+                        }))
+                        .expect("a Status"),
+                    )),
+                };
+                async move { reply }
+            },
+            |_: String| {},
+        )
+        .await;
+        assert!(matches!(result, Err(kube::Error::Api(s)) if s.code == 410));
+        assert_eq!(calls, 2);
+    }
+}
