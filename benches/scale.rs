@@ -956,6 +956,16 @@ async fn steady(bench: &mut Bench, o: &Options, keepers: usize) -> anyhow::Resul
     Ok(())
 }
 
+/// Waits for the controller's next sweep to end: its RSS settles then, as the sweep gives back
+/// what the reads left free.
+async fn next_sweep(addr: std::net::SocketAddr) {
+    let sweeps = |text: &str| common::metric(text, "ipreclaim_sweep_duration_seconds_count");
+    let before = sweeps(&common::metrics_text(addr).await);
+    while sweeps(&common::metrics_text(addr).await) <= before {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 /// The controller's memory with `footprint` pods (with allocations and reservations).
 async fn footprint(bench: &mut Bench, o: &Options) -> anyhow::Result<()> {
     bench.new_pools().await?;
@@ -973,12 +983,7 @@ async fn footprint(bench: &mut Bench, o: &Options) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let cached_rss = ipreclaim.rss_mib();
-    // RSS settles after a sweep, which gives back what the reads left free.
-    let sweeps = |text: &str| common::metric(text, "ipreclaim_sweep_duration_seconds_count");
-    let before = sweeps(&common::metrics_text(addr).await);
-    while sweeps(&common::metrics_text(addr).await) <= before {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    next_sweep(addr).await;
     let one = bench.pods().list(&ListParams::default().limit(1)).await?;
     let size = serde_json::to_vec(&one.items)?.len();
     println!(
@@ -993,10 +998,7 @@ async fn footprint(bench: &mut Bench, o: &Options) -> anyhow::Result<()> {
     let started = Instant::now();
     let (ipreclaim, addr) = bench.start_ipreclaim(&o.controller_args).await?;
     let ready = started.elapsed();
-    let before = sweeps(&common::metrics_text(addr).await);
-    while sweeps(&common::metrics_text(addr).await) <= before {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    next_sweep(addr).await;
     println!(
         "footprint: restarted with them all in place: ready in {:.1}s, RSS {:.1} MiB after the next sweep (peak {:.1} MiB)",
         ready.as_secs_f64(),
