@@ -13,10 +13,8 @@ use crate::api::paged::for_each_listed;
 use crate::api::slim::PodView;
 use crate::api::{IPPool, NetworkAttachmentDefinition};
 use crate::controller::state::State;
+use crate::controller::watch::{POD_PAGE, seen};
 use crate::reclaim::{Decision, ReclaimConfig};
-
-/// Pods per list page.
-const SCAN_PAGE: u32 = 500;
 
 /// One reported allocation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -64,7 +62,7 @@ pub async fn scan(
     let wall = jiff::Timestamp::now();
     // Paged: a page of full pods is read, stripped and dropped before the next.
     for_each_listed(
-        SCAN_PAGE,
+        POD_PAGE,
         |page| {
             let pods = pods.clone();
             async move { pods.list(&page).await }
@@ -79,7 +77,7 @@ pub async fn scan(
             if let Some(t) = &p.metadata.creation_timestamp {
                 created.insert(podref.clone(), wall.duration_since(t.0).as_secs());
             }
-            state.upsert_pod(&podref, uid, crate::controller::watch::seen(&p), now);
+            state.upsert_pod(&podref, uid, seen(&p), now);
         },
     )
     .await
