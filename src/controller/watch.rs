@@ -50,8 +50,9 @@ where
     }
 }
 
-/// Pods per page of a list of whole pods (the watch's and `scan`'s): a page is read as one piece of text before it
-/// is stripped (a Deployment's pod is about 6 KB: 100 of them are 0.6 MB, 500 would be 3 MB).
+/// Pods per page of a list of whole pods (the watch's and `scan`'s): a page is read as one
+/// piece of text before it is stripped (a Deployment's pod is about 6 KB: 100 of them are
+/// 0.6 MB, 500 would be 3 MB).
 pub(crate) const POD_PAGE: u32 = 100;
 /// Pools per page: a pool of 5,000 entries is about 1.5 MB of text with its managedFields.
 const POOL_PAGE: u32 = 4;
