@@ -1,18 +1,21 @@
 //! Retrying a watch: exponential backoff for errors the apiserver answered (a 403 or a 500 is
 //! not fixed by asking again soon), and, when it could not be reached at all, a retry as soon as
 //! it answers again (a cheap `/version` probe) instead of sleeping out a backoff that grew
-//! during the outage.
+//! during the outage. The delay grows until the watch makes progress (a re-list completes or
+//! events flow), never merely because a re-list began.
 
-use std::pin::Pin;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use kube::Client;
-use kube::runtime::watcher;
+use kube::runtime::watcher::{self, Event};
 
 /// First and largest retry delay.
 const MIN_DELAY: Duration = Duration::from_millis(200);
 const MAX_DELAY: Duration = Duration::from_secs(30);
+/// Up to this share of a delay is added at random (many watches, on many replicas and
+/// nodes, do not retry in step).
+const JITTER: f64 = 0.5;
 /// How often an unreachable apiserver is probed.
 const PROBE_EVERY: Duration = Duration::from_millis(250);
 
@@ -61,56 +64,95 @@ async fn wait_until_reachable(client: &Client, delay: Duration) -> bool {
     }
 }
 
-struct Retrying<S> {
-    inner: Pin<Box<S>>,
-    client: Client,
+/// What the policy does before the next poll.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    /// Poll now.
+    Now,
+    /// Sleep this long.
+    Sleep(Duration),
+    /// Wait up to this long, resuming as soon as the apiserver answers a probe.
+    UntilReachable(Duration),
+}
+
+/// The retry policy, without I/O: fed what the watch yields, it says how long to wait.
+/// Only progress (a completed re-list, or events flowing) resets the delay: the watcher yields
+/// `Init` before every re-list, and a delay reset by that would re-list a refusing apiserver
+/// five times a second forever.
+#[derive(Debug, Default)]
+struct Policy {
     delay: Duration,
     /// Set after an error: how to wait before polling again.
     pending: Option<After>,
-    /// A 410 was answered with an immediate re-list since the last success (a second one in a
-    /// row backs off: an apiserver that keeps answering 410 is not hammered).
+    /// A 410 was answered with an immediate re-list since the last progress (a second one
+    /// backs off: an apiserver that keeps answering 410 is not hammered).
     relisted: bool,
+    /// An outage ended early on a probe since the last progress: the next unreachable error
+    /// waits its whole delay (an apiserver that answers probes but not the watch is not
+    /// hammered either).
+    resumed_early: bool,
+}
+
+impl Policy {
+    /// Records what the watch yielded.
+    fn saw<K>(&mut self, item: &Result<Event<K>, watcher::Error>) {
+        match item {
+            Ok(Event::InitDone | Event::Apply(_) | Event::Delete(_)) => {
+                *self = Policy::default();
+            }
+            // A re-list begins or goes on: no sign yet that it will complete.
+            Ok(Event::Init | Event::InitApply(_)) => {}
+            Err(e) => self.pending = Some(classify(e)),
+        }
+    }
+
+    /// How to wait before the next poll; `jitter` in [0, 1) spreads retries of many watches.
+    fn next(&mut self, jitter: f64) -> Wait {
+        let grow = |p: &mut Policy| {
+            p.delay = next_delay(p.delay);
+            p.delay.mul_f64(1.0 + JITTER * jitter.clamp(0.0, 1.0))
+        };
+        match self.pending.take() {
+            None => Wait::Now,
+            Some(After::Relist) if !self.relisted => {
+                self.relisted = true;
+                Wait::Now
+            }
+            Some(After::Relist | After::Answered) => Wait::Sleep(grow(self)),
+            Some(After::Unreachable) if !self.resumed_early => Wait::UntilReachable(grow(self)),
+            Some(After::Unreachable) => Wait::Sleep(grow(self)),
+        }
+    }
+
+    /// The apiserver answered a probe before the delay ran out.
+    fn resumed(&mut self) {
+        self.resumed_early = true;
+    }
 }
 
 /// `stream` (a [`watcher`] without backoff of its own) with the retry policy above.
-pub fn retrying<K, S>(client: Client, stream: S) -> impl Stream<Item = Result<K, watcher::Error>>
+pub fn retrying<K, S>(
+    client: Client,
+    stream: S,
+) -> impl Stream<Item = Result<Event<K>, watcher::Error>>
 where
-    S: Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+    S: Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
     K: Send + 'static,
 {
-    let state = Retrying {
-        inner: Box::pin(stream),
-        client,
-        delay: Duration::ZERO,
-        pending: None,
-        relisted: false,
-    };
-    futures::stream::unfold(state, |mut st| async move {
-        match st.pending.take() {
-            None => {}
-            Some(After::Relist) if !st.relisted => st.relisted = true,
-            Some(After::Relist | After::Answered) => {
-                st.delay = next_delay(st.delay);
-                tokio::time::sleep(st.delay).await;
-            }
-            Some(After::Unreachable) => {
-                st.delay = next_delay(st.delay);
-                if wait_until_reachable(&st.client, st.delay).await {
-                    // Back: what comes next is judged afresh (a real error backs off from
-                    // the start again).
-                    st.delay = Duration::ZERO;
+    let state = (Box::pin(stream), client, Policy::default());
+    futures::stream::unfold(state, |(mut inner, client, mut policy)| async move {
+        match policy.next(rand::random::<f64>()) {
+            Wait::Now => {}
+            Wait::Sleep(d) => tokio::time::sleep(d).await,
+            Wait::UntilReachable(d) => {
+                if wait_until_reachable(&client, d).await {
+                    policy.resumed();
                 }
             }
         }
-        let item = st.inner.next().await?;
-        match &item {
-            Ok(_) => {
-                st.delay = Duration::ZERO;
-                st.relisted = false;
-            }
-            Err(e) => st.pending = Some(classify(e)),
-        }
-        Some((item, st))
+        let item = inner.next().await?;
+        policy.saw(&item);
+        Some((item, (inner, client, policy)))
     })
 }
 
@@ -161,5 +203,102 @@ mod tests {
         assert_eq!(seen[1], MIN_DELAY * 2);
         assert_eq!(*seen.last().unwrap(), MAX_DELAY);
         assert!(seen.windows(2).all(|w| w[0] <= w[1]));
+    }
+
+    fn refused() -> Result<Event<()>, watcher::Error> {
+        Err(watcher::Error::InitialListFailed(api(403)))
+    }
+
+    fn unreachable() -> Result<Event<()>, watcher::Error> {
+        Err(watcher::Error::InitialListFailed(kube::Error::Service(
+            Box::new(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)),
+        )))
+    }
+
+    fn sleeps(w: Wait) -> Duration {
+        match w {
+            Wait::Now => Duration::ZERO,
+            Wait::Sleep(d) | Wait::UntilReachable(d) => d,
+        }
+    }
+
+    #[test]
+    fn a_refused_list_backs_off_although_every_relist_begins_with_init() {
+        let mut p = Policy::default();
+        let mut waits = Vec::new();
+        for _ in 0..8 {
+            waits.push(sleeps(p.next(0.0)));
+            // What kube's watcher yields per attempt: Init, then the failed list.
+            p.saw(&Ok(Event::<()>::Init));
+            p.saw(&refused());
+        }
+        let ms = |n| Duration::from_millis(n);
+        assert_eq!(
+            waits,
+            [
+                ms(0),
+                ms(200),
+                ms(400),
+                ms(800),
+                ms(1600),
+                ms(3200),
+                ms(6400),
+                ms(12800)
+            ]
+        );
+        // A completed re-list is progress: the next error starts from the minimum again.
+        p.next(0.0);
+        p.saw(&Ok(Event::<()>::Init));
+        p.saw(&Ok(Event::InitApply(())));
+        p.saw(&Ok(Event::<()>::InitDone));
+        p.saw(&refused());
+        assert_eq!(p.next(0.0), Wait::Sleep(MIN_DELAY));
+    }
+
+    #[test]
+    fn events_flowing_reset_the_delay_and_jitter_only_lengthens_it() {
+        let mut p = Policy::default();
+        for _ in 0..4 {
+            p.saw(&refused());
+            p.next(0.0);
+        }
+        p.saw(&Ok(Event::Apply(())));
+        p.saw(&refused());
+        assert_eq!(
+            p.next(0.99),
+            Wait::Sleep(MIN_DELAY.mul_f64(1.0 + JITTER * 0.99))
+        );
+    }
+
+    #[test]
+    fn an_outage_ends_early_once_then_waits_its_delay_until_progress() {
+        let mut p = Policy::default();
+        p.saw(&unreachable());
+        assert_eq!(p.next(0.0), Wait::UntilReachable(MIN_DELAY));
+        p.resumed();
+        // The probe answered but the watch still cannot get through: no second early end.
+        p.saw(&Ok(Event::<()>::Init));
+        p.saw(&unreachable());
+        assert_eq!(p.next(0.0), Wait::Sleep(MIN_DELAY * 2));
+        p.saw(&Ok(Event::<()>::InitDone));
+        p.saw(&unreachable());
+        assert_eq!(p.next(0.0), Wait::UntilReachable(MIN_DELAY));
+    }
+
+    #[test]
+    fn a_second_410_in_a_row_backs_off() {
+        let gone = || {
+            Err::<Event<()>, _>(watcher::Error::WatchError(
+                kube::core::Status::failure("expired", "Expired")
+                    .with_code(410)
+                    .boxed(),
+            ))
+        };
+        let mut p = Policy::default();
+        p.saw(&gone());
+        assert_eq!(p.next(0.0), Wait::Now);
+        p.saw(&Ok(Event::<()>::Init));
+        p.saw(&gone());
+        assert_eq!(p.next(0.0), Wait::Sleep(MIN_DELAY));
     }
 }

@@ -92,3 +92,46 @@ async fn an_ippool_written_like_the_whereabouts_cni_reads_back() {
         Some(format!("{ns}/claim-1").as_str())
     );
 }
+
+/// A watch the apiserver refuses (a ServiceAccount without RBAC: 403 on every LIST) backs off:
+/// kube's watcher yields `Init` before each re-list, which must not reset the delay (it did:
+/// about five LISTs a second, forever, per watch and replica).
+#[tokio::test]
+async fn a_refused_watch_backs_off_instead_of_relisting_five_times_a_second() {
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::runtime::watcher;
+
+    let cp = ControlPlane::shared();
+    let admin = cp.client().await;
+    let ns = cp.namespace(&admin, "api-refused-watch").await;
+    let client = cp
+        .service_account_client(&admin, &ns, "no-rights")
+        .await
+        .expect("a ServiceAccount client");
+    let stream = ipreclaim::watch_retry::retrying(
+        client.clone(),
+        watcher::watcher(Api::<Pod>::all(client), watcher::Config::default()),
+    );
+    futures::pin_mut!(stream);
+    let (mut refused, mut other) = (0, Vec::new());
+    let window = std::time::Duration::from_secs(6);
+    let _ = tokio::time::timeout(window, async {
+        while let Some(item) = stream.next().await {
+            match item {
+                Err(watcher::Error::InitialListFailed(kube::Error::Api(s))) if s.code == 403 => {
+                    refused += 1
+                }
+                Err(e) => other.push(e.to_string()),
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(other.is_empty(), "only 403s expected: {other:?}");
+    // Backoff from 200 ms doubling (plus up to half again of jitter): at most 6 LISTs in 6 s.
+    assert!(
+        (2..=6).contains(&refused),
+        "LISTs refused in {window:?}: {refused} (2 to 6 with backoff)"
+    );
+}

@@ -1193,7 +1193,13 @@ impl Env {
 
     /// Sets a Node's Ready condition, its transition now.
     async fn set_ready(&self, node: &str, status: &str) {
-        let now = jiff::Timestamp::now().to_string();
+        self.set_ready_at(node, status, jiff::Timestamp::now())
+            .await;
+    }
+
+    /// Sets a Node's Ready condition as a node whose clock reads `clock` reports it.
+    async fn set_ready_at(&self, node: &str, status: &str, clock: jiff::Timestamp) {
+        let now = clock.to_string();
         let patch = serde_json::json!({"status": {"conditions": [{
             "type": "Ready", "status": status, "reason": "SetByTest",
             "lastHeartbeatTime": now, "lastTransitionTime": now,
@@ -1293,6 +1299,18 @@ impl Env {
         uid
     }
 
+    /// web-0's entry (offset 10) is fenced for `node`, with its record.
+    async fn assert_web_0_fenced_alone(&self, node: &str) {
+        wait_for("web-0's entry fenced", || async {
+            self.entry_and_fence("192.0.2.0-24", "10").await.0
+                == Some(format!("{}/web-0:fenced", self.ns))
+        })
+        .await;
+        let (_, fence) = self.entry_and_fence("192.0.2.0-24", "10").await;
+        let fence: serde_json::Value = serde_json::from_str(&fence.expect("fence record")).unwrap();
+        assert_eq!(fence["node"], node);
+    }
+
     async fn assert_web_0_fenced(&self, node: &str) {
         let (podref, fence) = self.entry_and_fence("192.0.2.0-24", "10").await;
         assert_eq!(podref, Some(format!("{}/web-0:fenced", self.ns)));
@@ -1374,6 +1392,32 @@ async fn a_pod_deleted_from_an_unready_node_is_fenced_across_a_restart_until_the
     env.wait_metric(r#"ipreclaim_releases_total{reason="PodDeleted"} 1"#)
         .await;
     assert_eq!(env.keys("192.0.2.0-24").await, ["11"], "db-0 untouched");
+    env.stop().await;
+    env.delete_node(&node).await;
+}
+
+/// A node whose clock lags an hour comes back: its Ready transition reads an hour ago, yet the
+/// fence holds for the whole settle on the controller's own clock (it lifted at once before).
+#[tokio::test]
+async fn a_node_back_with_a_lagging_clock_still_waits_the_settle() {
+    let mut env = Env::new("ctl-fence-lag").await;
+    let node = env.fence_node("Unknown").await;
+    let uid = env.fenced_web_0(&node, &["--fence-settle=8s"]).await;
+    env.assert_web_0_fenced(&node).await;
+    let hour_ago = jiff::Timestamp::now() - jiff::SignedDuration::from_hours(1);
+    // The controller sees the node Ready after this, so the settle ends 8 s after it at the
+    // earliest. (Not `ipreclaim_unready_nodes`: it counts other tests' stand-in Nodes too.)
+    let set_ready = std::time::Instant::now();
+    env.set_ready_at(&node, "True", hour_ago).await;
+    // Fences are checked every second: three passes with the node Ready, still fenced.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    env.assert_web_0_fenced(&node).await;
+    env.wait_web_0_released(&uid).await;
+    assert!(
+        set_ready.elapsed() >= std::time::Duration::from_secs(8),
+        "released {:?} after the node was set Ready, settle 8s",
+        set_ready.elapsed()
+    );
     env.stop().await;
     env.delete_node(&node).await;
 }
@@ -1477,6 +1521,146 @@ async fn a_pod_deleted_right_after_its_node_goes_down_is_fenced() {
     env.assert_web_0_fenced(&node).await;
     env.stop().await;
     env.delete_node(&node).await;
+}
+
+/// A fence the apiserver refuses (here: the pool's annotations would pass 256 KiB) holds: the
+/// entry stays allocated, the failure is retried and reported on the deleted pod, and the
+/// sweep never releases it; db-0, deleted from a Ready node in the same pool meanwhile, is
+/// released at once. Before, the whole batch failed and, after the retries, the sweep released
+/// both, web-0's while its node was still down. Once the pool has room, the fence is written.
+#[tokio::test]
+async fn a_fence_the_apiserver_refuses_holds_and_the_rest_of_the_pool_is_released() {
+    let mut env = Env::new("ctl-fence-refused").await;
+    let down = env.fence_node("Unknown").await;
+    env.nad("macvlan", "192.0.2.0/24").await;
+    env.pool(
+        "192.0.2.0-24",
+        "192.0.2.0/24",
+        &[(10, "sb-web-0", "web-0"), (11, "sb-db-0", "db-0")],
+    )
+    .await;
+    // Annotations just under the apiserver's 256 KiB: no fence record fits any more.
+    let filler = "x".repeat(262_144 - 200);
+    env.pools()
+        .patch(
+            "192.0.2.0-24",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({
+                "metadata": {"annotations": {"example.com/filler": filler}}
+            })),
+        )
+        .await
+        .unwrap();
+    let web = env
+        .pod_on("web-0", "macvlan", Some(&["192.0.2.10"]), Some(&down))
+        .await;
+    let db = env.pod("db-0", "macvlan", Some(&["192.0.2.11"])).await;
+    env.start(&["--max-retries=1"]).await;
+    env.delete_pod("web-0").await;
+    env.delete_pod("db-0").await;
+    env.wait_keys("192.0.2.0-24", &["10"]).await;
+    let failed = env.wait_events("IPAddressGarbageCollectionFailed").await;
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(failed[0].1, web, "on the deleted web-0: {failed:?}");
+    assert!(failed[0].2.contains("fence not written"), "{}", failed[0].2);
+    env.wait_metric("ipreclaim_fence_write_failures_total 3")
+        .await;
+    env.wait_sweeps(5.0).await;
+    let entry = env
+        .pools()
+        .get("192.0.2.0-24")
+        .await
+        .unwrap()
+        .spec
+        .allocations;
+    assert_eq!(
+        entry.get("10").map(|a| a.podref.as_str()),
+        Some(format!("{}/web-0", env.ns).as_str()),
+        "web-0's entry kept while its fence cannot be written"
+    );
+    let released = env.events("IPAddressGarbageCollected").await;
+    assert_eq!(
+        released.iter().map(|e| e.1.as_str()).collect::<Vec<_>>(),
+        [db.as_str()],
+        "only db-0 released"
+    );
+    assert!(
+        metric_sum(
+            &env.metrics_text().await,
+            "ipreclaim_release_failures_total"
+        ) >= 1.0,
+        "the refusal is counted"
+    );
+    // Room again: the retried fence is written.
+    env.pools()
+        .patch(
+            "192.0.2.0-24",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({
+                "metadata": {"annotations": {"example.com/filler": null}}
+            })),
+        )
+        .await
+        .unwrap();
+    let events = env.wait_events(FENCED).await;
+    assert_eq!(events[0].1, web);
+    env.assert_web_0_fenced_alone(&down).await;
+    env.stop().await;
+    env.delete_node(&down).await;
+}
+
+/// The controller's watch resumes after an outage of the apiserver it watches through, during
+/// which web-0 (on a node that is not Ready) was force-deleted and its replacement created
+/// (no network-status yet): its watch sees the replacement and never web-0's Delete. The
+/// replacement is in the cache before the deletion is judged, and the cache alone keeps the
+/// entry (its allocation may race the annotation); the deleted pod's node still decides: fenced.
+#[tokio::test]
+async fn a_replacement_known_before_the_deletion_is_judged_still_gets_the_old_address_fenced() {
+    let cp = tokio::task::spawn_blocking(ControlPlane::start)
+        .await
+        .unwrap()
+        .expect("private control plane");
+    let client = cp.client().await;
+    cp.install_crds(&client).await.expect("install crds/");
+    let ns = cp.namespace(&client, "ctl-fence-replaced").await;
+    let mut env = Env::with(client, ns.clone());
+    let down = env.fence_node("Unknown").await;
+    env.nad("macvlan", "192.0.2.0/24").await;
+    env.pool("192.0.2.0-24", "192.0.2.0/24", &[(10, "sb-web-0", "web-0")])
+        .await;
+    let old = env
+        .pod_on("web-0", "macvlan", Some(&["192.0.2.10"]), Some(&down))
+        .await;
+    env.start(&[]).await;
+    env.wait_metric("ipreclaim_unready_nodes 1").await;
+
+    let (second, other) = cp.start_second_apiserver().await.expect("second apiserver");
+    cp.stop_apiserver().expect("stop the first apiserver");
+    let pods = Api::<Pod>::namespaced(other, &ns);
+    pods.delete("web-0", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    pods.create(
+        &PostParams::default(),
+        &testenv::fixtures::pod("web-0", None),
+    )
+    .await
+    .unwrap();
+    cp.start_apiserver()
+        .await
+        .expect("restart the first apiserver");
+    let events = env.wait_events(FENCED).await;
+    assert_eq!(
+        events.iter().map(|e| e.1.as_str()).collect::<Vec<_>>(),
+        [old.as_str()],
+        "the deleted web-0's address is fenced"
+    );
+    let (podref, _) = env.entry_and_fence("192.0.2.0-24", "10").await;
+    assert_eq!(podref, Some(format!("{ns}/web-0:fenced")));
+    env.wait_sweeps(3.0).await;
+    assert_eq!(env.keys("192.0.2.0-24").await, ["10"], "kept");
+    env.stop().await;
+    drop(second);
 }
 
 /// Creates `object` (raw JSON, so that fields our types require can be left out) in the test

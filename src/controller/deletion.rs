@@ -3,18 +3,50 @@
 //! is finished (Events, retry or done) when its outcomes come back, while the worker hands in
 //! the next, so a burst reaches the writer whole and leaves as a few patches. Failures retry
 //! with per-item backoff; after the last retry a Warning Event names the cause and the sweep
-//! still owns the leak.
+//! still owns the leak. A fence that cannot be written is never given up: the entry stays,
+//! the tombstone stays (so the sweep hands the entry back here, never releases it), and the
+//! fence is retried with backoff for as long as it fails.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kube::api::Api;
 use tokio::sync::watch;
 
-use super::fence::record_for;
-use super::state::PodRef;
+use super::fence::{NodeView, record_for};
+use super::state::{Judged, PodRef, State};
 use crate::api::slim::PodView;
 use crate::reclaim::{Decision, Reason, ReclaimConfig};
 use crate::release::{EntryWrite, ReleaseError, ReleaseOutcome, ReleaseRequest};
+
+/// Retries of a fence that keeps failing, after the Warning, are spaced by this at most.
+const FENCE_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// Why a queue item failed.
+#[derive(Debug)]
+struct Failure {
+    /// What went wrong.
+    cause: String,
+    /// A fence could not be written: retried for as long as it fails.
+    fence: bool,
+    /// The deleted pod to name in a Warning, when known.
+    pod: Option<PodRef>,
+}
+
+impl Failure {
+    fn new(cause: String) -> Failure {
+        Failure {
+            cause,
+            fence: false,
+            pod: None,
+        }
+    }
+}
+
+/// The delay before fence retry `n` past `max` (doubling from a second).
+fn fence_retry_delay(n: u32, max: u32) -> Duration {
+    let doublings = n.saturating_sub(max).min(16);
+    (Duration::from_secs(1) * 2u32.pow(doublings)).min(FENCE_RETRY_MAX)
+}
 
 /// What became of a queue item.
 enum Processed {
@@ -52,20 +84,40 @@ impl Worker {
 
     /// Files a processed item: done, later, or retried with backoff; the last failure gets a
     /// Warning Event. A submitted item is filed by its own task when its outcomes come back.
-    async fn finish(&self, podref: &str, processed: Result<Processed, String>) {
+    async fn finish(&self, podref: &str, processed: Result<Processed, Failure>) {
         let (queue, key) = (&self.ctx.queue, podref.to_owned());
         match processed {
             Ok(Processed::Submitted) => return,
             Ok(Processed::Done) => queue.forget(&key),
-            Err(cause) if queue.num_requeues(&key) < self.max_retries => {
-                tracing::warn!(%podref, %cause, "release failed; retrying with backoff");
+            Err(f) if f.fence => {
+                // Never given up, never a release: the entry stays allocated meanwhile.
+                let n = queue.num_requeues(&key);
+                self.ctx.metrics.writes.fence_failures.inc();
+                self.ctx.metrics.retries.inc();
+                tracing::warn!(%podref, cause = %f.cause, attempt = n + 1, "fence could not be written; the address is kept and the fence retried");
+                if n == self.max_retries {
+                    let pod = f.pod.unwrap_or_else(|| self.pod_of(podref));
+                    let cause = format!(
+                        "fence not written ({}); the address is kept and the fence retried until it is written or lifts",
+                        f.cause
+                    );
+                    self.ctx.events.failed(&pod, &cause).await;
+                }
+                if n <= self.max_retries {
+                    queue.add_rate_limited(key.clone());
+                } else {
+                    queue.add_after(key.clone(), fence_retry_delay(n, self.max_retries));
+                }
+            }
+            Err(f) if queue.num_requeues(&key) < self.max_retries => {
+                tracing::warn!(%podref, cause = %f.cause, "release failed; retrying with backoff");
                 self.ctx.metrics.retries.inc();
                 queue.add_rate_limited(key.clone());
             }
-            Err(cause) => {
-                tracing::error!(%podref, %cause, "release failed for good; the sweep keeps the leak");
-                let pod = self.pod_of(podref);
-                self.ctx.events.failed(&pod, &cause).await;
+            Err(f) => {
+                tracing::error!(%podref, cause = %f.cause, "release failed for good; the sweep keeps the leak");
+                let pod = f.pod.unwrap_or_else(|| self.pod_of(podref));
+                self.ctx.events.failed(&pod, &f.cause).await;
                 queue.forget(&key);
                 self.ctx
                     .state
@@ -77,17 +129,24 @@ impl Worker {
         queue.done(&key);
     }
 
+    /// The deleted pod of `podref` (its latest tombstone), for a Warning: never the live
+    /// replacement of the same name.
     fn pod_of(&self, podref: &str) -> PodRef {
         let (namespace, name) = podref.split_once('/').unwrap_or(("", podref));
         let st = self.ctx.state.read().expect("state lock");
+        let uid = st
+            .tombstones(podref)
+            .iter()
+            .rev()
+            .find(|t| !t.uid.is_empty());
         PodRef {
             namespace: namespace.into(),
             name: name.into(),
-            uid: st.live(podref).map(|l| l.uid.clone()).unwrap_or_default(),
+            uid: uid.map(|t| t.uid.clone()).unwrap_or_default(),
         }
     }
 
-    async fn process(&self, podref: &str) -> Result<Processed, String> {
+    async fn process(&self, podref: &str) -> Result<Processed, Failure> {
         let started = Instant::now();
         let blind = {
             let st = self.ctx.state.read().expect("state lock");
@@ -100,7 +159,7 @@ impl Worker {
             let found = Api::<PodView>::namespaced(self.ctx.client.clone(), ns)
                 .get_opt(name)
                 .await
-                .map_err(|e| format!("confirming pod {podref} is gone: {e}"))?;
+                .map_err(|e| Failure::new(format!("confirming pod {podref} is gone: {e}")))?;
             if let Some(p) = found {
                 let mut st = self.ctx.state.write().expect("state lock");
                 if let Some(uid) = &p.metadata.uid {
@@ -108,7 +167,7 @@ impl Worker {
                 }
             }
         }
-        let mut releases = {
+        let (judged, mut releases) = {
             let st = self.ctx.state.read().expect("state lock");
             let judged = st.judge_podref(podref, &self.reclaim);
             tracing::debug!(
@@ -117,20 +176,21 @@ impl Worker {
                 "deletion path"
             );
             let deleted_at = st.first_deletion(podref);
-            judged
-                .into_iter()
+            let releases = judged
+                .iter()
                 .filter_map(|j| match j.decision {
                     Decision::Release(reason) => Some(ReleaseRequest {
-                        judged: j,
+                        judged: j.clone(),
                         reason,
                         deleted_at,
                         write: Default::default(),
                     }),
                     _ => None,
                 })
-                .collect::<Vec<_>>()
+                .collect::<Vec<_>>();
+            (judged, releases)
         };
-        self.fence(podref, &mut releases);
+        self.fence(podref, &judged, &mut releases);
         if releases.is_empty() {
             self.ctx
                 .state
@@ -147,7 +207,7 @@ impl Worker {
                 .events
                 .released_all(releases.iter().zip(&outcomes))
                 .await;
-            let processed = me.settle(&podref, started, &outcomes);
+            let processed = me.settle(&podref, started, &releases, &outcomes);
             me.finish(&podref, processed).await;
         });
         Ok(Processed::Submitted)
@@ -158,14 +218,23 @@ impl Worker {
         &self,
         podref: &str,
         started: Instant,
+        releases: &[ReleaseRequest],
         outcomes: &[Result<ReleaseOutcome, ReleaseError>],
-    ) -> Result<Processed, String> {
-        let errors: Vec<String> = outcomes
+    ) -> Result<Processed, Failure> {
+        let failed: Vec<(&ReleaseRequest, &ReleaseError)> = releases
             .iter()
-            .filter_map(|o| o.as_ref().err().map(|e| e.to_string()))
+            .zip(outcomes)
+            .filter_map(|(r, o)| Some((r, o.as_ref().err()?)))
             .collect();
-        if !errors.is_empty() {
-            return Err(errors.join("; "));
+        if let Some((first, _)) = failed.first() {
+            let errors: Vec<String> = failed.iter().map(|(_, e)| e.to_string()).collect();
+            return Err(Failure {
+                cause: errors.join("; "),
+                fence: failed
+                    .iter()
+                    .any(|(r, _)| matches!(r.write, EntryWrite::Fence(_))),
+                pod: Some(first.judged.pod.clone()).filter(|p| !p.uid.is_empty()),
+            });
         }
         let changed = outcomes
             .iter()
@@ -191,22 +260,226 @@ impl Worker {
         }
     }
 
-    /// Turns the releases of pods deleted from a node that is not Ready into fences.
-    fn fence(&self, podref: &str, releases: &mut [ReleaseRequest]) {
+    /// Turns the releases of pods deleted from a node that is not Ready into fences, and
+    /// fences what such a pod held even where the cache now judges it kept.
+    fn fence(&self, podref: &str, judged: &[Judged], releases: &mut Vec<ReleaseRequest>) {
         let Some(view) = &self.ctx.nodes else {
             return;
         };
         let st = self.ctx.state.read().expect("state lock");
         let view = view.read().expect("node view lock");
-        for r in releases {
-            if r.reason != Reason::PodDeleted || r.judged.pod.uid.is_empty() {
+        plan_fences(&st, &view, podref, judged, releases);
+    }
+}
+
+/// The fences a deletion calls for, whatever the cache holds now. The node of a deleted pod
+/// is known whenever its deletion was observed (a Delete event, a re-list's diff, a pod
+/// replaced under its name), and the fence follows from that node: a release of a pod deleted
+/// from a node that is not Ready becomes a fence; so does an allocation that pod held (same
+/// pool, key and sandbox id as when its deletion was seen, its address listed by it) that is
+/// judged kept only because a replacement of the same name is known without network-status
+/// yet. Left unfenced, that entry would later be released as `IPNotOnPod`, its node still down.
+pub(crate) fn plan_fences(
+    st: &State,
+    view: &NodeView,
+    podref: &str,
+    judged: &[Judged],
+    releases: &mut Vec<ReleaseRequest>,
+) {
+    for r in releases.iter_mut() {
+        if r.reason != Reason::PodDeleted || r.judged.pod.uid.is_empty() {
+            continue;
+        }
+        let node = st.deleted_pod_node(podref, &r.judged.pod.uid);
+        if let Some(why) = view.distrust(node.as_deref()) {
+            let node = node.as_deref().unwrap_or_default().to_owned();
+            r.write = EntryWrite::Fence(record_for(&r.judged, node, why));
+        }
+    }
+    let live = st.live(podref);
+    let live_lists = |ip| {
+        live.and_then(|l| l.networks.as_deref())
+            .is_some_and(|n| n.iter().any(|a| a.ips.contains(&ip)))
+    };
+    for t in st.tombstones(podref) {
+        let Some(why) = view.distrust(t.node.as_deref()) else {
+            continue;
+        };
+        if t.uid.is_empty() {
+            continue;
+        }
+        for j in judged {
+            let e = &j.entry;
+            let planned = releases
+                .iter()
+                .any(|r| (&r.judged.pool, &r.judged.entry.key) == (&j.pool, &e.key));
+            let held = t
+                .held
+                .iter()
+                .any(|h| (&h.pool, &h.key, &h.id) == (&j.pool, &e.key, &e.id));
+            let listed = match t.networks.as_deref() {
+                Some(n) => n.iter().any(|a| a.ips.contains(&e.ip)),
+                // Without its network-status, only while no pod of the name lives.
+                None => live.is_none(),
+            };
+            if planned || !held || !listed || live_lists(e.ip) {
                 continue;
             }
-            let node = st.deleted_pod_node(podref, &r.judged.pod.uid);
-            if let Some(why) = view.distrust(node.as_deref()) {
-                let node = node.as_deref().unwrap_or_default().to_owned();
-                r.write = EntryWrite::Fence(record_for(&r.judged, node, why));
-            }
+            let mut fenced = j.clone();
+            fenced.decision = Decision::Release(Reason::PodDeleted);
+            fenced.pod.uid = t.uid.clone();
+            let node = t.node.as_deref().unwrap_or_default().to_owned();
+            let record = record_for(&fenced, node, why.clone());
+            releases.push(ReleaseRequest {
+                judged: fenced,
+                reason: Reason::PodDeleted,
+                deleted_at: Some(t.seen_at),
+                write: EntryWrite::Fence(record),
+            });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::api::core::v1::NodeCondition;
+    use kube::runtime::watcher::Event;
+
+    use super::*;
+    use crate::api::slim::NodeReadyView;
+    use crate::api::{IPAllocation, IPPool, IPPoolSpec};
+    use crate::controller::state::PodSeen;
+
+    const WEB: &str = "ns/web-0";
+
+    fn status(ip: &str) -> BTreeMap<String, String> {
+        let s = format!(r#"[{{"name":"ns/net","interface":"net1","ips":["{ip}"]}}]"#);
+        BTreeMap::from([(crate::ipam::NETWORK_STATUS_ANNOTATION.to_string(), s)])
+    }
+
+    fn pool(id: &str) -> IPPool {
+        let entry = IPAllocation {
+            id: id.into(),
+            podref: WEB.into(),
+            ifname: Some("net1".into()),
+            ipamclaimref: None,
+        };
+        IPPool::new(
+            "192.0.2.0-24",
+            IPPoolSpec {
+                range: "192.0.2.0/24".into(),
+                allocations: BTreeMap::from([("10".to_string(), entry)]),
+            },
+        )
+    }
+
+    fn view(ready: &str) -> NodeView {
+        let mut n = NodeReadyView::default();
+        n.metadata.name = Some("node-a".into());
+        n.ready = Some(NodeCondition {
+            type_: "Ready".into(),
+            status: ready.into(),
+            reason: Some("NodeStatusUnknown".into()),
+            ..Default::default()
+        });
+        let mut v = NodeView::default();
+        v.apply(Event::Apply(n), Instant::now());
+        v
+    }
+
+    /// web-0 (old-uid, 192.0.2.10, sandbox sb-old) on node-a was deleted; then a replacement
+    /// web-0 (new-uid) is known, with the network-status `replacement` (None: not yet).
+    fn replaced(replacement: Option<&str>) -> State {
+        let mut st = State::default();
+        st.upsert_pool(&pool("sb-old"));
+        let old = status("192.0.2.10");
+        let on_a = |annotations| PodSeen {
+            annotations,
+            node: Some("node-a"),
+            terminal: false,
+        };
+        let now = Instant::now();
+        st.upsert_pod(WEB, "old-uid", on_a(Some(&old)), now);
+        st.delete_pod(WEB, "old-uid", on_a(Some(&old)), now);
+        let new = replacement.map(status);
+        let seen = PodSeen {
+            annotations: new.as_ref(),
+            node: Some("node-b"),
+            terminal: false,
+        };
+        st.upsert_pod(WEB, "new-uid", seen, now);
+        st
+    }
+
+    fn plan(st: &State, v: &NodeView) -> Vec<(String, String, bool)> {
+        let judged = st.judge_podref(WEB, &ReclaimConfig::default());
+        let mut releases: Vec<ReleaseRequest> = judged
+            .iter()
+            .filter_map(|j| match j.decision {
+                Decision::Release(reason) => Some(ReleaseRequest {
+                    judged: j.clone(),
+                    reason,
+                    deleted_at: None,
+                    write: Default::default(),
+                }),
+                _ => None,
+            })
+            .collect();
+        plan_fences(st, v, WEB, &judged, &mut releases);
+        releases
+            .into_iter()
+            .map(|r| {
+                let fence = matches!(r.write, EntryWrite::Fence(_));
+                (r.judged.entry.key, r.judged.pod.uid, fence)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_deleted_pods_node_decides_the_fence_even_when_the_replacement_is_known_first() {
+        // The replacement has no network-status yet: the cache alone judges the entry kept
+        // (the allocation may be racing the annotation), and it used to be left unfenced.
+        let st = replaced(None);
+        let judged = st.judge_podref(WEB, &ReclaimConfig::default());
+        assert!(
+            matches!(judged[0].decision, Decision::Keep(_)),
+            "{judged:?}"
+        );
+        assert_eq!(
+            plan(&st, &view("Unknown")),
+            [("10".to_string(), "old-uid".to_string(), true)]
+        );
+        // On a Ready node nothing is fenced, and a kept entry stays kept.
+        assert_eq!(plan(&st, &view("True")), []);
+    }
+
+    #[test]
+    fn a_replacement_that_lists_the_address_or_reused_the_entry_is_never_fenced() {
+        // It lists the address (whereabouts gave it back by podref): it is the replacement's.
+        assert_eq!(plan(&replaced(Some("192.0.2.10")), &view("Unknown")), []);
+        // The entry's sandbox changed since the deletion was seen (reused by the replacement).
+        let mut st = replaced(None);
+        st.upsert_pool(&pool("sb-new"));
+        assert_eq!(plan(&st, &view("Unknown")), []);
+    }
+
+    #[test]
+    fn a_replacement_listing_another_address_makes_the_old_one_a_fence() {
+        assert_eq!(
+            plan(&replaced(Some("192.0.2.20")), &view("Unknown")),
+            [("10".to_string(), "old-uid".to_string(), true)]
+        );
+    }
+
+    #[test]
+    fn fence_retries_after_the_warning_double_from_a_second_up_to_thirty() {
+        let s = Duration::from_secs;
+        assert_eq!(fence_retry_delay(5, 5), s(1));
+        assert_eq!(fence_retry_delay(6, 5), s(2));
+        assert_eq!(fence_retry_delay(9, 5), s(16));
+        assert_eq!(fence_retry_delay(10, 5), FENCE_RETRY_MAX);
+        assert_eq!(fence_retry_delay(1000, 5), FENCE_RETRY_MAX);
     }
 }

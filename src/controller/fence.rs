@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kube::api::Api;
 use kube::runtime::watcher::{self, Event};
@@ -13,7 +13,7 @@ use super::state::{FencedEntry, Judged, PodRef};
 use super::watch::{Synced, drive};
 use crate::api::slim::NodeReadyView as NodeObject;
 use crate::ipam::fence::FenceRecord;
-use crate::reclaim::fence::{FencePolicy, Lift, NodeReadiness, distrust, lift};
+use crate::reclaim::fence::{FencePolicy, Lift, Moment, NodeReadiness, distrust, lift};
 use crate::reclaim::{Decision, Reason};
 use crate::release::{EntryWrite, ReleaseOutcome, ReleaseRequest};
 use crate::watch_retry::retrying;
@@ -51,13 +51,15 @@ impl NodeView {
         self.nodes.values().filter(|r| !r.is_ready()).count()
     }
 
-    /// Applies one Node watch event.
-    pub fn apply(&mut self, event: Event<NodeObject>) {
+    /// Applies one Node watch event, observed at `seen` (this process's clock).
+    pub fn apply(&mut self, event: Event<NodeObject>, seen: Instant) {
         match event {
             Event::Init => self.relisted.clear(),
             Event::InitApply(n) | Event::Apply(n) => {
-                let (name, now) = (n.name_any(), readiness_of(&n));
-                let was = self.nodes.get(&name).map(NodeReadiness::is_ready);
+                let name = n.name_any();
+                let before = self.nodes.get(&name);
+                let now = readiness_of(&n, before, seen);
+                let was = before.map(NodeReadiness::is_ready);
                 if was != Some(now.is_ready()) && !now.is_ready() {
                     tracing::info!(node = %name, ready = %now.status, "node is not Ready: its pods' addresses are fenced when they are deleted");
                 } else if was == Some(false) && now.is_ready() {
@@ -77,19 +79,23 @@ impl NodeView {
     }
 }
 
-/// The Ready condition of a Node (`missing` when it has none yet).
-pub fn readiness_of(node: &NodeObject) -> NodeReadiness {
-    match &node.ready {
-        Some(c) => NodeReadiness {
-            status: c.status.clone(),
-            reason: c.reason.clone(),
-            since: c.last_transition_time.as_ref().map(|t| t.0),
-        },
-        None => NodeReadiness {
-            status: "missing".into(),
-            reason: None,
-            since: None,
-        },
+/// The Ready condition of a Node (`missing` when it has none yet), given what was known of it
+/// before and when this observation was made. Ready counts from our own first observation of
+/// it (the node's `lastTransitionTime` is the node's clock, which may lag).
+pub fn readiness_of(
+    node: &NodeObject,
+    before: Option<&NodeReadiness>,
+    seen: Instant,
+) -> NodeReadiness {
+    let (status, reason) = match &node.ready {
+        Some(c) => (c.status.clone(), c.reason.clone()),
+        None => ("missing".into(), None),
+    };
+    let ready_seen = (status == "True").then(|| before.and_then(|b| b.ready_seen).unwrap_or(seen));
+    NodeReadiness {
+        status,
+        reason,
+        ready_seen,
     }
 }
 
@@ -99,7 +105,9 @@ pub async fn nodes(client: Client, view: Arc<RwLock<NodeView>>, synced: Synced) 
     let config = watcher::Config::default().page_size(NODE_PAGE);
     let stream = retrying(client, watcher::watcher(api, config));
     drive("nodes", stream, synced, |event| {
-        view.write().expect("node view lock").apply(event)
+        view.write()
+            .expect("node view lock")
+            .apply(event, Instant::now())
     })
     .await;
 }
@@ -148,13 +156,18 @@ pub struct Lifter {
     pub(crate) view: Arc<RwLock<NodeView>>,
     /// `None`: fencing is off, and fences an earlier run set are lifted.
     pub(crate) policy: Option<FencePolicy>,
+    /// When this process first saw each fence (pool, key, uid): settles count on our clock.
+    pub(crate) first_seen: std::sync::Mutex<HashMap<(String, String, String), Instant>>,
 }
 
 impl Lifter {
     /// One pass: updates the fence gauges and, on the leader, releases what lifts and clears
     /// fence annotations whose entry the node's own CNI DEL freed.
     pub async fn pass(&self, leader: bool) {
-        let now = jiff::Timestamp::now();
+        let now = Moment {
+            wall: jiff::Timestamp::now(),
+            mono: Instant::now(),
+        };
         let (fenced, stale) = {
             let st = self.ctx.state.read().expect("state lock");
             let stale: Vec<(String, Vec<(String, String)>)> = st
@@ -172,12 +185,23 @@ impl Lifter {
         let mut oldest = Duration::ZERO;
         let mut held = 0;
         {
+            let mut first_seen = self.first_seen.lock().expect("fence clock lock");
+            let keys: HashSet<(String, String, String)> = fenced
+                .iter()
+                .map(|(pool, f)| (pool.clone(), f.entry.key.clone(), f.record.uid.clone()))
+                .collect();
+            first_seen.retain(|k, _| keys.contains(k));
             let v = self.view.read().expect("node view lock");
             self.ctx.metrics.unready_nodes.set(v.unready() as i64);
             for (pool, f) in &fenced {
                 let node = v.node(&f.record.node);
+                let key = (pool.clone(), f.entry.key.clone(), f.record.uid.clone());
+                let fence = Moment {
+                    wall: f.record.since,
+                    mono: *first_seen.entry(key).or_insert(now.mono),
+                };
                 let lifts = match &self.policy {
-                    Some(policy) => lift(f.record.since, node, now, policy),
+                    Some(policy) => lift(fence, node, now, policy),
                     None => Some(Lift::FencingOff),
                 };
                 match lifts {
@@ -188,7 +212,7 @@ impl Lifter {
                     }
                     None => {
                         held += 1;
-                        let age = now.duration_since(f.record.since);
+                        let age = now.wall.duration_since(f.record.since);
                         oldest = oldest.max(Duration::try_from(age).unwrap_or_default());
                     }
                 }
@@ -256,7 +280,7 @@ mod tests {
             Event::InitApply(node("c", None)),
             Event::InitDone,
         ] {
-            v.apply(e);
+            v.apply(e, Instant::now());
         }
         assert_eq!(v.distrust(Some("a")), None);
         assert_eq!(
@@ -272,9 +296,9 @@ mod tests {
         assert_eq!(v.distrust(None), None, "never scheduled");
         assert_eq!(v.unready(), 2);
 
-        v.apply(Event::Apply(node("a", Some("False"))));
+        v.apply(Event::Apply(node("a", Some("False"))), Instant::now());
         assert!(v.distrust(Some("a")).is_some());
-        v.apply(Event::Delete(node("b", Some("Unknown"))));
+        v.apply(Event::Delete(node("b", Some("Unknown"))), Instant::now());
         assert_eq!(v.distrust(Some("b")), None);
 
         // A re-list that no longer lists "c" forgets it.
@@ -283,8 +307,50 @@ mod tests {
             Event::InitApply(node("a", Some("True"))),
             Event::InitDone,
         ] {
-            v.apply(e);
+            v.apply(e, Instant::now());
         }
         assert_eq!((v.distrust(Some("c")), v.unready()), (None, 0));
+    }
+
+    #[test]
+    fn ready_counts_from_our_observation_not_from_the_nodes_lagging_transition_time() {
+        let mut v = NodeView::default();
+        let t0 = Instant::now();
+        let mut down = node("a", Some("Unknown"));
+        down.ready.as_mut().unwrap().last_transition_time = None;
+        v.apply(Event::Apply(down), t0);
+        assert_eq!(v.node("a").unwrap().ready_seen, None);
+        // The node comes back with a clock an hour behind: its transition reads an hour ago.
+        let mut up = node("a", Some("True"));
+        let hour_ago = jiff::Timestamp::now() - jiff::SignedDuration::from_hours(1);
+        up.ready.as_mut().unwrap().last_transition_time = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(hour_ago),
+        );
+        let t1 = t0 + Duration::from_secs(5);
+        v.apply(Event::Apply(up.clone()), t1);
+        assert_eq!(v.node("a").unwrap().ready_seen, Some(t1));
+        // Later heartbeats and a re-list keep the first observation.
+        v.apply(Event::Apply(up.clone()), t1 + Duration::from_secs(10));
+        for e in [Event::Init, Event::InitApply(up), Event::InitDone] {
+            v.apply(e, t1 + Duration::from_secs(20));
+        }
+        assert_eq!(v.node("a").unwrap().ready_seen, Some(t1));
+        let policy = FencePolicy {
+            settle: Duration::from_secs(30),
+            timeout: None,
+        };
+        let fence = Moment {
+            wall: hour_ago,
+            mono: t0,
+        };
+        let at = |s| Moment {
+            wall: jiff::Timestamp::now(),
+            mono: t1 + Duration::from_secs(s),
+        };
+        assert_eq!(lift(fence, v.node("a"), at(29), &policy), None);
+        assert_eq!(
+            lift(fence, v.node("a"), at(30), &policy),
+            Some(Lift::NodeSettled)
+        );
     }
 }

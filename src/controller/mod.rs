@@ -369,6 +369,7 @@ pub async fn run(
                 settle: args.fence_settle,
                 timeout: args.fence_timeout,
             }),
+            first_seen: Default::default(),
         };
         let mut reporter = report::Reporter {
             events: ctx.events.clone(),

@@ -61,6 +61,20 @@ pub struct Tombstone {
     pub seen_at: Instant,
     /// The node it was bound to: a node that is not Ready may still run its sandbox.
     pub node: Option<Arc<str>>,
+    /// The allocations of its podref when the deletion was seen (no other pod of that name
+    /// existed then): a fence follows them whatever the cache holds later.
+    pub held: Vec<HeldEntry>,
+}
+
+/// An allocation as it was: pool, key and sandbox id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldEntry {
+    /// Pool name.
+    pub pool: String,
+    /// Entry key (offset).
+    pub key: String,
+    /// Sandbox id.
+    pub id: String,
 }
 
 /// An object that does not fit its type: kind, namespace, name.
@@ -232,12 +246,27 @@ impl State {
         (old.uid != uid).then(|| self.bury(podref, old, now))
     }
 
+    /// The allocations `podref` holds now.
+    fn held_by(&self, podref: &str) -> Vec<HeldEntry> {
+        let keys = self.by_podref.get(podref).map(Vec::as_slice).unwrap_or(&[]);
+        keys.iter()
+            .filter_map(|(pool, key)| {
+                Some(HeldEntry {
+                    pool: pool.clone(),
+                    key: key.clone(),
+                    id: self.entry(pool, key)?.id.clone(),
+                })
+            })
+            .collect()
+    }
+
     fn bury(&mut self, podref: &str, old: LiveInfo, now: Instant) -> Tombstone {
         let t = Tombstone {
             uid: old.uid,
             networks: old.networks,
             seen_at: now,
             node: old.node,
+            held: self.held_by(podref),
         };
         self.tombstones
             .entry(podref.to_owned())
@@ -265,6 +294,7 @@ impl State {
             networks,
             seen_at: now,
             node,
+            held: self.held_by(podref),
         };
         self.tombstones
             .entry(podref.to_owned())
@@ -278,6 +308,14 @@ impl State {
         let live = self.live.get(podref).filter(|l| l.uid == uid)?.clone();
         self.live.remove(podref);
         Some(self.bury(podref, live, now))
+    }
+
+    /// The deleted pods of `podref` not yet reclaimed.
+    pub fn tombstones(&self, podref: &str) -> &[Tombstone] {
+        self.tombstones
+            .get(podref)
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
     }
 
     /// The node the deleted pod `uid` of `podref` was bound to, if known.

@@ -97,8 +97,11 @@ impl Sweeper {
             let reason = match j.decision {
                 Decision::Candidate(r) => r,
                 Decision::Release(_) => {
-                    // Direct evidence the deletion path has not handled yet.
-                    self.ctx.queue.add(j.entry.podref.clone());
+                    // Direct evidence the deletion path has not handled yet (unless it is
+                    // retrying it with backoff: adding it now would skip the backoff).
+                    if self.ctx.queue.num_requeues(&j.entry.podref) == 0 {
+                        self.ctx.queue.add(j.entry.podref.clone());
+                    }
                     continue;
                 }
                 Decision::Keep(_) => continue,

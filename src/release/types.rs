@@ -97,6 +97,15 @@ pub enum ReleaseError {
         /// The pool.
         pool: String,
     },
+    /// The apiserver refused this entry's write itself (too large, invalid, forbidden), not
+    /// because the entry changed: only the entries concerned fail.
+    #[error("pool {pool} refused the write: {message}")]
+    Refused {
+        /// The pool.
+        pool: String,
+        /// What the API said.
+        message: String,
+    },
     /// The writer is shutting down.
     #[error("the pool writer stopped")]
     Stopped,
@@ -108,6 +117,7 @@ impl ReleaseError {
         match self {
             ReleaseError::Api { .. } => "api",
             ReleaseError::Conflict { .. } => "conflict",
+            ReleaseError::Refused { .. } => "refused",
             ReleaseError::Stopped => "stopped",
         }
     }

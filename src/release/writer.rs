@@ -38,6 +38,9 @@ const PATCH_DUTY: u32 = 4;
 const MAX_SPACING: Duration = Duration::from_secs(1);
 /// A pool's patch time estimate is forgotten after this long without a patch.
 const COST_MEMORY: Duration = Duration::from_secs(300);
+/// Patches one batch may take while refused writes are split apart (each refusal costs a
+/// patch and a read); what is left then is retried later, with backoff.
+const MAX_PATCHES_PER_BATCH: usize = 64;
 /// Reservation deletes sent at once at most (the shared in-flight cap may allow fewer).
 const RESERVATION_DELETERS: usize = 16;
 
@@ -298,7 +301,7 @@ impl Writer {
     async fn release_pool(
         &self,
         pool: &str,
-        mut items: Vec<(ReleaseRequest, Reply)>,
+        items: Vec<(ReleaseRequest, Reply)>,
     ) -> Vec<(String, String)> {
         if self.dry_run {
             for (req, reply) in items {
@@ -320,22 +323,27 @@ impl Writer {
             }
             return Vec::new();
         }
-        // whereabouts hands out the lowest free address that has no reservation, so the
-        // reservations go lowest address first: those addresses are reused first.
-        items.sort_by_key(|(req, _)| req.judged.entry.ip);
-        let (reqs, replies): (Vec<_>, Vec<_>) = items.into_iter().unzip();
+        let (reqs, replies) = one_write_per_entry(items);
         let outcomes = self.patch_with_retry(pool, &reqs).await;
         let mut released = Vec::new();
-        for ((req, reply), mut outcome) in reqs.into_iter().zip(replies).zip(outcomes) {
+        let mut answers: Vec<Outcome> = Vec::with_capacity(reqs.len());
+        for (req, mut outcome) in reqs.iter().zip(outcomes) {
             match &outcome {
                 Ok(ReleaseOutcome::Released) if matches!(req.write, EntryWrite::Fence(_)) => {
-                    self.record_fence(&req);
+                    self.record_fence(req);
                     outcome = Ok(ReleaseOutcome::Fenced);
                 }
-                Ok(ReleaseOutcome::Released) => released.extend(self.record_release(&req)),
+                Ok(ReleaseOutcome::Released) => released.extend(self.record_release(req)),
                 Err(e) => self.metrics.failed(e.cause()),
                 Ok(_) => {}
             }
+            answers.push(outcome);
+        }
+        for (answer, reply) in replies {
+            let outcome = match answer {
+                Answer::By(i) => answers[i].clone(),
+                Answer::Other => Ok(ReleaseOutcome::Changed),
+            };
             let _ = reply.send(outcome);
         }
         released
@@ -351,69 +359,84 @@ impl Writer {
         reported.insert((pool.to_owned(), key.to_owned(), id.to_owned()))
     }
 
-    /// One patch; on a failed `test` (422) re-reads the pool and retries only the entries that
-    /// still belong to the allocation we meant, once.
-    async fn patch_with_retry(
-        &self,
-        pool: &str,
-        reqs: &[ReleaseRequest],
-    ) -> Vec<Result<ReleaseOutcome, ReleaseError>> {
+    /// Writes `reqs`, one patch while it goes through. A refused patch (422 or 400) is looked
+    /// into: the pool is read again, entries that changed are settled (not ours any more), and
+    /// when nothing changed the patch itself was refused (too large, invalid), so it is split
+    /// until only the entries concerned fail. Other errors fail the patch's entries.
+    async fn patch_with_retry(&self, pool: &str, reqs: &[ReleaseRequest]) -> Vec<Outcome> {
         let mut outcomes: Vec<Option<Outcome>> = vec![None; reqs.len()];
-        let mut pending: Vec<usize> = (0..reqs.len()).collect();
-        // Gives every pending request the same outcome.
-        let settle = |outcomes: &mut Vec<Option<Outcome>>, pending: &mut Vec<usize>, o: Outcome| {
-            for i in pending.drain(..) {
-                outcomes[i] = Some(o.clone());
-            }
-        };
-        let api_error = |e: &kube::Error| {
-            Err(ReleaseError::Api {
-                pool: pool.into(),
-                message: e.to_string(),
-            })
-        };
-        for attempt in 0..2 {
-            let batch: Vec<&ReleaseRequest> = pending.iter().map(|&i| &reqs[i]).collect();
-            match self.patch(pool, &batch).await {
-                Ok(()) => settle(&mut outcomes, &mut pending, Ok(ReleaseOutcome::Released)),
-                Err(kube::Error::Api(s)) if s.code == 404 => {
-                    settle(&mut outcomes, &mut pending, Ok(ReleaseOutcome::AlreadyGone))
+        let mut groups: Vec<Vec<usize>> = vec![(0..reqs.len()).collect()];
+        let mut annotations = None;
+        let mut patches = 0;
+        while let Some(group) = groups.pop() {
+            if patches == MAX_PATCHES_PER_BATCH {
+                // Refused again and again: what is left is retried later, with backoff.
+                for i in group.into_iter().chain(groups.drain(..).flatten()) {
+                    outcomes[i] = Some(Err(ReleaseError::Conflict { pool: pool.into() }));
                 }
-                Err(kube::Error::Api(s)) if s.code == 422 && attempt == 0 => {
-                    // Someone changed an entry: look again, per entry.
-                    let pools = self.pools();
-                    let current = self
-                        .budgets
-                        .send(WriteKind::Pool, || pools.get_opt(pool))
-                        .await;
-                    let current = match current {
-                        Ok(c) => c,
-                        Err(e) => {
-                            settle(&mut outcomes, &mut pending, api_error(&e));
-                            break;
-                        }
-                    };
-                    let allocations = current.map(|p| p.spec.allocations).unwrap_or_default();
-                    pending.retain(|&i| {
-                        let e = &reqs[i].judged.entry;
-                        let gone = match allocations.get(&e.key) {
-                            None => ReleaseOutcome::AlreadyGone,
-                            Some(a) if a.id == e.id && a.podref == e.podref => return true,
-                            Some(_) => ReleaseOutcome::Changed,
-                        };
-                        outcomes[i] = Some(Ok(gone));
-                        false
-                    });
-                }
-                Err(kube::Error::Api(s)) if s.code == 422 => settle(
-                    &mut outcomes,
-                    &mut pending,
-                    Err(ReleaseError::Conflict { pool: pool.into() }),
-                ),
-                Err(e) => settle(&mut outcomes, &mut pending, api_error(&e)),
-            }
-            if pending.is_empty() {
                 break;
+            }
+            patches += 1;
+            let batch: Vec<&ReleaseRequest> = group.iter().map(|&i| &reqs[i]).collect();
+            let settle_all = |outcomes: &mut Vec<Option<Outcome>>, o: Outcome| {
+                for &i in &group {
+                    outcomes[i] = Some(o.clone());
+                }
+            };
+            let refusal = match self.patch(pool, &batch, annotations).await {
+                Ok(()) => {
+                    settle_all(&mut outcomes, Ok(ReleaseOutcome::Released));
+                    continue;
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 => {
+                    settle_all(&mut outcomes, Ok(ReleaseOutcome::AlreadyGone));
+                    continue;
+                }
+                Err(kube::Error::Api(s)) if s.code == 422 || s.code == 400 => s.message,
+                Err(e) => {
+                    settle_all(&mut outcomes, Err(api_error(pool, &e)));
+                    continue;
+                }
+            };
+            let pools = self.pools();
+            let current = match self
+                .budgets
+                .send(WriteKind::Pool, || pools.get_opt(pool))
+                .await
+            {
+                Ok(c) => c,
+                Err(e) => {
+                    settle_all(&mut outcomes, Err(api_error(pool, &e)));
+                    continue;
+                }
+            };
+            annotations = Some(
+                current
+                    .as_ref()
+                    .is_some_and(|p| p.metadata.annotations.is_some()),
+            );
+            let allocations = current.map(|p| p.spec.allocations).unwrap_or_default();
+            let mut still = Vec::with_capacity(group.len());
+            for &i in &group {
+                let e = &reqs[i].judged.entry;
+                match allocations.get(&e.key) {
+                    None => outcomes[i] = Some(Ok(ReleaseOutcome::AlreadyGone)),
+                    Some(a) if a.id == e.id && a.podref == e.podref => still.push(i),
+                    Some(_) => outcomes[i] = Some(Ok(ReleaseOutcome::Changed)),
+                }
+            }
+            match (still.len() == group.len(), still.len()) {
+                (_, 0) => {}
+                // Something changed: the rest goes again, as it is.
+                (false, _) => groups.push(still),
+                // Nothing changed: this write itself was refused.
+                (true, 1) => {
+                    outcomes[still[0]] = Some(Err(ReleaseError::Refused {
+                        pool: pool.into(),
+                        message: refusal,
+                    }))
+                }
+                (true, _) => groups.extend(split(reqs, still)),
             }
         }
         outcomes
@@ -422,8 +445,16 @@ impl Writer {
             .collect()
     }
 
-    async fn patch(&self, pool: &str, batch: &[&ReleaseRequest]) -> Result<(), kube::Error> {
-        let has_annotations = self.index.as_ref().is_some_and(|i| i.has_annotations(pool));
+    /// One patch of `batch`; `annotations`: whether the pool has an annotations map, when a
+    /// fresh read told (else the index is asked).
+    async fn patch(
+        &self,
+        pool: &str,
+        batch: &[&ReleaseRequest],
+        annotations: Option<bool>,
+    ) -> Result<(), kube::Error> {
+        let has_annotations = annotations
+            .unwrap_or_else(|| self.index.as_ref().is_some_and(|i| i.has_annotations(pool)));
         let patch = patch_ops(batch, has_annotations);
         let patch: json_patch::Patch =
             serde_json::from_value(patch).map_err(kube::Error::SerdeError)?;
@@ -508,6 +539,92 @@ impl Writer {
             }
         }
     }
+}
+
+fn api_error(pool: &str, e: &kube::Error) -> ReleaseError {
+    ReleaseError::Api {
+        pool: pool.into(),
+        message: e.to_string(),
+    }
+}
+
+/// One write per entry, lowest address first, and for each request which write answers it.
+/// The sweep and the deletion path may hand in the same entry in one patch window: a second
+/// `remove` of it would fail the whole patch. A fence wins over a plain removal.
+fn one_write_per_entry(
+    items: Vec<(ReleaseRequest, Reply)>,
+) -> (Vec<ReleaseRequest>, Vec<(Answer, Reply)>) {
+    let mut reqs: Vec<ReleaseRequest> = Vec::with_capacity(items.len());
+    let mut by_key: HashMap<String, usize> = HashMap::with_capacity(items.len());
+    let mut replies = Vec::with_capacity(items.len());
+    for (req, reply) in items {
+        let answer = match by_key.get(&req.judged.entry.key) {
+            Some(&i) => {
+                let same = reqs[i].judged.entry.id == req.judged.entry.id
+                    && reqs[i].judged.entry.podref == req.judged.entry.podref;
+                if !same {
+                    // Two allocations seen at one key: at most one is there; the patch tests
+                    // the first, and the other was replaced (its owner looks again later).
+                    Answer::Other
+                } else {
+                    if matches!(req.write, EntryWrite::Fence(_)) {
+                        reqs[i] = req;
+                    }
+                    Answer::By(i)
+                }
+            }
+            None => {
+                by_key.insert(req.judged.entry.key.clone(), reqs.len());
+                reqs.push(req);
+                Answer::By(reqs.len() - 1)
+            }
+        };
+        replies.push((answer, reply));
+    }
+    // whereabouts hands out the lowest free address that has no reservation, so the
+    // reservations go lowest address first: those addresses are reused first.
+    let mut order: Vec<usize> = (0..reqs.len()).collect();
+    order.sort_by_key(|&i| reqs[i].judged.entry.ip);
+    let mut at = vec![0; reqs.len()];
+    for (new, &old) in order.iter().enumerate() {
+        at[old] = new;
+    }
+    let mut slots: Vec<Option<ReleaseRequest>> = reqs.into_iter().map(Some).collect();
+    let reqs = order
+        .iter()
+        .map(|&i| slots[i].take().expect("each index once"))
+        .collect();
+    let replies = replies
+        .into_iter()
+        .map(|(a, r)| match a {
+            Answer::By(i) => (Answer::By(at[i]), r),
+            other => (other, r),
+        })
+        .collect();
+    (reqs, replies)
+}
+
+/// Which write answers a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    /// The write at this index.
+    By(usize),
+    /// None: another allocation at the same key is written instead.
+    Other,
+}
+
+/// A refused group split in two: fences apart from the rest first (a fence grows the pool;
+/// a removal never does), else halves.
+fn split(reqs: &[ReleaseRequest], group: Vec<usize>) -> Vec<Vec<usize>> {
+    let (fences, rest): (Vec<usize>, Vec<usize>) = group
+        .iter()
+        .partition(|&&i| matches!(reqs[i].write, EntryWrite::Fence(_)));
+    if !fences.is_empty() && !rest.is_empty() {
+        return vec![fences, rest];
+    }
+    let mut first = group;
+    let second = first.split_off(first.len() / 2);
+    vec![first, second]
 }
 
 /// A JSON pointer token (RFC 6901).

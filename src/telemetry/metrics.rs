@@ -88,6 +88,8 @@ pub struct WriteMetrics {
     pub api_writes: Family<VerbLabel, Counter>,
     /// Addresses fenced (kept allocated because the pod's node was not Ready).
     pub fences: Counter,
+    /// Fence writes that failed (the address is kept; the write is retried with backoff).
+    pub fence_failures: Counter,
     /// Events published.
     pub events_published: Counter,
     /// Events that could not be published (queue full, or refused or failing for too long).
@@ -107,7 +109,7 @@ const LATENCY_BUCKETS: [f64; 12] = [
 const BATCH_BUCKETS: [f64; 8] = [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 500.0];
 
 /// The causes [`WriteMetrics::failed`] is called with.
-pub const FAILURE_CAUSES: [&str; 4] = ["api", "conflict", "stopped", "reservation"];
+pub const FAILURE_CAUSES: [&str; 5] = ["api", "conflict", "refused", "stopped", "reservation"];
 
 impl WriteMetrics {
     /// Creates the metrics and registers them in `r` (already prefixed).
@@ -119,6 +121,7 @@ impl WriteMetrics {
             deletion_to_release_seconds: Histogram::new(LATENCY_BUCKETS),
             api_writes: Family::default(),
             fences: Counter::default(),
+            fence_failures: Counter::default(),
             events_published: Counter::default(),
             events_dropped: Counter::default(),
             throttled: Counter::default(),
@@ -154,6 +157,11 @@ impl WriteMetrics {
             "fences",
             "Addresses fenced: kept allocated because the deleted pod's node was not Ready",
             m.fences.clone(),
+        );
+        r.register(
+            "fence_write_failures",
+            "Fence writes that failed: the address is kept and the fence retried with backoff, never released instead",
+            m.fence_failures.clone(),
         );
         r.register(
             "releases",
