@@ -11,7 +11,7 @@ use serde::Serialize;
 use crate::api::lenient::Lenient;
 use crate::api::paged::for_each_listed;
 use crate::api::slim::PodView;
-use crate::api::{IPPool, NetworkAttachmentDefinition};
+use crate::api::{IPFence, IPPool, NetworkAttachmentDefinition};
 use crate::controller::state::State;
 use crate::controller::watch::{POD_PAGE, seen};
 use crate::reclaim::{Decision, ReclaimConfig};
@@ -92,6 +92,34 @@ pub async fn scan(
             Lenient::Invalid { metadata, error } => {
                 tracing::warn!(pool = ?metadata.name, %error, "IPPool skipped: it does not fit the schema")
             }
+        }
+    }
+    state.set_pools_listed();
+    // Fence records: without them fenced entries show as unrecorded, pending ones as leaks.
+    match Api::<Lenient<IPFence>>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(fences) => {
+            for f in fences.iter().filter_map(Lenient::valid) {
+                let name = f.metadata.name.clone().unwrap_or_default();
+                match crate::ipam::fence::fence_record(&f.spec) {
+                    Ok(record) => state.upsert_fence_object(
+                        &f.spec.pool,
+                        &f.spec.key,
+                        crate::controller::state::FenceObject {
+                            name,
+                            uid: f.metadata.uid.clone().unwrap_or_default(),
+                            sandbox: f.spec.sandbox.clone(),
+                            record,
+                        },
+                    ),
+                    Err(error) => tracing::warn!(fence = %name, %error, "IPFence skipped"),
+                }
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list IPFences: fenced addresses are not shown")
         }
     }
     match Api::<Lenient<NetworkAttachmentDefinition>>::all(client)

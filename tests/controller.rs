@@ -666,6 +666,7 @@ async fn a_release_that_keeps_failing_ends_in_a_warning_event_with_the_cause() {
                 &["get", "list", "watch"],
             ),
             rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
+            rule(&["ipreclaim.io"], &["ipfences"], &["get", "list", "watch"]),
         ]),
         ..Default::default()
     };
@@ -1252,16 +1253,16 @@ impl Env {
         .collect()
     }
 
-    /// (podref, fence annotation) of `key` in `pool`.
+    /// (podref, fence record's spec as JSON) of `key` in `pool`.
     async fn entry_and_fence(&self, pool: &str, key: &str) -> (Option<String>, Option<String>) {
         let p = self.pools().get(pool).await.unwrap();
         let podref = p.spec.allocations.get(key).map(|a| a.podref.clone());
-        let fence = p
-            .metadata
-            .annotations
-            .unwrap_or_default()
-            .get(&format!("ipreclaim.io/fence-{key}"))
-            .cloned();
+        let name = ipreclaim::ipam::fence::fence_object_name(pool, key);
+        let fence = Api::<ipreclaim::api::IPFence>::namespaced(self.client.clone(), &self.ns)
+            .get_opt(&name)
+            .await
+            .unwrap()
+            .map(|f| serde_json::to_string(&f.spec).unwrap());
         (podref, fence)
     }
 
@@ -1334,10 +1335,11 @@ impl Env {
             self.reservation_names().await.is_empty()
         })
         .await;
-        assert_eq!(
-            self.entry_and_fence("192.0.2.0-24", "10").await,
-            (None, None)
-        );
+        // The record goes after the entry (a lift removes the entry first).
+        wait_for("web-0's entry and fence record gone", || async {
+            self.entry_and_fence("192.0.2.0-24", "10").await == (None, None)
+        })
+        .await;
         let ns = &self.ns;
         assert_eq!(
             self.wait_events("IPAddressGarbageCollected").await,
@@ -1402,10 +1404,14 @@ async fn a_pod_deleted_from_an_unready_node_is_fenced_across_a_restart_until_the
 async fn a_node_back_with_a_lagging_clock_still_waits_the_settle() {
     let mut env = Env::new("ctl-fence-lag").await;
     let node = env.fence_node("Unknown").await;
-    let uid = env.fenced_web_0(&node, &["--fence-settle=8s"]).await;
+    let uid = env.fenced_web_0(&node, &["--fence-settle=5s"]).await;
+    env.assert_web_0_fenced(&node).await;
+    // The node stays down longer than the settle: a settle counted from the fence (or from the
+    // node's lagging transition time) would be over the moment it is back.
+    tokio::time::sleep(std::time::Duration::from_secs(6)).await;
     env.assert_web_0_fenced(&node).await;
     let hour_ago = jiff::Timestamp::now() - jiff::SignedDuration::from_hours(1);
-    // The controller sees the node Ready after this, so the settle ends 8 s after it at the
+    // The controller sees the node Ready after this, so the settle ends 5 s after it at the
     // earliest. (Not `ipreclaim_unready_nodes`: it counts other tests' stand-in Nodes too.)
     let set_ready = std::time::Instant::now();
     env.set_ready_at(&node, "True", hour_ago).await;
@@ -1414,8 +1420,8 @@ async fn a_node_back_with_a_lagging_clock_still_waits_the_settle() {
     env.assert_web_0_fenced(&node).await;
     env.wait_web_0_released(&uid).await;
     assert!(
-        set_ready.elapsed() >= std::time::Duration::from_secs(8),
-        "released {:?} after the node was set Ready, settle 8s",
+        set_ready.elapsed() >= std::time::Duration::from_secs(5),
+        "released {:?} after the node was set Ready, settle 5s",
         set_ready.elapsed()
     );
     env.stop().await;
@@ -1523,39 +1529,104 @@ async fn a_pod_deleted_right_after_its_node_goes_down_is_fenced() {
     env.delete_node(&node).await;
 }
 
-/// A fence the apiserver refuses (here: the pool's annotations would pass 256 KiB) holds: the
-/// entry stays allocated, the failure is retried and reported on the deleted pod, and the
-/// sweep never releases it; db-0, deleted from a Ready node in the same pool meanwhile, is
-/// released at once. Before, the whole batch failed and, after the retries, the sweep released
-/// both, web-0's while its node was still down. Once the pool has room, the fence is written.
+/// A ValidatingAdmissionPolicy (a real apiserver's admission, bound to the test's namespace)
+/// that refuses any pool write marking entry `key` fenced: stands for any refusal of one
+/// entry's write (too large, invalid, forbidden). Returns its name (also the binding's).
+async fn refuse_fencing_entry(env: &Env, key: &str) -> String {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    let name = format!("{}-refuse-fence", env.ns);
+    let policy: ValidatingAdmissionPolicy = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": ["whereabouts.cni.cncf.io"], "apiVersions": ["*"],
+                "operations": ["UPDATE"], "resources": ["ippools"],
+            }]},
+            "validations": [{
+                "expression": format!(
+                    "!('{key}' in object.spec.allocations) || !object.spec.allocations['{key}'].podref.endsWith(':fenced')"
+                ),
+                "message": "refused by the test's admission policy",
+            }],
+        },
+    }))
+    .unwrap();
+    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {
+            "policyName": name,
+            "validationActions": ["Deny"],
+            "matchResources": {"namespaceSelector": {
+                "matchLabels": {"kubernetes.io/metadata.name": env.ns},
+            }},
+        },
+    }))
+    .unwrap();
+    Api::<ValidatingAdmissionPolicy>::all(env.client.clone())
+        .create(&PostParams::default(), &policy)
+        .await
+        .unwrap();
+    Api::<ValidatingAdmissionPolicyBinding>::all(env.client.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    name
+}
+
+/// Waits until a dry-run of marking entry `key` of `pool` fenced is refused (`refused`) or not.
+async fn wait_fencing_refused(env: &Env, pool: &str, key: &str, refused: bool) {
+    let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+        {"op": "replace", "path": format!("/spec/allocations/{key}/podref"), "value": "x/y:fenced"},
+    ]))
+    .unwrap();
+    wait_for("the admission policy in force", || async {
+        let params = kube::api::PatchParams::default().dry_run();
+        let result = env
+            .pools()
+            .patch(pool, &params, &kube::api::Patch::<()>::Json(patch.clone()))
+            .await;
+        result.is_err() == refused
+    })
+    .await;
+}
+
+/// A fence the apiserver refuses holds: the entry stays allocated, the failure is retried and
+/// reported on the deleted pod, and the sweep never releases it; db-0 and x-0, deleted from a
+/// Ready node in the same pool meanwhile (in the same patch when the writer batches them), are
+/// released at once. Before, a refused patch failed its whole batch and, after the retries,
+/// the sweep released web-0 with its node still down. Once the refusal ends, the fence is
+/// written.
 #[tokio::test]
 async fn a_fence_the_apiserver_refuses_holds_and_the_rest_of_the_pool_is_released() {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
     let mut env = Env::new("ctl-fence-refused").await;
     let down = env.fence_node("Unknown").await;
     env.nad("macvlan", "192.0.2.0/24").await;
     env.pool(
         "192.0.2.0-24",
         "192.0.2.0/24",
-        &[(10, "sb-web-0", "web-0"), (11, "sb-db-0", "db-0")],
+        &[
+            (10, "sb-web-0", "web-0"),
+            (11, "sb-db-0", "db-0"),
+            (12, "sb-x-0", "x-0"),
+        ],
     )
     .await;
-    // Annotations just under the apiserver's 256 KiB: no fence record fits any more.
-    let filler = "x".repeat(262_144 - 200);
-    env.pools()
-        .patch(
-            "192.0.2.0-24",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(serde_json::json!({
-                "metadata": {"annotations": {"example.com/filler": filler}}
-            })),
-        )
-        .await
-        .unwrap();
+    let policy = refuse_fencing_entry(&env, "10").await;
+    wait_fencing_refused(&env, "192.0.2.0-24", "10", true).await;
     let web = env
         .pod_on("web-0", "macvlan", Some(&["192.0.2.10"]), Some(&down))
         .await;
     let db = env.pod("db-0", "macvlan", Some(&["192.0.2.11"])).await;
+    let x = env.pod("x-0", "macvlan", Some(&["192.0.2.12"])).await;
     env.start(&["--max-retries=1"]).await;
+    // x-0's patch goes at once; web-0's and db-0's, within the pool's spacing, go together.
+    env.delete_pod("x-0").await;
     env.delete_pod("web-0").await;
     env.delete_pod("db-0").await;
     env.wait_keys("192.0.2.0-24", &["10"]).await;
@@ -1566,7 +1637,7 @@ async fn a_fence_the_apiserver_refuses_holds_and_the_rest_of_the_pool_is_release
     env.wait_metric("ipreclaim_fence_write_failures_total 3")
         .await;
     env.wait_sweeps(5.0).await;
-    let entry = env
+    let entries = env
         .pools()
         .get("192.0.2.0-24")
         .await
@@ -1574,32 +1645,34 @@ async fn a_fence_the_apiserver_refuses_holds_and_the_rest_of_the_pool_is_release
         .spec
         .allocations;
     assert_eq!(
-        entry.get("10").map(|a| a.podref.as_str()),
+        entries.get("10").map(|a| a.podref.as_str()),
         Some(format!("{}/web-0", env.ns).as_str()),
         "web-0's entry kept while its fence cannot be written"
     );
-    let released = env.events("IPAddressGarbageCollected").await;
-    assert_eq!(
-        released.iter().map(|e| e.1.as_str()).collect::<Vec<_>>(),
-        [db.as_str()],
-        "only db-0 released"
-    );
+    let mut released: Vec<String> = env
+        .events("IPAddressGarbageCollected")
+        .await
+        .into_iter()
+        .map(|e| e.1)
+        .collect();
+    released.sort();
+    let mut want = vec![db, x];
+    want.sort();
+    assert_eq!(released, want, "only db-0 and x-0 released");
     assert!(
-        metric_sum(
+        metric_value(
             &env.metrics_text().await,
-            "ipreclaim_release_failures_total"
+            r#"ipreclaim_release_failures_total{cause="refused"}"#
         ) >= 1.0,
-        "the refusal is counted"
+        "the refusal is counted by its cause"
     );
-    // Room again: the retried fence is written.
-    env.pools()
-        .patch(
-            "192.0.2.0-24",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(serde_json::json!({
-                "metadata": {"annotations": {"example.com/filler": null}}
-            })),
-        )
+    // The refusal ends: the retried fence is written.
+    Api::<ValidatingAdmissionPolicyBinding>::all(env.client.clone())
+        .delete(&policy, &DeleteParams::default())
+        .await
+        .unwrap();
+    Api::<ValidatingAdmissionPolicy>::all(env.client.clone())
+        .delete(&policy, &DeleteParams::default())
         .await
         .unwrap();
     let events = env.wait_events(FENCED).await;

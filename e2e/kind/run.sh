@@ -46,6 +46,8 @@ kubectl -n kube-system rollout status daemonset/kube-multus-ds --timeout=300s
 kubectl -n kube-system rollout status daemonset/whereabouts --timeout=300s
 
 echo "== ipreclaim image and chart"
+# --skip-crds below keeps whereabouts' own CRDs; ipreclaim's fence records need its one CRD.
+kubectl apply -f "$root/crds/ipfences.ipreclaim.io.yaml"
 docker build -t "$image" "$root"
 kind load docker-image "$image" --name "$cluster"
 helm install ipreclaim "$root/charts/ipreclaim" --namespace ipreclaim --create-namespace \

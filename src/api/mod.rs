@@ -132,11 +132,58 @@ pub struct NetworkAttachmentDefinitionSpec {
     pub config: Option<String>,
 }
 
+/// IPFenceSpec: an address ipreclaim keeps allocated because the pod that held it was deleted
+/// while its node was not Ready (the sandbox may still run there). One object per fenced
+/// address, in the pools' namespace; the pool entry's podref carries `:fenced` meanwhile.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[kube(
+    group = "ipreclaim.io",
+    version = "v1alpha1",
+    kind = "IPFence",
+    plural = "ipfences",
+    singular = "ipfence",
+    shortname = "ipf",
+    namespaced,
+    printcolumn = r#"{"name":"Address","type":"string","jsonPath":".spec.address"}"#,
+    printcolumn = r#"{"name":"Pod","type":"string","jsonPath":".spec.podref"}"#,
+    printcolumn = r#"{"name":"Node","type":"string","jsonPath":".spec.node"}"#,
+    printcolumn = r#"{"name":"Pool","type":"string","jsonPath":".spec.pool"}"#,
+    printcolumn = r#"{"name":"Since","type":"date","jsonPath":".spec.since"}"#,
+    doc = "IPFence records an address ipreclaim keeps allocated: its pod was deleted while its node was not Ready. Delete the pool entry to release it by hand; the fence record then goes by itself."
+)]
+pub struct IPFenceSpec {
+    /// The IPPool (in this namespace) that holds the address.
+    pub pool: String,
+    /// The entry's key in the pool (the address's offset in its range).
+    pub key: String,
+    /// The address.
+    pub address: String,
+    /// The entry's sandbox (container) id when it was fenced.
+    pub sandbox: String,
+    /// The deleted pod, as "namespace/name" (the entry's podref before the fence).
+    pub podref: String,
+    /// The deleted pod's uid.
+    #[serde(default)]
+    pub uid: String,
+    /// The node the pod ran on.
+    pub node: String,
+    /// Why the node was not trusted (its Ready condition then).
+    #[serde(default)]
+    pub why: String,
+    /// The network to name in Events ("namespace/nad").
+    #[serde(default)]
+    pub network: String,
+    /// When the fence was set (RFC 3339, the controller's clock).
+    pub since: String,
+}
+
 /// An entry without `id` or `podref` (older whereabouts releases did not require them) is
 /// read with them empty and reported as a problem of its pool.
 impl lenient::Defaults for IPPool {}
 
 impl lenient::Defaults for OverlappingRangeIPReservation {}
+
+impl lenient::Defaults for IPFence {}
 
 impl lenient::Defaults for NetworkAttachmentDefinition {
     /// Upstream's schema does not require `spec`: without it (the config is a file on the
@@ -173,7 +220,13 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
     let (mut pool, mut nad) = (IPPool::crd(), NetworkAttachmentDefinition::crd());
     spec_optional(&mut pool);
     spec_optional(&mut nad);
-    vec![pool, OverlappingRangeIPReservation::crd(), node_slice, nad]
+    vec![
+        pool,
+        OverlappingRangeIPReservation::crd(),
+        node_slice,
+        nad,
+        IPFence::crd(),
+    ]
 }
 
 /// Every CRD as one multi-document YAML stream (what `ipreclaim crds` prints and `crds/` holds).

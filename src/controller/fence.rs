@@ -9,9 +9,10 @@ use kube::api::Api;
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
 
-use super::state::{FencedEntry, Judged, PodRef};
+use super::state::{FenceObject, FencedEntry, Judged, PodRef};
 use super::watch::{Synced, drive};
 use crate::api::slim::NodeReadyView as NodeObject;
+use crate::ipam::PoolEntry;
 use crate::ipam::fence::FenceRecord;
 use crate::reclaim::fence::{FencePolicy, Lift, Moment, NodeReadiness, distrust, lift};
 use crate::reclaim::{Decision, Reason};
@@ -124,33 +125,41 @@ pub fn record_for(judged: &Judged, node: String, why: String) -> FenceRecord {
     }
 }
 
-/// The release of a fenced entry.
-fn unfence(pool: &str, f: &FencedEntry) -> ReleaseRequest {
-    let r = &f.record;
-    let (namespace, name) = r.podref.split_once('/').unwrap_or(("", &r.podref));
+/// A request about the fenced (or pending) entry `entry` of `pool` with `record`.
+fn fence_request(
+    pool: &str,
+    entry: &PoolEntry,
+    record: &FenceRecord,
+    write: EntryWrite,
+) -> ReleaseRequest {
+    let network = if record.network.is_empty() {
+        pool.to_owned()
+    } else {
+        record.network.clone()
+    };
     ReleaseRequest {
         judged: Judged {
             pool: pool.to_owned(),
-            entry: f.entry.clone(),
+            entry: entry.clone(),
             decision: Decision::Release(Reason::PodDeleted),
-            network: if r.network.is_empty() {
-                pool.to_owned()
-            } else {
-                r.network.clone()
-            },
-            pod: PodRef {
-                namespace: namespace.into(),
-                name: name.into(),
-                uid: r.uid.clone(),
-            },
+            network,
+            pod: PodRef::from_podref(&record.podref, record.uid.clone()),
         },
         reason: Reason::PodDeleted,
         deleted_at: None,
-        write: EntryWrite::Unfence(r.clone()),
+        write,
     }
 }
 
-/// Lifts fences (leader only).
+/// How long a fence record may wait for its entry's rewrite before this replica writes it (the
+/// writer that wrote the record may be rewriting it right now).
+const PENDING_GRACE: Duration = Duration::from_secs(10);
+/// How long a fence record must look left over before it is deleted (its lift's own delete
+/// may be on its way).
+const STALE_GRACE: Duration = Duration::from_secs(5);
+
+/// Lifts fences (leader only), completes fences whose entry rewrite is missing, and removes
+/// records left over.
 pub struct Lifter {
     pub(crate) ctx: super::Ctx,
     pub(crate) view: Arc<RwLock<NodeView>>,
@@ -158,42 +167,54 @@ pub struct Lifter {
     pub(crate) policy: Option<FencePolicy>,
     /// When this process first saw each fence (pool, key, uid): settles count on our clock.
     pub(crate) first_seen: std::sync::Mutex<HashMap<(String, String, String), Instant>>,
+    /// When this process first saw each pending or left-over record (by name).
+    pub(crate) records_seen: std::sync::Mutex<HashMap<String, Instant>>,
+    /// Entries (pool, key) whose last write failed: not tried again before their backoff.
+    pub(crate) backoff: podlife::backoff::Backoff<(String, String)>,
+}
+
+/// First and longest wait before a failed fence write (lift or completion) is tried again.
+pub const WRITE_BACKOFF: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(30));
+
+/// What one pass found in the state.
+struct Found {
+    fenced: Vec<(String, FencedEntry)>,
+    pending: Vec<(String, PoolEntry, FenceObject)>,
+    stale_records: Vec<(String, String)>,
+    stale_annotations: std::collections::BTreeMap<String, Vec<(String, String)>>,
 }
 
 impl Lifter {
-    /// One pass: updates the fence gauges and, on the leader, releases what lifts and clears
-    /// fence annotations whose entry the node's own CNI DEL freed.
+    /// One pass: updates the fence gauges and, on the leader, releases what lifts, completes
+    /// pending fences and clears records whose entry the node's own CNI DEL freed.
     pub async fn pass(&self, leader: bool) {
         let now = Moment {
             wall: jiff::Timestamp::now(),
             mono: Instant::now(),
         };
-        let (fenced, stale) = {
+        let found = {
             let st = self.ctx.state.read().expect("state lock");
-            let stale: Vec<(String, Vec<(String, String)>)> = st
-                .pools()
-                .iter()
-                .filter(|(_, p)| !p.stale_fences.is_empty())
-                .map(|(n, p)| {
-                    let s = p.stale_fences.iter();
-                    (n.clone(), s.map(|(k, v)| (k.clone(), v.clone())).collect())
-                })
-                .collect();
-            (st.fenced(), stale)
+            Found {
+                fenced: st.fenced(),
+                pending: st.pending_fences(),
+                stale_records: st.stale_fence_objects(),
+                stale_annotations: st.stale_fence_annotations(),
+            }
         };
         let mut lifted = Vec::new();
         let mut oldest = Duration::ZERO;
-        let mut held = 0;
+        let mut held = found.pending.len() as i64;
         {
             let mut first_seen = self.first_seen.lock().expect("fence clock lock");
-            let keys: HashSet<(String, String, String)> = fenced
+            let keys: HashSet<(String, String, String)> = found
+                .fenced
                 .iter()
                 .map(|(pool, f)| (pool.clone(), f.entry.key.clone(), f.record.uid.clone()))
                 .collect();
             first_seen.retain(|k, _| keys.contains(k));
             let v = self.view.read().expect("node view lock");
             self.ctx.metrics.unready_nodes.set(v.unready() as i64);
-            for (pool, f) in &fenced {
+            for (pool, f) in &found.fenced {
                 let node = v.node(&f.record.node);
                 let key = (pool.clone(), f.entry.key.clone(), f.record.uid.clone());
                 let fence = Moment {
@@ -205,10 +226,11 @@ impl Lifter {
                     None => Some(Lift::FencingOff),
                 };
                 match lifts {
-                    Some(_) if !leader => {}
+                    Some(_) if !leader => held += 1,
                     Some(why) => {
                         tracing::info!(%pool, ip = %f.entry.ip, podref = %f.record.podref, node = %f.record.node, lifted = why.as_str(), "fence lifts");
-                        lifted.push(unfence(pool, f));
+                        let write = EntryWrite::Unfence(f.record.clone(), f.source.clone());
+                        lifted.push(fence_request(pool, &f.entry, &f.record, write));
                     }
                     None => {
                         held += 1;
@@ -223,33 +245,90 @@ impl Lifter {
             .metrics
             .oldest_fence_seconds
             .set(oldest.as_secs() as i64);
+        let (complete, stale) = self.due_records(&found, now.mono);
         if !leader {
             return;
         }
-        if !lifted.is_empty() {
-            let outcomes = self.ctx.writer.release(lifted.clone()).await;
+        let mut writes = lifted;
+        writes.extend(complete);
+        let key = |r: &ReleaseRequest| (r.judged.pool.clone(), r.judged.entry.key.clone());
+        writes.retain(|r| !self.backoff.is_in_backoff_since(&key(r), now.mono));
+        if !writes.is_empty() {
+            let outcomes = self.ctx.writer.release(writes.clone()).await;
             self.ctx
                 .events
-                .released_all(lifted.iter().zip(&outcomes))
+                .released_all(writes.iter().zip(&outcomes))
                 .await;
-            for (r, o) in lifted.iter().zip(&outcomes) {
+            for (r, o) in writes.iter().zip(&outcomes) {
                 match o {
                     Err(e) => {
-                        tracing::warn!(ip = %r.judged.entry.ip, error = %e, "releasing a lifted fence failed; next pass retries")
+                        self.backoff
+                            .next(&key(r), Instant::now(), Some(e.to_string()));
+                        if matches!(r.write, EntryWrite::Fence(_)) {
+                            self.ctx.metrics.writes.fence_failures.inc();
+                        }
+                        tracing::warn!(ip = %r.judged.entry.ip, error = %e, retry_in = ?self.backoff.get(&key(r)), "writing a fence's entry failed; retried after a backoff")
                     }
                     Ok(ReleaseOutcome::AlreadyGone | ReleaseOutcome::Changed) => {
-                        tracing::info!(ip = %r.judged.entry.ip, "a lifted fence's entry was already freed")
+                        tracing::info!(ip = %r.judged.entry.ip, "a fence's entry was already freed or replaced")
                     }
-                    Ok(_) => {}
+                    Ok(_) => self.backoff.reset(&key(r)),
                 }
             }
         }
-        for (pool, annotations) in stale {
+        self.backoff.gc();
+        if !stale.is_empty() {
+            for (name, _) in &stale {
+                tracing::info!(record = %name, "fence record left over (its entry was freed by its node's CNI DEL, or replaced); deleting it");
+            }
+            self.ctx.writer.delete_fence_records(stale);
+        }
+        for (pool, annotations) in found.stale_annotations {
             for (key, _) in &annotations {
-                tracing::info!(%pool, %key, "fenced entry freed by its node (CNI DEL) or replaced; clearing its fence record");
+                tracing::info!(%pool, %key, "fenced entry freed by its node (CNI DEL) or replaced; clearing its fence annotation");
             }
             self.ctx.writer.clear_fences(&pool, annotations).await;
         }
+    }
+
+    /// Pending fences to complete and left-over records to delete, each once it has waited
+    /// its grace on this process's clock.
+    fn due_records(
+        &self,
+        found: &Found,
+        now: Instant,
+    ) -> (Vec<ReleaseRequest>, Vec<(String, String)>) {
+        let mut seen = self.records_seen.lock().expect("fence records lock");
+        let names: HashSet<&str> = found
+            .pending
+            .iter()
+            .map(|(_, _, o)| o.name.as_str())
+            .chain(found.stale_records.iter().map(|(n, _)| n.as_str()))
+            .collect();
+        seen.retain(|n, _| names.contains(n.as_str()));
+        let mut waited = |name: &str, grace: Duration| {
+            let first = *seen.entry(name.to_owned()).or_insert(now);
+            now.saturating_duration_since(first) >= grace
+        };
+        // A pending fence the deletion path is retrying is its own; others (a crash between
+        // the two writes, a record of another replica) are completed here.
+        let retrying = |o: &FenceObject| self.ctx.queue.num_requeues(&o.record.podref) > 0;
+        let complete = found
+            .pending
+            .iter()
+            .filter(|(_, _, o)| waited(&o.name, PENDING_GRACE) && !retrying(o))
+            .map(|(pool, entry, o)| {
+                tracing::info!(%pool, ip = %entry.ip, podref = %o.record.podref, "fence record without its entry's rewrite; writing it");
+                fence_request(pool, entry, &o.record, EntryWrite::Fence(o.record.clone()))
+            })
+            .collect();
+        let stale = found
+            .stale_records
+            .iter()
+            .filter(|(name, _)| waited(name, STALE_GRACE))
+            .cloned()
+            .collect();
+        (complete, stale)
     }
 }
 

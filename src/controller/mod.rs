@@ -325,6 +325,7 @@ pub async fn run(
         ))
     });
     watch_task(&|tx| tokio::spawn(watch::nads(client.clone(), state.clone(), tx)));
+    watch_task(&|tx| tokio::spawn(watch::fences(client.clone(), ns.clone(), state.clone(), tx)));
     let nodes = args
         .fence_unready_nodes
         .then(|| Arc::new(RwLock::new(fence::NodeView::default())));
@@ -370,6 +371,12 @@ pub async fn run(
                 timeout: args.fence_timeout,
             }),
             first_seen: Default::default(),
+            records_seen: Default::default(),
+            backoff: podlife::backoff::Backoff::new(
+                fence::WRITE_BACKOFF.0,
+                fence::WRITE_BACKOFF.1,
+                clock.clone(),
+            ),
         };
         let mut reporter = report::Reporter {
             events: ctx.events.clone(),
@@ -433,7 +440,7 @@ pub async fn run(
                     metrics
                         .allocations
                         .get_or_create(&label.clone().into())
-                        .set((pool.entries.len() + pool.fenced.len()) as i64);
+                        .set((pool.entries.len() + pool.marked.len()) as i64);
                     metrics
                         .pool_problems
                         .get_or_create(&label.into())

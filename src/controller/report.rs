@@ -21,10 +21,11 @@ pub const MALFORMED_NETWORK_STATUS: &str = "MalformedNetworkStatus";
 pub const UNREADABLE_POOL_ENTRIES: &str = "UnreadablePoolEntries";
 
 /// The kinds whose objects can be skipped, for the metric (each has a series from the start).
-pub const KINDS: [&str; 3] = [
+pub const KINDS: [&str; 4] = [
     "IPPool",
     "OverlappingRangeIPReservation",
     "NetworkAttachmentDefinition",
+    "IPFence",
 ];
 
 /// Most entry problems named in one Event.
@@ -91,9 +92,18 @@ pub fn problems(st: &State, namespace: &str) -> Vec<Problem> {
             ),
         });
     }
+    let mut unrecorded: HashMap<String, Vec<String>> = HashMap::new();
+    for (pool, key, podref) in st.unrecorded_marks() {
+        let record = crate::ipam::fence::fence_object_name(&pool, &key);
+        unrecorded.entry(pool).or_default().push(format!(
+            "allocation {key} is fenced ({podref}) but has no fence record (IPFence {record}); \
+             left alone: remove the entry to release it"
+        ));
+    }
     for (name, pool) in st.pools() {
         let mut notes: Vec<String> = pool.problems.clone();
         notes.extend(pool.bad_fences.iter().map(ToString::to_string));
+        notes.extend(unrecorded.remove(name).unwrap_or_default());
         if notes.is_empty() {
             continue;
         }

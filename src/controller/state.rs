@@ -11,6 +11,7 @@ use std::time::Instant;
 use ipnet::IpNet;
 
 use crate::api::{IPPool, NetworkAttachmentDefinition, OverlappingRangeIPReservation};
+pub use crate::ipam::fence::FenceSource;
 use crate::ipam::fence::{
     BadFence, FENCED_PODREF_SUFFIX, FenceRecord, fence_annotation_key, fenced_podref, pool_fences,
 };
@@ -23,6 +24,8 @@ use crate::reclaim::{
     ReclaimConfig,
 };
 pub use crate::release::{Judged, PodRef};
+
+mod fences;
 
 /// A live pod, stripped.
 #[derive(Debug, Clone)]
@@ -112,13 +115,16 @@ pub struct PoolInfo {
     pub bad_range: bool,
     /// The range, when it parses.
     pub range: Option<IpNet>,
-    /// Fenced entries by key (their podref rewritten, their record in an annotation).
-    pub fenced: BTreeMap<String, FencedEntry>,
-    /// Fence annotations whose entry is gone or no longer fenced, with their value.
-    pub stale_fences: BTreeMap<String, String>,
+    /// Entries marked fenced (podref `<podref>:fenced`) by key; their records are fence
+    /// objects or, from earlier releases, pool annotations (see [`State::fenced`]).
+    pub marked: BTreeMap<String, PoolEntry>,
+    /// Fence records from earlier releases, in pool annotations, by key.
+    pub annotation_fences: BTreeMap<String, FenceRecord>,
+    /// Those annotations' values as stored (a removal `test`s them).
+    pub annotation_values: BTreeMap<String, String>,
     /// Fence annotations that cannot be read.
     pub bad_fences: Vec<BadFence>,
-    /// The pool has an annotations map (a fence patch adds into it, else creates it).
+    /// The pool has an annotations map.
     pub has_annotations: bool,
 }
 
@@ -128,6 +134,21 @@ pub struct FencedEntry {
     /// The entry as stored (podref rewritten).
     pub entry: PoolEntry,
     /// Whose it was, where and since when.
+    pub record: FenceRecord,
+    /// Where the record is kept.
+    pub source: FenceSource,
+}
+
+/// An `IPFence` object, parsed.
+#[derive(Debug, Clone)]
+pub struct FenceObject {
+    /// Its name.
+    pub name: String,
+    /// Its uid.
+    pub uid: String,
+    /// The entry's sandbox id when it was fenced.
+    pub sandbox: String,
+    /// The record.
     pub record: FenceRecord,
 }
 
@@ -172,6 +193,11 @@ pub struct State {
     /// When each podref's network-status last listed each address: any such observation
     /// restarts a leak's grace, not only the sweep's samples.
     listed_at: HashMap<String, Vec<(IpAddr, Instant)>>,
+    /// `IPFence` objects by (pool, key).
+    fence_objects: HashMap<(String, String), FenceObject>,
+    /// The pools were listed once (a pool unknown since is gone, and its fence records left
+    /// over).
+    pools_listed: bool,
 }
 
 fn networks_of(
@@ -477,7 +503,7 @@ impl State {
     pub fn upsert_pool(&mut self, pool: &IPPool) {
         let name = pool.metadata.name.clone().unwrap_or_default();
         self.remove_pool(&name);
-        let (entries, mut problems, range) = match pool_allocations(&pool.spec) {
+        let (entries, problems, range) = match pool_allocations(&pool.spec) {
             Ok(p) => (
                 p.entries,
                 p.problems.iter().map(ToString::to_string).collect(),
@@ -498,27 +524,20 @@ impl State {
                 self.slice_networks.insert(name.clone(), nets);
             }
         }
-        let (mut records, bad_fences) = pool_fences(pool.metadata.annotations.as_ref());
-        let mut fenced = BTreeMap::new();
+        let (annotation_fences, bad_fences) = pool_fences(pool.metadata.annotations.as_ref());
+        let annotation_values = annotation_fences
+            .keys()
+            .filter_map(|k| {
+                let raw = pool.metadata.annotations.as_ref()?;
+                Some((k.clone(), raw.get(&fence_annotation_key(k))?.clone()))
+            })
+            .collect();
+        let mut marked = BTreeMap::new();
         let mut by_key = BTreeMap::new();
         for e in entries {
-            if records
-                .get(&e.key)
-                .is_some_and(|r| e.podref == fenced_podref(&r.podref))
-                && let Some(record) = records.remove(&e.key)
-            {
-                fenced.insert(e.key.clone(), FencedEntry { entry: e, record });
-                continue;
-            }
             if e.podref.ends_with(FENCED_PODREF_SUFFIX) {
-                // Fenced, but its record is gone: whose it is cannot be told; left alone.
-                problems.push(format!(
-                    "allocation {} is fenced ({}) but has no fence record (annotation {}); \
-                     left alone: remove the entry to release it",
-                    e.key,
-                    e.podref,
-                    fence_annotation_key(&e.key)
-                ));
+                // The fence's, whether or not its record is known yet.
+                marked.insert(e.key.clone(), e);
                 continue;
             }
             let keys = self.by_podref.entry(e.podref.clone()).or_default();
@@ -537,51 +556,38 @@ impl State {
                 problems,
                 bad_range: range.is_none(),
                 range,
-                fenced,
-                stale_fences: records
-                    .keys()
-                    .filter_map(|k| {
-                        let raw = pool
-                            .metadata
-                            .annotations
-                            .as_ref()?
-                            .get(&fence_annotation_key(k))?;
-                        Some((k.clone(), raw.clone()))
-                    })
-                    .collect(),
+                marked,
+                annotation_fences,
+                annotation_values,
                 bad_fences,
                 has_annotations: pool.metadata.annotations.is_some(),
             },
         );
     }
 
-    /// Marks an entry fenced after the fence was written (the watch will confirm).
-    pub fn fence_entry(&mut self, pool: &str, key: &str, record: FenceRecord) {
+    /// Marks an entry fenced after the fence was written, with its record's object (the
+    /// watches will confirm).
+    pub fn fence_entry(&mut self, pool: &str, key: &str, object: FenceObject) {
         let Some(mut entry) = self.entry(pool, key).cloned() else {
             return;
         };
         self.forget_entry(pool, key);
-        entry.podref = fenced_podref(&record.podref);
+        entry.podref = fenced_podref(&object.record.podref);
         if let Some(p) = self.pools.get_mut(pool) {
-            p.has_annotations = true;
-            p.fenced
-                .insert(key.to_owned(), FencedEntry { entry, record });
+            p.marked.insert(key.to_owned(), entry);
         }
+        self.fence_objects
+            .insert((pool.to_owned(), key.to_owned()), object);
     }
 
-    /// Forgets a fenced entry after its release was written.
+    /// Forgets a fenced entry after its release was written (its record object goes when
+    /// its delete is seen).
     pub fn forget_fenced(&mut self, pool: &str, key: &str) {
         if let Some(p) = self.pools.get_mut(pool) {
-            p.fenced.remove(key);
+            p.marked.remove(key);
+            p.annotation_fences.remove(key);
+            p.annotation_values.remove(key);
         }
-    }
-
-    /// Every fenced entry as (pool, entry).
-    pub fn fenced(&self) -> Vec<(String, FencedEntry)> {
-        self.pools
-            .iter()
-            .flat_map(|(name, p)| p.fenced.values().map(move |f| (name.clone(), f.clone())))
-            .collect()
     }
 
     /// Forgets a pool.
@@ -750,11 +756,7 @@ impl State {
     /// any pool: nothing can still be using them.
     pub fn orphan_reservations(&self) -> Vec<(String, String, String)> {
         // A fenced entry's reservation names the deleted pod: it goes with the fence's release.
-        let fenced: HashSet<&str> = self
-            .pools
-            .values()
-            .flat_map(|p| p.fenced.values().map(|f| f.record.podref.as_str()))
-            .collect();
+        let fenced = self.fenced_podrefs();
         self.reservations
             .iter()
             .filter(|(_, r)| {
@@ -808,6 +810,16 @@ impl State {
     }
 
     fn judge(&self, pool: &str, entry: &PoolEntry, config: &ReclaimConfig) -> Judged {
+        if self.pending_fence(pool, entry).is_some() {
+            // Its fence record is written, the entry not yet rewritten: the fence's.
+            return Judged {
+                pool: pool.to_owned(),
+                decision: Decision::Keep(reclaim::KeepReason::FencePending),
+                network: pool.to_owned(),
+                pod: PodRef::from_podref(&entry.podref, String::new()),
+                entry: entry.clone(),
+            };
+        }
         let live = self.live.get(&entry.podref);
         let tombstones = self
             .tombstones
@@ -899,10 +911,25 @@ impl crate::release::Index for std::sync::RwLock<State> {
         st.pools().get(pool).is_some_and(|p| p.has_annotations)
     }
 
-    fn fenced(&self, pool: &str, key: &str, record: &FenceRecord) {
-        self.write()
-            .expect("state lock")
-            .fence_entry(pool, key, record.clone());
+    fn fenced(
+        &self,
+        pool: &str,
+        key: &str,
+        sandbox: &str,
+        record: &FenceRecord,
+        object: (String, String),
+    ) {
+        let (name, uid) = object;
+        self.write().expect("state lock").fence_entry(
+            pool,
+            key,
+            FenceObject {
+                name,
+                uid,
+                sandbox: sandbox.to_owned(),
+                record: record.clone(),
+            },
+        );
     }
 
     fn released(&self, pool: &str, key: &str, podref: &str, ip: IpAddr) -> Vec<(String, String)> {
@@ -1093,6 +1120,139 @@ mod tests {
         );
     }
 
+    fn record(podref: &str) -> crate::ipam::fence::FenceRecord {
+        crate::ipam::fence::FenceRecord {
+            podref: podref.into(),
+            uid: "u".into(),
+            node: "n".into(),
+            why: "Ready=Unknown".into(),
+            network: "ns/net".into(),
+            since: "2026-11-23T10:00:00Z".parse().unwrap(),
+        }
+    }
+
+    fn entry(id: &str, podref: &str) -> IPAllocation {
+        IPAllocation {
+            id: id.into(),
+            podref: podref.into(),
+            ifname: Some("net1".into()),
+            ipamclaimref: None,
+        }
+    }
+
+    fn pool_with(allocations: &[(&str, &str, &str)]) -> IPPool {
+        IPPool::new(
+            "p",
+            IPPoolSpec {
+                range: "192.0.2.0/24".into(),
+                allocations: allocations
+                    .iter()
+                    .map(|(k, id, podref)| (k.to_string(), entry(id, podref)))
+                    .collect(),
+            },
+        )
+    }
+
+    fn object(name: &str, sandbox: &str, podref: &str) -> FenceObject {
+        FenceObject {
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            sandbox: sandbox.into(),
+            record: record(podref),
+        }
+    }
+
+    #[test]
+    fn fence_records_and_entries_are_joined_whichever_comes_first() {
+        for records_first in [true, false] {
+            let mut st = State::default();
+            let pool = pool_with(&[
+                ("5", "sb", "ns/web-0:fenced"),
+                // Record written, rewrite not yet (a crash between the two writes).
+                ("6", "sb-6", "ns/db-0"),
+                ("7", "sb-7", "ns/other-0"),
+            ]);
+            let add_records = |st: &mut State| {
+                st.upsert_fence_object("p", "5", object("p-5", "sb", "ns/web-0"));
+                st.upsert_fence_object("p", "6", object("p-6", "sb-6", "ns/db-0"));
+                // Its entry is another allocation now: left over.
+                st.upsert_fence_object("p", "7", object("p-7", "sb-old", "ns/gone-0"));
+                // Its entry is gone.
+                st.upsert_fence_object("p", "8", object("p-8", "sb-8", "ns/gone-1"));
+            };
+            if records_first {
+                add_records(&mut st);
+                st.upsert_pool(&pool);
+            } else {
+                st.upsert_pool(&pool);
+                add_records(&mut st);
+            }
+            st.set_pools_listed();
+            let fenced = st.fenced();
+            assert_eq!(fenced.len(), 1);
+            assert_eq!(fenced[0].1.record.podref, "ns/web-0");
+            assert_eq!(
+                fenced[0].1.source,
+                FenceSource::Object {
+                    name: "p-5".into(),
+                    uid: "uid-p-5".into()
+                }
+            );
+            let pending: Vec<String> = st.pending_fences().into_iter().map(|p| p.1.key).collect();
+            assert_eq!(pending, ["6"]);
+            let judged = st.judge_all(&ReclaimConfig::default());
+            let decision = |key: &str| judged.iter().find(|j| j.entry.key == key).unwrap().decision;
+            assert_eq!(
+                decision("6"),
+                Decision::Keep(reclaim::KeepReason::FencePending),
+                "a pending fence's entry is never the sweep's"
+            );
+            assert!(matches!(decision("7"), Decision::Candidate(_)));
+            let mut stale: Vec<String> =
+                st.stale_fence_objects().into_iter().map(|s| s.0).collect();
+            stale.sort();
+            assert_eq!(stale, ["p-7", "p-8"]);
+            assert!(st.unrecorded_marks().is_empty());
+            assert!(st.fenced_podrefs().contains("ns/db-0"));
+        }
+    }
+
+    #[test]
+    fn records_of_a_pool_that_cannot_be_read_or_is_not_listed_yet_are_never_left_over() {
+        let mut st = State::default();
+        st.upsert_fence_object("p", "5", object("p-5", "sb", "ns/web-0"));
+        assert!(st.stale_fence_objects().is_empty(), "pools not listed yet");
+        st.set_invalid(
+            InvalidKey {
+                kind: "IPPool".into(),
+                namespace: "ns".into(),
+                name: "p".into(),
+            },
+            "uid".into(),
+            "bad".into(),
+        );
+        st.set_pools_listed();
+        assert!(st.stale_fence_objects().is_empty(), "unreadable pool");
+        st.clear_invalid_named("IPPool", "ns", "p");
+        assert_eq!(st.stale_fence_objects().len(), 1, "a deleted pool's record");
+    }
+
+    #[test]
+    fn a_fenced_entry_without_a_record_is_reported_and_left_alone() {
+        let mut st = State::default();
+        st.upsert_pool(&pool_with(&[("5", "sb", "ns/web-0:fenced")]));
+        assert!(st.fenced().is_empty());
+        assert!(st.judge_all(&ReclaimConfig::default()).is_empty());
+        assert_eq!(
+            st.unrecorded_marks(),
+            [(
+                "p".to_string(),
+                "5".to_string(),
+                "ns/web-0:fenced".to_string()
+            )]
+        );
+    }
+
     #[test]
     fn a_fenced_entry_is_kept_out_of_judgement_and_a_stale_fence_record_is_found() {
         use crate::ipam::fence::{FenceRecord, fence_annotation_key, fence_annotation_value};
@@ -1148,8 +1308,15 @@ mod tests {
             ["ns/db-0"],
             "the fenced entry is the fence's, not the sweep's"
         );
-        let p = &st.pools()["p"];
-        assert_eq!(p.stale_fences.keys().collect::<Vec<_>>(), ["6", "7"]);
+        assert_eq!(fenced[0].1.source, FenceSource::Annotation);
+        let stale = st.stale_fence_annotations();
+        assert_eq!(
+            stale["p"]
+                .iter()
+                .map(|(k, _)| k.as_str())
+                .collect::<Vec<_>>(),
+            ["6", "7"]
+        );
         assert!(
             st.allocated_podrefs()
                 .iter()

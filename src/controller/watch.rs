@@ -12,10 +12,11 @@ use kube::{Client, Resource};
 use podlife::queue::WorkQueue;
 use tokio::sync::watch;
 
-use super::state::{InvalidKey, PodSeen, State};
+use super::state::{FenceObject, InvalidKey, PodSeen, State};
 use crate::api::lenient::Lenient;
 use crate::api::slim::PodView;
-use crate::api::{IPPool, NetworkAttachmentDefinition, OverlappingRangeIPReservation};
+use crate::api::{IPFence, IPPool, NetworkAttachmentDefinition, OverlappingRangeIPReservation};
+use crate::ipam::fence::fence_record;
 use crate::telemetry::ControllerMetrics;
 use crate::watch_retry::retrying;
 
@@ -213,6 +214,7 @@ pub async fn pools(client: Client, namespace: String, state: Arc<RwLock<State>>,
                 st.remove_pool(&name_of(&p))
             }
             Event::InitDone => {
+                st.set_pools_listed();
                 let gone: Vec<String> = st
                     .pools()
                     .keys()
@@ -261,6 +263,69 @@ pub async fn reservations(
                 let kind = OverlappingRangeIPReservation::kind(&());
                 st.retain_invalid(kind.as_ref(), |_, name| relisted.contains(name));
                 st.retain_reservations(|name| relisted.contains(name));
+            }
+        }
+    })
+    .await;
+}
+
+/// Watches the fence records (`IPFence`) in the whereabouts namespace. A record that cannot be
+/// read is skipped and reported; its entry stays fenced (marked) and is left alone.
+pub async fn fences(client: Client, namespace: String, state: Arc<RwLock<State>>, synced: Synced) {
+    let api = Api::<Lenient<IPFence>>::namespaced(client.clone(), &namespace);
+    let stream = retrying(client, watcher::watcher(api, watcher::Config::default()));
+    let mut relisted: HashSet<String> = HashSet::new();
+    let kind = IPFence::kind(&()).into_owned();
+    let stream = stream.inspect(|item| {
+        if let Err(watcher::Error::InitialListFailed(kube::Error::Api(s))) = item
+            && s.code == 404
+        {
+            tracing::error!("the IPFence CRD (ipfences.ipreclaim.io) is not installed: kubectl apply -f crds/ipfences.ipreclaim.io.yaml (the chart installs it unless --skip-crds)");
+        }
+    });
+    drive("ipfences", stream, synced, |event| {
+        let mut st = state.write().expect("state lock");
+        match event {
+            Event::Init => relisted.clear(),
+            Event::InitApply(f) | Event::Apply(f) => {
+                let name = name_of(&f);
+                relisted.insert(name.clone());
+                let parsed = match &f {
+                    Lenient::Valid(fence) => fence_record(&fence.spec).map(|record| {
+                        let object = FenceObject {
+                            name: name.clone(),
+                            uid: fence.metadata.uid.clone().unwrap_or_default(),
+                            sandbox: fence.spec.sandbox.clone(),
+                            record,
+                        };
+                        (fence.spec.pool.clone(), fence.spec.key.clone(), object)
+                    }),
+                    Lenient::Invalid { error, .. } => Err(error.clone()),
+                };
+                let key = InvalidKey {
+                    kind: kind.clone(),
+                    namespace: namespace.clone(),
+                    name: name.clone(),
+                };
+                match parsed {
+                    Ok((pool, entry, object)) => {
+                        st.clear_invalid(&key);
+                        st.upsert_fence_object(&pool, &entry, object);
+                    }
+                    Err(error) => {
+                        let uid = f.meta().uid.clone().unwrap_or_default();
+                        st.set_invalid(key, uid, error);
+                        st.remove_fence_object(&name);
+                    }
+                }
+            }
+            Event::Delete(f) => {
+                st.clear_invalid_named(&kind, &namespace, &name_of(&f));
+                st.remove_fence_object(&name_of(&f));
+            }
+            Event::InitDone => {
+                st.retain_invalid(&kind, |_, name| relisted.contains(name));
+                st.retain_fence_objects(|name| relisted.contains(name));
             }
         }
     })

@@ -1,8 +1,16 @@
-//! How a fenced allocation is written into its pool, pure: the entry's podref is rewritten so
-//! that whereabouts never hands the address to a pod of the same name (it reuses an entry by
-//! podref and interface), and a pool annotation per offset records whose it was, the node and
-//! since when. The sandbox id is left alone, so the node's own CNI DEL (which matches by
-//! container id and interface) still frees the address once the sandbox is torn down.
+//! How a fenced allocation is written, pure: the entry's podref is rewritten so that
+//! whereabouts never hands the address to a pod of the same name (it reuses an entry by podref
+//! and interface), and an `IPFence` object per address records whose it was, the node and since
+//! when (earlier releases kept that record in a pool annotation per offset; those are still
+//! read, and lifted, but no longer written). The sandbox id is left alone, so the node's own CNI
+//! DEL (which matches by container id and interface) still frees the address once the sandbox
+//! is torn down.
+//!
+//! Crash safety comes from the order of the two writes. A fence writes its record first, then
+//! rewrites the entry; a lift removes the entry first, then the record. A crash in between
+//! leaves either a record whose entry is unchanged (a pending fence: the entry is kept, and the
+//! rewrite is completed) or a record whose entry is gone (stale: the record is deleted); never
+//! an entry released while recorded, nor a rewritten entry without its record.
 
 use std::collections::BTreeMap;
 
@@ -32,6 +40,79 @@ pub struct FenceRecord {
     pub network: String,
     /// When the fence was set.
     pub since: jiff::Timestamp,
+}
+
+/// Longest object name (a DNS subdomain).
+const MAX_NAME: usize = 253;
+
+/// The `IPFence` object's name for the entry at `key` of `pool`: `<pool>-<key>` (the key is
+/// digits, so the last `-` tells them apart), shortened with a hash of the whole when too long.
+pub fn fence_object_name(pool: &str, key: &str) -> String {
+    let name = format!("{pool}-{key}");
+    if name.len() <= MAX_NAME {
+        return name;
+    }
+    // FNV-1a: stable across releases and machines (the name is looked up again later).
+    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    let head = name[..MAX_NAME - 17].trim_end_matches(['-', '.']);
+    format!("{head}-{hash:016x}")
+}
+
+/// The `IPFence` spec for a fence of the entry (`pool`, `key`, `address`, `sandbox`).
+pub fn fence_spec(
+    pool: &str,
+    key: &str,
+    address: std::net::IpAddr,
+    sandbox: &str,
+    record: &FenceRecord,
+) -> crate::api::IPFenceSpec {
+    crate::api::IPFenceSpec {
+        pool: pool.into(),
+        key: key.into(),
+        address: address.to_string(),
+        sandbox: sandbox.into(),
+        podref: record.podref.clone(),
+        uid: record.uid.clone(),
+        node: record.node.clone(),
+        why: record.why.clone(),
+        network: record.network.clone(),
+        since: record.since.to_string(),
+    }
+}
+
+/// The record an `IPFence` spec holds.
+pub fn fence_record(spec: &crate::api::IPFenceSpec) -> Result<FenceRecord, String> {
+    if spec.podref.is_empty() || spec.pool.is_empty() || spec.key.is_empty() {
+        return Err("pool, key and podref are required".into());
+    }
+    let since = spec
+        .since
+        .parse()
+        .map_err(|e| format!("since {:?}: {e}", spec.since))?;
+    Ok(FenceRecord {
+        podref: spec.podref.clone(),
+        uid: spec.uid.clone(),
+        node: spec.node.clone(),
+        why: spec.why.clone(),
+        network: spec.network.clone(),
+        since,
+    })
+}
+
+/// Where a fence's record is kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FenceSource {
+    /// An `IPFence` object.
+    Object {
+        /// Its name.
+        name: String,
+        /// Its uid (the delete's precondition).
+        uid: String,
+    },
+    /// A pool annotation (written by earlier releases).
+    Annotation,
 }
 
 /// A fence annotation that cannot be read.
@@ -123,6 +204,36 @@ mod tests {
             bad.iter().map(|b| b.key.as_str()).collect::<Vec<_>>(),
             ["ipreclaim.io/fence-3", "ipreclaim.io/fence-4"]
         );
+    }
+
+    #[test]
+    fn a_fence_object_is_named_after_its_pool_and_key_and_stays_a_valid_name() {
+        assert_eq!(fence_object_name("192.0.2.0-24", "10"), "192.0.2.0-24-10");
+        assert_eq!(fence_object_name("net-fd00---64", "5"), "net-fd00---64-5");
+        let long = format!("{}-10.0.0.0-8", "n".repeat(245));
+        let a = fence_object_name(&long, "1");
+        let b = fence_object_name(&long, "2");
+        assert!(a.len() <= 253 && b.len() <= 253, "{} {}", a.len(), b.len());
+        assert_ne!(a, b);
+        assert_eq!(a, fence_object_name(&long, "1"), "stable");
+        assert!(a.chars().last().unwrap().is_ascii_alphanumeric());
+    }
+
+    #[test]
+    fn a_fence_record_round_trips_through_its_object_and_a_bad_one_is_an_error() {
+        let spec = fence_spec("p", "12", "192.0.2.12".parse().unwrap(), "sb", &record());
+        assert_eq!(spec.address, "192.0.2.12");
+        assert_eq!(fence_record(&spec), Ok(record()));
+        let bad = crate::api::IPFenceSpec {
+            since: "yesterday".into(),
+            ..spec.clone()
+        };
+        assert!(fence_record(&bad).unwrap_err().contains("yesterday"));
+        let empty = crate::api::IPFenceSpec {
+            podref: String::new(),
+            ..spec
+        };
+        assert!(fence_record(&empty).is_err());
     }
 
     #[test]

@@ -65,6 +65,9 @@ pub enum KeepReason {
     NoInformationForNetwork,
     /// The pod is terminal but releasing terminal pods is turned off.
     TerminalReleaseDisabled,
+    /// A fence's record is written for it (its entry is about to be marked, or a crash came
+    /// between the two writes): the fence's, not the sweep's.
+    FencePending,
 }
 
 /// What to do with an allocation.

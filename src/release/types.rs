@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use crate::ipam::PoolEntry;
-use crate::ipam::fence::FenceRecord;
+use crate::ipam::fence::{FenceRecord, FenceSource};
 use crate::reclaim::{Decision, Reason};
 
 /// A pod's identity for Events.
@@ -19,6 +19,16 @@ pub struct PodRef {
 }
 
 impl PodRef {
+    /// The pod of `podref` (`namespace/name`) with `uid`.
+    pub fn from_podref(podref: &str, uid: String) -> PodRef {
+        let (namespace, name) = podref.split_once('/').unwrap_or(("", podref));
+        PodRef {
+            namespace: namespace.into(),
+            name: name.into(),
+            uid,
+        }
+    }
+
     /// `namespace/name`.
     pub fn podref(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
@@ -59,10 +69,10 @@ pub enum EntryWrite {
     /// Removes it: a release.
     #[default]
     Remove,
-    /// Keeps it, fenced: its podref rewritten and the record in a pool annotation.
+    /// Keeps it, fenced: the record (an `IPFence` object) first, then its podref rewritten.
     Fence(FenceRecord),
-    /// Removes a fenced entry and its fence annotation: the delayed release.
-    Unfence(FenceRecord),
+    /// Removes a fenced entry, then its record: the delayed release.
+    Unfence(FenceRecord, FenceSource),
 }
 
 /// What happened to a release.

@@ -1,7 +1,9 @@
 //! The pool writer: releases batched into one JSON patch per pool, each entry pinned by `test`
 //! operations on its `id` and `podref` before its `remove`, so concurrent allocations of other
 //! offsets are never lost and never conflict. Reservations go with a uid precondition, on their
-//! own queue and budget, after the pool entries they belong to.
+//! own queue and budget, after the pool entries they belong to. A fence writes its record (an
+//! `IPFence` object) before it rewrites the entry, and a lift removes the entry before the
+//! record (see `ipam::fence` for why that order is crash-safe).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
@@ -11,16 +13,16 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use kube::Client;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 
 use super::budget::{Budgets, WriteKind};
 use super::events::Events;
 use super::types::{EntryWrite, ReleaseError, ReleaseOutcome, ReleaseRequest};
-use crate::api::{IPPool, OverlappingRangeIPReservation};
+use crate::api::{IPFence, IPPool, OverlappingRangeIPReservation};
 use crate::ipam::fence::{
-    FenceRecord, fence_annotation_key, fence_annotation_value, fenced_podref,
+    FenceRecord, FenceSource, fence_annotation_key, fence_object_name, fence_spec, fenced_podref,
 };
 use crate::telemetry::WriteMetrics;
 
@@ -47,14 +49,31 @@ const RESERVATION_DELETERS: usize = 16;
 type Outcome = Result<ReleaseOutcome, ReleaseError>;
 type Reply = oneshot::Sender<Outcome>;
 
+/// An object to delete after the pool entries it belongs to, with its uid as precondition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ObjectDelete {
+    /// An OverlappingRangeIPReservation (name, uid).
+    Reservation(String, String),
+    /// An `IPFence` record (name, uid) whose entry was released or is gone.
+    Fence(String, String),
+}
+
 /// The controller's index of pools and reservations, kept in step with what the writer writes.
 pub trait Index: Send + Sync {
     /// Whether `pool` still has the allocation (`key`, `id`).
     fn holds(&self, pool: &str, key: &str, id: &str) -> bool;
     /// Whether `pool` has an annotations map.
     fn has_annotations(&self, pool: &str) -> bool;
-    /// The entry at `key` of `pool` was fenced with `record`.
-    fn fenced(&self, pool: &str, key: &str, record: &FenceRecord);
+    /// The entry at `key` of `pool` (sandbox `sandbox`) was fenced with `record`, kept in the
+    /// `IPFence` object (name, uid).
+    fn fenced(
+        &self,
+        pool: &str,
+        key: &str,
+        sandbox: &str,
+        record: &FenceRecord,
+        object: (String, String),
+    );
     /// The entry at `key` of `pool` (held by `podref`, address `ip`) was released; returns the
     /// reservations (name, uid) of that pod for that address, to delete.
     fn released(&self, pool: &str, key: &str, podref: &str, ip: IpAddr) -> Vec<(String, String)>;
@@ -81,7 +100,7 @@ pub struct Writer {
 #[derive(Clone)]
 pub struct WriterHandle {
     tx: mpsc::Sender<(ReleaseRequest, Reply)>,
-    reservations: mpsc::UnboundedSender<(String, String)>,
+    deletes: mpsc::UnboundedSender<ObjectDelete>,
     writer: Arc<Writer>,
 }
 
@@ -92,9 +111,20 @@ impl WriterHandle {
         if self.writer.dry_run {
             return;
         }
-        for r in reservations {
+        for (name, uid) in reservations {
             // The receiver lives as long as any handle.
-            let _ = self.reservations.send(r);
+            let _ = self.deletes.send(ObjectDelete::Reservation(name, uid));
+        }
+    }
+
+    /// Queues left-over `IPFence` records `(name, uid)` for deletion with a uid precondition
+    /// (nothing under `--dry-run`).
+    pub fn delete_fence_records(&self, records: Vec<(String, String)>) {
+        if self.writer.dry_run {
+            return;
+        }
+        for (name, uid) in records {
+            let _ = self.deletes.send(ObjectDelete::Fence(name, uid));
         }
     }
 
@@ -183,14 +213,14 @@ fn smoothed(estimate: Option<Duration>, took: Duration) -> Duration {
 /// becomes a few large patches while a lone deletion goes out at once.
 pub fn spawn(writer: Arc<Writer>) -> WriterHandle {
     let (tx, rx) = mpsc::channel::<(ReleaseRequest, Reply)>(4 * MAX_BATCH);
-    let (res_tx, res_rx) = mpsc::unbounded_channel();
+    let (del_tx, del_rx) = mpsc::unbounded_channel();
     let handle = WriterHandle {
         tx,
-        reservations: res_tx.clone(),
+        deletes: del_tx.clone(),
         writer: writer.clone(),
     };
-    tokio::spawn(delete_reservations(writer.clone(), res_rx));
-    tokio::spawn(batch(writer, rx, res_tx));
+    tokio::spawn(delete_objects(writer.clone(), del_rx));
+    tokio::spawn(batch(writer, rx, del_tx));
     handle
 }
 
@@ -198,7 +228,7 @@ pub fn spawn(writer: Arc<Writer>) -> WriterHandle {
 async fn batch(
     writer: Arc<Writer>,
     mut rx: mpsc::Receiver<(ReleaseRequest, Reply)>,
-    reservations: mpsc::UnboundedSender<(String, String)>,
+    deletes: mpsc::UnboundedSender<ObjectDelete>,
 ) {
     let mut pending: BTreeMap<String, Vec<(ReleaseRequest, Reply)>> = BTreeMap::new();
     let mut in_flight: HashSet<String> = HashSet::new();
@@ -234,7 +264,7 @@ async fn batch(
             }
             in_flight.insert(pool.clone());
             last_sent.insert(pool.clone(), now);
-            let (w, done, res) = (writer.clone(), done_tx.clone(), reservations.clone());
+            let (w, done, res) = (writer.clone(), done_tx.clone(), deletes.clone());
             tokio::spawn(async move {
                 let started = Instant::now();
                 for r in w.release_pool(&pool, items).await {
@@ -279,14 +309,14 @@ async fn batch(
     }
 }
 
-/// Deletes queued reservations, as many at once as the budgets allow.
-async fn delete_reservations(writer: Arc<Writer>, rx: mpsc::UnboundedReceiver<(String, String)>) {
+/// Deletes queued objects, as many at once as the budgets allow.
+async fn delete_objects(writer: Arc<Writer>, rx: mpsc::UnboundedReceiver<ObjectDelete>) {
     let queued =
         futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
     queued
-        .for_each_concurrent(RESERVATION_DELETERS, |(name, uid)| {
+        .for_each_concurrent(RESERVATION_DELETERS, |d| {
             let w = writer.clone();
-            async move { w.delete_reservation(name, uid).await }
+            async move { w.delete_object(d).await }
         })
         .await;
 }
@@ -296,13 +326,13 @@ impl Writer {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
 
-    /// Writes one batch and answers each request; returns the reservations (name, uid) of
-    /// what was released, to delete.
+    /// Writes one batch and answers each request; returns the objects to delete after it
+    /// (reservations of what was released, records of lifted fences).
     async fn release_pool(
         &self,
         pool: &str,
         items: Vec<(ReleaseRequest, Reply)>,
-    ) -> Vec<(String, String)> {
+    ) -> Vec<ObjectDelete> {
         if self.dry_run {
             for (req, reply) in items {
                 let j = &req.judged;
@@ -324,18 +354,38 @@ impl Writer {
             return Vec::new();
         }
         let (reqs, replies) = one_write_per_entry(items);
-        let outcomes = self.patch_with_retry(pool, &reqs).await;
-        let mut released = Vec::new();
+        // Fences: the record first. An entry whose record cannot be written is not touched.
+        let records = self.write_fence_records(pool, &reqs).await;
+        let ready: Vec<usize> = (0..reqs.len())
+            .filter(|&i| !matches!(records[i], Some(Err(_))))
+            .collect();
+        let batch: Vec<ReleaseRequest> = ready.iter().map(|&i| reqs[i].clone()).collect();
+        let mut outcomes: Vec<Option<Outcome>> = records
+            .iter()
+            .map(|r| match r {
+                Some(Err(e)) => Some(Err(e.clone())),
+                _ => None,
+            })
+            .collect();
+        for (&i, o) in ready.iter().zip(self.patch_with_retry(pool, &batch).await) {
+            outcomes[i] = Some(o);
+        }
+        let mut after = Vec::new();
         let mut answers: Vec<Outcome> = Vec::with_capacity(reqs.len());
-        for (req, mut outcome) in reqs.iter().zip(outcomes) {
-            match &outcome {
-                Ok(ReleaseOutcome::Released) if matches!(req.write, EntryWrite::Fence(_)) => {
-                    self.record_fence(req);
+        for (i, (req, outcome)) in reqs.iter().zip(outcomes).enumerate() {
+            let mut outcome = outcome.unwrap_or(Err(ReleaseError::Stopped));
+            match (&outcome, &records[i]) {
+                (Ok(ReleaseOutcome::Released), Some(Ok(object))) => {
+                    self.record_fence(req, object.clone());
                     outcome = Ok(ReleaseOutcome::Fenced);
                 }
-                Ok(ReleaseOutcome::Released) => released.extend(self.record_release(req)),
-                Err(e) => self.metrics.failed(e.cause()),
-                Ok(_) => {}
+                (Ok(ReleaseOutcome::Released), _) => after.extend(self.record_release(req)),
+                // The entry went or changed before its fence: its new record is left over.
+                (Ok(ReleaseOutcome::AlreadyGone | ReleaseOutcome::Changed), Some(Ok((n, u)))) => {
+                    after.push(ObjectDelete::Fence(n.clone(), u.clone()))
+                }
+                (Err(e), _) => self.metrics.failed(e.cause()),
+                _ => {}
             }
             answers.push(outcome);
         }
@@ -346,7 +396,95 @@ impl Writer {
             };
             let _ = reply.send(outcome);
         }
-        released
+        after
+    }
+
+    /// Writes the `IPFence` record of each fence in `reqs` (`None` for other writes): its
+    /// (name, uid), or why it could not be written.
+    async fn write_fence_records(
+        &self,
+        pool: &str,
+        reqs: &[ReleaseRequest],
+    ) -> Vec<Option<Result<(String, String), ReleaseError>>> {
+        let mut writes = Vec::with_capacity(reqs.len());
+        for r in reqs {
+            writes.push(self.fence_record_of(pool, r));
+        }
+        futures::stream::iter(writes)
+            .buffered(RESERVATION_DELETERS)
+            .collect()
+            .await
+    }
+
+    async fn fence_record_of(
+        &self,
+        pool: &str,
+        req: &ReleaseRequest,
+    ) -> Option<Result<(String, String), ReleaseError>> {
+        let EntryWrite::Fence(record) = &req.write else {
+            return None;
+        };
+        Some(self.write_fence_record(pool, req, record).await)
+    }
+
+    /// Creates the `IPFence` record of one fence. One already there for the same entry (a
+    /// retry, or a pending fence being completed) is used; one left over from an earlier
+    /// fence of the same address is replaced.
+    async fn write_fence_record(
+        &self,
+        pool: &str,
+        req: &ReleaseRequest,
+        record: &FenceRecord,
+    ) -> Result<(String, String), ReleaseError> {
+        let e = &req.judged.entry;
+        let name = fence_object_name(pool, &e.key);
+        let spec = fence_spec(pool, &e.key, e.ip, &e.id, record);
+        let api: Api<IPFence> = Api::namespaced(self.client.clone(), &self.namespace);
+        let refused = |err: &kube::Error| match err {
+            kube::Error::Api(s) if (400..500).contains(&s.code) => ReleaseError::Refused {
+                pool: pool.into(),
+                message: format!("fence record {name}: {}", s.message),
+            },
+            other => api_error(pool, other),
+        };
+        let params = PostParams::default();
+        for _ in 0..2 {
+            let object = IPFence::new(&name, spec.clone());
+            let created = self
+                .budgets
+                .send(WriteKind::Reservation, || {
+                    self.metrics.write("create");
+                    api.create(&params, &object)
+                })
+                .await;
+            let existing = match created {
+                Ok(o) => return Ok((name.clone(), o.metadata.uid.unwrap_or_default())),
+                Err(kube::Error::Api(s)) if s.code == 409 => self
+                    .budgets
+                    .send(WriteKind::Reservation, || api.get_opt(&name))
+                    .await
+                    .map_err(|err| refused(&err))?,
+                Err(err) => return Err(refused(&err)),
+            };
+            let Some(existing) = existing else {
+                continue; // deleted meanwhile: create again
+            };
+            let uid = existing.metadata.uid.clone().unwrap_or_default();
+            let same = (
+                &existing.spec.pool,
+                &existing.spec.key,
+                &existing.spec.sandbox,
+            ) == (&spec.pool, &spec.key, &spec.sandbox)
+                && existing.spec.podref == spec.podref;
+            if same {
+                return Ok((name.clone(), uid));
+            }
+            // Left over from an earlier fence of this address (its entry is another sandbox's
+            // now): replace it.
+            self.delete_object(ObjectDelete::Fence(name.clone(), uid))
+                .await;
+        }
+        Err(ReleaseError::Conflict { pool: pool.into() })
     }
 
     /// Whether this allocation's dry-run decision is new (and remembers it). Allocations gone
@@ -479,29 +617,36 @@ impl Writer {
     }
 
     /// Updates the state for a written fence.
-    fn record_fence(&self, req: &ReleaseRequest) {
+    fn record_fence(&self, req: &ReleaseRequest, object: (String, String)) {
         let (j, EntryWrite::Fence(record)) = (&req.judged, &req.write) else {
             return;
         };
         self.metrics.fences.inc();
         if let Some(index) = &self.index {
-            index.fenced(&j.pool, &j.entry.key, record);
+            index.fenced(&j.pool, &j.entry.key, &j.entry.id, record, object);
         }
         tracing::info!(pool = %j.pool, ip = %j.entry.ip, podref = %record.podref, node = %record.node, why = %record.why, "fenced");
     }
 
-    /// Updates the state and metrics for a written release; returns its reservations.
-    fn record_release(&self, req: &ReleaseRequest) -> Vec<(String, String)> {
+    /// Updates the state and metrics for a written release; returns what to delete after it
+    /// (its reservations, a lifted fence's record).
+    fn record_release(&self, req: &ReleaseRequest) -> Vec<ObjectDelete> {
         let j = &req.judged;
         // A fenced entry's reservations still name the pod it was fenced for.
         let podref = match &req.write {
-            EntryWrite::Unfence(record) => &record.podref,
+            EntryWrite::Unfence(record, _) => &record.podref,
             _ => &j.entry.podref,
         };
-        let reservations = match &self.index {
+        let mut after: Vec<ObjectDelete> = match &self.index {
             Some(index) => index.released(&j.pool, &j.entry.key, podref, j.entry.ip),
             None => Vec::new(),
-        };
+        }
+        .into_iter()
+        .map(|(name, uid)| ObjectDelete::Reservation(name, uid))
+        .collect();
+        if let EntryWrite::Unfence(_, FenceSource::Object { name, uid }) = &req.write {
+            after.push(ObjectDelete::Fence(name.clone(), uid.clone()));
+        }
         self.metrics.released(req.reason.as_str());
         if let Some(at) = req.deleted_at {
             self.metrics
@@ -509,12 +654,15 @@ impl Writer {
                 .observe(at.elapsed().as_secs_f64());
         }
         tracing::info!(pool = %j.pool, ip = %j.entry.ip, %podref, reason = %req.reason, "released");
-        reservations
+        after
     }
 
-    async fn delete_reservation(&self, name: String, uid: String) {
-        let api: Api<OverlappingRangeIPReservation> =
-            Api::namespaced(self.client.clone(), &self.namespace);
+    /// Deletes one object with its uid as precondition.
+    async fn delete_object(&self, object: ObjectDelete) {
+        let (name, uid, kind) = match object {
+            ObjectDelete::Reservation(n, u) => (n, u, "reservation"),
+            ObjectDelete::Fence(n, u) => (n, u, "fence record"),
+        };
         let params = DeleteParams {
             preconditions: Some(Preconditions {
                 uid: Some(uid),
@@ -522,20 +670,35 @@ impl Writer {
             }),
             ..DeleteParams::default()
         };
+        let ns = &self.namespace;
         let result = self
             .budgets
             .send(WriteKind::Reservation, || {
                 self.metrics.write("delete");
-                api.delete(&name, &params)
+                let (client, name, params) = (self.client.clone(), name.clone(), params.clone());
+                async move {
+                    match kind {
+                        "reservation" => {
+                            Api::<OverlappingRangeIPReservation>::namespaced(client, ns)
+                                .delete(&name, &params)
+                                .await
+                                .map(|_| ())
+                        }
+                        _ => Api::<IPFence>::namespaced(client, ns)
+                            .delete(&name, &params)
+                            .await
+                            .map(|_| ()),
+                    }
+                }
             })
             .await;
         match result {
-            Ok(_) => {}
-            // Gone already, or replaced by a new reservation (uid changed): not ours.
+            Ok(()) => {}
+            // Gone already, or replaced by a new object (uid changed): not ours.
             Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
             Err(e) => {
                 self.metrics.failed("reservation");
-                tracing::warn!(reservation = %name, error = %e, "could not delete reservation");
+                tracing::warn!(%kind, %name, error = %e, "could not delete");
             }
         }
     }
@@ -633,42 +796,31 @@ fn pointer_token(s: &str) -> String {
 }
 
 /// The JSON patch of one batch: each entry pinned by `test`s on its `id` and `podref`, then
-/// removed or fenced; fence annotations added (into a new map when the pool has none, pinned
-/// by a `test` that it still has none) or removed.
+/// removed or fenced (its podref rewritten; the record is an object written before); a lifted
+/// fence whose record is a pool annotation (earlier releases) has that removed too.
 fn patch_ops(batch: &[&ReleaseRequest], has_annotations: bool) -> serde_json::Value {
     let mut ops = Vec::with_capacity(batch.len() * 4);
-    let mut new_annotations = serde_json::Map::new();
     for r in batch {
         let e = &r.judged.entry;
         let path = format!("/spec/allocations/{}", pointer_token(&e.key));
         ops.push(json!({"op": "test", "path": format!("{path}/id"), "value": e.id}));
         ops.push(json!({"op": "test", "path": format!("{path}/podref"), "value": e.podref}));
-        let annotation = format!(
-            "/metadata/annotations/{}",
-            pointer_token(&fence_annotation_key(&e.key))
-        );
         match &r.write {
             EntryWrite::Remove => ops.push(json!({"op": "remove", "path": path})),
             EntryWrite::Fence(record) => {
                 ops.push(json!({"op": "replace", "path": format!("{path}/podref"), "value": fenced_podref(&record.podref)}));
-                let value = fence_annotation_value(record);
-                if has_annotations {
-                    ops.push(json!({"op": "add", "path": annotation, "value": value}));
-                } else {
-                    new_annotations.insert(fence_annotation_key(&e.key), value.into());
-                }
             }
-            EntryWrite::Unfence(_) => {
+            EntryWrite::Unfence(_, source) => {
                 ops.push(json!({"op": "remove", "path": path}));
-                if has_annotations {
+                if *source == FenceSource::Annotation && has_annotations {
+                    let annotation = format!(
+                        "/metadata/annotations/{}",
+                        pointer_token(&fence_annotation_key(&e.key))
+                    );
                     ops.push(json!({"op": "remove", "path": annotation}));
                 }
             }
         }
-    }
-    if !new_annotations.is_empty() {
-        ops.push(json!({"op": "test", "path": "/metadata/annotations", "value": null}));
-        ops.push(json!({"op": "add", "path": "/metadata/annotations", "value": new_annotations}));
     }
     serde_json::Value::Array(ops)
 }
@@ -746,37 +898,93 @@ mod tests {
     }
 
     #[test]
-    fn a_fence_pins_the_entry_rewrites_its_podref_and_records_itself() {
+    fn a_fence_pins_the_entry_and_rewrites_its_podref_and_nothing_else() {
         let fence = request("5", "ns/web-0", EntryWrite::Fence(record()));
-        let value = fence_annotation_value(&record());
-        // A pool without annotations: the map is created, pinned by a test that it is missing.
-        assert_eq!(
-            patch_ops(&[&fence], false),
-            json!([
-                {"op": "test", "path": "/spec/allocations/5/id", "value": "sb"},
-                {"op": "test", "path": "/spec/allocations/5/podref", "value": "ns/web-0"},
-                {"op": "replace", "path": "/spec/allocations/5/podref", "value": "ns/web-0:fenced"},
-                {"op": "test", "path": "/metadata/annotations", "value": null},
-                {"op": "add", "path": "/metadata/annotations", "value": {"ipreclaim.io/fence-5": value}},
-            ])
+        // The record is an object written before: the pool itself does not grow.
+        for has_annotations in [false, true] {
+            assert_eq!(
+                patch_ops(&[&fence], has_annotations),
+                json!([
+                    {"op": "test", "path": "/spec/allocations/5/id", "value": "sb"},
+                    {"op": "test", "path": "/spec/allocations/5/podref", "value": "ns/web-0"},
+                    {"op": "replace", "path": "/spec/allocations/5/podref", "value": "ns/web-0:fenced"},
+                ])
+            );
+        }
+    }
+
+    #[test]
+    fn an_unfence_removes_the_marked_entry_and_an_annotation_record_of_earlier_releases() {
+        let object = FenceSource::Object {
+            name: "p-5".into(),
+            uid: "u".into(),
+        };
+        let lift = request(
+            "5",
+            "ns/web-0:fenced",
+            EntryWrite::Unfence(record(), object),
         );
+        let entry_ops = json!([
+            {"op": "test", "path": "/spec/allocations/5/id", "value": "sb"},
+            {"op": "test", "path": "/spec/allocations/5/podref", "value": "ns/web-0:fenced"},
+            {"op": "remove", "path": "/spec/allocations/5"},
+        ]);
+        assert_eq!(patch_ops(&[&lift], true), entry_ops);
+        let legacy = request(
+            "5",
+            "ns/web-0:fenced",
+            EntryWrite::Unfence(record(), FenceSource::Annotation),
+        );
+        let mut with_annotation = entry_ops.as_array().unwrap().clone();
+        with_annotation
+            .push(json!({"op": "remove", "path": "/metadata/annotations/ipreclaim.io~1fence-5"}));
+        assert_eq!(patch_ops(&[&legacy], true), json!(with_annotation));
+    }
+
+    fn reply() -> Reply {
+        oneshot::channel().0
+    }
+
+    #[test]
+    fn each_entry_is_written_once_a_fence_wins_and_another_allocation_at_the_key_is_answered_apart()
+    {
+        let mut other = request("5", "ns/db-0", EntryWrite::Remove);
+        other.judged.entry.id = "sb-other".into();
+        let mut low = request("3", "ns/a-0", EntryWrite::Remove);
+        low.judged.entry.ip = "192.0.2.3".parse().unwrap();
+        let items = vec![
+            (request("5", "ns/web-0", EntryWrite::Remove), reply()),
+            (
+                request("5", "ns/web-0", EntryWrite::Fence(record())),
+                reply(),
+            ),
+            (other, reply()),
+            (low, reply()),
+        ];
+        let (reqs, replies) = one_write_per_entry(items);
+        let keys: Vec<&str> = reqs.iter().map(|r| r.judged.entry.key.as_str()).collect();
+        assert_eq!(keys, ["3", "5"], "lowest address first, one write per key");
+        assert!(
+            matches!(reqs[1].write, EntryWrite::Fence(_)),
+            "the fence wins"
+        );
+        let answers: Vec<Answer> = replies.into_iter().map(|(a, _)| a).collect();
         assert_eq!(
-            patch_ops(&[&fence], true).as_array().unwrap()[3],
-            json!({"op": "add", "path": "/metadata/annotations/ipreclaim.io~1fence-5", "value": value})
+            answers,
+            [Answer::By(1), Answer::By(1), Answer::Other, Answer::By(0)]
         );
     }
 
     #[test]
-    fn an_unfence_removes_the_marked_entry_and_its_record() {
-        let lift = request("5", "ns/web-0:fenced", EntryWrite::Unfence(record()));
-        assert_eq!(
-            patch_ops(&[&lift], true),
-            json!([
-                {"op": "test", "path": "/spec/allocations/5/id", "value": "sb"},
-                {"op": "test", "path": "/spec/allocations/5/podref", "value": "ns/web-0:fenced"},
-                {"op": "remove", "path": "/spec/allocations/5"},
-                {"op": "remove", "path": "/metadata/annotations/ipreclaim.io~1fence-5"},
-            ])
-        );
+    fn a_refused_group_splits_fences_from_removals_then_in_halves() {
+        let reqs = vec![
+            request("1", "ns/a", EntryWrite::Remove),
+            request("2", "ns/b", EntryWrite::Fence(record())),
+            request("3", "ns/c", EntryWrite::Remove),
+            request("4", "ns/d", EntryWrite::Fence(record())),
+        ];
+        assert_eq!(split(&reqs, vec![0, 1, 2, 3]), [vec![1, 3], vec![0, 2]]);
+        assert_eq!(split(&reqs, vec![1, 3]), [vec![1], vec![3]]);
+        assert_eq!(split(&reqs, vec![0, 2]), [vec![0], vec![2]]);
     }
 }

@@ -3,7 +3,7 @@
 //! elsewhere. Its sandbox still runs with its address, so the address must stay allocated
 //! until the node is back and settled (or its Node is deleted).
 
-use ipreclaim::api::IPPool;
+use ipreclaim::api::IPFence;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node as NodeObject, Pod};
 use kube::api::{Api, DeleteParams};
@@ -40,18 +40,19 @@ async fn fenced_event_versions(c: &Cluster) -> Vec<(String, String)> {
         .collect()
 }
 
-/// The pool's fence annotations.
-async fn fence_annotations(c: &Cluster) -> Vec<String> {
-    let pool = Api::<IPPool>::namespaced(c.client().clone(), c.pool_ns())
-        .get(c.pool())
+/// The pool's fence records (`IPFence` objects in the pools' namespace) as "name=spec".
+async fn fence_records(c: &Cluster) -> Vec<String> {
+    Api::<IPFence>::namespaced(c.client().clone(), c.pool_ns())
+        .list(&Default::default())
         .await
-        .unwrap();
-    pool.metadata
-        .annotations
-        .unwrap_or_default()
+        .unwrap()
+        .items
         .into_iter()
-        .filter(|(k, _)| k.starts_with("ipreclaim.io/fence-"))
-        .map(|(k, v)| format!("{k}={v}"))
+        .filter(|f| f.spec.pool == c.pool())
+        .map(|f| {
+            let spec = serde_json::to_string(&f.spec).unwrap();
+            format!("{}={spec}", f.metadata.name.unwrap_or_default())
+        })
         .collect()
 }
 
@@ -129,7 +130,7 @@ async fn crash_and_force_delete_web_0(c: &Cluster, ip: &str, id: &str) {
         entries.contains(&("web-0:fenced".into(), ip.into(), id.into())),
         "the entry kept, its podref marked so no pod named web-0 reuses it: {entries:?}"
     );
-    let fences = fence_annotations(c).await;
+    let fences = fence_records(c).await;
     assert_eq!(fences.len(), 1, "{fences:?}");
     assert!(
         reservations(c)
@@ -211,7 +212,7 @@ async fn a_statefulset_pod_force_deleted_from_a_notready_node_keeps_its_address_
         || async {
             let entries = pool_entries(&c).await;
             !entries.iter().any(|(_, i, _)| *i == ip)
-                && fence_annotations(&c).await.is_empty()
+                && fence_records(&c).await.is_empty()
                 && !reservations(&c)
                     .await
                     .iter()
@@ -257,7 +258,7 @@ async fn a_fence_lifts_at_once_when_the_node_object_is_deleted(mut c: Cluster) {
         || async {
             let entries = pool_entries(&c).await;
             !entries.iter().any(|(_, i, _)| *i == ip)
-                && fence_annotations(&c).await.is_empty()
+                && fence_records(&c).await.is_empty()
                 && kubectl_events(node, &ns, GC_DONE)
                     .iter()
                     .any(|e| e.starts_with("web-0 ") && e.contains(&format!("[{ip}]")))

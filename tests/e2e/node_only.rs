@@ -58,7 +58,7 @@ fn import_ipreclaim_image(node: &Node) {
         .expect("import the ipreclaim image");
 }
 
-/// whereabouts' and Multus's own CRDs, as they ship them.
+/// whereabouts' and Multus's own CRDs, as they ship them, and ipreclaim's IPFence CRD.
 async fn install_upstream_crds(client: &Client) {
     let wb = unpacked_source(&format!(
         "whereabouts-{}",
@@ -82,6 +82,12 @@ async fn install_upstream_crds(client: &Client) {
         .await
         .expect("install whereabouts' and Multus's CRDs");
     assert_eq!(names.len(), 4, "CRDs installed: {names:?}");
+    // ipreclaim's own CRD, as an operator who installs the chart with --skip-crds applies it.
+    let ours =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crds/ipfences.ipreclaim.io.yaml");
+    testenv::controlplane::install_crd_files(client, &[ours])
+        .await
+        .expect("install crds/ipfences.ipreclaim.io.yaml");
 }
 
 /// Once per test process: upstream CRDs, the image, and `helm install` of the chart (two
