@@ -1529,6 +1529,61 @@ async fn a_pod_deleted_right_after_its_node_goes_down_is_fenced() {
     env.delete_node(&node).await;
 }
 
+/// web-0 is deleted and its entry released; its reservation delete waits for its budget (here:
+/// one delete per 5 s, the token taken by a-0's). Meanwhile web-0 is recreated and gets its old
+/// address back, as whereabouts' CNI ADD does it: the reservation names the same pod, so it is
+/// kept as it is, and a new entry is written. The reservation must stay: it is a live
+/// allocation's. (Before, the delete went out guarded by the reservation's uid only.) The pool
+/// write stands in for the CNI here; the real plugin does the same on the real node.
+#[tokio::test]
+async fn a_reservation_whose_address_a_recreated_pod_got_back_is_never_deleted() {
+    let mut env = Env::new("ctl-res-guard").await;
+    env.nad("macvlan", "192.0.2.0/24").await;
+    env.pool(
+        "192.0.2.0-24",
+        "192.0.2.0/24",
+        &[(10, "sb-web-0", "web-0"), (11, "sb-a-0", "a-0")],
+    )
+    .await;
+    env.reservation("192.0.2.10", "web-0").await;
+    env.reservation("192.0.2.11", "a-0").await;
+    env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
+    env.pod("a-0", "macvlan", Some(&["192.0.2.11"])).await;
+    env.start(&[
+        "--reservation-delete-qps=0.2",
+        "--reservation-delete-burst=1",
+    ])
+    .await;
+    env.delete_pod("a-0").await;
+    wait_for("a-0's reservation deleted", || async {
+        env.reservation_names().await == ["192.0.2.10"]
+    })
+    .await;
+    env.delete_pod("web-0").await;
+    env.wait_keys("192.0.2.0-24", &[]).await;
+    // The recreated web-0 gets its address back before the reservation delete goes out.
+    env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
+    let patch = serde_json::json!({"spec": {"allocations": {"10": {
+        "id": "sb-web-0-new", "podref": format!("{}/web-0", env.ns), "ifname": "net1",
+    }}}});
+    env.pools()
+        .patch(
+            "192.0.2.0-24",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(patch),
+        )
+        .await
+        .unwrap();
+    env.wait_metric("ipreclaim_reservations_kept_total 1").await;
+    assert_eq!(
+        env.reservation_names().await,
+        ["192.0.2.10"],
+        "the live allocation's reservation stays"
+    );
+    assert_eq!(env.keys("192.0.2.0-24").await, ["10"]);
+    env.stop().await;
+}
+
 /// A ValidatingAdmissionPolicy (a real apiserver's admission, bound to the test's namespace)
 /// that refuses any pool write marking entry `key` fenced: stands for any refusal of one
 /// entry's write (too large, invalid, forbidden). Returns its name (also the binding's).

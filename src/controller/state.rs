@@ -932,6 +932,22 @@ impl crate::release::Index for std::sync::RwLock<State> {
         );
     }
 
+    fn holder(&self, podref: &str, ip: IpAddr) -> Option<(String, Option<String>)> {
+        let st = self.read().expect("state lock");
+        let keys = st.by_podref.get(podref)?;
+        keys.iter().find_map(|(pool, key)| {
+            let e = st.entry(pool, key)?;
+            (e.ip == ip).then(|| (e.id.clone(), e.ifname.clone()))
+        })
+    }
+
+    fn has_allocations(&self, podref: &str) -> bool {
+        self.read()
+            .expect("state lock")
+            .by_podref
+            .contains_key(podref)
+    }
+
     fn released(&self, pool: &str, key: &str, podref: &str, ip: IpAddr) -> Vec<(String, String)> {
         let mut st = self.write().expect("state lock");
         st.forget_entry(pool, key);

@@ -15,6 +15,7 @@ use crate::reclaim::{
     self, Allocation, Decision, LivePod, PodKnowledge, PodPhase, PoolContext, Reason, ReclaimConfig,
 };
 use crate::release::ReleaseRequest;
+use crate::release::reservation::ReservationDelete;
 
 /// Up to this many missing pods are confirmed by a GET each, more by one list.
 const CONFIRM_BY_GET: usize = 8;
@@ -262,7 +263,13 @@ impl Sweeper {
                 .get_metadata_opt(pod)
                 .await
             {
-                Ok(None) => due.push((name, uid)),
+                Ok(None) => due.push(ReservationDelete {
+                    name,
+                    uid,
+                    podref,
+                    ip: None,
+                    pool: None,
+                }),
                 Ok(Some(_)) => {}
                 Err(e) => {
                     tracing::warn!(reservation = %name, error = %e, "could not confirm the pod is gone")

@@ -22,6 +22,7 @@ use crate::reclaim::{
     self, Allocation, Decision, LivePod, PodKnowledge, PodPhase, PoolContext, Reason, ReclaimConfig,
 };
 use crate::release::Events;
+use crate::release::reservation::ReservationDelete;
 use crate::release::{Judged, PodRef};
 use crate::release::{ReleaseOutcome, ReleaseRequest, WriterHandle};
 use crate::telemetry::NodeMetrics;
@@ -360,7 +361,13 @@ impl Releaser {
                 .as_deref()
                 .is_none_or(|c| c.is_empty() || c == sandbox);
         if let (true, Some(uid)) = (ours, r.metadata.uid.clone()) {
-            self.writer.delete_reservations(vec![(name, uid)]);
+            self.writer.delete_reservations(vec![ReservationDelete {
+                name,
+                uid,
+                podref: pod.podref(),
+                ip: Some(ip),
+                pool: Some(t.pool.clone()),
+            }]);
         }
     }
 

@@ -3,6 +3,7 @@
 
 pub mod budget;
 pub mod events;
+pub mod reservation;
 pub mod types;
 pub mod writer;
 

@@ -19,8 +19,9 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::budget::{Budgets, WriteKind};
 use super::events::Events;
+use super::reservation::{Deleted, ReservationDelete};
 use super::types::{EntryWrite, ReleaseError, ReleaseOutcome, ReleaseRequest};
-use crate::api::{IPFence, IPPool, OverlappingRangeIPReservation};
+use crate::api::{IPFence, IPPool};
 use crate::ipam::fence::{
     FenceRecord, FenceSource, fence_annotation_key, fence_object_name, fence_spec, fenced_podref,
 };
@@ -52,8 +53,8 @@ type Reply = oneshot::Sender<Outcome>;
 /// An object to delete after the pool entries it belongs to, with its uid as precondition.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ObjectDelete {
-    /// An OverlappingRangeIPReservation (name, uid).
-    Reservation(String, String),
+    /// An OverlappingRangeIPReservation, unless a live allocation holds its address.
+    Reservation(ReservationDelete),
     /// An `IPFence` record (name, uid) whose entry was released or is gone.
     Fence(String, String),
 }
@@ -77,6 +78,10 @@ pub trait Index: Send + Sync {
     /// The entry at `key` of `pool` (held by `podref`, address `ip`) was released; returns the
     /// reservations (name, uid) of that pod for that address, to delete.
     fn released(&self, pool: &str, key: &str, podref: &str, ip: IpAddr) -> Vec<(String, String)>;
+    /// A pool entry of `podref` that holds `ip` now, in any pool: its sandbox id and interface.
+    fn holder(&self, podref: &str, ip: IpAddr) -> Option<(String, Option<String>)>;
+    /// Whether `podref` holds any allocation.
+    fn has_allocations(&self, podref: &str) -> bool;
 }
 
 /// Everything the writer needs.
@@ -105,15 +110,15 @@ pub struct WriterHandle {
 }
 
 impl WriterHandle {
-    /// Queues reservations `(name, uid)` for deletion with a uid precondition, on their own
-    /// budget (nothing under `--dry-run`).
-    pub fn delete_reservations(&self, reservations: Vec<(String, String)>) {
+    /// Queues reservations for deletion on their own budget, each guarded against a live
+    /// allocation of its address (see `reservation`; nothing under `--dry-run`).
+    pub fn delete_reservations(&self, reservations: Vec<ReservationDelete>) {
         if self.writer.dry_run {
             return;
         }
-        for (name, uid) in reservations {
+        for d in reservations {
             // The receiver lives as long as any handle.
-            let _ = self.deletes.send(ObjectDelete::Reservation(name, uid));
+            let _ = self.deletes.send(ObjectDelete::Reservation(d));
         }
     }
 
@@ -316,7 +321,16 @@ async fn delete_objects(writer: Arc<Writer>, rx: mpsc::UnboundedReceiver<ObjectD
     queued
         .for_each_concurrent(RESERVATION_DELETERS, |d| {
             let w = writer.clone();
-            async move { w.delete_object(d).await }
+            async move {
+                match d {
+                    ObjectDelete::Reservation(d) => {
+                        if w.delete_reservation(d.clone()).await == Deleted::Deleted {
+                            tokio::spawn(async move { w.second_look(d).await });
+                        }
+                    }
+                    other => w.delete_object(other).await,
+                }
+            }
         })
         .await;
 }
@@ -642,7 +656,15 @@ impl Writer {
             None => Vec::new(),
         }
         .into_iter()
-        .map(|(name, uid)| ObjectDelete::Reservation(name, uid))
+        .map(|(name, uid)| {
+            ObjectDelete::Reservation(ReservationDelete {
+                name,
+                uid,
+                podref: podref.clone(),
+                ip: Some(j.entry.ip),
+                pool: Some(j.pool.clone()),
+            })
+        })
         .collect();
         if let EntryWrite::Unfence(_, FenceSource::Object { name, uid }) = &req.write {
             after.push(ObjectDelete::Fence(name.clone(), uid.clone()));
@@ -657,11 +679,11 @@ impl Writer {
         after
     }
 
-    /// Deletes one object with its uid as precondition.
+    /// Deletes one fence record with its uid as precondition (reservations go through
+    /// `delete_reservation`).
     async fn delete_object(&self, object: ObjectDelete) {
-        let (name, uid, kind) = match object {
-            ObjectDelete::Reservation(n, u) => (n, u, "reservation"),
-            ObjectDelete::Fence(n, u) => (n, u, "fence record"),
+        let ObjectDelete::Fence(name, uid) = object else {
+            return;
         };
         let params = DeleteParams {
             preconditions: Some(Preconditions {
@@ -670,35 +692,21 @@ impl Writer {
             }),
             ..DeleteParams::default()
         };
-        let ns = &self.namespace;
+        let api: Api<IPFence> = Api::namespaced(self.client.clone(), &self.namespace);
         let result = self
             .budgets
             .send(WriteKind::Reservation, || {
                 self.metrics.write("delete");
-                let (client, name, params) = (self.client.clone(), name.clone(), params.clone());
-                async move {
-                    match kind {
-                        "reservation" => {
-                            Api::<OverlappingRangeIPReservation>::namespaced(client, ns)
-                                .delete(&name, &params)
-                                .await
-                                .map(|_| ())
-                        }
-                        _ => Api::<IPFence>::namespaced(client, ns)
-                            .delete(&name, &params)
-                            .await
-                            .map(|_| ()),
-                    }
-                }
+                api.delete(&name, &params)
             })
             .await;
         match result {
-            Ok(()) => {}
-            // Gone already, or replaced by a new object (uid changed): not ours.
+            Ok(_) => {}
+            // Gone already, or replaced by a new record (uid changed): not ours.
             Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
             Err(e) => {
                 self.metrics.failed("reservation");
-                tracing::warn!(%kind, %name, error = %e, "could not delete");
+                tracing::warn!(record = %name, error = %e, "could not delete fence record");
             }
         }
     }

@@ -90,6 +90,10 @@ pub struct WriteMetrics {
     pub fences: Counter,
     /// Fence writes that failed (the address is kept; the write is retried with backoff).
     pub fence_failures: Counter,
+    /// Reservation deletes not sent: a live allocation of the pod holds the address.
+    pub reservations_kept: Counter,
+    /// Reservations put back: an allocation for the pod and address appeared as it was deleted.
+    pub reservations_restored: Counter,
     /// Events published.
     pub events_published: Counter,
     /// Events that could not be published (queue full, or refused or failing for too long).
@@ -122,6 +126,8 @@ impl WriteMetrics {
             api_writes: Family::default(),
             fences: Counter::default(),
             fence_failures: Counter::default(),
+            reservations_kept: Counter::default(),
+            reservations_restored: Counter::default(),
             events_published: Counter::default(),
             events_dropped: Counter::default(),
             throttled: Counter::default(),
@@ -162,6 +168,16 @@ impl WriteMetrics {
             "fence_write_failures",
             "Fence writes that failed: the address is kept and the fence retried with backoff, never released instead",
             m.fence_failures.clone(),
+        );
+        r.register(
+            "reservations_kept",
+            "Reservation deletes not sent because a live allocation of the pod holds the address",
+            m.reservations_kept.clone(),
+        );
+        r.register(
+            "reservations_restored",
+            "Reservations put back because an allocation for the pod and address appeared as they were deleted",
+            m.reservations_restored.clone(),
         );
         r.register(
             "releases",

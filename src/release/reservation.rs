@@ -1,0 +1,201 @@
+//! Reservation deletes that never take the reservation of a live allocation. whereabouts keeps
+//! an existing OverlappingRangeIPReservation that already names the same pod, so a pod
+//! recreated under its name that gets its old address back before the delete goes out (write
+//! budgets and 429 pauses make that window long) would lose its reservation, and a pool with an
+//! overlapping range could hand the address out again. So each delete is checked at the moment
+//! it goes out: no pool entry may hold the address for that podref (the controller's index; a
+//! fresh read of the pool where there is no index), the reservation read fresh must still be
+//! the one meant, and the delete carries its uid and resourceVersion as preconditions. A second
+//! look a moment after the delete puts the reservation back if an entry for the pod and address
+//! appeared in between (the allocation raced the check).
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use kube::api::{Api, DeleteParams, PostParams, Preconditions};
+
+use super::budget::WriteKind;
+use super::writer::Writer;
+use crate::api::{IPPool, OverlappingRangeIPReservation, OverlappingRangeIPReservationSpec};
+
+/// How long after a delete the second look is taken (the pool watch's usual lag, many times).
+pub const SECOND_LOOK_AFTER: Duration = Duration::from_secs(1);
+
+/// A reservation to delete, and what it must not belong to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReservationDelete {
+    /// Its name.
+    pub name: String,
+    /// Its uid when it was chosen.
+    pub uid: String,
+    /// The pod it names.
+    pub podref: String,
+    /// The address it reserves, when known (an orphan's is not computed back from its name).
+    pub ip: Option<IpAddr>,
+    /// The pool the address was released from, when known.
+    pub pool: Option<String>,
+}
+
+/// Who holds an address now: a pool entry's sandbox id and interface.
+type Holder = (String, Option<String>);
+
+/// What became of one reservation delete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deleted {
+    /// Deleted.
+    Deleted,
+    /// Kept: a live allocation holds the address for that pod.
+    Kept,
+    /// Left: gone already, or changed or replaced since it was chosen (not the one meant).
+    NotOurs,
+    /// Deleted, then put back: an allocation for the pod and address appeared meanwhile.
+    Restored,
+    /// The apiserver failed.
+    Failed,
+}
+
+impl Writer {
+    /// A pool entry of `podref` holding `ip` now: from the index, else a fresh read of `pool`.
+    async fn holder(&self, d: &ReservationDelete) -> Result<Option<Holder>, kube::Error> {
+        let Some(ip) = d.ip else {
+            // An orphan: kept while its pod holds any allocation.
+            let any = self
+                .index
+                .as_ref()
+                .is_some_and(|i| i.has_allocations(&d.podref));
+            return Ok(any.then(|| (String::new(), None)));
+        };
+        if let Some(index) = &self.index {
+            return Ok(index.holder(&d.podref, ip));
+        }
+        let Some(pool) = &d.pool else {
+            return Ok(None);
+        };
+        let pools: Api<IPPool> = Api::namespaced(self.client.clone(), &self.namespace);
+        // Reads go outside the write budgets (they bound writes; APF bounds both).
+        let current = pools.get_opt(pool).await?;
+        let Some(current) = current else {
+            return Ok(None);
+        };
+        let entries = crate::ipam::pool_allocations(&current.spec)
+            .map(|p| p.entries)
+            .unwrap_or_default();
+        Ok(entries
+            .into_iter()
+            .find(|e| e.podref == d.podref && e.ip == ip)
+            .map(|e| (e.id, e.ifname)))
+    }
+
+    /// Deletes one reservation unless a live allocation holds its address (see the module).
+    pub(crate) async fn delete_reservation(&self, d: ReservationDelete) -> Deleted {
+        let api: Api<OverlappingRangeIPReservation> =
+            Api::namespaced(self.client.clone(), &self.namespace);
+        // Checked once admitted, right before the delete: a delete may wait long for its budget
+        // (or a 429 pause), and the check must be as fresh as the delete.
+        let result = self
+            .budgets
+            .send(WriteKind::Reservation, || {
+                let (api, d) = (api.clone(), d.clone());
+                async move {
+                    if self.holder(&d).await?.is_some() {
+                        return Ok(Deleted::Kept);
+                    }
+                    let Some(fresh) = api.get_opt(&d.name).await? else {
+                        return Ok(Deleted::NotOurs);
+                    };
+                    if fresh.metadata.uid.as_deref() != Some(d.uid.as_str())
+                        || fresh.spec.podref != d.podref
+                    {
+                        return Ok(Deleted::NotOurs);
+                    }
+                    let params = DeleteParams {
+                        preconditions: Some(Preconditions {
+                            uid: Some(d.uid.clone()),
+                            resource_version: fresh.metadata.resource_version.clone(),
+                        }),
+                        ..DeleteParams::default()
+                    };
+                    self.metrics.write("delete");
+                    match api.delete(&d.name, &params).await {
+                        Ok(_) => Ok(Deleted::Deleted),
+                        // Gone already, or changed or replaced (uid or resourceVersion).
+                        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {
+                            Ok(Deleted::NotOurs)
+                        }
+                        Err(e) => Err(e),
+                    }
+                }
+            })
+            .await;
+        match result {
+            Ok(Deleted::Kept) => {
+                tracing::info!(reservation = %d.name, podref = %d.podref, "reservation kept: a live allocation of the pod holds its address");
+                self.metrics.reservations_kept.inc();
+                Deleted::Kept
+            }
+            Ok(done) => done,
+            Err(e) => {
+                self.metrics.failed("reservation");
+                tracing::warn!(reservation = %d.name, error = %e, "could not delete reservation");
+                Deleted::Failed
+            }
+        }
+    }
+
+    /// The look a moment after a delete (spawned: it holds no delete slot while it waits).
+    pub(crate) async fn second_look(&self, d: ReservationDelete) -> Deleted {
+        if d.ip.is_none() {
+            return Deleted::Deleted;
+        }
+        tokio::time::sleep(SECOND_LOOK_AFTER).await;
+        let api: Api<OverlappingRangeIPReservation> =
+            Api::namespaced(self.client.clone(), &self.namespace);
+        match self.holder(&d).await {
+            Ok(Some((id, ifname))) => self.restore(&api, &d, id, ifname).await,
+            Ok(None) => Deleted::Deleted,
+            Err(e) => {
+                tracing::warn!(reservation = %d.name, error = %e, "could not take the second look after deleting a reservation");
+                Deleted::Deleted
+            }
+        }
+    }
+
+    /// Puts a deleted reservation back for the allocation that now holds its address.
+    async fn restore(
+        &self,
+        api: &Api<OverlappingRangeIPReservation>,
+        d: &ReservationDelete,
+        id: String,
+        ifname: Option<String>,
+    ) -> Deleted {
+        let r = OverlappingRangeIPReservation::new(
+            &d.name,
+            OverlappingRangeIPReservationSpec {
+                containerid: Some(id),
+                podref: d.podref.clone(),
+                ifname,
+                ipamclaimref: None,
+            },
+        );
+        let params = PostParams::default();
+        let created = self
+            .budgets
+            .send(WriteKind::Reservation, || {
+                self.metrics.write("create");
+                api.create(&params, &r)
+            })
+            .await;
+        match created {
+            Ok(_) => {
+                tracing::warn!(reservation = %d.name, podref = %d.podref, "an allocation for the pod and address appeared while its reservation was deleted; reservation put back");
+                self.metrics.reservations_restored.inc();
+                Deleted::Restored
+            }
+            Err(e) => {
+                tracing::error!(reservation = %d.name, podref = %d.podref, error = %e, "an allocation for the pod and address appeared while its reservation was deleted, and it could not be put back");
+                self.metrics.failed("reservation");
+                Deleted::Failed
+            }
+        }
+    }
+}
