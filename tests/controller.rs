@@ -499,14 +499,11 @@ async fn breaker_holds_a_sweep_that_would_free_most_of_a_pool(mut env: Env) {
     // One hold episode, however many sweeps it lasts.
     env.wait_sweeps(3.0).await;
     let text = env.metrics_text().await;
-    assert_eq!(
-        metric_value(
-            &text,
-            r#"ipreclaim_breaker_holds_total{pool="192.0.2.0-24"}"#
-        ),
-        1.0,
-        "{text}"
+    let series = format!(
+        r#"ipreclaim_breaker_holds_total{{pool="{}/192.0.2.0-24"}}"#,
+        env.ns
     );
+    assert_eq!(metric_value(&text, &series), 1.0, "{text}");
     env.stop().await;
 }
 
@@ -1117,9 +1114,23 @@ async fn every_metric_the_readme_names_is_on_metrics() {
     // A pool, so that the per-pool series exist; nothing else has happened yet.
     env.pool("192.0.2.0-24", "192.0.2.0/24", &[]).await;
     env.start(&[]).await;
-    env.wait_metric("ipreclaim_breaker_holds_total{pool=\"192.0.2.0-24\"} 0")
+    let ns = env.ns.clone();
+    for series in ["breaker_holds_total", "allocations", "pool_problem_entries"] {
+        env.wait_metric(&format!(
+            r#"ipreclaim_{series}{{pool="{ns}/192.0.2.0-24"}} 0"#
+        ))
         .await;
+    }
     testenv::docs::assert_readme_metrics_on(&env.metrics_text().await, "ipreclaim_", 15);
+    // A deleted pool's series go with it (one pool label format everywhere).
+    env.pools()
+        .delete("192.0.2.0-24", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("the deleted pool's series removed", || async {
+        !env.metrics_text().await.contains("192.0.2.0-24")
+    })
+    .await;
     env.stop().await;
 }
 

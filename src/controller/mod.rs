@@ -9,6 +9,7 @@ pub mod state;
 pub mod sweep;
 pub mod watch;
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
@@ -416,6 +417,8 @@ pub async fn run(
         };
         // Every --sweep-interval, and as soon as a candidate's grace ends.
         let mut next_sweep = Instant::now();
+        // The pools whose per-pool series are on /metrics.
+        let mut pool_series: HashSet<String> = HashSet::new();
         loop {
             tokio::time::sleep_until(next_sweep.into()).await;
             next_sweep = Instant::now() + args.sweep_interval;
@@ -435,19 +438,29 @@ pub async fn run(
                 metrics
                     .malformed_network_status
                     .set(st.malformed_status_count() as i64);
+                let mut labels = HashSet::with_capacity(st.pools().len());
                 for (name, pool) in st.pools() {
-                    let label = format!("{}/{}", args.whereabouts_namespace, name);
+                    let label = report::pool_label(&args.whereabouts_namespace, name);
                     metrics
                         .allocations
                         .get_or_create(&label.clone().into())
                         .set((pool.entries.len() + pool.marked.len()) as i64);
                     metrics
                         .pool_problems
-                        .get_or_create(&label.into())
+                        .get_or_create(&label.clone().into())
                         .set((pool.problems.len() + pool.bad_fences.len()) as i64);
                     // A pool's breaker series exists at 0 before its first hold.
-                    let _ = metrics.breaker_holds.get_or_create(&name.clone().into());
+                    let _ = metrics.breaker_holds.get_or_create(&label.clone().into());
+                    labels.insert(label);
                 }
+                // A deleted pool's series go with it.
+                for gone in pool_series.difference(&labels) {
+                    let l = gone.clone().into();
+                    metrics.allocations.remove(&l);
+                    metrics.pool_problems.remove(&l);
+                    metrics.breaker_holds.remove(&l);
+                }
+                pool_series = labels;
             }
             metrics.queue_depth.set(queue.len() as i64);
             return_free_memory();

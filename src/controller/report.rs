@@ -61,6 +61,11 @@ fn reference(kind: &str, namespace: &str, name: &str, uid: &str) -> ObjectRefere
     }
 }
 
+/// The `pool` label of every per-pool series: `namespace/name`.
+pub fn pool_label(namespace: &str, pool: &str) -> String {
+    format!("{namespace}/{pool}")
+}
+
 /// Every problem the state knows of; pools live in `namespace`.
 pub fn problems(st: &State, namespace: &str) -> Vec<Problem> {
     let mut out = Vec::new();

@@ -67,6 +67,19 @@ pub struct SweepReport {
     pub next_due: Option<Instant>,
 }
 
+/// The pools held after a sweep: those held now, and those held before whose candidates could
+/// not be confirmed this time (a failed confirming list ends no hold: its next success would
+/// report the same hold again).
+fn still_held(
+    before: &HashSet<String>,
+    now: HashSet<String>,
+    unconfirmed: &HashSet<String>,
+) -> HashSet<String> {
+    let mut held = now;
+    held.extend(before.intersection(unconfirmed).cloned());
+    held
+}
+
 impl Sweeper {
     /// One sweep.
     pub async fn sweep(&mut self) -> SweepReport {
@@ -148,11 +161,18 @@ impl Sweeper {
         let mut confirmed: Vec<ReleaseRequest> = Vec::new();
         // Many pods gone (e.g. while no replica ran): one consistent list confirms them all.
         let missing = due.iter().filter(|(_, r)| *r == Reason::PodMissing).count();
+        // Pools whose candidates could not be confirmed this time: their hold is not over.
+        let mut unconfirmed: HashSet<String> = HashSet::new();
         let existing = if missing > CONFIRM_BY_GET {
             match self.existing_podrefs().await {
                 Ok(p) => Some(p),
                 Err(e) => {
                     tracing::warn!(error = %e, "could not list pods to confirm leaks; next sweep");
+                    for (j, r) in &due {
+                        if *r == Reason::PodMissing {
+                            unconfirmed.insert(j.pool.clone());
+                        }
+                    }
                     due.retain(|(_, r)| *r != Reason::PodMissing);
                     None
                 }
@@ -174,6 +194,7 @@ impl Sweeper {
                 }),
                 Ok(false) => {}
                 Err(e) => {
+                    unconfirmed.insert(j.pool.clone());
                     tracing::warn!(podref = %j.entry.podref, error = %e, "could not confirm a leak; next sweep")
                 }
             }
@@ -196,10 +217,11 @@ impl Sweeper {
                 );
                 if !self.held_pools.contains(pool) {
                     tracing::warn!(%pool, n, size, "breaker holds the sweep of this pool");
+                    let label = super::report::pool_label(&self.config.namespace, pool);
                     self.ctx
                         .metrics
                         .breaker_holds
-                        .get_or_create(&pool.clone().into())
+                        .get_or_create(&label.into())
                         .inc();
                     self.ctx
                         .events
@@ -209,7 +231,7 @@ impl Sweeper {
                 held.insert(pool.clone());
             }
         }
-        self.held_pools.clone_from(&held);
+        self.held_pools = still_held(&self.held_pools, held.clone(), &unconfirmed);
         confirmed.retain(|r| !held.contains(&r.judged.pool));
         report.held_pools = held.into_iter().collect();
         report.held_pools.sort();
@@ -349,5 +371,28 @@ impl Sweeper {
             &self.config.reclaim,
         );
         Ok(fresh == Decision::Candidate(reason))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(pools: &[&str]) -> HashSet<String> {
+        pools.iter().map(|p| p.to_string()).collect()
+    }
+
+    #[test]
+    fn a_hold_survives_a_sweep_that_could_not_confirm_its_candidates() {
+        let before = set(&["a", "b"]);
+        // "a" could not be confirmed (the list failed): still held, not reported anew later.
+        assert_eq!(still_held(&before, set(&[]), &set(&["a"])), set(&["a"]));
+        // Confirmed and under the ratio: the hold is over.
+        assert_eq!(still_held(&before, set(&[]), &set(&[])), set(&[]));
+        // Held now, whatever came before.
+        assert_eq!(
+            still_held(&set(&[]), set(&["c"]), &set(&["c"])),
+            set(&["c"])
+        );
     }
 }
