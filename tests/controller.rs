@@ -764,6 +764,77 @@ async fn with_two_replicas_only_the_lease_holder_writes() {
     second.stop().await;
 }
 
+/// The leader's own connection to the apiserver is cut (a partition: a proxy that passes no
+/// byte either way) while the standby's works. The leader stops writing before its Lease can
+/// expire (its `ipreclaim_leader` goes to 0 before the standby leads), the standby takes over
+/// and releases web-0 and db-0 (db-0's deletion was queued on the old leader: refused at its
+/// gate, never sent late), and after the partition heals no two replicas lead at once. Before,
+/// a leader whose renewals failed was never told and kept leading.
+#[tokio::test]
+async fn a_leader_cut_off_from_the_apiserver_stops_writing_before_a_standby_takes_over() {
+    let cp = ControlPlane::shared();
+    let mut a = Env::new("ctl-partition").await;
+    a.nad("macvlan", "192.0.2.0/24").await;
+    a.pool(
+        "192.0.2.0-24",
+        "192.0.2.0/24",
+        &[(10, "sb-web", "web-0"), (11, "sb-db", "db-0")],
+    )
+    .await;
+    a.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
+    a.pod("db-0", "macvlan", Some(&["192.0.2.11"])).await;
+    let flags = [
+        "--leader-election=true".to_string(),
+        format!("--lease-namespace={}", a.ns),
+        "--lease-duration=6s".to_string(),
+    ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let proxy = testenv::proxy::Proxy::start(cp.apiserver_addr())
+        .await
+        .expect("proxy");
+    let through = cp.client_through(&proxy).await;
+    a.start_as(through, &flags).await;
+    a.wait_metric("ipreclaim_leader 1").await;
+    let mut b = Env::with(a.client.clone(), a.ns.clone());
+    b.start(&flags).await;
+    b.wait_metric("ipreclaim_leader 0").await;
+    // Things to do queued on the leader just before the cut: it cannot send them.
+    a.delete_pod("db-0").await;
+    proxy.cut();
+    let cut = std::time::Instant::now();
+    let demoted = async {
+        a.wait_metric("ipreclaim_leader 0").await;
+        cut.elapsed()
+    };
+    let took_over = async {
+        b.wait_metric("ipreclaim_leader 1").await;
+        cut.elapsed()
+    };
+    let (demoted, took_over) = tokio::join!(demoted, took_over);
+    eprintln!(
+        "partition: the cut-off leader stopped writing {demoted:.1?} after the cut, the standby led {took_over:.1?} after it"
+    );
+    assert!(
+        demoted < took_over,
+        "the old leader stopped writing ({demoted:?}) before the standby led ({took_over:?})"
+    );
+    a.delete_pod("web-0").await;
+    b.wait_keys("192.0.2.0-24", &[]).await;
+    // Healed, the old leader's watches resume (and kube-lease-manager may take the Lease back
+    // for it): never two writers at once, sampled every 100 ms.
+    proxy.heal();
+    for _ in 0..60 {
+        let (ta, tb) = (a.metrics_text().await, b.metrics_text().await);
+        let leads = |t: &str| metric_value(t, "ipreclaim_leader") == 1.0;
+        assert!(!(leads(&ta) && leads(&tb)), "two replicas lead at once");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let events = b.wait_events("IPAddressGarbageCollected").await;
+    assert_eq!(events.len(), 2, "one release Event per address: {events:?}");
+    a.stop().await;
+    b.stop().await;
+}
+
 /// A controller on a private control plane of two apiservers, watching through the first,
 /// which is down; web-0 (192.0.2.10) was deleted through the second meanwhile, db-0
 /// (192.0.2.11) lives. The second apiserver stops when its handle is dropped.

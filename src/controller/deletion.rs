@@ -18,6 +18,10 @@ use crate::api::slim::PodView;
 use crate::reclaim::{Decision, Reason, ReclaimConfig};
 use crate::release::{EntryWrite, ReleaseError, ReleaseOutcome, ReleaseRequest};
 
+/// An item a replica could not write because it does not lead waits this long before a worker
+/// (which waits for leadership) takes it again.
+const NOT_LEADER_RETRY: Duration = Duration::from_secs(1);
+
 /// Retries of a fence that keeps failing, after the Warning, are spaced by this at most.
 const FENCE_RETRY_MAX: Duration = Duration::from_secs(30);
 
@@ -30,6 +34,9 @@ struct Failure {
     fence: bool,
     /// The deleted pod to name in a Warning, when known.
     pod: Option<PodRef>,
+    /// Nothing was written because this replica does not lead: the item waits for
+    /// leadership, without counting a retry.
+    not_leader: bool,
 }
 
 impl Failure {
@@ -38,6 +45,7 @@ impl Failure {
             cause,
             fence: false,
             pod: None,
+            not_leader: false,
         }
     }
 }
@@ -89,6 +97,11 @@ impl Worker {
         match processed {
             Ok(Processed::Submitted) => return,
             Ok(Processed::Done) => queue.forget(&key),
+            Err(f) if f.not_leader => {
+                // Handed back: a worker takes it when this replica leads again.
+                tracing::info!(%podref, "not written: this replica does not lead");
+                queue.add_after(key.clone(), NOT_LEADER_RETRY);
+            }
             Err(f) if f.fence => {
                 // Never given up, never a release: the entry stays allocated meanwhile.
                 let n = queue.num_requeues(&key);
@@ -234,6 +247,7 @@ impl Worker {
                     .iter()
                     .any(|(r, _)| matches!(r.write, EntryWrite::Fence(_))),
                 pod: Some(first.judged.pod.clone()).filter(|p| !p.uid.is_empty()),
+                not_leader: failed.iter().all(|(_, e)| **e == ReleaseError::NotLeader),
             });
         }
         let changed = outcomes

@@ -4,6 +4,7 @@
 
 pub mod deletion;
 pub mod fence;
+pub mod leadership;
 pub mod report;
 pub mod state;
 pub mod sweep;
@@ -201,25 +202,33 @@ fn identity() -> String {
     format!("{host}_{}-{run}-{nanos:08x}", std::process::id())
 }
 
+/// Whether this replica leads, the gate every write passes (see [`leadership`]), and the
+/// tasks that keep them (to abort at shutdown).
 async fn leadership(
     client: Client,
     args: &ControllerArgs,
     identity: &str,
-) -> anyhow::Result<tokio_watch::Receiver<bool>> {
+) -> anyhow::Result<(
+    tokio_watch::Receiver<bool>,
+    Arc<leadership::Gate>,
+    Vec<tokio::task::JoinHandle<()>>,
+)> {
     if !args.leader_election {
-        return Ok(tokio_watch::channel(true).1);
+        let always = (tokio_watch::channel(true).1, leadership::Gate::always());
+        return Ok((always.0, always.1, Vec::new()));
     }
     let namespace = args
         .lease_namespace
         .clone()
         .or_else(|| std::env::var("POD_NAMESPACE").ok())
         .unwrap_or_else(|| args.whereabouts_namespace.clone());
-    let manager = kube_lease_manager::LeaseManagerBuilder::new(client, &args.lease_name)
+    let duration = args.lease_duration.as_secs().max(3);
+    let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &args.lease_name)
         .with_namespace(&namespace)
         .with_identity(identity)
-        .with_duration(args.lease_duration.as_secs().max(2))
-        // Renew well before expiry.
-        .with_grace((args.lease_duration.as_secs() / 3).max(1))
+        .with_duration(duration)
+        // Renew halfway: well within the renew deadline (two thirds) after which writes stop.
+        .with_grace((duration / 2).max(1))
         .build()
         .await
         .with_context(|| format!("lease {namespace}/{}", args.lease_name))?;
@@ -229,7 +238,16 @@ async fn leadership(
             tracing::error!(error = %e, "leader election stopped");
         }
     });
-    Ok(rx)
+    let gate = Arc::new(leadership::Gate::default());
+    let (leads, tasks) = leadership::spawn(
+        kube::Api::namespaced(client, &namespace),
+        args.lease_name.clone(),
+        identity.to_owned(),
+        Duration::from_secs(duration),
+        rx,
+        gate.clone(),
+    );
+    Ok((leads, gate, tasks.into()))
 }
 
 /// Runs the controller until `shutdown` completes. Calls `on_start` once the metrics server
@@ -288,7 +306,7 @@ pub async fn run(
     let writer = writer::spawn(Arc::new(writer::Writer {
         client: client.clone(),
         namespace: args.whereabouts_namespace.clone(),
-        budgets,
+        budgets: budgets.clone(),
         patch_interval: args.pool_patch_interval,
         metrics: metrics.writes.clone(),
         events: events.clone(),
@@ -296,11 +314,29 @@ pub async fn run(
         index: Some(state.clone()),
         dry_run_reported: Default::default(),
     }));
-    let leader = leadership(client.clone(), &args, &identity).await?;
+    let (leader, gate, mut tasks) = leadership(client.clone(), &args, &identity).await?;
+    // Every write passes the gate right before it goes: a demoted leader's queue is refused.
+    budgets.set_gate(Arc::new(move || gate.open(Instant::now())));
+    {
+        let (mut leads, gauge) = (leader.clone(), metrics.leader.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let now = *leads.borrow_and_update();
+                gauge.set(i64::from(now));
+                if now {
+                    tracing::info!("leading: this replica writes");
+                } else {
+                    tracing::info!("not leading: this replica does not write");
+                }
+                if leads.changed().await.is_err() {
+                    return;
+                }
+            }
+        }));
+    }
 
     // Watches, each reporting its first full list.
     let mut synced = Vec::new();
-    let mut tasks = Vec::new();
     let mut watch_task = |f: &dyn Fn(tokio_watch::Sender<bool>) -> tokio::task::JoinHandle<()>| {
         let (tx, rx) = tokio_watch::channel(false);
         synced.push(rx);

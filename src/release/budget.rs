@@ -53,6 +53,31 @@ struct Inner {
     reservations: TokenBucket,
     all: PriorityThrottle,
     metrics: WriteMetrics,
+    /// Whether writes may go now (the controller's leadership); none: always.
+    gate: std::sync::OnceLock<Gate>,
+}
+
+/// Whether writes may go now.
+pub type Gate = Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// The reason of the error a write refused at the gate gets.
+pub const NOT_LEADER: &str = "NotLeader";
+
+/// The error of a write refused at the gate: this replica does not lead (any more).
+pub fn not_leader() -> kube::Error {
+    kube::Error::Api(
+        kube::core::Status::failure(
+            "not written: this replica does not lead (its Lease was lost or not renewed within the renew deadline)",
+            NOT_LEADER,
+        )
+        .with_code(503)
+        .boxed(),
+    )
+}
+
+/// Whether `e` is a write refused at the gate.
+pub fn is_not_leader(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.reason == NOT_LEADER)
 }
 
 /// The budgets of one program, shared by its writer and its Event publisher.
@@ -79,7 +104,13 @@ impl Budgets {
                 clock,
             ),
             metrics,
+            gate: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// Sets the gate every write passes right before it goes (once).
+    pub fn set_gate(&self, gate: Gate) {
+        let _ = self.0.gate.set(gate);
     }
 
     /// Waits until a write of `kind` may go: its own rate, then the shared cap.
@@ -103,6 +134,9 @@ impl Budgets {
         let mut throttled = 0;
         loop {
             let permit = self.admit(kind).await;
+            if self.0.gate.get().is_some_and(|open| !open()) {
+                return Err(not_leader());
+            }
             let result = write().await;
             drop(permit);
             match &result {

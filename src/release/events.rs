@@ -53,6 +53,10 @@ fn pod_reference(pod: &PodRef) -> ObjectReference {
 
 /// Whether asking again may help (not when the apiserver refused the Event itself).
 fn retryable(e: &kube::Error) -> bool {
+    if super::budget::is_not_leader(e) {
+        // A demoted leader's queued Events are dropped, not sent once it leads again.
+        return false;
+    }
     match e {
         kube::Error::Api(s) => s.code == 429 || s.code >= 500,
         _ => true,

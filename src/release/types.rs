@@ -119,6 +119,9 @@ pub enum ReleaseError {
     /// The writer is shutting down.
     #[error("the pool writer stopped")]
     Stopped,
+    /// This replica does not lead (any more): not written, and not retried until it leads.
+    #[error("not written: this replica does not lead")]
+    NotLeader,
 }
 
 impl ReleaseError {
@@ -129,6 +132,7 @@ impl ReleaseError {
             ReleaseError::Conflict { .. } => "conflict",
             ReleaseError::Refused { .. } => "refused",
             ReleaseError::Stopped => "stopped",
+            ReleaseError::NotLeader => "not_leader",
         }
     }
 }

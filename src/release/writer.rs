@@ -455,6 +455,7 @@ impl Writer {
         let spec = fence_spec(pool, &e.key, e.ip, &e.id, record);
         let api: Api<IPFence> = Api::namespaced(self.client.clone(), &self.namespace);
         let refused = |err: &kube::Error| match err {
+            e if super::budget::is_not_leader(e) => ReleaseError::NotLeader,
             kube::Error::Api(s) if (400..500).contains(&s.code) => ReleaseError::Refused {
                 pool: pool.into(),
                 message: format!("fence record {name}: {}", s.message),
@@ -713,6 +714,9 @@ impl Writer {
 }
 
 fn api_error(pool: &str, e: &kube::Error) -> ReleaseError {
+    if super::budget::is_not_leader(e) {
+        return ReleaseError::NotLeader;
+    }
     ReleaseError::Api {
         pool: pool.into(),
         message: e.to_string(),

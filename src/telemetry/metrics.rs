@@ -113,7 +113,14 @@ const LATENCY_BUCKETS: [f64; 12] = [
 const BATCH_BUCKETS: [f64; 8] = [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 500.0];
 
 /// The causes [`WriteMetrics::failed`] is called with.
-pub const FAILURE_CAUSES: [&str; 5] = ["api", "conflict", "refused", "stopped", "reservation"];
+pub const FAILURE_CAUSES: [&str; 6] = [
+    "api",
+    "conflict",
+    "refused",
+    "stopped",
+    "not_leader",
+    "reservation",
+];
 
 impl WriteMetrics {
     /// Creates the metrics and registers them in `r` (already prefixed).
@@ -272,6 +279,8 @@ pub struct ControllerMetrics {
     pub oldest_fence_seconds: Gauge,
     /// Nodes whose Ready condition is not True: their pods' deletions are fenced.
     pub unready_nodes: Gauge,
+    /// 1 while this replica leads and may write, else 0.
+    pub leader: Gauge,
 }
 
 impl ControllerMetrics {
@@ -295,6 +304,7 @@ impl ControllerMetrics {
             fenced_addresses: Gauge::default(),
             oldest_fence_seconds: Gauge::default(),
             unready_nodes: Gauge::default(),
+            leader: Gauge::default(),
             invalid_objects: Family::default(),
         };
         r.register(
@@ -316,6 +326,11 @@ impl ControllerMetrics {
             "unready_nodes",
             "Nodes not Ready now: their pods' addresses are fenced when the pods are deleted",
             m.unready_nodes.clone(),
+        );
+        r.register(
+            "leader",
+            "1 while this replica leads and may write (it holds the Lease and renewed it within the renew deadline), else 0",
+            m.leader.clone(),
         );
         r.register(
             "allocations",

@@ -375,6 +375,21 @@ impl ControlPlane {
         Ok(Client::try_from(config)?)
     }
 
+    /// An admin client that goes through `proxy` (see [`crate::proxy::Proxy`]).
+    pub async fn client_through(&self, proxy: &crate::proxy::Proxy) -> Client {
+        self.client_for(&proxy.url(), &self.admin_token)
+            .await
+            .expect("admin client through the proxy")
+    }
+
+    /// The apiserver's address (for a proxy in front of it).
+    pub fn apiserver_addr(&self) -> std::net::SocketAddr {
+        let authority = self.server.trim_start_matches("https://");
+        authority
+            .parse()
+            .expect("the apiserver's address is ip:port")
+    }
+
     /// An admin client (group system:masters). Create one per test: a client belongs to the
     /// tokio runtime it was made in.
     pub async fn client(&self) -> Client {

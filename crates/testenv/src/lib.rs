@@ -21,6 +21,7 @@ pub mod node;
 pub mod poll;
 pub mod procs;
 pub mod program;
+pub mod proxy;
 
 pub use containerd::Containerd;
 pub use controlplane::ControlPlane;
