@@ -768,7 +768,9 @@ async fn with_two_replicas_only_the_lease_holder_writes() {
 /// byte either way) while the standby's works. The leader stops writing before its Lease can
 /// expire (its `ipreclaim_leader` goes to 0 before the standby leads), the standby takes over
 /// and releases web-0 and db-0 (db-0's deletion was queued on the old leader: refused at its
-/// gate, never sent late), and after the partition heals no two replicas lead at once. Before,
+/// gate, never sent late; web-0's was seen by the standby while it did not lead: kept as a
+/// tombstone, not queued, and judged at takeover), and after the partition heals no two
+/// replicas lead at once. Before,
 /// a leader whose renewals failed was never told and kept leading.
 #[tokio::test]
 async fn a_leader_cut_off_from_the_apiserver_stops_writing_before_a_standby_takes_over() {
@@ -802,6 +804,23 @@ async fn a_leader_cut_off_from_the_apiserver_stops_writing_before_a_standby_take
     a.delete_pod("db-0").await;
     proxy.cut();
     let cut = std::time::Instant::now();
+    // Deleted while the standby does not lead: it keeps the tombstone, not a queue item (a
+    // standby's queue used to grow with every deletion, forever), and judges it at takeover.
+    a.delete_pod("web-0").await;
+    // The standby sets its queue gauge every 200 ms (its sweep loop, which sweeps only when
+    // it leads): five rounds.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let text = b.metrics_text().await;
+    assert_eq!(
+        metric_value(&text, "ipreclaim_leader"),
+        0.0,
+        "still the standby"
+    );
+    assert_eq!(
+        metric_value(&text, "ipreclaim_queue_depth"),
+        0.0,
+        "nothing queued on the standby"
+    );
     let demoted = async {
         a.wait_metric("ipreclaim_leader 0").await;
         cut.elapsed()
@@ -818,7 +837,6 @@ async fn a_leader_cut_off_from_the_apiserver_stops_writing_before_a_standby_take
         demoted < took_over,
         "the old leader stopped writing ({demoted:?}) before the standby led ({took_over:?})"
     );
-    a.delete_pod("web-0").await;
     b.wait_keys("192.0.2.0-24", &[]).await;
     // Healed, the old leader's watches resume (and kube-lease-manager may take the Lease back
     // for it): never two writers at once, sampled every 100 ms.

@@ -319,12 +319,19 @@ pub async fn run(
     budgets.set_gate(Arc::new(move || gate.open(Instant::now())));
     {
         let (mut leads, gauge) = (leader.clone(), metrics.leader.clone());
+        let (state, queue) = (state.clone(), queue.clone());
         tasks.push(tokio::spawn(async move {
             loop {
                 let now = *leads.borrow_and_update();
                 gauge.set(i64::from(now));
                 if now {
-                    tracing::info!("leading: this replica writes");
+                    // What was deleted while this replica did not lead: judged now, with the
+                    // same live re-check as any deletion.
+                    let podrefs = state.read().expect("state lock").tombstoned_podrefs();
+                    tracing::info!(deletions = podrefs.len(), "leading: this replica writes");
+                    for podref in podrefs {
+                        queue.add(podref);
+                    }
                 } else {
                     tracing::info!("not leading: this replica does not write");
                 }
@@ -349,6 +356,7 @@ pub async fn run(
             state.clone(),
             queue.clone(),
             metrics.clone(),
+            leader.clone(),
             tx,
         ))
     });

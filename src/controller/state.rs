@@ -336,6 +336,11 @@ impl State {
         Some(self.bury(podref, live, now))
     }
 
+    /// Podrefs with tombstones (what a replica that comes to lead queues).
+    pub fn tombstoned_podrefs(&self) -> Vec<String> {
+        self.tombstones.keys().cloned().collect()
+    }
+
     /// The deleted pods of `podref` not yet reclaimed.
     pub fn tombstones(&self, podref: &str) -> &[Tombstone] {
         self.tombstones

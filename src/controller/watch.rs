@@ -67,12 +67,16 @@ pub fn seen(p: &PodView) -> PodSeen<'_> {
     }
 }
 
-/// Watches pods and turns deletions (events, gaps, recreations) into tombstones on the queue.
+/// Watches pods and turns deletions (events, gaps, recreations) into tombstones, queued while
+/// this replica leads. A standby keeps only the tombstones (what a takeover needs: they are
+/// queued when it comes to lead, see `controller::run`), bounded by the allocations they
+/// still have and ten minutes of deletions.
 pub async fn pods(
     client: Client,
     state: Arc<RwLock<State>>,
     queue: Arc<WorkQueue<String>>,
     metrics: ControllerMetrics,
+    leader: watch::Receiver<bool>,
     synced: Synced,
 ) {
     let api = Api::<PodView>::all(client.clone());
@@ -86,8 +90,10 @@ pub async fn pods(
         for _ in 0..outcome.gap_deletions {
             metrics.watch_gap_deletions.inc();
         }
-        for podref in outcome.enqueue {
-            queue.add(podref);
+        if *leader.borrow() {
+            for podref in outcome.enqueue {
+                queue.add(podref);
+            }
         }
     })
     .await;
