@@ -116,13 +116,18 @@ macro_rules! resource_as {
 resource_as!(PodView, Pod);
 resource_as!(NodeReadyView, Node);
 
-/// A Node, stripped to its name and Ready condition.
+/// The taint an operator puts on a node it declares powered off (non-graceful node shutdown).
+pub const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
+
+/// A Node, stripped to its name, Ready condition and out-of-service taint.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct NodeReadyView {
     /// Name and resourceVersion only.
     pub metadata: ObjectMeta,
     /// Its `Ready` condition, if it has one yet.
     pub ready: Option<NodeCondition>,
+    /// Tainted `node.kubernetes.io/out-of-service` (any value or effect).
+    pub out_of_service: bool,
 }
 
 #[derive(Deserialize)]
@@ -130,7 +135,21 @@ struct NodeWire {
     #[serde(default)]
     metadata: WireMeta,
     #[serde(default)]
+    spec: NodeWireSpec,
+    #[serde(default)]
     status: NodeWireStatus,
+}
+
+#[derive(Deserialize, Default)]
+struct NodeWireSpec {
+    #[serde(default)]
+    taints: Vec<NodeWireTaint>,
+}
+
+#[derive(Deserialize, Default)]
+struct NodeWireTaint {
+    #[serde(default)]
+    key: String,
 }
 
 #[derive(Deserialize, Default)]
@@ -150,6 +169,7 @@ impl<'de> Deserialize<'de> for NodeReadyView {
                 ..Default::default()
             },
             ready: w.status.conditions.into_iter().find(|c| c.type_ == "Ready"),
+            out_of_service: w.spec.taints.iter().any(|t| t.key == OUT_OF_SERVICE_TAINT),
         })
     }
 }
@@ -224,9 +244,19 @@ mod tests {
             (ready.status.as_str(), ready.reason.as_deref()),
             ("Unknown", Some("NodeStatusUnknown"))
         );
+        assert!(!n.out_of_service);
         let bare: NodeReadyView =
             serde_json::from_value(json!({"metadata": {"name": "n2"}})).unwrap();
         assert_eq!(bare.ready, None);
+        let tainted: NodeReadyView = serde_json::from_value(json!({
+            "metadata": {"name": "n3"},
+            "spec": {"taints": [
+                {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"},
+                {"key": OUT_OF_SERVICE_TAINT, "value": "nodeshutdown", "effect": "NoExecute"}
+            ]}
+        }))
+        .unwrap();
+        assert!(tainted.out_of_service);
         assert_eq!(NodeReadyView::url_path(&(), None), "/api/v1/nodes");
     }
 }

@@ -97,6 +97,7 @@ pub fn readiness_of(
         status,
         reason,
         ready_seen,
+        out_of_service: node.out_of_service,
     }
 }
 

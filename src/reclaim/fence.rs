@@ -19,6 +19,8 @@ pub struct NodeReadiness {
     /// When this controller observed the node Ready (its own monotonic clock; `None` while
     /// not Ready). A restart observes it anew, so a restart never shortens the settle.
     pub ready_seen: Option<Instant>,
+    /// Tainted `node.kubernetes.io/out-of-service`: its operator declared it powered off.
+    pub out_of_service: bool,
 }
 
 impl NodeReadiness {
@@ -32,7 +34,8 @@ impl NodeReadiness {
 /// the sandbox (Ready) or is gone (a deleted Node is declared dead).
 pub fn distrust(node: Option<&NodeReadiness>) -> Option<String> {
     let node = node?;
-    if node.is_ready() {
+    // Ready, or declared powered off by its operator (nothing runs there any more).
+    if node.is_ready() || node.out_of_service {
         return None;
     }
     Some(match &node.reason {
@@ -59,6 +62,8 @@ pub enum Lift {
     NodeSettled,
     /// `--fence-timeout` passed.
     TimedOut,
+    /// The node is tainted `node.kubernetes.io/out-of-service`: declared powered off.
+    OutOfService,
     /// Fencing is turned off.
     FencingOff,
 }
@@ -70,6 +75,7 @@ impl Lift {
             Lift::NodeDeleted => "its Node was deleted",
             Lift::NodeSettled => "its node is Ready again and settled",
             Lift::TimedOut => "the fence timed out",
+            Lift::OutOfService => "its node is tainted out-of-service (declared powered off)",
             Lift::FencingOff => "fencing is turned off",
         }
     }
@@ -107,6 +113,9 @@ pub fn lift(
     let Some(node) = node else {
         return Some(Lift::NodeDeleted);
     };
+    if node.out_of_service {
+        return Some(Lift::OutOfService);
+    }
     let ready_seen = match node.ready_seen {
         Some(at) if node.is_ready() => at,
         _ => return None,
@@ -134,6 +143,7 @@ mod tests {
             status: status.into(),
             reason: (status != "True").then(|| "NodeStatusUnknown".into()),
             ready_seen,
+            out_of_service: false,
         }
     }
 
@@ -157,6 +167,7 @@ mod tests {
             status: "missing".into(),
             reason: None,
             ready_seen: None,
+            out_of_service: false,
         };
         assert_eq!(distrust(Some(&missing)).as_deref(), Some("Ready=missing"));
         assert_eq!(distrust(None), None, "a deleted Node is declared dead");
@@ -254,5 +265,19 @@ mod tests {
             lift(at(o, 100), Some(&node("Unknown", None)), now, &policy),
             None
         );
+    }
+
+    #[test]
+    fn a_node_declared_powered_off_lifts_its_fences_at_once_and_fences_nothing_new() {
+        let o = Instant::now();
+        let down = NodeReadiness {
+            out_of_service: true,
+            ..node("Unknown", None)
+        };
+        assert_eq!(
+            lift(at(o, 100), Some(&down), at(o, 101), &POLICY),
+            Some(Lift::OutOfService)
+        );
+        assert_eq!(distrust(Some(&down)), None);
     }
 }
