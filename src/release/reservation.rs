@@ -9,50 +9,20 @@
 //! look a moment after the delete puts the reservation back if an entry for the pod and address
 //! appeared in between (the allocation raced the check).
 
-use std::net::IpAddr;
 use std::time::Duration;
 
 use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 
 use super::budget::WriteKind;
+pub use super::types::{Deleted, ReservationDelete};
 use super::writer::Writer;
 use crate::api::{IPPool, OverlappingRangeIPReservation, OverlappingRangeIPReservationSpec};
 
 /// How long after a delete the second look is taken (the pool watch's usual lag, many times).
 pub const SECOND_LOOK_AFTER: Duration = Duration::from_secs(1);
 
-/// A reservation to delete, and what it must not belong to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReservationDelete {
-    /// Its name.
-    pub name: String,
-    /// Its uid when it was chosen.
-    pub uid: String,
-    /// The pod it names.
-    pub podref: String,
-    /// The address it reserves, when known (an orphan's is not computed back from its name).
-    pub ip: Option<IpAddr>,
-    /// The pool the address was released from, when known.
-    pub pool: Option<String>,
-}
-
 /// Who holds an address now: a pool entry's sandbox id and interface.
 type Holder = (String, Option<String>);
-
-/// What became of one reservation delete.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Deleted {
-    /// Deleted.
-    Deleted,
-    /// Kept: a live allocation holds the address for that pod.
-    Kept,
-    /// Left: gone already, or changed or replaced since it was chosen (not the one meant).
-    NotOurs,
-    /// Deleted, then put back: an allocation for the pod and address appeared meanwhile.
-    Restored,
-    /// The apiserver failed.
-    Failed,
-}
 
 impl Writer {
     /// A pool entry of `podref` holding `ip` now: from the index, else a fresh read of `pool`.

@@ -1,6 +1,7 @@
 //! What the release path's parts share: the allocation judged, the pod to name, the request
 //! and what became of it.
 
+use std::net::IpAddr;
 use std::time::Instant;
 
 use crate::ipam::PoolEntry;
@@ -135,4 +136,34 @@ impl ReleaseError {
             ReleaseError::NotLeader => "not_leader",
         }
     }
+}
+
+/// A reservation to delete, and what it must not belong to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReservationDelete {
+    /// Its name.
+    pub name: String,
+    /// Its uid when it was chosen.
+    pub uid: String,
+    /// The pod it names.
+    pub podref: String,
+    /// The address it reserves, when known (an orphan's is not computed back from its name).
+    pub ip: Option<IpAddr>,
+    /// The pool the address was released from, when known.
+    pub pool: Option<String>,
+}
+
+/// What became of one reservation delete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deleted {
+    /// Deleted.
+    Deleted,
+    /// Kept: a live allocation holds the address for that pod.
+    Kept,
+    /// Left: gone already, or changed or replaced since it was chosen (not the one meant).
+    NotOurs,
+    /// Deleted, then put back: an allocation for the pod and address appeared meanwhile.
+    Restored,
+    /// The apiserver failed.
+    Failed,
 }

@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::budget::{Budgets, WriteKind};
 use super::events::Events;
-use super::reservation::{Deleted, ReservationDelete};
+use super::types::{Deleted, ReservationDelete};
 use super::types::{EntryWrite, ReleaseError, ReleaseOutcome, ReleaseRequest};
 use crate::api::{IPFence, IPPool};
 use crate::ipam::fence::{
