@@ -149,6 +149,21 @@ proptest! {
     }
 
     #[test]
+    fn fence_records(spec in json_value(), since in text()) {
+        // An IPFence as anyone may write it: read leniently, its record parsed or refused,
+        // never a panic.
+        let fence = json!({"apiVersion": "ipreclaim.io/v1alpha1", "kind": "IPFence",
+            "metadata": {"name": "p-1", "namespace": "ns"}, "spec": spec});
+        let read: Lenient<ipreclaim::api::IPFence> = serde_json::from_value(fence).unwrap();
+        if let Some(f) = read.valid() {
+            let mut spec = f.spec.clone();
+            let _ = ipreclaim::ipam::fence::fence_record(&spec);
+            spec.since = since;
+            let _ = ipreclaim::ipam::fence::fence_record(&spec);
+        }
+    }
+
+    #[test]
     fn objects_read_one_by_one(object in json_value(), spec in json_value()) {
         // Whatever the apiserver sends for one object, reading it never fails the list.
         let pool = json!({"apiVersion": "whereabouts.cni.cncf.io/v1alpha1", "kind": "IPPool",
