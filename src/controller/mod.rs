@@ -131,7 +131,8 @@ pub struct ControllerArgs {
         default_value = "ipreclaim-controller"
     )]
     pub lease_name: String,
-    /// How long a Lease holds without renewal; a standby takes over after it.
+    /// How long a Lease holds without renewal; a standby takes over after it. The holder stops
+    /// writing two thirds of it after its last renewal.
     #[arg(long, env = "IPRECLAIM_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
     pub lease_duration: Duration,
     /// Namespace of the Lease (default: $POD_NAMESPACE, else the whereabouts namespace).
