@@ -1987,8 +1987,9 @@ async fn wait_fencing_refused(env: &Env, pool: &str, key: &str, refused: bool) {
 /// reported on the deleted pod, and the sweep never releases it; db-0 and x-0, deleted from a
 /// Ready node in the same pool meanwhile (in the same patch when the writer batches them), are
 /// released at once. Before, a refused patch failed its whole batch and, after the retries,
-/// the sweep released web-0 with its node still down. Once the refusal ends, the fence is
-/// written.
+/// the sweep released web-0 with its node still down. The node comes back before the refusal
+/// ends: the fence is still written (the deletion was seen while the node was down) and lifts
+/// after the settle.
 #[tokio::test]
 async fn a_fence_the_apiserver_refuses_holds_and_the_rest_of_the_pool_is_released() {
     use k8s_openapi::api::admissionregistration::v1::{
@@ -2014,7 +2015,7 @@ async fn a_fence_the_apiserver_refuses_holds_and_the_rest_of_the_pool_is_release
         .await;
     let db = env.pod("db-0", "macvlan", Some(&["192.0.2.11"])).await;
     let x = env.pod("x-0", "macvlan", Some(&["192.0.2.12"])).await;
-    env.start(&["--max-retries=1"]).await;
+    env.start(&["--max-retries=1", "--fence-settle=5s"]).await;
     // x-0's patch goes at once; web-0's and db-0's, within the pool's spacing, go together.
     env.delete_pod("x-0").await;
     env.delete_pod("web-0").await;
@@ -2056,7 +2057,9 @@ async fn a_fence_the_apiserver_refuses_holds_and_the_rest_of_the_pool_is_release
         ) >= 1.0,
         "the refusal is counted by its cause"
     );
-    // The refusal ends: the retried fence is written.
+    // The node is back before the refusal ends. The deletion was seen while it was down, so
+    // the retried fence is still written, and it lifts only after the settle.
+    env.set_ready(&down, "True").await;
     Api::<ValidatingAdmissionPolicyBinding>::all(env.client.clone())
         .delete(&policy, &DeleteParams::default())
         .await
@@ -2065,9 +2068,26 @@ async fn a_fence_the_apiserver_refuses_holds_and_the_rest_of_the_pool_is_release
         .delete(&policy, &DeleteParams::default())
         .await
         .unwrap();
+    testenv::poll::wait_for_within(
+        "web-0's fence written once the refusal ended (retries are up to 30 s apart)",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async {
+            env.entry_and_fence("192.0.2.0-24", "10").await.0
+                == Some(format!("{}/web-0:fenced", env.ns))
+        },
+    )
+    .await;
+    let fenced_at = std::time::Instant::now();
     let events = env.wait_events(FENCED).await;
     assert_eq!(events[0].1, web);
     env.assert_web_0_fenced_alone(&down).await;
+    env.wait_keys("192.0.2.0-24", &[]).await;
+    assert!(
+        fenced_at.elapsed() >= Duration::from_secs(4),
+        "released {:?} after the fence was written, settle 5s",
+        fenced_at.elapsed()
+    );
     env.stop().await;
     env.delete_node(&down).await;
 }

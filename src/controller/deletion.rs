@@ -13,7 +13,7 @@ use kube::api::Api;
 use tokio::sync::watch;
 
 use super::fence::{NodeView, record_for};
-use super::state::{Judged, PodRef, State};
+use super::state::{Judged, PodRef, State, Tombstone};
 use crate::api::slim::PodView;
 use crate::reclaim::{Decision, Reason, ReclaimConfig};
 use crate::release::{EntryWrite, ReleaseError, ReleaseOutcome, ReleaseRequest};
@@ -286,6 +286,17 @@ impl Worker {
     }
 }
 
+/// Why the deletion `t` is fenced: its node was not trusted when the deletion was seen, or is
+/// not now; never when its Node is gone or tainted out-of-service now (declared dead).
+fn fence_reason(t: &Tombstone, view: &NodeView) -> Option<String> {
+    let node = t.node.as_deref()?;
+    let now = view.node(node)?;
+    if now.out_of_service {
+        return None;
+    }
+    t.distrust.clone().or_else(|| view.distrust(Some(node)))
+}
+
 /// The fences a deletion calls for, whatever the cache holds now. The node of a deleted pod
 /// is known whenever its deletion was observed (a Delete event, a re-list's diff, a pod
 /// replaced under its name), and the fence follows from that node: a release of a pod deleted
@@ -304,9 +315,11 @@ pub(crate) fn plan_fences(
         if r.reason != Reason::PodDeleted || r.judged.pod.uid.is_empty() {
             continue;
         }
-        let node = st.deleted_pod_node(podref, &r.judged.pod.uid);
-        if let Some(why) = view.distrust(node.as_deref()) {
-            let node = node.as_deref().unwrap_or_default().to_owned();
+        let Some(t) = st.deleted_pod(podref, &r.judged.pod.uid) else {
+            continue;
+        };
+        if let Some(why) = fence_reason(t, view) {
+            let node = t.node.as_deref().unwrap_or_default().to_owned();
             r.write = EntryWrite::Fence(record_for(&r.judged, node, why));
         }
     }
@@ -316,7 +329,7 @@ pub(crate) fn plan_fences(
             .is_some_and(|n| n.iter().any(|a| a.ips.contains(&ip)))
     };
     for t in st.tombstones(podref) {
-        let Some(why) = view.distrust(t.node.as_deref()) else {
+        let Some(why) = fence_reason(t, view) else {
             continue;
         };
         if t.uid.is_empty() {
@@ -484,6 +497,28 @@ mod tests {
         assert_eq!(
             plan(&replaced(Some("192.0.2.20")), &view("Unknown")),
             [("10".to_string(), "old-uid".to_string(), true)]
+        );
+    }
+
+    #[test]
+    fn a_deletion_seen_while_its_node_was_down_is_fenced_even_if_the_node_is_back_when_judged() {
+        let mut st = replaced(Some("192.0.2.20"));
+        let down = view("Unknown");
+        st.judge_deleted_nodes(WEB, |node| down.distrust(node));
+        // Judged later: the node is Ready again (its settle has not passed).
+        assert_eq!(
+            plan(&st, &view("True")),
+            [("10".to_string(), "old-uid".to_string(), true)]
+        );
+        // Declared dead since: released, not fenced.
+        let mut gone = view("Unknown");
+        let mut tainted = NodeReadyView::default();
+        tainted.metadata.name = Some("node-a".into());
+        tainted.out_of_service = true;
+        gone.apply(Event::Apply(tainted), Instant::now());
+        assert_eq!(
+            plan(&st, &gone),
+            [("10".to_string(), "old-uid".to_string(), false)]
         );
     }
 

@@ -343,6 +343,9 @@ pub async fn run(
         }));
     }
 
+    let nodes = args
+        .fence_unready_nodes
+        .then(|| Arc::new(RwLock::new(fence::NodeView::default())));
     // Watches, each reporting its first full list.
     let mut synced = Vec::new();
     let mut watch_task = |f: &dyn Fn(tokio_watch::Sender<bool>) -> tokio::task::JoinHandle<()>| {
@@ -358,6 +361,7 @@ pub async fn run(
             queue.clone(),
             metrics.clone(),
             leader.clone(),
+            nodes.clone(),
             tx,
         ))
     });
@@ -372,9 +376,6 @@ pub async fn run(
     });
     watch_task(&|tx| tokio::spawn(watch::nads(client.clone(), state.clone(), tx)));
     watch_task(&|tx| tokio::spawn(watch::fences(client.clone(), ns.clone(), state.clone(), tx)));
-    let nodes = args
-        .fence_unready_nodes
-        .then(|| Arc::new(RwLock::new(fence::NodeView::default())));
     if let Some(view) = &nodes {
         watch_task(&|tx| tokio::spawn(fence::nodes(client.clone(), view.clone(), tx)));
     }

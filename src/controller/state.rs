@@ -67,6 +67,11 @@ pub struct Tombstone {
     /// The allocations of its podref when the deletion was seen (no other pod of that name
     /// existed then): a fence follows them whatever the cache holds later.
     pub held: Vec<HeldEntry>,
+    /// Why its node was not trusted when the deletion was seen (`None`: trusted, or fencing
+    /// off): the fence follows from that, even if the node is Ready by the time it is judged.
+    pub distrust: Option<String>,
+    /// `distrust` was set (it is set once, as the deletion is seen).
+    pub node_judged: bool,
 }
 
 /// An allocation as it was: pool, key and sandbox id.
@@ -293,6 +298,8 @@ impl State {
             seen_at: now,
             node: old.node,
             held: self.held_by(podref),
+            distrust: None,
+            node_judged: false,
         };
         self.tombstones
             .entry(podref.to_owned())
@@ -321,6 +328,8 @@ impl State {
             seen_at: now,
             node,
             held: self.held_by(podref),
+            distrust: None,
+            node_judged: false,
         };
         self.tombstones
             .entry(podref.to_owned())
@@ -334,6 +343,29 @@ impl State {
         let live = self.live.get(podref).filter(|l| l.uid == uid)?.clone();
         self.live.remove(podref);
         Some(self.bury(podref, live, now))
+    }
+
+    /// Records, on the tombstones of `podref` just made, why their node was not trusted then.
+    pub fn judge_deleted_nodes(
+        &mut self,
+        podref: &str,
+        distrust: impl Fn(Option<&str>) -> Option<String>,
+    ) {
+        for t in self.tombstones.get_mut(podref).into_iter().flatten() {
+            if !t.node_judged {
+                t.distrust = distrust(t.node.as_deref());
+                t.node_judged = true;
+            }
+        }
+    }
+
+    /// The tombstone of the deleted pod `uid` of `podref`.
+    pub fn deleted_pod(&self, podref: &str, uid: &str) -> Option<&Tombstone> {
+        self.tombstones
+            .get(podref)?
+            .iter()
+            .rev()
+            .find(|t| t.uid == uid)
     }
 
     /// Podrefs with tombstones (what a replica that comes to lead queues).

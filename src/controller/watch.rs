@@ -77,6 +77,7 @@ pub async fn pods(
     queue: Arc<WorkQueue<String>>,
     metrics: ControllerMetrics,
     leader: watch::Receiver<bool>,
+    nodes: Option<Arc<RwLock<super::fence::NodeView>>>,
     synced: Synced,
 ) {
     let api = Api::<PodView>::all(client.clone());
@@ -86,6 +87,13 @@ pub async fn pods(
     drive("pods", stream, synced, |event| {
         let mut st = state.write().expect("state lock");
         let outcome = relists.apply(&mut st, event, Instant::now());
+        // The node of each deletion is judged as it is seen: the fence follows from it.
+        if let Some(view) = &nodes {
+            let view = view.read().expect("node view lock");
+            for podref in &outcome.enqueue {
+                st.judge_deleted_nodes(podref, |node| view.distrust(node));
+            }
+        }
         drop(st);
         for _ in 0..outcome.gap_deletions {
             metrics.watch_gap_deletions.inc();
