@@ -8,6 +8,12 @@
 //! replica that comes to hold the Lease writes only after it has read itself the holder for
 //! [`ACQUIRE_SETTLE`]: a replica that held it before (the Lease can change hands while the
 //! old holder is reachable) has read the new holder by then and closed its gate.
+//!
+//! The bound's limits: a standby judges the Lease expired on its own wall clock (that is how
+//! kube-lease-manager, like client-go, works), so replicas whose clocks differ by more than a
+//! third of the Lease duration could overlap; and a write already sent when the gate closes
+//! may still arrive. The pool patches' `test`s and the deletes' preconditions bound what
+//! such a write can do.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

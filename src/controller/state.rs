@@ -27,6 +27,9 @@ pub use crate::release::{Judged, PodRef};
 
 mod fences;
 
+/// Tombstones kept per podref at most (the newest).
+pub const TOMBSTONES_PER_PODREF: usize = 16;
+
 /// A live pod, stripped.
 #[derive(Debug, Clone)]
 pub struct LiveInfo {
@@ -515,11 +518,15 @@ impl State {
         });
     }
 
-    /// Forgets tombstones older than `before` whose podref has no allocation left.
+    /// Forgets tombstones older than `before` whose podref has no allocation left, and all but
+    /// the newest [`TOMBSTONES_PER_PODREF`] of a podref (a StatefulSet pod restarted again and
+    /// again keeps allocations under its name, so age alone would keep them all).
     pub fn expire_tombstones(&mut self, before: Instant) {
         let by_podref = &self.by_podref;
         self.tombstones.retain(|podref, ts| {
             ts.retain(|t| t.seen_at >= before || by_podref.contains_key(podref));
+            let extra = ts.len().saturating_sub(TOMBSTONES_PER_PODREF);
+            ts.drain(..extra);
             !ts.is_empty()
         });
         // Names no pod refers to any more (nodes replaced by autoscaling).
@@ -605,13 +612,13 @@ impl State {
     /// Marks an entry fenced after the fence was written, with its record's object (the
     /// watches will confirm).
     pub fn fence_entry(&mut self, pool: &str, key: &str, object: FenceObject) {
-        let Some(mut entry) = self.entry(pool, key).cloned() else {
-            return;
-        };
-        self.forget_entry(pool, key);
-        entry.podref = fenced_podref(&object.record.podref);
-        if let Some(p) = self.pools.get_mut(pool) {
-            p.marked.insert(key.to_owned(), entry);
+        // Already marked (a late answer): only the record is news.
+        if let Some(mut entry) = self.entry(pool, key).cloned() {
+            self.forget_entry(pool, key);
+            entry.podref = fenced_podref(&object.record.podref);
+            if let Some(p) = self.pools.get_mut(pool) {
+                p.marked.insert(key.to_owned(), entry);
+            }
         }
         self.fence_objects
             .insert((pool.to_owned(), key.to_owned()), object);
@@ -1213,6 +1220,24 @@ mod tests {
             sandbox: sandbox.into(),
             record: record(podref),
         }
+    }
+
+    #[test]
+    fn a_podref_keeps_only_its_newest_tombstones_while_it_holds_allocations() {
+        let mut st = State::default();
+        st.upsert_pool(&pool_with(&[("5", "sb", "ns/web-0")]));
+        let t0 = Instant::now();
+        for i in 0..(TOMBSTONES_PER_PODREF + 4) {
+            st.delete_pod("ns/web-0", &format!("uid-{i}"), PodSeen::default(), t0);
+        }
+        st.expire_tombstones(t0);
+        let kept: Vec<&str> = st
+            .tombstones("ns/web-0")
+            .iter()
+            .map(|t| t.uid.as_str())
+            .collect();
+        assert_eq!(kept.len(), TOMBSTONES_PER_PODREF);
+        assert_eq!(kept[0], "uid-4", "the oldest go");
     }
 
     #[test]

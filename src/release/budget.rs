@@ -108,6 +108,11 @@ impl Budgets {
         }))
     }
 
+    /// Whether writes may go now (the gate, if any).
+    pub fn open(&self) -> bool {
+        self.0.gate.get().is_none_or(|open| open())
+    }
+
     /// Sets the gate every write passes right before it goes (once).
     pub fn set_gate(&self, gate: Gate) {
         let _ = self.0.gate.set(gate);

@@ -18,8 +18,8 @@ pub use super::types::{Deleted, ReservationDelete};
 use super::writer::Writer;
 use crate::api::{IPPool, OverlappingRangeIPReservation, OverlappingRangeIPReservationSpec};
 
-/// How long after a delete the second look is taken (the pool watch's usual lag, many times).
-pub const SECOND_LOOK_AFTER: Duration = Duration::from_secs(1);
+/// When, after a delete, it is looked at again (each wait after the one before).
+pub const SECOND_LOOKS: [Duration; 2] = [Duration::from_secs(1), Duration::from_secs(4)];
 
 /// Who holds an address now: a pool entry's sandbox id and interface.
 type Holder = (String, Option<String>);
@@ -27,6 +27,15 @@ type Holder = (String, Option<String>);
 impl Writer {
     /// A pool entry of `podref` holding `ip` now: from the index, else a fresh read of `pool`.
     async fn holder(&self, d: &ReservationDelete) -> Result<Option<Holder>, kube::Error> {
+        self.holder_from(d, self.index.is_some()).await
+    }
+
+    /// The same, from the index when `indexed`, else from a fresh read of the pool.
+    async fn holder_from(
+        &self,
+        d: &ReservationDelete,
+        indexed: bool,
+    ) -> Result<Option<Holder>, kube::Error> {
         let Some(ip) = d.ip else {
             // An orphan: kept while its pod holds any allocation.
             let any = self
@@ -35,7 +44,7 @@ impl Writer {
                 .is_some_and(|i| i.has_allocations(&d.podref));
             return Ok(any.then(|| (String::new(), None)));
         };
-        if let Some(index) = &self.index {
+        if let Some(index) = self.index.as_ref().filter(|_| indexed) {
             return Ok(index.holder(&d.podref, ip));
         }
         let Some(pool) = &d.pool else {
@@ -85,6 +94,10 @@ impl Writer {
                         }),
                         ..DeleteParams::default()
                     };
+                    // The checks took a moment: the gate again, right before the delete.
+                    if !self.budgets.open() {
+                        return Err(super::budget::not_leader());
+                    }
                     self.metrics.write("delete");
                     match api.delete(&d.name, &params).await {
                         Ok(_) => Ok(Deleted::Deleted),
@@ -112,22 +125,30 @@ impl Writer {
         }
     }
 
-    /// The look a moment after a delete (spawned: it holds no delete slot while it waits).
+    /// The looks a moment after a delete (spawned: they hold no delete slot while they wait):
+    /// a fresh read of the pool where it is known (the index may lag the allocation that
+    /// raced the delete), twice, a second and five seconds after.
     pub(crate) async fn second_look(&self, d: ReservationDelete) -> Deleted {
         if d.ip.is_none() {
             return Deleted::Deleted;
         }
-        tokio::time::sleep(SECOND_LOOK_AFTER).await;
         let api: Api<OverlappingRangeIPReservation> =
             Api::namespaced(self.client.clone(), &self.namespace);
-        match self.holder(&d).await {
-            Ok(Some((id, ifname))) => self.restore(&api, &d, id, ifname).await,
-            Ok(None) => Deleted::Deleted,
-            Err(e) => {
-                tracing::warn!(reservation = %d.name, error = %e, "could not take the second look after deleting a reservation");
-                Deleted::Deleted
+        for wait in SECOND_LOOKS {
+            tokio::time::sleep(wait).await;
+            // The pool read when the pool is known, else the index.
+            let holder = match self.holder_from(&d, d.pool.is_none()).await {
+                Ok(h) => h,
+                Err(e) => {
+                    tracing::warn!(reservation = %d.name, error = %e, "could not look again after deleting a reservation; looking from the index");
+                    self.holder_from(&d, true).await.ok().flatten()
+                }
+            };
+            if let Some((id, ifname)) = holder {
+                return self.restore(&api, &d, id, ifname).await;
             }
         }
+        Deleted::Deleted
     }
 
     /// Puts a deleted reservation back for the allocation that now holds its address.
@@ -156,6 +177,15 @@ impl Writer {
             })
             .await;
         match created {
+            // Already back (someone put it back first): fine when it names this pod.
+            Err(kube::Error::Api(s)) if s.code == 409 => match api.get_opt(&d.name).await {
+                Ok(Some(r)) if r.spec.podref == d.podref => Deleted::Restored,
+                _ => {
+                    tracing::error!(reservation = %d.name, podref = %d.podref, "an allocation for the pod and address appeared while its reservation was deleted, and another pod's reservation now holds the address");
+                    self.metrics.failed("reservation");
+                    Deleted::Failed
+                }
+            },
             Ok(_) => {
                 tracing::warn!(reservation = %d.name, podref = %d.podref, "an allocation for the pod and address appeared while its reservation was deleted; reservation put back");
                 self.metrics.reservations_restored.inc();

@@ -50,6 +50,17 @@ const RESERVATION_DELETERS: usize = 16;
 type Outcome = Result<ReleaseOutcome, ReleaseError>;
 type Reply = oneshot::Sender<Outcome>;
 
+/// A fence record as a fence's write found or made it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FenceObjectWritten {
+    /// Its name.
+    pub name: String,
+    /// Its uid.
+    pub uid: String,
+    /// This write created it (else it was there: a retry, or another writer's).
+    pub created: bool,
+}
+
 /// An object to delete after the pool entries it belongs to, with its uid as precondition.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ObjectDelete {
@@ -390,13 +401,16 @@ impl Writer {
             let mut outcome = outcome.unwrap_or(Err(ReleaseError::Stopped));
             match (&outcome, &records[i]) {
                 (Ok(ReleaseOutcome::Released), Some(Ok(object))) => {
-                    self.record_fence(req, object.clone());
+                    self.record_fence(req, (object.name.clone(), object.uid.clone()));
                     outcome = Ok(ReleaseOutcome::Fenced);
                 }
                 (Ok(ReleaseOutcome::Released), _) => after.extend(self.record_release(req)),
-                // The entry went or changed before its fence: its new record is left over.
-                (Ok(ReleaseOutcome::AlreadyGone | ReleaseOutcome::Changed), Some(Ok((n, u)))) => {
-                    after.push(ObjectDelete::Fence(n.clone(), u.clone()))
+                // The entry went or changed before its fence: the record this write created is
+                // left over (one it found is another writer's, and the left-over check judges it).
+                (Ok(ReleaseOutcome::AlreadyGone | ReleaseOutcome::Changed), Some(Ok(o)))
+                    if o.created =>
+                {
+                    after.push(ObjectDelete::Fence(o.name.clone(), o.uid.clone()))
                 }
                 (Err(e), _) => self.metrics.failed(e.cause()),
                 _ => {}
@@ -406,7 +420,10 @@ impl Writer {
         for (answer, reply) in replies {
             let outcome = match answer {
                 Answer::By(i) => answers[i].clone(),
-                Answer::Other => Ok(ReleaseOutcome::Changed),
+                // Not written now: its owner tries again (a fence is never dropped this way).
+                Answer::Other => Err(ReleaseError::Conflict {
+                    pool: pool.to_owned(),
+                }),
             };
             let _ = reply.send(outcome);
         }
@@ -419,7 +436,7 @@ impl Writer {
         &self,
         pool: &str,
         reqs: &[ReleaseRequest],
-    ) -> Vec<Option<Result<(String, String), ReleaseError>>> {
+    ) -> Vec<Option<Result<FenceObjectWritten, ReleaseError>>> {
         let mut writes = Vec::with_capacity(reqs.len());
         for r in reqs {
             writes.push(self.fence_record_of(pool, r));
@@ -434,7 +451,7 @@ impl Writer {
         &self,
         pool: &str,
         req: &ReleaseRequest,
-    ) -> Option<Result<(String, String), ReleaseError>> {
+    ) -> Option<Result<FenceObjectWritten, ReleaseError>> {
         let EntryWrite::Fence(record) = &req.write else {
             return None;
         };
@@ -449,7 +466,7 @@ impl Writer {
         pool: &str,
         req: &ReleaseRequest,
         record: &FenceRecord,
-    ) -> Result<(String, String), ReleaseError> {
+    ) -> Result<FenceObjectWritten, ReleaseError> {
         let e = &req.judged.entry;
         let name = fence_object_name(pool, &e.key);
         let spec = fence_spec(pool, &e.key, e.ip, &e.id, record);
@@ -473,7 +490,13 @@ impl Writer {
                 })
                 .await;
             let existing = match created {
-                Ok(o) => return Ok((name.clone(), o.metadata.uid.unwrap_or_default())),
+                Ok(o) => {
+                    return Ok(FenceObjectWritten {
+                        name: name.clone(),
+                        uid: o.metadata.uid.unwrap_or_default(),
+                        created: true,
+                    });
+                }
                 Err(kube::Error::Api(s)) if s.code == 409 => self
                     .budgets
                     .send(WriteKind::Reservation, || api.get_opt(&name))
@@ -492,7 +515,11 @@ impl Writer {
             ) == (&spec.pool, &spec.key, &spec.sandbox)
                 && existing.spec.podref == spec.podref;
             if same {
-                return Ok((name.clone(), uid));
+                return Ok(FenceObjectWritten {
+                    name: name.clone(),
+                    uid,
+                    created: false,
+                });
             }
             // Left over from an earlier fence of this address (its entry is another sandbox's
             // now): replace it.
@@ -575,6 +602,11 @@ impl Writer {
                 match allocations.get(&e.key) {
                     None => outcomes[i] = Some(Ok(ReleaseOutcome::AlreadyGone)),
                     Some(a) if a.id == e.id && a.podref == e.podref => still.push(i),
+                    // Fenced already (a first patch that answered late, or another writer
+                    // completing the same fence): written.
+                    Some(a) if a.id == e.id && fenced_as(&reqs[i].write, &a.podref) => {
+                        outcomes[i] = Some(Ok(ReleaseOutcome::Released))
+                    }
                     Some(_) => outcomes[i] = Some(Ok(ReleaseOutcome::Changed)),
                 }
             }
@@ -711,6 +743,11 @@ impl Writer {
             }
         }
     }
+}
+
+/// Whether `podref` is what `write`, a fence, makes of its entry.
+fn fenced_as(write: &EntryWrite, podref: &str) -> bool {
+    matches!(write, EntryWrite::Fence(r) if podref == fenced_podref(&r.podref))
 }
 
 fn api_error(pool: &str, e: &kube::Error) -> ReleaseError {
@@ -985,6 +1022,15 @@ mod tests {
             answers,
             [Answer::By(1), Answer::By(1), Answer::Other, Answer::By(0)]
         );
+    }
+
+    #[test]
+    fn an_entry_already_marked_for_the_fence_counts_as_fenced_on_a_re_read() {
+        let fence = EntryWrite::Fence(record());
+        assert!(fenced_as(&fence, "ns/web-0:fenced"));
+        assert!(!fenced_as(&fence, "ns/web-0"));
+        assert!(!fenced_as(&fence, "ns/db-0:fenced"));
+        assert!(!fenced_as(&EntryWrite::Remove, "ns/web-0:fenced"));
     }
 
     #[test]
