@@ -4,10 +4,10 @@
 //! budgets and 429 pauses make that window long) would lose its reservation, and a pool with an
 //! overlapping range could hand the address out again. So each delete is checked at the moment
 //! it goes out: no pool entry may hold the address for that podref (the controller's index; a
-//! fresh read of the pool where there is no index), the reservation read fresh must still be
-//! the one meant, and the delete carries its uid and resourceVersion as preconditions. A second
-//! look a moment after the delete puts the reservation back if an entry for the pod and address
-//! appeared in between (the allocation raced the check).
+//! fresh read of the pool where there is no index), and the delete carries the uid it was
+//! chosen with as precondition. Two looks after the delete (fresh pool reads) put the
+//! reservation back if an entry for the pod and address appeared in between (the allocation
+//! raced the check).
 
 use std::time::Duration;
 
@@ -79,18 +79,12 @@ impl Writer {
                     if self.holder(&d).await?.is_some() {
                         return Ok(Deleted::Kept);
                     }
-                    let Some(fresh) = api.get_opt(&d.name).await? else {
-                        return Ok(Deleted::NotOurs);
-                    };
-                    if fresh.metadata.uid.as_deref() != Some(d.uid.as_str())
-                        || fresh.spec.podref != d.podref
-                    {
-                        return Ok(Deleted::NotOurs);
-                    }
+                    // uid as precondition: a reservation replaced since (another pod's) is not
+                    // touched; whereabouts never updates one in place.
                     let params = DeleteParams {
                         preconditions: Some(Preconditions {
                             uid: Some(d.uid.clone()),
-                            resource_version: fresh.metadata.resource_version.clone(),
+                            resource_version: None,
                         }),
                         ..DeleteParams::default()
                     };
@@ -101,7 +95,7 @@ impl Writer {
                     self.metrics.write("delete");
                     match api.delete(&d.name, &params).await {
                         Ok(_) => Ok(Deleted::Deleted),
-                        // Gone already, or changed or replaced (uid or resourceVersion).
+                        // Gone already, or replaced (its uid changed).
                         Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {
                             Ok(Deleted::NotOurs)
                         }
