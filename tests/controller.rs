@@ -57,6 +57,19 @@ impl Env {
         env
     }
 
+    /// An environment on a control plane of its own (started here; it stops when the returned
+    /// handle is dropped), with the CRDs and a namespace.
+    async fn private(prefix: &str) -> (ControlPlane, Env) {
+        let cp = tokio::task::spawn_blocking(ControlPlane::start)
+            .await
+            .unwrap()
+            .expect("private control plane");
+        let client = cp.client().await;
+        cp.install_crds(&client).await.expect("install crds/");
+        let ns = cp.namespace(&client, prefix).await;
+        (cp, Env::with(client, ns))
+    }
+
     /// An environment on an existing namespace (a second replica, or a private control plane).
     fn with(client: Client, ns: String) -> Env {
         Env {
@@ -859,14 +872,8 @@ async fn a_leader_cut_off_from_the_apiserver_stops_writing_before_a_standby_take
 async fn web_0_deleted_while_the_watched_apiserver_is_down(
     prefix: &str,
 ) -> (ControlPlane, Env, testenv::controlplane::SecondApiServer) {
-    let cp = tokio::task::spawn_blocking(ControlPlane::start)
-        .await
-        .unwrap()
-        .expect("private control plane");
-    let client = cp.client().await;
-    cp.install_crds(&client).await.expect("install crds/");
-    let ns = cp.namespace(&client, prefix).await;
-    let mut env = Env::with(client, ns.clone());
+    let (cp, mut env) = Env::private(prefix).await;
+    let ns = env.ns.clone();
     env.nad("macvlan", "192.0.2.0/24").await;
     env.pool(
         "192.0.2.0-24",
@@ -1726,14 +1733,8 @@ async fn a_zone_outage_fences_thousands_in_one_pool_and_frees_them_when_the_zone
     const ZONE_NODES: usize = 20;
     const ZONE_PODS: usize = 2000;
     const READY_PODS: usize = 200;
-    let cp = tokio::task::spawn_blocking(ControlPlane::start)
-        .await
-        .unwrap()
-        .expect("private control plane");
-    let client = cp.client().await;
-    cp.install_crds(&client).await.expect("install crds/");
-    let ns = cp.namespace(&client, "ctl-zone").await;
-    let mut env = Env::with(client, ns.clone());
+    let (_cp, mut env) = Env::private("ctl-zone").await;
+    let ns = env.ns.clone();
     let mut zone = Vec::new();
     for i in 0..ZONE_NODES {
         let node = format!("{ns}-zone-{i}");
@@ -2099,14 +2100,8 @@ async fn a_fence_the_apiserver_refuses_holds_and_the_rest_of_the_pool_is_release
 /// entry (its allocation may race the annotation); the deleted pod's node still decides: fenced.
 #[tokio::test]
 async fn a_replacement_known_before_the_deletion_is_judged_still_gets_the_old_address_fenced() {
-    let cp = tokio::task::spawn_blocking(ControlPlane::start)
-        .await
-        .unwrap()
-        .expect("private control plane");
-    let client = cp.client().await;
-    cp.install_crds(&client).await.expect("install crds/");
-    let ns = cp.namespace(&client, "ctl-fence-replaced").await;
-    let mut env = Env::with(client, ns.clone());
+    let (cp, mut env) = Env::private("ctl-fence-replaced").await;
+    let ns = env.ns.clone();
     let down = env.fence_node("Unknown").await;
     env.nad("macvlan", "192.0.2.0/24").await;
     env.pool("192.0.2.0-24", "192.0.2.0/24", &[(10, "sb-web-0", "web-0")])
