@@ -196,3 +196,73 @@ async fn crds_install_and_an_ippool_is_created() {
     let got = pools.get("198.18.0.0-24").await.unwrap();
     assert_eq!(got.spec, pool.spec);
 }
+
+/// The chaos suite's fault proxy does what its rules say, against the real apiserver: it
+/// forwards, refuses with the chosen status, holds until released, and cuts watch streams.
+#[tokio::test]
+async fn the_fault_proxy_forwards_refuses_holds_and_cuts_watches() {
+    use testenv::faultproxy::{Action, FaultProxy, Rule};
+    let cp = ControlPlane::shared();
+    let admin = cp.client().await;
+    let ns = cp.namespace(&admin, "faults").await;
+    let proxy = FaultProxy::start(admin.clone(), 7).await.unwrap();
+    let client = cp.client_through_faults(&proxy).await;
+    let maps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client, &ns);
+    let mut cm = k8s_openapi::api::core::v1::ConfigMap::default();
+    cm.metadata.name = Some("a".into());
+    maps.create(&PostParams::default(), &cm).await.unwrap();
+
+    proxy.set_rules(vec![Rule::new(
+        Some("get"),
+        Some("configmaps"),
+        Action::Status(422),
+    )]);
+    match maps.get("a").await {
+        Err(kube::Error::Api(s)) => assert_eq!(s.code, 422, "{s:?}"),
+        other => panic!("expected the injected 422, got {other:?}"),
+    }
+    proxy.set_rules(vec![Rule::new(Some("get"), None, Action::Hold)]);
+    let held = tokio::spawn({
+        let maps = maps.clone();
+        async move { maps.get("a").await }
+    });
+    // Held: not answered while the rule holds (bounded wait, then release).
+    let early = tokio::time::timeout(Duration::from_millis(500), async {
+        while !held.is_finished() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(early.is_err(), "a held request was answered before release");
+    proxy.release_held();
+    held.await
+        .unwrap()
+        .expect("a released request is forwarded");
+    proxy.clear();
+
+    let mut events = maps
+        .watch(&kube::api::WatchParams::default(), "0")
+        .await
+        .unwrap()
+        .boxed();
+    proxy.cut_watches();
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(e) = events.next().await {
+            if e.is_err() {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "a cut watch stream did not end");
+    let counts = proxy.injected();
+    assert_eq!(counts.get("422 get configmaps"), Some(&1), "{counts:?}");
+    assert_eq!(counts.get("hold get configmaps"), Some(&1), "{counts:?}");
+    assert!(
+        proxy
+            .writes()
+            .iter()
+            .any(|w| w.verb == "create" && w.resource == "configmaps"),
+        "the create was logged as a write"
+    );
+}

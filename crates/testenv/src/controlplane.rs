@@ -382,6 +382,27 @@ impl ControlPlane {
             .expect("admin client through the proxy")
     }
 
+    /// An admin client that goes through the fault proxy `proxy` (plain HTTP to it).
+    pub async fn client_through_faults(&self, proxy: &crate::faultproxy::FaultProxy) -> Client {
+        self.client_for(&proxy.url(), &self.admin_token)
+            .await
+            .expect("admin client through the fault proxy")
+    }
+
+    /// A kubeconfig with admin credentials whose server is the fault proxy `proxy`, context
+    /// namespace `namespace` (for a controller process run through it).
+    pub fn write_kubeconfig_through_faults(
+        &self,
+        proxy: &crate::faultproxy::FaultProxy,
+        namespace: &str,
+        path: &Path,
+    ) -> Result<()> {
+        let yaml = self
+            .kubeconfig_yaml_for(&proxy.url(), &self.admin_token)
+            .replace("namespace: default", &format!("namespace: {namespace}"));
+        write_file(path, yaml)
+    }
+
     /// The apiserver's address (for a proxy in front of it).
     pub fn apiserver_addr(&self) -> std::net::SocketAddr {
         let authority = self.server.trim_start_matches("https://");

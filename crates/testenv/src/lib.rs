@@ -13,6 +13,7 @@ pub mod containerd;
 pub mod controlplane;
 pub mod docs;
 pub mod events;
+pub mod faultproxy;
 pub mod fixtures;
 pub mod helm;
 pub mod host;

@@ -1,0 +1,458 @@
+//! An HTTP fault proxy on 127.0.0.1 between one client (a controller replica) and the
+//! apiserver, for the chaos suite. The client speaks plain HTTP to it; it forwards each request
+//! with an admin client of its own over TLS. Rules chosen per verb and resource delay, hold or
+//! refuse requests (409/422/429 with Retry-After/5xx) and delay watch events; watch streams can
+//! be cut, and the whole replica partitioned (every request and open stream stops until healed).
+//! Every request and every injected fault is counted, and every write forwarded is logged with
+//! its time so a test can tell which replica wrote when.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, StreamBody, combinators::UnsyncBoxBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::rt::TokioIo;
+use kube::Client;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+type ProxyBody = UnsyncBoxBody<Bytes, std::io::Error>;
+
+/// What a matching rule does to a request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Forward after this long.
+    Delay(Duration),
+    /// Hold until [`FaultProxy::release_held`] (or the rule is cleared), then forward.
+    Hold,
+    /// Answer with this status without forwarding (429 carries `Retry-After`).
+    Status(u16),
+    /// Forward, and deliver each chunk of the answer (watch events) this much later.
+    DelayEvents(Duration),
+}
+
+/// A rule: requests whose verb and resource match (None matches all) get `action` with
+/// probability `chance`.
+#[derive(Debug, Clone)]
+pub struct Rule {
+    pub verb: Option<&'static str>,
+    pub resource: Option<&'static str>,
+    pub action: Action,
+    pub chance: f64,
+}
+
+impl Rule {
+    pub fn new(verb: Option<&'static str>, resource: Option<&'static str>, action: Action) -> Rule {
+        Rule {
+            verb,
+            resource,
+            action,
+            chance: 1.0,
+        }
+    }
+
+    pub fn sometimes(mut self, chance: f64) -> Rule {
+        self.chance = chance;
+        self
+    }
+
+    fn matches(&self, verb: &str, resource: &str) -> bool {
+        self.verb.is_none_or(|v| v == verb) && self.resource.is_none_or(|r| r == resource)
+    }
+}
+
+/// A write forwarded to the apiserver: when it left and what it was.
+#[derive(Debug, Clone)]
+pub struct Write {
+    pub at: Instant,
+    pub verb: String,
+    pub resource: String,
+}
+
+struct State {
+    rules: Vec<Rule>,
+    rng: StdRng,
+    /// Requests seen, by "verb resource".
+    requests: BTreeMap<String, u64>,
+    /// Faults injected, by "action verb resource".
+    injected: BTreeMap<String, u64>,
+    writes: Vec<Write>,
+}
+
+/// A running fault proxy; it stops when dropped.
+pub struct FaultProxy {
+    addr: SocketAddr,
+    state: Arc<Mutex<State>>,
+    /// False while partitioned.
+    open: watch::Sender<bool>,
+    /// Bumped to end every open watch stream.
+    watch_cuts: watch::Sender<u64>,
+    /// Bumped to let held requests go.
+    releases: watch::Sender<u64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FaultProxy {
+    /// Starts a proxy that forwards with `upstream` (an admin client of the apiserver).
+    pub async fn start(upstream: Client, seed: u64) -> Result<FaultProxy> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let state = Arc::new(Mutex::new(State {
+            rules: Vec::new(),
+            rng: StdRng::seed_from_u64(seed),
+            requests: BTreeMap::new(),
+            injected: BTreeMap::new(),
+            writes: Vec::new(),
+        }));
+        let (open, _) = watch::channel(true);
+        let (watch_cuts, _) = watch::channel(0u64);
+        let (releases, _) = watch::channel(0u64);
+        let shared = Shared {
+            upstream,
+            state: state.clone(),
+            open: open.subscribe(),
+            watch_cuts: watch_cuts.subscribe(),
+            releases: releases.subscribe(),
+        };
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let shared = shared.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |req| {
+                        let shared = shared.clone();
+                        async move { Ok::<_, Infallible>(shared.handle(req).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Ok(FaultProxy {
+            addr,
+            state,
+            open,
+            watch_cuts,
+            releases,
+            task,
+        })
+    }
+
+    /// `http://127.0.0.1:<port>`: the server URL a client uses to go through the proxy.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Replaces the rules (the first matching rule applies).
+    pub fn set_rules(&self, rules: Vec<Rule>) {
+        self.state.lock().unwrap().rules = rules;
+    }
+
+    /// Clears the rules and lets every held request go.
+    pub fn clear(&self) {
+        self.state.lock().unwrap().rules.clear();
+        self.release_held();
+    }
+
+    /// Lets the requests held so far go.
+    pub fn release_held(&self) {
+        self.releases.send_modify(|n| *n += 1);
+    }
+
+    /// Ends every open watch stream now (the client sees the stream close and watches again).
+    pub fn cut_watches(&self) {
+        self.watch_cuts.send_modify(|n| *n += 1);
+    }
+
+    /// Partitions: no request is answered and no open stream delivers until
+    /// [`heal`](Self::heal); streams open at the cut are ended when healed.
+    pub fn cut(&self) {
+        self.open.send_replace(false);
+    }
+
+    pub fn heal(&self) {
+        self.open.send_replace(true);
+    }
+
+    /// Requests seen, by "verb resource".
+    pub fn requests(&self) -> BTreeMap<String, u64> {
+        self.state.lock().unwrap().requests.clone()
+    }
+
+    /// Faults injected, by "action verb resource".
+    pub fn injected(&self) -> BTreeMap<String, u64> {
+        self.state.lock().unwrap().injected.clone()
+    }
+
+    /// Writes forwarded so far.
+    pub fn writes(&self) -> Vec<Write> {
+        self.state.lock().unwrap().writes.clone()
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[derive(Clone)]
+struct Shared {
+    upstream: Client,
+    state: Arc<Mutex<State>>,
+    open: watch::Receiver<bool>,
+    watch_cuts: watch::Receiver<u64>,
+    releases: watch::Receiver<u64>,
+}
+
+impl Shared {
+    async fn handle(&self, req: Request<Incoming>) -> Response<ProxyBody> {
+        let (verb, resource) = classify(req.method(), req.uri());
+        // Partitioned: the request is not answered until healed, as if lost in the network.
+        let mut open = self.open.clone();
+        let _ = open.wait_for(|o| *o).await;
+        let action = self.choose(&verb, &resource);
+        match &action {
+            Some(Action::Delay(d)) => tokio::time::sleep(*d).await,
+            Some(Action::Hold) => {
+                let mut releases = self.releases.clone();
+                releases.mark_unchanged();
+                let _ = releases.changed().await;
+            }
+            Some(Action::Status(code)) => return refusal(*code),
+            Some(Action::DelayEvents(_)) | None => {}
+        }
+        let _ = open.wait_for(|o| *o).await;
+        let (parts, body) = req.into_parts();
+        let body = match body.collect().await {
+            Ok(b) => b.to_bytes(),
+            Err(e) => return status(StatusCode::BAD_GATEWAY, &e.to_string()),
+        };
+        let mut upstream = Request::builder()
+            .method(parts.method)
+            .uri(parts.uri.path_and_query().map_or("/", |p| p.as_str()));
+        for (name, value) in &parts.headers {
+            if name != http::header::HOST && name != http::header::AUTHORIZATION {
+                upstream = upstream.header(name, value);
+            }
+        }
+        let Ok(upstream) = upstream.body(kube::client::Body::from(body.to_vec())) else {
+            return status(StatusCode::BAD_REQUEST, "bad request");
+        };
+        if is_write(&verb) {
+            self.state.lock().unwrap().writes.push(Write {
+                at: Instant::now(),
+                verb: verb.clone(),
+                resource: resource.clone(),
+            });
+        }
+        let answer = match self.upstream.send(upstream).await {
+            Ok(a) => a,
+            Err(e) => return status(StatusCode::BAD_GATEWAY, &e.to_string()),
+        };
+        let (parts, body) = answer.into_parts();
+        let event_delay = match action {
+            Some(Action::DelayEvents(d)) => Some(d),
+            _ => None,
+        };
+        let body = self.stream_body(body, verb == "watch", event_delay);
+        Response::from_parts(parts, body)
+    }
+
+    /// Picks the first matching rule's action, by its chance; counts the request and the fault.
+    fn choose(&self, verb: &str, resource: &str) -> Option<Action> {
+        let mut s = self.state.lock().unwrap();
+        *s.requests.entry(format!("{verb} {resource}")).or_default() += 1;
+        let rule = s.rules.iter().find(|r| r.matches(verb, resource))?.clone();
+        if !s.rng.random_bool(rule.chance.clamp(0.0, 1.0)) {
+            return None;
+        }
+        let name = match rule.action {
+            Action::Delay(_) => "delay".to_string(),
+            Action::Hold => "hold".to_string(),
+            Action::Status(c) => c.to_string(),
+            Action::DelayEvents(_) => "delay-events".to_string(),
+        };
+        *s.injected
+            .entry(format!("{name} {verb} {resource}"))
+            .or_default() += 1;
+        Some(rule.action)
+    }
+
+    /// The answer's body, chunk by chunk: held while partitioned, ended by a watch cut (watches
+    /// only) or when a partition heals, each chunk delayed by `delay`.
+    fn stream_body(
+        &self,
+        body: kube::client::Body,
+        is_watch: bool,
+        delay: Option<Duration>,
+    ) -> ProxyBody {
+        enum Next {
+            Frame(Option<Result<Frame<Bytes>, kube::Error>>),
+            Cut,
+            Partitioned,
+        }
+        let open = self.open.clone();
+        let mut cuts = self.watch_cuts.clone();
+        cuts.mark_unchanged();
+        let frames = futures::stream::unfold(Some((body, open, cuts)), move |st| async move {
+            let (mut body, mut open, mut cuts) = st?;
+            let next = tokio::select! {
+                f = body.frame() => Next::Frame(f),
+                _ = cuts.changed(), if is_watch => Next::Cut,
+                _ = open.wait_for(|o| !*o) => Next::Partitioned,
+            };
+            let frame = match next {
+                Next::Frame(f) => f?,
+                Next::Cut => return None,
+                Next::Partitioned => {
+                    let _ = open.wait_for(|o| *o).await;
+                    return None;
+                }
+            };
+            if let Some(d) = delay {
+                tokio::time::sleep(d).await;
+            }
+            // Cut while this chunk was on its way: it is lost with the stream.
+            if !*open.borrow() {
+                let _ = open.wait_for(|o| *o).await;
+                return None;
+            }
+            let frame = frame.map_err(|e| std::io::Error::other(e.to_string()));
+            Some((frame, Some((body, open, cuts))))
+        });
+        BodyExt::boxed_unsync(StreamBody::new(frames))
+    }
+}
+
+fn is_write(verb: &str) -> bool {
+    matches!(
+        verb,
+        "create" | "update" | "patch" | "delete" | "deletecollection"
+    )
+}
+
+/// The Kubernetes verb and resource (with subresource, "pods/status") of a request.
+pub fn classify(method: &http::Method, uri: &http::Uri) -> (String, String) {
+    let segments: Vec<&str> = uri.path().split('/').filter(|s| !s.is_empty()).collect();
+    // /api/v1/... or /apis/<group>/<version>/...
+    let rest = match segments.first() {
+        Some(&"api") => segments.get(2..).unwrap_or_default(),
+        Some(&"apis") => segments.get(3..).unwrap_or_default(),
+        _ => &[][..],
+    };
+    let rest = match rest {
+        ["namespaces", _ns, tail @ ..] if !tail.is_empty() => tail,
+        other => other,
+    };
+    let (resource, named) = match rest {
+        [] => (String::new(), false),
+        [r] => ((*r).to_string(), false),
+        [r, _name] => ((*r).to_string(), true),
+        [r, _name, sub, ..] => (format!("{r}/{sub}"), true),
+    };
+    let watching = uri
+        .query()
+        .is_some_and(|q| q.split('&').any(|p| p == "watch=true" || p == "watch=1"));
+    let verb = match *method {
+        http::Method::GET if watching => "watch",
+        http::Method::GET if named => "get",
+        http::Method::GET => "list",
+        http::Method::POST => "create",
+        http::Method::PUT => "update",
+        http::Method::PATCH => "patch",
+        http::Method::DELETE if named => "delete",
+        http::Method::DELETE => "deletecollection",
+        _ => "other",
+    };
+    (verb.to_string(), resource)
+}
+
+fn refusal(code: u16) -> Response<ProxyBody> {
+    let code = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let reason = match code.as_u16() {
+        409 => "Conflict",
+        422 => "Invalid",
+        429 => "TooManyRequests",
+        500 => "InternalError",
+        503 => "ServiceUnavailable",
+        _ => "Unknown",
+    };
+    let body = serde_json::json!({
+        "kind": "Status", "apiVersion": "v1", "status": "Failure",
+        "message": format!("injected by the fault proxy: {reason}"),
+        "reason": reason, "code": code.as_u16(),
+    });
+    let mut r = status(code, &body.to_string());
+    if code == StatusCode::TOO_MANY_REQUESTS {
+        r.headers_mut().insert(
+            http::header::RETRY_AFTER,
+            http::HeaderValue::from_static("1"),
+        );
+    }
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+fn status(code: StatusCode, body: &str) -> Response<ProxyBody> {
+    let mut r = Response::new(BodyExt::boxed_unsync(
+        Full::new(Bytes::from(body.to_string())).map_err(|never| match never {}),
+    ));
+    *r.status_mut() = code;
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::classify;
+    use http::Method;
+
+    fn c(m: Method, uri: &str) -> (String, String) {
+        classify(&m, &uri.parse().unwrap())
+    }
+
+    #[test]
+    fn verbs_and_resources_are_read_from_the_path() {
+        let pools = "/apis/whereabouts.cni.cncf.io/v1alpha1/namespaces/ns/ippools";
+        assert_eq!(c(Method::GET, pools), ("list".into(), "ippools".into()));
+        assert_eq!(
+            c(
+                Method::GET,
+                &format!("{pools}?watch=true&resourceVersion=5")
+            ),
+            ("watch".into(), "ippools".into())
+        );
+        assert_eq!(
+            c(Method::PATCH, &format!("{pools}/10.64.0.0-16")),
+            ("patch".into(), "ippools".into())
+        );
+        assert_eq!(
+            c(Method::PUT, "/api/v1/namespaces/ns/pods/p/status"),
+            ("update".into(), "pods/status".into())
+        );
+        assert_eq!(
+            c(Method::GET, "/api/v1/pods?limit=100"),
+            ("list".into(), "pods".into())
+        );
+        assert_eq!(
+            c(Method::DELETE, "/api/v1/namespaces/ns/pods/p"),
+            ("delete".into(), "pods".into())
+        );
+        assert_eq!(
+            c(Method::GET, "/api/v1/namespaces/ns"),
+            ("get".into(), "namespaces".into())
+        );
+        assert_eq!(c(Method::GET, "/version"), ("list".into(), String::new()));
+    }
+}
