@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The chaos suite (opt-in, bounded, seeded): faults injected while a stand-in allocator and
-# pod deletions run against two controller processes on a private control plane; prints each
-# trial's seed and a table, exits 1 on any violation. Args: [--seed S] [--trials N] (default
-# 5 trials, one per fault kind).
+# The chaos suite (opt-in, bounded, seeded): two controller replicas, each behind an API fault
+# proxy, against a private control plane; the real whereabouts CNI allocates; one fault per
+# trial (see benches/chaos.rs); invariants checked every 100 ms; prints each trial's seed and a
+# table, exits 1 on any violation.
+# Args: [--seed S] [--trials N] [--kinds ZoneOutage,WriteStorm,...] (default: one trial per
+# fault kind). CHAOS_IPRECLAIM=<binary> runs another build (e.g. an older commit's) and
+# CHAOS_CONTROLLER_ARGS="--flag=value" overrides controller flags, to see what the suite finds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 IPRECLAIM_BIN_DIR=$(./scripts/setup.sh | tail -n 1)

@@ -266,3 +266,53 @@ async fn the_fault_proxy_forwards_refuses_holds_and_cuts_watches() {
         "the create was logged as a write"
     );
 }
+
+/// The chaos suite's allocator is the real whereabouts CNI binary: ADD writes a pool entry and
+/// a reservation naming the pod, an ADD for the same pod (a new sandbox) gets the same address
+/// back, and DEL of the sandbox that holds the entry frees both.
+#[tokio::test]
+async fn the_real_whereabouts_cni_allocates_reuses_by_podref_and_frees() {
+    use ipreclaim::api::OverlappingRangeIPReservation;
+    let cp = ControlPlane::shared();
+    let admin = cp.client().await;
+    cp.install_crds(&admin).await.unwrap();
+    let ns = cp.namespace(&admin, "wb").await;
+    let dir = cp.dir().join(format!("wb-{ns}"));
+    let cni = testenv::whereabouts::WhereaboutsCni::new(cp, &ns, &dir, "10.77.0.0/24").unwrap();
+    let a = cni.add(&ns, "p-0", "sandbox-a").await.unwrap();
+    let b = cni.add(&ns, "p-1", "sandbox-b").await.unwrap();
+    assert_ne!(a, b, "two pods got one address");
+    let again = cni.add(&ns, "p-0", "sandbox-c").await.unwrap();
+    let pools: Api<IPPool> = Api::namespaced(admin.clone(), &ns);
+    let pool = pools.get("10.77.0.0-24").await.unwrap();
+    let podrefs: Vec<&str> = pool
+        .spec
+        .allocations
+        .values()
+        .map(|e| e.podref.as_str())
+        .collect();
+    assert_eq!(
+        again, a,
+        "a new sandbox of the same pod gets its address back; entries {podrefs:?}"
+    );
+    let reservations: Api<OverlappingRangeIPReservation> = Api::namespaced(admin.clone(), &ns);
+    let r = reservations.get(&b.to_string()).await.unwrap();
+    assert_eq!(r.spec.podref, format!("{ns}/p-1"));
+    cni.del(&ns, "p-1", "sandbox-b").await.unwrap();
+    let pool = pools.get("10.77.0.0-24").await.unwrap();
+    assert!(
+        pool.spec
+            .allocations
+            .values()
+            .all(|e| e.podref != format!("{ns}/p-1")),
+        "DEL left the entry: {:?}",
+        pool.spec.allocations
+    );
+    assert!(
+        reservations
+            .get_opt(&b.to_string())
+            .await
+            .unwrap()
+            .is_none()
+    );
+}

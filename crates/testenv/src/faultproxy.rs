@@ -40,7 +40,7 @@ pub enum Action {
 }
 
 /// A rule: requests whose verb and resource match (None matches all) get `action` with
-/// probability `chance`.
+/// probability `chance`; the matching rules are tried in order, the first that fires applies.
 #[derive(Debug, Clone)]
 pub struct Rule {
     pub verb: Option<&'static str>,
@@ -69,9 +69,10 @@ impl Rule {
     }
 }
 
-/// A write forwarded to the apiserver: when it left and what it was.
+/// A write forwarded to the apiserver: when the client sent it, when it left and what it was.
 #[derive(Debug, Clone)]
 pub struct Write {
+    pub entered: Instant,
     pub at: Instant,
     pub verb: String,
     pub resource: String,
@@ -151,7 +152,7 @@ impl FaultProxy {
         format!("http://{}", self.addr)
     }
 
-    /// Replaces the rules (the first matching rule applies).
+    /// Replaces the rules.
     pub fn set_rules(&self, rules: Vec<Rule>) {
         self.state.lock().unwrap().rules = rules;
     }
@@ -215,6 +216,7 @@ struct Shared {
 
 impl Shared {
     async fn handle(&self, req: Request<Incoming>) -> Response<ProxyBody> {
+        let entered = Instant::now();
         let (verb, resource) = classify(req.method(), req.uri());
         // Partitioned: the request is not answered until healed, as if lost in the network.
         let mut open = self.open.clone();
@@ -249,6 +251,7 @@ impl Shared {
         };
         if is_write(&verb) {
             self.state.lock().unwrap().writes.push(Write {
+                entered,
                 at: Instant::now(),
                 verb: verb.clone(),
                 resource: resource.clone(),
@@ -271,10 +274,15 @@ impl Shared {
     fn choose(&self, verb: &str, resource: &str) -> Option<Action> {
         let mut s = self.state.lock().unwrap();
         *s.requests.entry(format!("{verb} {resource}")).or_default() += 1;
-        let rule = s.rules.iter().find(|r| r.matches(verb, resource))?.clone();
-        if !s.rng.random_bool(rule.chance.clamp(0.0, 1.0)) {
-            return None;
-        }
+        let matching: Vec<Rule> = s
+            .rules
+            .iter()
+            .filter(|r| r.matches(verb, resource))
+            .cloned()
+            .collect();
+        let rule = matching
+            .into_iter()
+            .find(|r| s.rng.random_bool(r.chance.clamp(0.0, 1.0)))?;
         let name = match rule.action {
             Action::Delay(_) => "delay".to_string(),
             Action::Hold => "hold".to_string(),

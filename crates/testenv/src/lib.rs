@@ -23,6 +23,7 @@ pub mod poll;
 pub mod procs;
 pub mod program;
 pub mod proxy;
+pub mod whereabouts;
 
 pub use containerd::Containerd;
 pub use controlplane::ControlPlane;
