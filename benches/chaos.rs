@@ -55,6 +55,11 @@ const TAKEOVER: Duration = Duration::from_secs(4 + 3);
 /// What a 2-core machine under load adds to any bound.
 const SLACK: Duration = Duration::from_secs(3);
 const RSS_LIMIT_MIB: u64 = 128;
+/// How long a live allocation's reservation may be missing before it counts as deleted:
+/// whereabouts reads the reservation before it writes the pool entry, so a delete can land in
+/// between whatever the check before it saw; ipreclaim looks again 0.3 s after each delete and
+/// puts it back (README). Each such gap is counted and printed.
+const RESERVATION_GAP: Duration = Duration::from_millis(1500);
 const RANGE: &str = "10.64.0.0/23";
 const POOL: &str = "10.64.0.0-23";
 const ZONE_NODES: usize = 3;
@@ -80,8 +85,8 @@ enum Kind {
     ApiserverAndEtcdRestart,
     /// The leader killed before the deletions; a new replica starts.
     LeaderKill,
-    /// The leader's proxy partitions it from the apiserver while the standby's works; pods are
-    /// deleted meanwhile; healed after the standby led for a while.
+    /// The leader's proxy partitions it from the apiserver while the standby's works, 0-300 ms
+    /// into a batch of deletions; healed after the standby led for a while.
     LeaderPartition,
     /// Pods deleted and recreated under the same name within milliseconds (whereabouts hands
     /// the replacement the old address by podref), while every reservation delete is held.
@@ -269,8 +274,10 @@ impl Trial<'_> {
             .write_kubeconfig_through_faults(&proxy, &self.ns, &kubeconfig)?;
         let log = std::fs::File::create(self.dir.join(format!("controller-{n}.log")))?;
         // Another build (an older commit) or extra flags, to see what the suite finds there.
-        let binary =
-            std::env::var("CHAOS_IPRECLAIM").unwrap_or(env!("CARGO_BIN_EXE_ipreclaim").into());
+        let binary = std::env::var("CHAOS_IPRECLAIM")
+            .ok()
+            .filter(|b| !b.is_empty())
+            .unwrap_or(env!("CARGO_BIN_EXE_ipreclaim").into());
         let extra = std::env::var("CHAOS_CONTROLLER_ARGS").unwrap_or_default();
         let base = [
             "controller".to_string(),
@@ -315,6 +322,19 @@ impl Trial<'_> {
     /// the index.
     async fn writing_leader(&self, not: Option<usize>) -> anyhow::Result<usize> {
         let deadline = Instant::now() + Duration::from_secs(60);
+        // Another build may not log it: its Lease holder then, 2 s after it is seen.
+        if std::env::var("CHAOS_IPRECLAIM").is_ok_and(|b| !b.is_empty()) {
+            loop {
+                if let Some(i) = lease_holder(&self.client, &self.ns).await
+                    && Some(i) != not
+                {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    return Ok(i);
+                }
+                anyhow::ensure!(Instant::now() < deadline, "no leader after 60 s");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
         loop {
             for i in 0..self.controllers.len() {
                 let log = std::fs::read_to_string(self.dir.join(format!("controller-{i}.log")))
@@ -433,8 +453,11 @@ fn spawn_checker(
     ns: String,
     guard: Shared<Guard>,
     violations: Shared<Vec<String>>,
+    gap_stats: Shared<(usize, Duration)>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
+        // Live reservations seen missing, since when.
+        let mut gaps: BTreeMap<(Ipv4Addr, String), Instant> = BTreeMap::new();
         loop {
             // Read the guard first: what is added after the read is not judged yet.
             let (live, fenced) = {
@@ -457,8 +480,20 @@ fn spawn_checker(
                     if entries.get(ip).is_none_or(|(_, p)| p != podref) {
                         found.push(format!("live {podref}'s entry {ip} freed"));
                     }
-                    if reserved.get(ip) != Some(podref) {
-                        found.push(format!("live {podref}'s reservation {ip} deleted"));
+                    let key = (*ip, podref.clone());
+                    if reserved.get(ip) == Some(podref) {
+                        if let Some(since) = gaps.remove(&key) {
+                            let mut s = gap_stats.lock().unwrap();
+                            s.0 += 1;
+                            s.1 = s.1.max(read_at - since);
+                        }
+                    } else {
+                        let since = *gaps.entry(key).or_insert(read_at);
+                        if read_at - since > RESERVATION_GAP {
+                            found.push(format!(
+                                "live {podref}'s reservation {ip} missing for more than {RESERVATION_GAP:?}"
+                            ));
+                        }
                     }
                 }
                 for (ip, (sandbox, until)) in &fenced {
@@ -553,6 +588,7 @@ fn writes_without_lease(
 
 struct Outcome {
     details: String,
+    gaps: (usize, Duration),
     pods: usize,
     deleted: usize,
     fenced: usize,
@@ -707,12 +743,14 @@ async fn run_trial(cp: &ControlPlane, kind: Kind, seed: u64) -> anyhow::Result<O
         Arc::new(Mutex::new(t.controllers.iter().map(|c| c.id()).collect()));
     let peak: Shared<u64> = Arc::default();
     let samples: Shared<Vec<(Instant, Option<usize>)>> = Arc::default();
+    let gap_stats: Shared<(usize, Duration)> = Arc::default();
     let tasks = [
         spawn_checker(
             t.client.clone(),
             t.ns.clone(),
             t.guard.clone(),
             t.violations.clone(),
+            gap_stats.clone(),
         ),
         spawn_lease_sampler(t.client.clone(), t.ns.clone(), samples.clone()),
         spawn_rss_sampler(pids.clone(), peak.clone()),
@@ -760,17 +798,38 @@ async fn run_trial(cp: &ControlPlane, kind: Kind, seed: u64) -> anyhow::Result<O
             Instant::now()
         }
         Kind::LeaderPartition => {
+            // Cut while the leader has deletions in hand: what it still sends must not arrive
+            // after the standby took over.
             let leader = t.leader().await?;
-            t.proxies[leader].cut();
-            t.delete(&victims).await;
+            t.unguard(&victims);
+            let delay = Duration::from_millis(rng.random_range(0..300));
+            let proxy = t.proxies[leader].clone();
+            // Half the trials cut only the Lease: its renewals fail while its writes still go.
+            let leases_only = rng.random_bool(0.5);
+            let cutting = async {
+                tokio::time::sleep(delay).await;
+                if leases_only {
+                    proxy.set_rules(vec![Rule::new(None, Some("leases"), Action::Hold)]);
+                } else {
+                    proxy.cut();
+                }
+            };
+            tokio::join!(delete_pods(t.pods(), &victims), cutting);
+            t.bury(&victims);
             let deadline = Instant::now() + Duration::from_secs(60);
             while t.leader().await? == leader {
                 anyhow::ensure!(Instant::now() < deadline, "the standby never took over");
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            // The standby leads while the old leader is still cut off, then it returns.
+            // The standby leads while the old leader is still cut off; more pods go (an old
+            // leader that still sees them must not write); then it returns.
+            let rest: Vec<String> = t.live.keys().cloned().collect();
+            let more = pick(&mut rng, &rest, rest.len() / 4);
+            t.delete(&more).await;
             tokio::time::sleep(Duration::from_millis(rng.random_range(1000..4000))).await;
             t.proxies[leader].heal();
+            t.proxies[leader].clear();
+            details = if leases_only { "Lease cut" } else { "all cut" }.into();
             Instant::now()
         }
         Kind::StatefulSetRecreate => {
@@ -979,6 +1038,17 @@ async fn run_trial(cp: &ControlPlane, kind: Kind, seed: u64) -> anyhow::Result<O
     }
     let mut violations = t.violations.lock().unwrap().clone();
     violations.extend(writes_without_lease(&t.proxies, &samples.lock().unwrap()));
+    // Every live allocation ends with its reservation.
+    let reserved = reservations(&t.client, &t.ns).await?;
+    for a in t.live.values() {
+        let podref = format!("{}/{}", t.ns, a.name);
+        if reserved.get(&a.ip) != Some(&podref) {
+            violations.push(format!(
+                "live {podref}'s reservation {} missing at the end",
+                a.ip
+            ));
+        }
+    }
     // The checker finds a lasting violation on every look: report each once.
     let mut seen = BTreeSet::new();
     violations.retain(|v| seen.insert(v.clone()));
@@ -1010,8 +1080,10 @@ async fn run_trial(cp: &ControlPlane, kind: Kind, seed: u64) -> anyhow::Result<O
         .sum();
     let fenced = t.guard.lock().unwrap().fenced.len();
     dump_events(&t).await;
+    let gaps = *gap_stats.lock().unwrap();
     Ok(Outcome {
         details,
+        gaps,
         pods: t.next_pod,
         deleted: t.dead.len(),
         fenced,
@@ -1074,7 +1146,7 @@ async fn main() -> anyhow::Result<()> {
         rows.push((i, kind, trial_seed, o));
     }
     println!(
-        "{:<5} {:<23} {:<21} {:>5} {:>7} {:>6} {:>6} {:>9} {:>6} {:>7} {:>10} {}",
+        "{:<5} {:<23} {:<21} {:>5} {:>7} {:>6} {:>6} {:>9} {:>6} {:>7} {:>9} {:>10} details",
         "trial",
         "fault",
         "seed",
@@ -1085,12 +1157,12 @@ async fn main() -> anyhow::Result<()> {
         "freed in",
         "bound",
         "rss",
-        "violations",
-        "details"
+        "res.gaps",
+        "violations"
     );
     for (i, kind, s, o) in &rows {
         println!(
-            "{:<5} {:<23} {:<21} {:>5} {:>7} {:>6} {:>6} {:>8.1}s {:>5.0}s {:>4}MiB {:>10} {}",
+            "{:<5} {:<23} {:<21} {:>5} {:>7} {:>6} {:>6} {:>8.1}s {:>5.0}s {:>4}MiB {:>9} {:>10} {}",
             i,
             format!("{kind:?}"),
             s,
@@ -1101,6 +1173,7 @@ async fn main() -> anyhow::Result<()> {
             o.freed_in.as_secs_f64(),
             o.bound.as_secs_f64(),
             o.rss_mib,
+            format!("{} <{:.1}s", o.gaps.0, o.gaps.1.as_secs_f64()),
             o.violations.len(),
             o.details
         );

@@ -52,6 +52,44 @@ pub fn valid_until(
     Some(mono_now + deadline.checked_sub(since)?)
 }
 
+/// How long a replica that has just started waits before it stands for the Lease, pure: the
+/// Lease as it read it at start (`holder`, `renewed`), at `wall_now`.
+///
+/// While another holder's Lease is recent, a standby may be running: it saw the deletions of
+/// the takeover gap (the pods' nodes, so what must be fenced), this replica did not. Standing
+/// only after one and a half Lease durations lets that standby, which tries right at expiry,
+/// take over first; alone, this replica leads that much later. A Lease that is free, its own,
+/// or expired for a whole duration (no standby took it) is stood for at once.
+pub fn newcomer_wait(
+    holder: Option<&str>,
+    renewed: Option<Timestamp>,
+    identity: &str,
+    duration: Duration,
+    wall_now: Timestamp,
+) -> Duration {
+    let other = holder.is_some_and(|h| !h.is_empty() && h != identity);
+    let recent = renewed.is_some_and(|r| {
+        Duration::try_from(wall_now.duration_since(r)).map_or(true, |age| age < duration * 2)
+    });
+    if other && recent {
+        duration * 3 / 2
+    } else {
+        Duration::ZERO
+    }
+}
+
+/// Whether a Lease found free was let go by its holder (its last renewal seen, `renewed`, had
+/// not expired at `wall_now`) rather than freed by a standby after expiry, pure.
+pub fn let_go_before_expiry(
+    renewed: Option<Timestamp>,
+    duration: Duration,
+    wall_now: Timestamp,
+) -> bool {
+    renewed.is_some_and(|r| {
+        Duration::try_from(wall_now.duration_since(r)).map_or(true, |age| age < duration)
+    })
+}
+
 /// Whether this replica may write now.
 #[derive(Debug, Default)]
 pub struct Gate {
@@ -189,6 +227,34 @@ mod tests {
             valid_until(Some("me"), None, "me", deadline, now, mono),
             None
         );
+    }
+
+    #[test]
+    fn a_lease_freed_before_its_expiry_was_let_go_by_its_holder() {
+        let now: Timestamp = "2026-11-24T12:00:00Z".parse().unwrap();
+        let d = Duration::from_secs(15);
+        let ago = |s: i64| Some(now - jiff::SignedDuration::from_secs(s));
+        assert!(let_go_before_expiry(ago(3), d, now));
+        assert!(!let_go_before_expiry(ago(16), d, now));
+        assert!(!let_go_before_expiry(None, d, now));
+    }
+
+    #[test]
+    fn a_newcomer_lets_a_running_standby_take_a_recently_held_lease_first() {
+        let now: Timestamp = "2026-11-24T12:00:00Z".parse().unwrap();
+        let d = Duration::from_secs(15);
+        let ago = |s: i64| now - jiff::SignedDuration::from_secs(s);
+        let wait = |holder, renewed| newcomer_wait(holder, renewed, "me", d, now);
+        assert_eq!(wait(Some("other"), Some(ago(5))), d * 3 / 2);
+        // Expired but within two durations: a standby may be about to take it.
+        assert_eq!(wait(Some("other"), Some(ago(25))), d * 3 / 2);
+        // A renewal "in the future" (the holder's clock ahead) is recent.
+        assert_eq!(wait(Some("other"), Some(ago(-5))), d * 3 / 2);
+        assert_eq!(wait(Some("other"), Some(ago(31))), Duration::ZERO);
+        assert_eq!(wait(Some("me"), Some(ago(5))), Duration::ZERO);
+        assert_eq!(wait(None, Some(ago(5))), Duration::ZERO);
+        assert_eq!(wait(Some(""), Some(ago(5))), Duration::ZERO);
+        assert_eq!(wait(Some("other"), None), Duration::ZERO);
     }
 
     #[test]

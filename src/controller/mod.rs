@@ -132,7 +132,8 @@ pub struct ControllerArgs {
     )]
     pub lease_name: String,
     /// How long a Lease holds without renewal; a standby takes over after it. The holder stops
-    /// writing two thirds of it after its last renewal.
+    /// writing two thirds of it after its last renewal; a replica that starts while another
+    /// held it lately stands for it after one and a half of it (a running standby goes first).
     #[arg(long, env = "IPRECLAIM_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
     pub lease_duration: Duration,
     /// Namespace of the Lease (default: $POD_NAMESPACE, else the whereabouts namespace).
@@ -233,22 +234,80 @@ async fn leadership(
         .build()
         .await
         .with_context(|| format!("lease {namespace}/{}", args.lease_name))?;
-    let (rx, task) = manager.watch().await;
-    tokio::spawn(async move {
-        if let Ok(Err(e)) = task.await {
-            tracing::error!(error = %e, "leader election stopped");
+    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(client.clone(), &namespace);
+    // An unreadable Lease: stand at once (the manager reports what is wrong with it).
+    let spec = match leases.get_opt(&args.lease_name).await {
+        Ok(lease) => lease.and_then(|l| l.spec).unwrap_or_default(),
+        Err(_) => Default::default(),
+    };
+    let wait = leadership::newcomer_wait(
+        spec.holder_identity.as_deref(),
+        spec.renew_time.as_ref().map(|t| t.0),
+        identity,
+        Duration::from_secs(duration),
+        jiff::Timestamp::now(),
+    );
+    if !wait.is_zero() {
+        tracing::info!(holder = ?spec.holder_identity, wait = ?wait, "another replica held the Lease lately: standing for it after a wait, so that a running standby takes over first");
+    }
+    let (says_tx, rx) = tokio_watch::channel(false);
+    let free_check = leases.clone();
+    let lease_duration = Duration::from_secs(duration);
+    let lease_name = args.lease_name.clone();
+    let standing = tokio::spawn(async move {
+        // A Lease its holder let go before it expired (a replica shut down) is stood for at
+        // once; one freed after expiry is a standby's first step to take it: it goes first.
+        let until = Instant::now() + wait;
+        let mut renewed = spec.renew_time.as_ref().map(|t| t.0);
+        while Instant::now() < until {
+            let left = until.saturating_duration_since(Instant::now());
+            tokio::time::sleep(leadership::CONFIRM_EVERY.min(left)).await;
+            let Ok(lease) = free_check.get_opt(&lease_name).await else {
+                continue;
+            };
+            let spec = lease.and_then(|l| l.spec).unwrap_or_default();
+            if spec
+                .holder_identity
+                .as_deref()
+                .is_some_and(|h| !h.is_empty())
+            {
+                renewed = spec.renew_time.map(|t| t.0).or(renewed);
+            } else if leadership::let_go_before_expiry(
+                renewed,
+                lease_duration,
+                jiff::Timestamp::now(),
+            ) {
+                break;
+            }
+        }
+        tracing::info!("standing for the Lease");
+        let (mut says, task) = manager.watch().await;
+        tokio::spawn(async move {
+            if let Ok(Err(e)) = task.await {
+                tracing::error!(error = %e, "leader election stopped");
+            }
+        });
+        loop {
+            says_tx.send_replace(*says.borrow_and_update());
+            if says.changed().await.is_err() {
+                return;
+            }
         }
     });
     let gate = Arc::new(leadership::Gate::default());
     let (leads, tasks) = leadership::spawn(
-        kube::Api::namespaced(client, &namespace),
+        leases,
         args.lease_name.clone(),
         identity.to_owned(),
         Duration::from_secs(duration),
         rx,
         gate.clone(),
     );
-    Ok((leads, gate, tasks.into()))
+    let mut tasks: Vec<_> = tasks.into();
+    // Aborted at shutdown: the manager's receiver goes with it, and the manager lets go.
+    tasks.push(standing);
+    Ok((leads, gate, tasks))
 }
 
 /// Runs the controller until `shutdown` completes. Calls `on_start` once the metrics server

@@ -5,21 +5,34 @@
 //! overlapping range could hand the address out again. So each delete is checked at the moment
 //! it goes out: no pool entry may hold the address for that podref (the controller's index; a
 //! fresh read of the pool where there is no index), and the delete carries the uid it was
-//! chosen with as precondition. Two looks after the delete (fresh pool reads) put the
-//! reservation back if an entry for the pod and address appeared in between (the allocation
-//! raced the check).
+//! chosen with as precondition. whereabouts reads the reservation before it writes the pool
+//! entry, so its allocation can still land between the check and the delete: looks after the
+//! delete (0.3 s, 1 s and 5 s; one fresh read per pool for every delete due) put the
+//! reservation back if an entry for the pod and address appeared.
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use kube::api::{Api, DeleteParams, PostParams, Preconditions};
+use tokio::sync::mpsc;
 
 use super::budget::WriteKind;
 pub use super::types::{Deleted, ReservationDelete};
 use super::writer::Writer;
 use crate::api::{IPPool, OverlappingRangeIPReservation, OverlappingRangeIPReservationSpec};
 
-/// When, after a delete, it is looked at again (each wait after the one before).
-pub const SECOND_LOOKS: [Duration; 2] = [Duration::from_secs(1), Duration::from_secs(4)];
+/// When, after a delete, it is looked at again (from the delete). The first look comes soon:
+/// an allocation that raced the delete writes its pool entry a moment after it read the
+/// reservation.
+pub const SECOND_LOOKS: [Duration; 3] = [
+    Duration::from_millis(300),
+    Duration::from_secs(1),
+    Duration::from_secs(5),
+];
+
+/// Looks that are due within this of each other share their pool reads.
+const LOOK_BATCH: Duration = Duration::from_millis(50);
 
 /// Who holds an address now: a pool entry's sandbox id and interface.
 type Holder = (String, Option<String>);
@@ -119,30 +132,42 @@ impl Writer {
         }
     }
 
-    /// The looks a moment after a delete (spawned: they hold no delete slot while they wait):
-    /// a fresh read of the pool where it is known (the index may lag the allocation that
-    /// raced the delete), twice, a second and five seconds after.
-    pub(crate) async fn second_look(&self, d: ReservationDelete) -> Deleted {
-        if d.ip.is_none() {
-            return Deleted::Deleted;
-        }
-        let api: Api<OverlappingRangeIPReservation> =
-            Api::namespaced(self.client.clone(), &self.namespace);
-        for wait in SECOND_LOOKS {
-            tokio::time::sleep(wait).await;
-            // The pool read when the pool is known, else the index.
-            let holder = match self.holder_from(&d, d.pool.is_none()).await {
-                Ok(h) => h,
-                Err(e) => {
-                    tracing::warn!(reservation = %d.name, error = %e, "could not look again after deleting a reservation; looking from the index");
-                    self.holder_from(&d, true).await.ok().flatten()
-                }
+    /// Who holds each delete's address now, from one fresh read per pool (the index where
+    /// the pool is unknown or cannot be read).
+    async fn holders_now(&self, looks: &[ReservationDelete]) -> Vec<Option<Holder>> {
+        let mut read: HashMap<String, Option<Vec<crate::ipam::PoolEntry>>> = HashMap::new();
+        let pools: Api<IPPool> = Api::namespaced(self.client.clone(), &self.namespace);
+        let mut holders = Vec::with_capacity(looks.len());
+        for d in looks {
+            let Some(pool) = &d.pool else {
+                holders.push(self.holder_from(d, true).await.ok().flatten());
+                continue;
             };
-            if let Some((id, ifname)) = holder {
-                return self.restore(&api, &d, id, ifname).await;
+            if !read.contains_key(pool) {
+                let entries = match pools.get_opt(pool).await {
+                    Ok(Some(p)) => Some(
+                        crate::ipam::pool_allocations(&p.spec)
+                            .map(|a| a.entries)
+                            .unwrap_or_default(),
+                    ),
+                    Ok(None) => Some(Vec::new()),
+                    Err(e) => {
+                        tracing::warn!(pool = %pool, error = %e, "could not look again after deleting reservations; looking from the index");
+                        None
+                    }
+                };
+                read.insert(pool.clone(), entries);
             }
+            let holder = match read.get(pool).and_then(|e| e.as_ref()) {
+                Some(entries) => entries
+                    .iter()
+                    .find(|e| e.podref == d.podref && Some(e.ip) == d.ip)
+                    .map(|e| (e.id.clone(), e.ifname.clone())),
+                None => self.holder_from(d, true).await.ok().flatten(),
+            };
+            holders.push(holder);
         }
-        Deleted::Deleted
+        holders
     }
 
     /// Puts a deleted reservation back for the allocation that now holds its address.
@@ -192,4 +217,64 @@ impl Writer {
             }
         }
     }
+}
+
+/// A deleted reservation waiting for its next look.
+struct Look {
+    d: ReservationDelete,
+    step: usize,
+    due: Instant,
+}
+
+/// Takes deleted reservations (with an address) and looks at them again at [`SECOND_LOOKS`]
+/// (see the module), every look due at once sharing its pool reads.
+pub(crate) fn spawn_looks(writer: Arc<Writer>) -> mpsc::UnboundedSender<ReservationDelete> {
+    let (tx, mut rx) = mpsc::unbounded_channel::<ReservationDelete>();
+    tokio::spawn(async move {
+        let api: Api<OverlappingRangeIPReservation> =
+            Api::namespaced(writer.client.clone(), &writer.namespace);
+        let mut waiting: Vec<Look> = Vec::new();
+        let mut open = true;
+        while open || !waiting.is_empty() {
+            let next = waiting.iter().map(|l| l.due).min();
+            let wake = async {
+                match next {
+                    Some(t) => tokio::time::sleep_until(t.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                d = rx.recv(), if open => match d {
+                    Some(d) if d.ip.is_some() => waiting.push(Look {
+                        d,
+                        step: 0,
+                        due: Instant::now() + SECOND_LOOKS[0],
+                    }),
+                    Some(_) => {}
+                    None => open = false,
+                },
+                () = wake => {
+                    let now = Instant::now();
+                    let (due, rest): (Vec<Look>, Vec<Look>) =
+                        waiting.drain(..).partition(|l| l.due <= now + LOOK_BATCH);
+                    waiting = rest;
+                    let deletes: Vec<ReservationDelete> = due.iter().map(|l| l.d.clone()).collect();
+                    let holders = writer.holders_now(&deletes).await;
+                    for (look, holder) in due.into_iter().zip(holders) {
+                        if let Some((id, ifname)) = holder {
+                            writer.restore(&api, &look.d, id, ifname).await;
+                        } else if let Some(wait) = SECOND_LOOKS.get(look.step + 1) {
+                            let since = SECOND_LOOKS[look.step];
+                            waiting.push(Look {
+                                due: look.due + wait.saturating_sub(since),
+                                step: look.step + 1,
+                                d: look.d,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    });
+    tx
 }

@@ -327,16 +327,17 @@ async fn batch(
 
 /// Deletes queued objects, as many at once as the budgets allow.
 async fn delete_objects(writer: Arc<Writer>, rx: mpsc::UnboundedReceiver<ObjectDelete>) {
+    let looks = super::reservation::spawn_looks(writer.clone());
     let queued =
         futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
     queued
         .for_each_concurrent(RESERVATION_DELETERS, |d| {
-            let w = writer.clone();
+            let (w, looks) = (writer.clone(), looks.clone());
             async move {
                 match d {
                     ObjectDelete::Reservation(d) => {
                         if w.delete_reservation(d.clone()).await == Deleted::Deleted {
-                            tokio::spawn(async move { w.second_look(d).await });
+                            let _ = looks.send(d);
                         }
                     }
                     other => w.delete_object(other).await,
