@@ -2368,16 +2368,28 @@ async fn a_pod_that_lists_its_address_between_sweeps_keeps_it() {
 
 /// An `ipreclaim controller` process (the binary, so that it can be killed with SIGKILL).
 fn controller_process(env: &Env, flags: &[&str]) -> std::process::Child {
-    std::process::Command::new(env!("CARGO_BIN_EXE_ipreclaim"))
+    controller_process_logging(env, flags, None)
+}
+
+/// The same, logging at info level into `log` when given (warnings to stderr otherwise).
+fn controller_process_logging(
+    env: &Env,
+    flags: &[&str],
+    log: Option<&std::path::Path>,
+) -> std::process::Child {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_ipreclaim"));
+    command
         .arg("controller")
         .arg(format!("--whereabouts-namespace={}", env.ns))
         .arg("--metrics-addr=127.0.0.1:0")
         .args(flags)
         .env("KUBECONFIG", ControlPlane::shared().kubeconfig_path())
-        .env("RUST_LOG", "warn")
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .expect("start the ipreclaim binary")
+        .env("RUST_LOG", if log.is_some() { "info" } else { "warn" })
+        .stdout(std::process::Stdio::null());
+    if let Some(log) = log {
+        command.stderr(std::fs::File::create(log).expect("a log file for the controller"));
+    }
+    command.spawn().expect("start the ipreclaim binary")
 }
 
 /// The Lease's holder identity and when it acquired the Lease.
@@ -2434,4 +2446,62 @@ async fn when_the_leader_is_killed_the_standby_leads_within_the_lease_and_one_re
         let _ = c.kill();
         let _ = c.wait();
     }
+}
+
+/// The identity's pid (`<host>_<pid>-<run>-<nanos>`).
+fn holder_pid(holder: &str) -> u32 {
+    holder
+        .rsplit_once('_')
+        .and_then(|(_, rest)| rest.split('-').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("a pid in the identity {holder:?}"))
+}
+
+/// A replica that starts while another holds the Lease stands for it only later, so that a
+/// standby that was running (and saw the deletions of the takeover gap: the nodes of the pods
+/// to fence) takes over first. Before, the newcomer and the standby both tried at expiry and
+/// either could win.
+#[tokio::test]
+async fn a_replica_that_just_started_lets_the_running_standby_take_over() {
+    let env = Env::new("ctl-newcomer").await;
+    let lease_ns = format!("--lease-namespace={}", env.ns);
+    let flags = ["--leader-election=true", "--lease-duration=4s", &lease_ns];
+    let logs = ControlPlane::shared()
+        .dir()
+        .join(format!("{}-logs", env.ns));
+    std::fs::create_dir_all(&logs).unwrap();
+    let start = |name: &str| controller_process_logging(&env, &flags, Some(&logs.join(name)));
+    let standing = |name: &str| {
+        std::fs::read_to_string(logs.join(name)).is_ok_and(|l| l.contains("standing for the Lease"))
+    };
+    let mut leader = start("leader.log");
+    wait_for("a leader", || async { lease(&env).await.is_some() }).await;
+    let (holder, _) = lease(&env).await.unwrap();
+    assert_eq!(holder_pid(&holder), leader.id());
+    let mut standby = start("standby.log");
+    wait_for("the standby to stand for the Lease", || async {
+        standing("standby.log")
+    })
+    .await;
+    leader.kill().unwrap();
+    leader.wait().unwrap();
+    let mut newcomer = start("newcomer.log");
+    wait_for("a new holder", || async {
+        lease(&env).await.is_some_and(|(h, _)| h != holder)
+    })
+    .await;
+    let (now_holder, _) = lease(&env).await.unwrap();
+    let waited = std::fs::read_to_string(logs.join("newcomer.log")).unwrap_or_default();
+    for c in [&mut standby, &mut newcomer] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    assert!(
+        waited.contains("standing for it after a wait"),
+        "the newcomer did not wait: {waited}"
+    );
+    assert_eq!(
+        holder_pid(&now_holder),
+        standby.id(),
+        "the replica that just started took the Lease before the running standby"
+    );
 }
