@@ -424,6 +424,7 @@ pub async fn run(
                 fence::WRITE_BACKOFF.1,
                 clock.clone(),
             ),
+            rejected: Default::default(),
         };
         let mut reporter = report::Reporter {
             events: ctx.events.clone(),
