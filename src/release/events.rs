@@ -266,7 +266,8 @@ impl Events {
         let note = format!(
             "{}IP address [{ip}] from network {} stays allocated: the pod was deleted while its \
              node {} was not Ready ({}) and may still run it; released once the node has been \
-             Ready for the settle period, its Node is deleted, or the fence times out",
+             Ready for the settle period, its node agent reports the pod's sandboxes gone, its \
+             Node is deleted, or the fence times out",
             if dry_run { "dry-run: " } else { "" },
             record.network,
             record.node,
