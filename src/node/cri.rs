@@ -63,7 +63,8 @@ pub struct RuntimeView {
     pub pods: HashMap<String, (String, String)>,
     /// Pods of the last listing with a sandbox Ready (running).
     pub ready: HashSet<String>,
-    /// Sandboxes of the last listing without pod metadata (whose pod cannot be told).
+    /// Sandboxes of the last listing without pod metadata, and containers not exited whose
+    /// sandbox is not listed: whose pod cannot be told.
     pub unattributed: usize,
 }
 
@@ -266,6 +267,9 @@ impl PodSource for CriPodSource {
             {
                 pod.containers
                     .push(Container::new(c.id, container_state(c.state)));
+            } else if container_state(c.state) != ContainerState::Exited {
+                // It may still hold its gone sandbox's network namespace: no pod is gone.
+                unattributed += 1;
             }
         }
         let mut pods: Vec<RuntimePod> = pods.into_values().collect();

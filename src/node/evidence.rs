@@ -43,7 +43,8 @@ pub struct Listing {
     pub ready: HashSet<String>,
     /// Every sandbox id listed.
     pub sandboxes: HashSet<String>,
-    /// Sandboxes without pod metadata: any of them might be a fenced pod's.
+    /// Sandboxes without pod metadata, and live containers whose sandbox is not listed: any
+    /// of them might be a fenced pod's (and hold its network namespace).
     pub unattributed: usize,
 }
 
@@ -161,6 +162,8 @@ impl Evidence {
             // The kill is this agent's work item: it acts by looking, never by stopping.
             self.tracker.next_work(&key);
         }
+        // The fence's own sandbox id counts too: a static pod's runtime uid is not its API
+        // (mirror) pod's, so its uid alone would look gone while its sandbox runs.
         let sandboxes_of = |pod: &str| {
             self.fences
                 .values()
