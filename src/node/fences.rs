@@ -100,6 +100,9 @@ pub struct Reporter {
     pub node: String,
     /// Log what would be written instead.
     pub dry_run: bool,
+    /// The agent's write budgets (a report counts as a reservation-sized write; a zone's
+    /// fences may all be reported at once).
+    pub budgets: crate::release::Budgets,
 }
 
 impl Reporter {
@@ -120,8 +123,12 @@ impl Reporter {
                 "observedAt": observed_at,
             }},
         });
-        Api::<IPFence>::namespaced(self.client.clone(), &self.namespace)
-            .patch_status(&r.name, &PatchParams::default(), &Patch::Merge(&body))
+        let api = Api::<IPFence>::namespaced(self.client.clone(), &self.namespace);
+        let (params, patch) = (PatchParams::default(), Patch::Merge(&body));
+        self.budgets
+            .send(crate::release::WriteKind::Reservation, || {
+                api.patch_status(&r.name, &params, &patch)
+            })
             .await
             .map(|_| ())
             .map_err(|e| e.to_string())

@@ -424,7 +424,7 @@ pub async fn run(
     let writer = writer::spawn(Arc::new(writer::Writer {
         client: client.clone(),
         namespace: args.whereabouts_namespace.clone(),
-        budgets,
+        budgets: budgets.clone(),
         patch_interval: POOL_PATCH_INTERVAL,
         metrics: writes,
         events: events_pub.clone(),
@@ -466,6 +466,7 @@ pub async fn run(
             namespace: args.whereabouts_namespace.clone(),
             node: args.node_name.clone(),
             dry_run: args.dry_run,
+            budgets: budgets.clone(),
         }),
         evidence_listing: 0,
     };
