@@ -643,6 +643,53 @@ async fn a_fenced_pod_is_reported_gone_only_once_its_sandbox_is_removed(mut env:
     env.stop().await;
 }
 
+/// A report carries its fence object's uid as a precondition: one made for an earlier fence
+/// of the same name (deleted and written again since) is refused by the apiserver and lands
+/// nowhere.
+#[tokio::test]
+async fn a_report_for_a_replaced_fence_object_is_refused() {
+    let env = NodeEnv::new("node-evidence-stale").await;
+    let uid = format!("{}-web-0", env.ns);
+    let node = env.node.clone();
+    let fence_uid = env.fence("web-0", &uid, "sb-web-0", &node).await;
+    let budgets = ipreclaim::release::Budgets::new(
+        ipreclaim::release::BudgetConfig {
+            pool_qps: 0.0,
+            pool_burst: 1,
+            reservation_qps: 0.0,
+            reservation_burst: 1,
+            write_qps: 0.0,
+            write_burst: 1,
+            max_in_flight: 1,
+        },
+        podlife::clock::RealClock::shared(),
+        ipreclaim::telemetry::WriteMetrics::new(&mut Default::default()),
+    );
+    let reporter = ipreclaim::node::fences::Reporter {
+        client: env.client.clone(),
+        namespace: env.ns.clone(),
+        node: node.clone(),
+        dry_run: false,
+        budgets,
+    };
+    let report = |fence_uid: &str| ipreclaim::node::evidence::Report {
+        name: format!("{POOL}-web-0"),
+        fence_uid: fence_uid.into(),
+        pod_uid: uid.clone(),
+    };
+    let refused = reporter.report(&report("an-earlier-fence")).await;
+    assert!(
+        refused.as_ref().is_err_and(|e| e.contains("code: 422")),
+        "{refused:?}"
+    );
+    assert_eq!(env.report_of("web-0").await, None);
+    reporter.report(&report(&fence_uid)).await.unwrap();
+    assert_eq!(
+        env.report_of("web-0").await.map(|r| r.fence_uid),
+        Some(fence_uid)
+    );
+}
+
 /// A fenced pod with no sandbox here is not reported while the runtime does not answer (a
 /// failed listing shows nothing, which is not "gone"), and is once it answers again.
 #[tokio::test]

@@ -107,24 +107,28 @@ pub struct Reporter {
 
 impl Reporter {
     /// Writes `r` into its fence's status, with the fence's uid as a precondition (a fence
-    /// deleted and written again meanwhile is another object).
+    /// deleted and written again meanwhile is another object: refused with 422).
     pub async fn report(&self, r: &Report) -> Result<(), String> {
         let observed_at = jiff::Timestamp::now().to_string();
         if self.dry_run {
             tracing::info!(fence = %r.name, pod_uid = %r.pod_uid, "dry-run: would report the fenced pod's sandboxes gone");
             return Ok(());
         }
-        let body = json!({
-            "metadata": {"uid": r.fence_uid},
-            "status": {"sandboxesGone": {
+        // A JSON patch's `test` is a real precondition on the status subresource (a uid in a
+        // merge patch is not: the status strategy keeps the stored metadata).
+        let ops = json!([
+            {"op": "test", "path": "/metadata/uid", "value": r.fence_uid},
+            {"op": "add", "path": "/status", "value": {"sandboxesGone": {
                 "node": self.node,
                 "podUid": r.pod_uid,
                 "fenceUid": r.fence_uid,
                 "observedAt": observed_at,
-            }},
-        });
+            }}},
+        ]);
+        let ops: json_patch::Patch =
+            serde_json::from_value(ops).map_err(|e| format!("report patch: {e}"))?;
         let api = Api::<IPFence>::namespaced(self.client.clone(), &self.namespace);
-        let (params, patch) = (PatchParams::default(), Patch::Merge(&body));
+        let (params, patch) = (PatchParams::default(), Patch::<()>::Json(ops));
         self.budgets
             .send(crate::release::WriteKind::Reservation, || {
                 api.patch_status(&r.name, &params, &patch)
