@@ -15,8 +15,9 @@ struct Cli {
 enum Command {
     /// Run the controller: release the addresses of deleted pods and sweep for leaks.
     Controller(Box<ipreclaim::controller::ControllerArgs>),
-    /// Run the node agent: relist the node's container runtime and release the addresses of
-    /// sandboxes that died while their pod lives on.
+    /// Run the node agent: relist the node's container runtime, release the addresses of
+    /// sandboxes that died while their pod lives on, and report fenced pods whose sandboxes are
+    /// gone.
     NodeAgent(Box<ipreclaim::node::NodeAgentArgs>),
     /// Report every allocation that would be released or is a leak candidate (read-only).
     Scan {

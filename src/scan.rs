@@ -112,6 +112,7 @@ pub async fn scan(
                             uid: f.metadata.uid.clone().unwrap_or_default(),
                             sandbox: f.spec.sandbox.clone(),
                             record,
+                            evidence: None,
                         },
                     ),
                     Err(error) => tracing::warn!(fence = %name, %error, "IPFence skipped"),

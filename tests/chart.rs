@@ -458,8 +458,41 @@ async fn the_charts_service_accounts_are_denied_what_the_programs_must_not_do() 
     let agent = service_account_client(cp, admin, &it.ns, "node-agent").await;
     forbidden(
         "node-agent lists pools",
-        Api::<ipreclaim::api::IPPool>::namespaced(agent, &it.ns)
+        Api::<ipreclaim::api::IPPool>::namespaced(agent.clone(), &it.ns)
             .list(&Default::default())
             .await,
     );
+    // It reports on fences through their status only: their spec is out of its reach.
+    let spec: ipreclaim::api::IPFenceSpec = serde_json::from_value(json!({
+        "pool": "p", "key": "1", "address": "192.0.2.1", "sandbox": "sb", "podref": "ns/a",
+        "uid": "u", "node": "n", "since": "2026-11-24T10:00:00Z",
+    }))
+    .unwrap();
+    Api::<ipreclaim::api::IPFence>::namespaced(admin.clone(), &it.ns)
+        .create(
+            &PostParams::default(),
+            &ipreclaim::api::IPFence::new("f", spec),
+        )
+        .await
+        .unwrap();
+    let fences = Api::<ipreclaim::api::IPFence>::namespaced(agent, &it.ns);
+    forbidden(
+        "node-agent patches a fence's spec",
+        fences
+            .patch(
+                "f",
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": {"node": "other"}})),
+            )
+            .await,
+    );
+    forbidden(
+        "node-agent deletes a fence",
+        fences.delete("f", &DeleteParams::default()).await,
+    );
+    let status = json!({"status": {"sandboxesGone": {"node": "n"}}});
+    fences
+        .patch_status("f", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .expect("node-agent patches a fence's status");
 }

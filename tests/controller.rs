@@ -1586,6 +1586,101 @@ async fn a_fence_timeout_releases_with_the_node_still_down() {
     env.delete_node(&node).await;
 }
 
+impl Env {
+    /// Writes `gone` as the node agent's report into fence `name`'s status.
+    async fn report_gone(&self, name: &str, gone: serde_json::Value) {
+        let status = serde_json::json!({"status": {"sandboxesGone": gone}});
+        Api::<ipreclaim::api::IPFence>::namespaced(self.client.clone(), &self.ns)
+            .patch_status(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(status),
+            )
+            .await
+            .unwrap();
+    }
+}
+
+/// The node agent's evidence lifts a fence at once though the settle is an hour and the node
+/// is still down, with a release Event that says why; evidence naming another node, another
+/// pod or another fence object (an earlier fence of the same address: stale), or malformed,
+/// is counted and never lifts. Each rejection is awaited on its metric, so the fence held
+/// through a pass that saw it.
+#[tokio::test]
+async fn a_fence_lifts_at_once_on_its_node_agents_evidence_and_never_on_wrong_or_stale_evidence() {
+    let mut env = Env::new("ctl-fence-evidence").await;
+    let node = env.fence_node("Unknown").await;
+    let uid = env.fenced_web_0(&node, &["--fence-settle=1h"]).await;
+    env.assert_web_0_fenced_alone(&node).await;
+    let name = ipreclaim::ipam::fence::fence_object_name("192.0.2.0-24", "10");
+    let fence = Api::<ipreclaim::api::IPFence>::namespaced(env.client.clone(), &env.ns)
+        .get(&name)
+        .await
+        .unwrap();
+    let fence_uid = fence.metadata.uid.clone().unwrap();
+    assert_eq!(
+        fence
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(ipreclaim::ipam::fence::NODE_LABEL)),
+        Some(&node),
+        "the agent finds its node's fences by label"
+    );
+    let good = serde_json::json!({
+        "node": node, "podUid": uid, "fenceUid": fence_uid, "observedAt": jiff::Timestamp::now().to_string(),
+    });
+    let with = |field: &str, value: &str| {
+        let mut v = good.clone();
+        v[field] = value.into();
+        v
+    };
+    for (report, reason) in [
+        (with("node", "another-node"), "wrong_node"),
+        (with("podUid", "another-pod"), "wrong_pod"),
+        (with("fenceUid", "an-earlier-fence"), "other_fence"),
+        (with("observedAt", "yesterday"), "malformed"),
+    ] {
+        env.report_gone(&name, report).await;
+        env.wait_metric(&format!(
+            r#"ipreclaim_fence_evidence_rejected_total{{reason="{reason}"}} 1"#
+        ))
+        .await;
+        env.assert_web_0_fenced(&node).await;
+    }
+    let reported = std::time::Instant::now();
+    env.report_gone(&name, good).await;
+    env.wait_keys("192.0.2.0-24", &["11"]).await;
+    wait_for("web-0's entry and fence record gone", || async {
+        env.entry_and_fence("192.0.2.0-24", "10").await == (None, None)
+    })
+    .await;
+    let released = env.wait_events("IPAddressGarbageCollected").await;
+    assert_eq!(released.len(), 1, "{released:?}");
+    assert_eq!(
+        (released[0].0.as_str(), released[0].1.as_str()),
+        ("web-0", uid.as_str())
+    );
+    assert!(
+        released[0].2.starts_with(&format!(
+            "successful cleanup of IP address [192.0.2.10] from network {}/macvlan (fence lifted: the node agent on its node saw the pod's sandboxes gone)",
+            env.ns
+        )),
+        "{}",
+        released[0].2
+    );
+    wait_for("web-0's reservation deleted", || async {
+        env.reservation_names().await.is_empty()
+    })
+    .await;
+    println!(
+        "lifted {:?} after the report (settle 1h)",
+        reported.elapsed()
+    );
+    env.stop().await;
+    env.delete_node(&node).await;
+}
+
 #[tokio::test]
 async fn with_fencing_off_a_pod_of_an_unready_node_is_released_at_once_and_old_fences_lift() {
     let mut env = Env::new("ctl-fence-off").await;

@@ -536,6 +536,189 @@ async fn sandboxes_without_an_api_pod_are_counted_as_orphaned_runtime_pods(mut e
     env.stop().await;
 }
 
+impl NodeEnv {
+    /// An `IPFence` (written as the controller does, labelled for this node) of pod `pod_uid`
+    /// whose entry held `sandbox`, its spec naming `node`; returns its uid.
+    async fn fence(&self, pod: &str, pod_uid: &str, sandbox: &str, node: &str) -> String {
+        let spec: ipreclaim::api::IPFenceSpec = serde_json::from_value(serde_json::json!({
+            "pool": POOL, "key": "10", "address": "192.0.2.10", "sandbox": sandbox,
+            "podref": format!("{}/{pod}", self.ns), "uid": pod_uid, "node": node,
+            "why": "Ready=Unknown", "since": jiff::Timestamp::now().to_string(),
+        }))
+        .unwrap();
+        let mut fence = ipreclaim::api::IPFence::new(&format!("{POOL}-{pod}"), spec);
+        fence.metadata.labels = Some(BTreeMap::from([(
+            ipreclaim::ipam::fence::NODE_LABEL.to_string(),
+            ipreclaim::ipam::fence::node_label_value(&self.node),
+        )]));
+        Api::<ipreclaim::api::IPFence>::namespaced(self.client.clone(), &self.ns)
+            .create(&PostParams::default(), &fence)
+            .await
+            .unwrap()
+            .metadata
+            .uid
+            .unwrap()
+    }
+
+    /// The node agent's report in fence `pod`'s status, if any.
+    async fn report_of(&self, pod: &str) -> Option<ipreclaim::api::SandboxesGone> {
+        Api::<ipreclaim::api::IPFence>::namespaced(self.client.clone(), &self.ns)
+            .get(&format!("{POOL}-{pod}"))
+            .await
+            .unwrap()
+            .status
+            .and_then(|s| s.sandboxes_gone)
+    }
+
+    /// Waits until `n` more relists have completed.
+    async fn wait_relists(&self, n: f64) {
+        let count = "ipreclaim_node_relist_duration_seconds_count";
+        let from = self.metric(count).await;
+        wait_for(&format!("{n} more relists"), || async {
+            self.metric(count).await >= from + n
+        })
+        .await;
+    }
+}
+
+const TERMINATING: &str = r#"ipreclaim_node_fenced_pods{state="terminating"}"#;
+const TERMINATED: &str = r#"ipreclaim_node_fenced_pods{state="terminated"}"#;
+const REPORTED: &str = r#"ipreclaim_node_fence_reports_total{outcome="reported"}"#;
+
+testenv::as_admin_and_as_the_chart!(
+    NodeEnv,
+    a_fenced_pod_is_reported_gone_only_once_its_sandbox_is_removed,
+    "node-evidence"
+);
+/// A pod force-deleted while this node was down, its address fenced: while its sandbox runs,
+/// and while it is stopped but still there, nothing is reported; once containerd no longer
+/// lists it, the fence's status names this node, the pod and the fence object. A fence
+/// labelled for this node but naming another in its spec is never reported.
+async fn a_fenced_pod_is_reported_gone_only_once_its_sandbox_is_removed(mut env: NodeEnv) {
+    let uid = format!("{}-web-0", env.ns);
+    let sb = env.run_sandbox("web-0", &uid).await;
+    let node = env.node.clone();
+    let fence_uid = env.fence("web-0", &uid, &sb, &node).await;
+    env.fence(
+        "other-0",
+        &format!("{}-other-0", env.ns),
+        "sb-gone",
+        "another-node",
+    )
+    .await;
+    env.start(&[]).await;
+    env.wait_metric(TERMINATING, 1.0).await;
+    env.wait_relists(5.0).await;
+    assert_eq!(env.metric(TERMINATING).await, 1.0, "its sandbox runs");
+    assert_eq!(env.report_of("web-0").await, None);
+
+    env.stop_sandbox(&sb).await;
+    env.wait_metric(TERMINATED, 1.0).await;
+    env.wait_relists(5.0).await;
+    assert_eq!(env.report_of("web-0").await, None, "stopped is not gone");
+    assert_eq!(env.metric(REPORTED).await, 0.0);
+
+    env.delete_sandbox(&sb).await;
+    wait_for("the fence's report", || async {
+        env.report_of("web-0").await.is_some()
+    })
+    .await;
+    let report = env.report_of("web-0").await.unwrap();
+    assert_eq!(
+        (
+            report.node.as_str(),
+            report.pod_uid.as_str(),
+            report.fence_uid.as_str()
+        ),
+        (node.as_str(), uid.as_str(), fence_uid.as_str())
+    );
+    assert!(
+        report.observed_at.parse::<jiff::Timestamp>().is_ok(),
+        "{report:?}"
+    );
+    env.wait_metric(REPORTED, 1.0).await;
+    env.wait_relists(3.0).await;
+    assert_eq!(env.metric(REPORTED).await, 1.0, "reported once");
+    assert_eq!(env.report_of("other-0").await, None, "another node's fence");
+    env.stop().await;
+}
+
+/// A report carries its fence object's uid as a precondition: one made for an earlier fence
+/// of the same name (deleted and written again since) is refused by the apiserver and lands
+/// nowhere.
+#[tokio::test]
+async fn a_report_for_a_replaced_fence_object_is_refused() {
+    let env = NodeEnv::new("node-evidence-stale").await;
+    let uid = format!("{}-web-0", env.ns);
+    let node = env.node.clone();
+    let fence_uid = env.fence("web-0", &uid, "sb-web-0", &node).await;
+    let budgets = ipreclaim::release::Budgets::new(
+        ipreclaim::release::BudgetConfig {
+            pool_qps: 0.0,
+            pool_burst: 1,
+            reservation_qps: 0.0,
+            reservation_burst: 1,
+            write_qps: 0.0,
+            write_burst: 1,
+            max_in_flight: 1,
+        },
+        podlife::clock::RealClock::shared(),
+        ipreclaim::telemetry::WriteMetrics::new(&mut Default::default()),
+    );
+    let reporter = ipreclaim::node::fences::Reporter {
+        client: env.client.clone(),
+        namespace: env.ns.clone(),
+        node: node.clone(),
+        dry_run: false,
+        budgets,
+    };
+    let report = |fence_uid: &str| ipreclaim::node::evidence::Report {
+        name: format!("{POOL}-web-0"),
+        fence_uid: fence_uid.into(),
+        pod_uid: uid.clone(),
+    };
+    let refused = reporter.report(&report("an-earlier-fence")).await;
+    assert!(
+        refused.as_ref().is_err_and(|e| e.contains("code: 422")),
+        "{refused:?}"
+    );
+    assert_eq!(env.report_of("web-0").await, None);
+    reporter.report(&report(&fence_uid)).await.unwrap();
+    assert_eq!(
+        env.report_of("web-0").await.map(|r| r.fence_uid),
+        Some(fence_uid)
+    );
+}
+
+/// A fenced pod with no sandbox here is not reported while the runtime does not answer (a
+/// failed listing shows nothing, which is not "gone"), and is once it answers again.
+#[tokio::test]
+async fn a_runtime_that_does_not_answer_is_no_evidence() {
+    let mut env = NodeEnv::new("node-evidence-outage").await;
+    let uid = format!("{}-web-0", env.ns);
+    let node = env.node.clone();
+    // Killed, not stopped: a containerd stopped right after its start took two minutes to stop
+    // again at the end of the test.
+    env.containerd.kill().expect("kill containerd");
+    env.fence("web-0", &uid, "sb-web-0", &node).await;
+    env.start(&[]).await;
+    env.wait_metric(TERMINATING, 1.0).await;
+    let failures = "ipreclaim_node_relist_failures_total";
+    wait_for("three failed relists", || async {
+        env.metric(failures).await >= 3.0
+    })
+    .await;
+    assert_eq!(env.report_of("web-0").await, None);
+    assert_eq!(env.metric(REPORTED).await, 0.0);
+    env.containerd.restart().await.expect("restart containerd");
+    wait_for("the fence's report", || async {
+        env.report_of("web-0").await.is_some()
+    })
+    .await;
+    env.wait_metric(REPORTED, 1.0).await;
+    env.stop().await;
+}
+
 /// The pid of a sandbox's pause process, from containerd's verbose status.
 async fn sandbox_pid(cri: &mut RuntimeServiceClient<Channel>, id: &str) -> i32 {
     let status = cri

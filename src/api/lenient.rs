@@ -142,6 +142,26 @@ mod tests {
     }
 
     #[test]
+    fn a_fence_whose_status_does_not_fit_is_read_without_it_and_stays_a_fence() {
+        let fence = |status: serde_json::Value| {
+            let f: Lenient<crate::api::IPFence> = serde_json::from_value(json!({
+                "apiVersion": "ipreclaim.io/v1alpha1", "kind": "IPFence",
+                "metadata": {"name": "p-10", "namespace": "ns", "uid": "f1"},
+                "spec": {"pool": "p", "key": "10", "address": "192.0.2.10", "sandbox": "sb",
+                         "podref": "ns/web-0", "uid": "u1", "node": "n", "since": "2026-11-24T10:00:00Z"},
+                "status": status,
+            }))
+            .unwrap();
+            f.valid().expect("a valid fence").status.clone()
+        };
+        assert_eq!(fence(json!({"sandboxesGone": "yes"})), None);
+        assert_eq!(fence(json!({"sandboxesGone": {"node": 5}})), None);
+        let ok = fence(json!({"sandboxesGone": {"node": "n"}})).unwrap();
+        let gone = ok.sandboxes_gone.unwrap();
+        assert_eq!((gone.node.as_str(), gone.pod_uid.as_str()), ("n", ""));
+    }
+
+    #[test]
     fn a_nad_without_spec_is_a_nad_without_config() {
         let nad: Lenient<NetworkAttachmentDefinition> = serde_json::from_value(json!({
             "apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",

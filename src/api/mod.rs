@@ -144,6 +144,7 @@ pub struct NetworkAttachmentDefinitionSpec {
     singular = "ipfence",
     shortname = "ipf",
     namespaced,
+    status = "IPFenceStatus",
     printcolumn = r#"{"name":"Address","type":"string","jsonPath":".spec.address"}"#,
     printcolumn = r#"{"name":"Pod","type":"string","jsonPath":".spec.podref"}"#,
     printcolumn = r#"{"name":"Node","type":"string","jsonPath":".spec.node"}"#,
@@ -177,13 +178,60 @@ pub struct IPFenceSpec {
     pub since: String,
 }
 
+/// IPFenceStatus: what the node agent on the fence's node reports (a status subresource, so
+/// the agent's RBAC is `patch` on `ipfences/status` and it can never change the spec).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct IPFenceStatus {
+    /// The node agent saw none of the pod's sandboxes in its container runtime.
+    #[serde(
+        default,
+        rename = "sandboxesGone",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub sandboxes_gone: Option<SandboxesGone>,
+}
+
+/// Evidence that a fenced pod's sandboxes are gone from its node. The controller trusts it only
+/// when `node`, `podUid` and `fenceUid` are this fence's own.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct SandboxesGone {
+    /// The node whose agent looked.
+    #[serde(default)]
+    pub node: String,
+    /// The pod whose sandboxes were looked for.
+    #[serde(default, rename = "podUid")]
+    pub pod_uid: String,
+    /// The uid of the IPFence the agent saw before the listing (binds the evidence to this
+    /// fence: a later fence of the same address is another object).
+    #[serde(default, rename = "fenceUid")]
+    pub fence_uid: String,
+    /// When the listing that showed no sandbox completed (RFC 3339, the node's clock; for
+    /// people, not trusted).
+    #[serde(default, rename = "observedAt")]
+    pub observed_at: String,
+}
+
 /// An entry without `id` or `podref` (older whereabouts releases did not require them) is
 /// read with them empty and reported as a problem of its pool.
 impl lenient::Defaults for IPPool {}
 
 impl lenient::Defaults for OverlappingRangeIPReservation {}
 
-impl lenient::Defaults for IPFence {}
+impl lenient::Defaults for IPFence {
+    /// A status that does not fit (an older or foreign writer) is dropped, so the fence itself
+    /// stays readable and held; it never counts as evidence.
+    fn fill_defaults(object: &mut serde_json::Value) {
+        let Some(o) = object.as_object_mut() else {
+            return;
+        };
+        if let Some(status) = o.get("status")
+            && let Err(e) = IPFenceStatus::deserialize(status)
+        {
+            tracing::warn!(error = %e, "IPFence status does not fit; ignored");
+            o.remove("status");
+        }
+    }
+}
 
 impl lenient::Defaults for NetworkAttachmentDefinition {
     /// Upstream's schema does not require `spec`: without it (the config is a file on the

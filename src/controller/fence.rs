@@ -14,7 +14,11 @@ use super::watch::{Synced, drive};
 use crate::api::slim::NodeReadyView as NodeObject;
 use crate::ipam::PoolEntry;
 use crate::ipam::fence::FenceRecord;
-use crate::reclaim::fence::{FencePolicy, Lift, Moment, NodeReadiness, distrust, lift};
+use crate::ipam::fence::FenceSource;
+use crate::reclaim::fence::{
+    FenceIdentity, FencePolicy, GoneReport, Lift, Moment, NodeReadiness, Rejected, distrust,
+    lift_with_report,
+};
 use crate::reclaim::{Decision, Reason};
 use crate::release::{EntryWrite, ReleaseOutcome, ReleaseRequest};
 use crate::watch_retry::retrying;
@@ -172,6 +176,8 @@ pub struct Lifter {
     pub(crate) records_seen: std::sync::Mutex<HashMap<String, Instant>>,
     /// Entries (pool, key) whose last write failed: not tried again before their backoff.
     pub(crate) backoff: podlife::backoff::Backoff<(String, String)>,
+    /// Node agent reports rejected so far, as (fence uid, why): logged and counted once.
+    pub(crate) rejected: std::sync::Mutex<HashSet<(String, Rejected)>>,
 }
 
 /// First and longest wait before a failed fence write (lift or completion) is tried again.
@@ -203,6 +209,7 @@ impl Lifter {
             }
         };
         let mut lifted = Vec::new();
+        let mut by_agent: HashSet<(String, String)> = HashSet::new();
         let mut oldest = Duration::ZERO;
         let mut held = found.pending.len() as i64;
         {
@@ -213,6 +220,18 @@ impl Lifter {
                 .map(|(pool, f)| (pool.clone(), f.entry.key.clone(), f.record.uid.clone()))
                 .collect();
             first_seen.retain(|k, _| keys.contains(k));
+            let uids: HashSet<&str> = found
+                .fenced
+                .iter()
+                .filter_map(|(_, f)| match &f.source {
+                    FenceSource::Object { uid, .. } => Some(uid.as_str()),
+                    FenceSource::Annotation => None,
+                })
+                .collect();
+            self.rejected
+                .lock()
+                .expect("fence evidence lock")
+                .retain(|(uid, _)| uids.contains(uid.as_str()));
             let v = self.view.read().expect("node view lock");
             self.ctx.metrics.unready_nodes.set(v.unready() as i64);
             for (pool, f) in &found.fenced {
@@ -223,7 +242,7 @@ impl Lifter {
                     mono: *first_seen.entry(key).or_insert(now.mono),
                 };
                 let lifts = match &self.policy {
-                    Some(policy) => lift(fence, node, now, policy),
+                    Some(policy) => self.lift(f, fence, node, now, policy),
                     None => Some(Lift::FencingOff),
                 };
                 match lifts {
@@ -231,6 +250,9 @@ impl Lifter {
                     Some(why) => {
                         tracing::info!(%pool, ip = %f.entry.ip, podref = %f.record.podref, node = %f.record.node, lifted = why.as_str(), "fence lifts");
                         let write = EntryWrite::Unfence(f.record.clone(), f.source.clone());
+                        if why == Lift::SandboxesGone {
+                            by_agent.insert((pool.clone(), f.entry.key.clone()));
+                        }
                         lifted.push(fence_request(pool, &f.entry, &f.record, write));
                     }
                     None => {
@@ -256,10 +278,13 @@ impl Lifter {
         writes.retain(|r| !self.backoff.is_in_backoff_since(&key(r), now.mono));
         if !writes.is_empty() {
             let outcomes = self.ctx.writer.release(writes.clone()).await;
-            self.ctx
-                .events
-                .released_all(writes.iter().zip(&outcomes))
-                .await;
+            let (agent, rest): (Vec<_>, Vec<_>) = writes
+                .iter()
+                .zip(&outcomes)
+                .partition(|(r, _)| by_agent.contains(&key(r)));
+            self.ctx.events.released_all(rest).await;
+            let why = (Lift::SandboxesGone.as_str(), "SandboxesGone");
+            self.ctx.events.released_all_because(agent, Some(why)).await;
             for (r, o) in writes.iter().zip(&outcomes) {
                 match o {
                     Err(e) => {
@@ -290,6 +315,52 @@ impl Lifter {
             }
             self.ctx.writer.clear_fences(&pool, annotations).await;
         }
+    }
+
+    /// Whether fence `f` lifts, its node agent's report counted; a report that does not count
+    /// is logged and counted once per fence and why, never acted on.
+    fn lift(
+        &self,
+        f: &FencedEntry,
+        fence: Moment,
+        node: Option<&NodeReadiness>,
+        now: Moment,
+        policy: &FencePolicy,
+    ) -> Option<Lift> {
+        let fence_uid = match &f.source {
+            FenceSource::Object { uid, .. } => uid.as_str(),
+            FenceSource::Annotation => "",
+        };
+        let identity = FenceIdentity {
+            node: &f.record.node,
+            pod_uid: &f.record.uid,
+            fence_uid,
+        };
+        let report = f.evidence.as_ref().map(|e| GoneReport {
+            node: &e.node,
+            pod_uid: &e.pod_uid,
+            fence_uid: &e.fence_uid,
+            observed_at: &e.observed_at,
+        });
+        let (lifts, rejected) =
+            lift_with_report(fence, identity, report.as_ref(), node, now, policy);
+        if let (Some(why), Some(report)) = (rejected, &report)
+            && self
+                .rejected
+                .lock()
+                .expect("fence evidence lock")
+                .insert((fence_uid.to_owned(), why))
+        {
+            tracing::warn!(ip = %f.entry.ip, podref = %f.record.podref, node = %f.record.node, fence_uid, report_node = report.node, report_pod_uid = report.pod_uid, report_fence_uid = report.fence_uid, rejected = why.as_str(), "node agent report on a fence ignored");
+            self.ctx
+                .metrics
+                .fence_evidence_rejected
+                .get_or_create(&crate::telemetry::metrics::ReasonLabel {
+                    reason: why.as_str().into(),
+                })
+                .inc();
+        }
+        lifts
     }
 
     /// Pending fences to complete and left-over records to delete, each once it has waited
@@ -336,6 +407,7 @@ impl Lifter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::reclaim::fence::lift;
     use k8s_openapi::api::core::v1::NodeCondition;
 
     fn node(name: &str, ready: Option<&str>) -> NodeObject {

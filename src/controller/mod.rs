@@ -77,7 +77,7 @@ pub struct ControllerArgs {
     #[arg(long, env = "IPRECLAIM_FENCE_UNREADY_NODES", default_value_t = true, action = clap::ArgAction::Set)]
     pub fence_unready_nodes: bool,
     /// How long a node must be Ready again before its fences lift (time to kill what it should
-    /// no longer run).
+    /// no longer run), unless the node agent there reports the pod's sandboxes gone first.
     #[arg(long, env = "IPRECLAIM_FENCE_SETTLE", default_value = "30s", value_parser = parse_duration)]
     pub fence_settle: Duration,
     /// Lift a fence after this long even if its node never comes back (default: never).
@@ -483,6 +483,7 @@ pub async fn run(
                 fence::WRITE_BACKOFF.1,
                 clock.clone(),
             ),
+            rejected: Default::default(),
         };
         let mut reporter = report::Reporter {
             events: ctx.events.clone(),

@@ -145,6 +145,8 @@ pub struct FencedEntry {
     pub record: FenceRecord,
     /// Where the record is kept.
     pub source: FenceSource,
+    /// The node agent's report on its object, if any (checked before it counts).
+    pub evidence: Option<crate::api::SandboxesGone>,
 }
 
 /// An `IPFence` object, parsed.
@@ -158,6 +160,8 @@ pub struct FenceObject {
     pub sandbox: String,
     /// The record.
     pub record: FenceRecord,
+    /// The node agent's report (its status), if any.
+    pub evidence: Option<crate::api::SandboxesGone>,
 }
 
 /// A reservation, stripped.
@@ -972,6 +976,7 @@ impl crate::release::Index for std::sync::RwLock<State> {
                 uid,
                 sandbox: sandbox.to_owned(),
                 record: record.clone(),
+                evidence: None,
             },
         );
     }
@@ -1219,6 +1224,7 @@ mod tests {
             uid: format!("uid-{name}"),
             sandbox: sandbox.into(),
             record: record(podref),
+            evidence: None,
         }
     }
 

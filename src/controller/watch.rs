@@ -311,6 +311,7 @@ pub async fn fences(client: Client, namespace: String, state: Arc<RwLock<State>>
                             uid: fence.metadata.uid.clone().unwrap_or_default(),
                             sandbox: fence.spec.sandbox.clone(),
                             record,
+                            evidence: fence.status.as_ref().and_then(|s| s.sandboxes_gone.clone()),
                         };
                         (fence.spec.pool.clone(), fence.spec.key.clone(), object)
                     }),

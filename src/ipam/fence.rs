@@ -45,6 +45,30 @@ pub struct FenceRecord {
 /// Longest object name (a DNS subdomain).
 const MAX_NAME: usize = 253;
 
+/// Label on each `IPFence` naming its node (see [`node_label_value`]): the node agent lists
+/// only its own node's fences. Records written before it have none and wait the settle.
+pub const NODE_LABEL: &str = "ipreclaim.io/node";
+
+/// Longest label value.
+const MAX_LABEL_VALUE: usize = 63;
+
+/// FNV-1a: stable across releases and machines (names and labels are looked up again later).
+fn fnv(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// The [`NODE_LABEL`] value for `node`: its name, or when longer than a label value allows,
+/// its head and a hash of the whole (the agent checks `spec.node` too).
+pub fn node_label_value(node: &str) -> String {
+    if node.len() <= MAX_LABEL_VALUE {
+        return node.to_owned();
+    }
+    let head = node[..MAX_LABEL_VALUE - 17].trim_end_matches(['-', '.']);
+    format!("{head}-{:016x}", fnv(node))
+}
+
 /// The `IPFence` object's name for the entry at `key` of `pool`: `<pool>-<key>` (the key is
 /// digits, so the last `-` tells them apart), shortened with a hash of the whole when too long.
 pub fn fence_object_name(pool: &str, key: &str) -> String {
@@ -52,10 +76,7 @@ pub fn fence_object_name(pool: &str, key: &str) -> String {
     if name.len() <= MAX_NAME {
         return name;
     }
-    // FNV-1a: stable across releases and machines (the name is looked up again later).
-    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
+    let hash = fnv(&name);
     let head = name[..MAX_NAME - 17].trim_end_matches(['-', '.']);
     format!("{head}-{hash:016x}")
 }
@@ -234,6 +255,17 @@ mod tests {
             ..spec
         };
         assert!(fence_record(&empty).is_err());
+    }
+
+    #[test]
+    fn a_node_label_is_the_node_name_or_a_stable_hash_within_63_chars() {
+        assert_eq!(node_label_value("node-a.example"), "node-a.example");
+        let long = format!("{}.example.com", "n".repeat(70));
+        let v = node_label_value(&long);
+        assert!(v.len() <= 63, "{}", v.len());
+        assert_eq!(v, node_label_value(&long), "stable");
+        assert_ne!(v, node_label_value(&format!("{long}x")));
+        assert!(v.starts_with('n') && v.chars().last().unwrap().is_ascii_alphanumeric());
     }
 
     #[test]

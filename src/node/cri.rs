@@ -1,7 +1,7 @@
 //! A [`PodSource`] over CRI: ListPodSandbox and ListContainers for the listing, and
 //! PodSandboxStatus only when the PLEG inspects a pod that changed.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -61,6 +61,11 @@ pub struct RuntimeView {
     pub sandboxes: HashMap<String, u64>,
     /// Pods of the last listing: uid -> (namespace, name).
     pub pods: HashMap<String, (String, String)>,
+    /// Pods of the last listing with a sandbox Ready (running).
+    pub ready: HashSet<String>,
+    /// Sandboxes of the last listing without pod metadata, and containers not exited whose
+    /// sandbox is not listed: whose pod cannot be told.
+    pub unattributed: usize,
 }
 
 /// The container runtime, as the PLEG sees it.
@@ -187,12 +192,20 @@ impl CriPodSource {
         counter.inc();
     }
 
-    fn record(&self, pods: &[RuntimePod]) {
+    fn record(&self, pods: &[RuntimePod], unattributed: usize) {
         let mut view = self.view.lock().expect("runtime view lock");
         view.listings += 1;
         let n = view.listings;
         view.pods.clear();
+        view.ready.clear();
+        view.unattributed = unattributed;
         for p in pods {
+            if p.sandboxes
+                .iter()
+                .any(|s| s.state == ContainerState::Running)
+            {
+                view.ready.insert(p.uid.clone());
+            }
             view.pods
                 .insert(p.uid.clone(), (p.namespace.clone(), p.name.clone()));
             for sb in &p.sandboxes {
@@ -226,8 +239,12 @@ impl PodSource for CriPodSource {
             .containers;
         let mut pods: HashMap<String, RuntimePod> = HashMap::new();
         let mut pod_of_sandbox: HashMap<String, String> = HashMap::new();
+        let mut unattributed = 0;
         for sb in sandboxes {
-            let Some(meta) = sb.metadata else { continue };
+            let Some(meta) = sb.metadata else {
+                unattributed += 1;
+                continue;
+            };
             pod_of_sandbox.insert(sb.id.clone(), meta.uid.clone());
             let pod = pods.entry(meta.uid.clone()).or_insert_with(|| RuntimePod {
                 uid: meta.uid.clone(),
@@ -250,6 +267,9 @@ impl PodSource for CriPodSource {
             {
                 pod.containers
                     .push(Container::new(c.id, container_state(c.state)));
+            } else if container_state(c.state) != ContainerState::Exited {
+                // It may still hold its gone sandbox's network namespace: no pod is gone.
+                unattributed += 1;
             }
         }
         let mut pods: Vec<RuntimePod> = pods.into_values().collect();
@@ -259,7 +279,7 @@ impl PodSource for CriPodSource {
             p.containers.sort_by(|a, b| a.id.cmp(&b.id));
         }
         pods.sort_by(|a, b| a.uid.cmp(&b.uid));
-        self.record(&pods);
+        self.record(&pods, unattributed);
         Ok(pods)
     }
 

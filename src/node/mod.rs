@@ -2,10 +2,16 @@
 //! witnesses sandboxes that died while their pod lives on, and releases the pool entries those
 //! sandboxes held (the CNI DEL that should have freed them never ran).
 //!
-//! It never lists cluster-wide: its only watch is the metadata of this node's pods; everything
-//! else is a targeted GET.
+//! It also reports, for each fence of this node (an `IPFence` the controller wrote when a pod
+//! was deleted while the node was not Ready), once the runtime lists none of the pod's
+//! sandboxes: the controller then lifts the fence at once instead of waiting the settle.
+//!
+//! It never lists cluster-wide: its watches are the metadata of this node's pods and this
+//! node's fences; everything else is a targeted GET.
 
 pub mod cri;
+pub mod evidence;
+pub mod fences;
 pub mod release;
 pub mod witness;
 
@@ -149,7 +155,15 @@ struct Agent {
     releaser: Arc<Releaser>,
     logged_orphans: HashSet<String>,
     pleg: PlegHandle,
+    fences: fences::Fences,
+    evidence: evidence::Evidence,
+    reporter: Arc<fences::Reporter>,
+    /// The listing the evidence last looked at.
+    evidence_listing: u64,
 }
+
+/// A report written (fence uid, pod uid, outcome).
+type ReportDone = (String, String, Result<(), String>);
 
 impl Agent {
     fn on_event(&mut self, ev: PodLifecycleEvent) {
@@ -215,6 +229,79 @@ impl Agent {
         self.metrics
             .dead_sandboxes_pending
             .set(self.witness.pending() as i64);
+    }
+
+    /// Looks at this node's fences against the newest complete listing and starts the
+    /// reports due. The fences are read before the listing count, so a fence counts as seen
+    /// no earlier than it was.
+    fn check_fences(&mut self, tasks: &mut JoinSet<ReportDone>) {
+        let listed: Vec<evidence::Fence> = {
+            let map = self.fences.lock().expect("fences lock");
+            map.values().cloned().collect()
+        };
+        let (listings, listing) = {
+            let view = self.view.lock().expect("runtime view lock");
+            let listing = (view.listings > self.evidence_listing).then(|| evidence::Listing {
+                number: view.listings,
+                pods: view.pods.keys().cloned().collect(),
+                ready: view.ready.clone(),
+                sandboxes: view
+                    .sandboxes
+                    .iter()
+                    .filter(|(_, n)| **n == view.listings)
+                    .map(|(id, _)| id.clone())
+                    .collect(),
+                unattributed: view.unattributed,
+            });
+            (view.listings, listing)
+        };
+        for (f, why) in self.evidence.set_fences(listed, listings) {
+            tracing::warn!(fence = %f.name, node = %f.node, pod_uid = %f.pod_uid, skipped = ?why, "fence not looked at");
+        }
+        if let Some(listing) = listing {
+            self.evidence_listing = listing.number;
+            for r in self.evidence.listed(&listing) {
+                tracing::info!(fence = %r.name, pod_uid = %r.pod_uid, listing = listing.number, "fenced pod has no sandbox left on this node; reporting");
+                let reporter = self.reporter.clone();
+                tasks.spawn(async move {
+                    let outcome = reporter.report(&r).await;
+                    (r.fence_uid, r.pod_uid, outcome)
+                });
+            }
+        }
+        let states = self.evidence.states();
+        for (state, label) in [
+            (podlife::lifecycle::PodState::Terminating, "terminating"),
+            (podlife::lifecycle::PodState::Terminated, "terminated"),
+            (podlife::lifecycle::PodState::Finished, "finished"),
+        ] {
+            self.metrics
+                .fenced_pods
+                .get_or_create(&crate::telemetry::node_metrics::StateLabel {
+                    state: label.into(),
+                })
+                .set(states.get(&state).copied().unwrap_or(0) as i64);
+        }
+    }
+
+    fn reported(&mut self, (fence_uid, pod_uid, outcome): ReportDone) {
+        let label = if outcome.is_ok() {
+            "reported"
+        } else {
+            "failed"
+        };
+        if let Err(error) = &outcome {
+            tracing::warn!(%fence_uid, %pod_uid, %error, "reporting a fenced pod's sandboxes gone failed; retried");
+        }
+        self.metrics
+            .fence_reports
+            .get_or_create(&crate::telemetry::node_metrics::OutcomeLabel {
+                outcome: label.into(),
+            })
+            .inc();
+        let listings = self.view.lock().expect("runtime view lock").listings;
+        self.evidence
+            .reported(&fence_uid, outcome.is_ok(), listings);
     }
 
     fn start_due(&mut self, tasks: &mut JoinSet<(DeadSandbox, Outcome)>) {
@@ -312,6 +399,8 @@ pub async fn run(
     tracing::info!(%metrics_addr, node = %args.node_name, cri = %args.cri_endpoint, dry_run = args.dry_run, "node agent starting");
 
     let (pods, watch_task) = watch_node_pods(client.clone(), &args.node_name);
+    let (fence_map, fence_task) =
+        fences::watch(client.clone(), &args.whereabouts_namespace, &args.node_name);
     // A node's releases are few; keep its share of the API small.
     let budgets = Budgets::new(
         BudgetConfig {
@@ -335,7 +424,7 @@ pub async fn run(
     let writer = writer::spawn(Arc::new(writer::Writer {
         client: client.clone(),
         namespace: args.whereabouts_namespace.clone(),
-        budgets,
+        budgets: budgets.clone(),
         patch_interval: POOL_PATCH_INTERVAL,
         metrics: writes,
         events: events_pub.clone(),
@@ -370,6 +459,16 @@ pub async fn run(
         releaser,
         logged_orphans: HashSet::new(),
         pleg: handle.clone(),
+        fences: fence_map,
+        evidence: evidence::Evidence::new(&args.node_name),
+        reporter: Arc::new(fences::Reporter {
+            client: client.clone(),
+            namespace: args.whereabouts_namespace.clone(),
+            node: args.node_name.clone(),
+            dry_run: args.dry_run,
+            budgets: budgets.clone(),
+        }),
+        evidence_listing: 0,
     };
     let main = async {
         // Nothing is judged before this node's pods are known.
@@ -379,6 +478,7 @@ pub async fn run(
         health.set_ready(true);
         tracing::info!("node pods synced; ready");
         let mut tasks: JoinSet<(DeadSandbox, Outcome)> = JoinSet::new();
+        let mut reports: JoinSet<ReportDone> = JoinSet::new();
         let mut tick = tokio::time::interval(args.relist_period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -399,7 +499,14 @@ pub async fn run(
                     Ok((sb, outcome)) => agent.finished(sb, outcome).await,
                     Err(e) => tracing::error!(error = %e, "release task failed"),
                 },
-                _ = tick.tick() => agent.refresh(),
+                Some(done) = reports.join_next() => match done {
+                    Ok(done) => agent.reported(done),
+                    Err(e) => tracing::error!(error = %e, "fence report task failed"),
+                },
+                _ = tick.tick() => {
+                    agent.refresh();
+                    agent.check_fences(&mut reports);
+                }
             }
         }
     };
@@ -411,6 +518,7 @@ pub async fn run(
     let _ = pleg_task.await;
     health.set_ready(false);
     watch_task.abort();
+    fence_task.abort();
     server.abort();
     Ok(())
 }

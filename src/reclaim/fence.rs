@@ -66,6 +66,8 @@ pub enum Lift {
     OutOfService,
     /// Fencing is turned off.
     FencingOff,
+    /// The node agent on the fence's node saw none of the pod's sandboxes after the fence.
+    SandboxesGone,
 }
 
 impl Lift {
@@ -77,6 +79,7 @@ impl Lift {
             Lift::TimedOut => "the fence timed out",
             Lift::OutOfService => "its node is tainted out-of-service (declared powered off)",
             Lift::FencingOff => "fencing is turned off",
+            Lift::SandboxesGone => "the node agent on its node saw the pod's sandboxes gone",
         }
     }
 }
@@ -124,6 +127,109 @@ pub fn lift(
     // the node when the fence was set must not shorten the settle period.
     let ready_from = ready_seen.max(fence.mono);
     (now.mono.saturating_duration_since(ready_from) >= policy.settle).then_some(Lift::NodeSettled)
+}
+
+/// Whose a fence is, as its evidence must name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FenceIdentity<'a> {
+    /// The fence's node (`spec.node`).
+    pub node: &'a str,
+    /// The deleted pod's uid (`spec.uid`).
+    pub pod_uid: &'a str,
+    /// The `IPFence` object's uid.
+    pub fence_uid: &'a str,
+}
+
+/// A node agent's report that a pod's sandboxes are gone (an `IPFence` status, as read).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GoneReport<'a> {
+    /// The node whose agent looked.
+    pub node: &'a str,
+    /// The pod it looked for.
+    pub pod_uid: &'a str,
+    /// The fence object it saw before looking.
+    pub fence_uid: &'a str,
+    /// When it looked (the node's clock: must parse, never compared).
+    pub observed_at: &'a str,
+}
+
+/// Why a report does not count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Rejected {
+    /// The fence has no pod uid or object uid to bind a report to (an older record).
+    Unbound,
+    /// A field is empty or `observedAt` is no timestamp.
+    Malformed,
+    /// It names another node.
+    WrongNode,
+    /// It names another pod.
+    WrongPod,
+    /// It was made for another fence object (an earlier fence of the same address).
+    OtherFence,
+}
+
+impl Rejected {
+    /// For logs and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rejected::Unbound => "unbound",
+            Rejected::Malformed => "malformed",
+            Rejected::WrongNode => "wrong_node",
+            Rejected::WrongPod => "wrong_pod",
+            Rejected::OtherFence => "other_fence",
+        }
+    }
+}
+
+/// Whether `report` is evidence for `fence`. The fence uid binds it to this fence object,
+/// which exists only after the fence was decided: the agent reads it before the listing that
+/// found no sandbox, so a report carrying it was made after the fence was written. Clocks are
+/// never compared (the node's may lag or lead).
+pub fn check_report(fence: FenceIdentity<'_>, report: &GoneReport<'_>) -> Result<(), Rejected> {
+    if fence.pod_uid.is_empty() || fence.fence_uid.is_empty() || fence.node.is_empty() {
+        return Err(Rejected::Unbound);
+    }
+    let fields = [
+        report.node,
+        report.pod_uid,
+        report.fence_uid,
+        report.observed_at,
+    ];
+    if fields.iter().any(|f| f.is_empty()) || report.observed_at.parse::<Timestamp>().is_err() {
+        return Err(Rejected::Malformed);
+    }
+    if report.fence_uid != fence.fence_uid {
+        return Err(Rejected::OtherFence);
+    }
+    if report.node != fence.node {
+        return Err(Rejected::WrongNode);
+    }
+    if report.pod_uid != fence.pod_uid {
+        return Err(Rejected::WrongPod);
+    }
+    Ok(())
+}
+
+/// [`lift`], where the node agent's report also counts: valid evidence lifts at once (after a
+/// timeout or the node's deletion or taint, which say so first). Returns why a report present
+/// was rejected, for logs and metrics.
+pub fn lift_with_report(
+    fence: Moment,
+    identity: FenceIdentity<'_>,
+    report: Option<&GoneReport<'_>>,
+    node: Option<&NodeReadiness>,
+    now: Moment,
+    policy: &FencePolicy,
+) -> (Option<Lift>, Option<Rejected>) {
+    let by_node = lift(fence, node, now, policy);
+    let checked = report.map(|r| check_report(identity, r));
+    let rejected = checked.and_then(Result::err);
+    match by_node {
+        Some(Lift::NodeSettled) | None if checked == Some(Ok(())) => {
+            (Some(Lift::SandboxesGone), rejected)
+        }
+        other => (other, rejected),
+    }
 }
 
 #[cfg(test)]
@@ -279,5 +385,131 @@ mod tests {
             Some(Lift::OutOfService)
         );
         assert_eq!(distrust(Some(&down)), None);
+    }
+
+    const FENCE: FenceIdentity<'static> = FenceIdentity {
+        node: "node-a",
+        pod_uid: "pod-1",
+        fence_uid: "fence-2",
+    };
+
+    fn report() -> GoneReport<'static> {
+        GoneReport {
+            node: "node-a",
+            pod_uid: "pod-1",
+            fence_uid: "fence-2",
+            observed_at: "2026-11-24T10:00:00Z",
+        }
+    }
+
+    #[test]
+    fn evidence_for_this_fence_lifts_at_once_with_the_node_still_down_and_no_settle() {
+        let o = Instant::now();
+        let long = FencePolicy {
+            settle: Duration::from_secs(3600),
+            timeout: None,
+        };
+        let down = node("Unknown", None);
+        let r = report();
+        assert_eq!(
+            lift_with_report(at(o, 100), FENCE, Some(&r), Some(&down), at(o, 101), &long),
+            (Some(Lift::SandboxesGone), None)
+        );
+        let ready = node("True", Some(at(o, 100).mono));
+        assert_eq!(
+            lift_with_report(at(o, 100), FENCE, Some(&r), Some(&ready), at(o, 101), &long).0,
+            Some(Lift::SandboxesGone)
+        );
+        // Without a report, the settle still rules.
+        assert_eq!(
+            lift_with_report(at(o, 100), FENCE, None, Some(&ready), at(o, 101), &long),
+            (None, None)
+        );
+    }
+
+    #[test]
+    fn evidence_for_another_node_pod_or_fence_never_lifts() {
+        let o = Instant::now();
+        let down = node("Unknown", None);
+        let cases = [
+            (
+                GoneReport {
+                    node: "node-b",
+                    ..report()
+                },
+                Rejected::WrongNode,
+            ),
+            (
+                GoneReport {
+                    pod_uid: "pod-9",
+                    ..report()
+                },
+                Rejected::WrongPod,
+            ),
+            // Stale: made for an earlier fence of the same address (another object).
+            (
+                GoneReport {
+                    fence_uid: "fence-1",
+                    ..report()
+                },
+                Rejected::OtherFence,
+            ),
+            (
+                GoneReport {
+                    observed_at: "yesterday",
+                    ..report()
+                },
+                Rejected::Malformed,
+            ),
+            (
+                GoneReport {
+                    node: "",
+                    ..report()
+                },
+                Rejected::Malformed,
+            ),
+        ];
+        for (r, why) in cases {
+            assert_eq!(
+                lift_with_report(
+                    at(o, 100),
+                    FENCE,
+                    Some(&r),
+                    Some(&down),
+                    at(o, 9_999),
+                    &POLICY
+                ),
+                (None, Some(why)),
+                "{r:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_fence_without_a_pod_uid_takes_no_evidence() {
+        let o = Instant::now();
+        let old = FenceIdentity {
+            pod_uid: "",
+            ..FENCE
+        };
+        let r = GoneReport {
+            pod_uid: "",
+            ..report()
+        };
+        let down = node("Unknown", None);
+        assert_eq!(
+            lift_with_report(at(o, 1), old, Some(&r), Some(&down), at(o, 2), &POLICY),
+            (None, Some(Rejected::Unbound))
+        );
+    }
+
+    #[test]
+    fn a_timeout_or_a_deleted_node_still_names_itself_when_evidence_is_there_too() {
+        let o = Instant::now();
+        let r = report();
+        assert_eq!(
+            lift_with_report(at(o, 1), FENCE, Some(&r), None, at(o, 2), &POLICY).0,
+            Some(Lift::NodeDeleted)
+        );
     }
 }

@@ -162,6 +162,24 @@ impl Events {
         network: &str,
         dead_sandbox: Option<&str>,
     ) {
+        let extra = dead_sandbox.map(|sb| {
+            let short = &sb[..sb.len().min(12)];
+            (
+                format!(" ({}: sandbox {short} is gone)", Reason::SandboxGone),
+                format!(" {short}"),
+            )
+        });
+        self.publish_released_with(pod, ips, network, extra).await;
+    }
+
+    /// A release Event whose note and action carry `extra` (note suffix, action suffix).
+    async fn publish_released_with(
+        &self,
+        pod: &PodRef,
+        ips: &[IpAddr],
+        network: &str,
+        extra: Option<(String, String)>,
+    ) {
         let list = ips
             .iter()
             .map(|ip| ip.to_string())
@@ -169,13 +187,9 @@ impl Events {
             .join(" ");
         let mut note = format!("successful cleanup of IP address [{list}] from network {network}");
         let mut action = format!("Release {network}");
-        if let Some(sb) = dead_sandbox {
-            let short = &sb[..sb.len().min(12)];
-            note.push_str(&format!(
-                " ({}: sandbox {short} is gone)",
-                Reason::SandboxGone
-            ));
-            action.push_str(&format!(" {short}"));
+        if let Some((n, a)) = extra {
+            note.push_str(&n);
+            action.push_str(&a);
         }
         self.publish(
             EventType::Normal,
@@ -195,6 +209,18 @@ impl Events {
             Item = (&'a ReleaseRequest, &'a Result<ReleaseOutcome, ReleaseError>),
         >,
     ) {
+        self.released_all_because(results, None).await;
+    }
+
+    /// Like [`released_all`](Self::released_all); releases of lifted fences name why the fence
+    /// lifted when `lifted` is given (one action per why: the recorder keeps the first note).
+    pub async fn released_all_because<'a>(
+        &self,
+        results: impl IntoIterator<
+            Item = (&'a ReleaseRequest, &'a Result<ReleaseOutcome, ReleaseError>),
+        >,
+        lifted: Option<(&str, &str)>,
+    ) {
         let mut by_network: std::collections::BTreeMap<(PodRef, String), Vec<IpAddr>> =
             Default::default();
         let mut fenced = Vec::new();
@@ -211,7 +237,10 @@ impl Events {
             }
         }
         for ((pod, network), ips) in by_network {
-            self.released(&pod, &ips, &network).await;
+            let extra = lifted
+                .map(|(why, action)| (format!(" (fence lifted: {why})"), format!(" {action}")));
+            self.publish_released_with(&pod, &ips, &network, extra)
+                .await;
         }
         for (pod, ip, record) in fenced {
             self.fenced(&pod, ip, &record, false).await;
@@ -237,7 +266,8 @@ impl Events {
         let note = format!(
             "{}IP address [{ip}] from network {} stays allocated: the pod was deleted while its \
              node {} was not Ready ({}) and may still run it; released once the node has been \
-             Ready for the settle period, its Node is deleted, or the fence times out",
+             Ready for the settle period, its node agent reports the pod's sandboxes gone, its \
+             Node is deleted, or the fence times out",
             if dry_run { "dry-run: " } else { "" },
             record.network,
             record.node,

@@ -482,7 +482,11 @@ impl Writer {
         };
         let params = PostParams::default();
         for _ in 0..2 {
-            let object = IPFence::new(&name, spec.clone());
+            let mut object = IPFence::new(&name, spec.clone());
+            object.metadata.labels = Some(BTreeMap::from([(
+                crate::ipam::fence::NODE_LABEL.to_owned(),
+                crate::ipam::fence::node_label_value(&spec.node),
+            )]));
             let created = self
                 .budgets
                 .send(WriteKind::Reservation, || {

@@ -279,6 +279,8 @@ pub struct ControllerMetrics {
     pub oldest_fence_seconds: Gauge,
     /// Nodes whose Ready condition is not True: their pods' deletions are fenced.
     pub unready_nodes: Gauge,
+    /// Node agent reports on fences that did not count, by why.
+    pub fence_evidence_rejected: Family<ReasonLabel, Counter>,
     /// 1 while this replica leads and may write, else 0.
     pub leader: Gauge,
 }
@@ -304,6 +306,7 @@ impl ControllerMetrics {
             fenced_addresses: Gauge::default(),
             oldest_fence_seconds: Gauge::default(),
             unready_nodes: Gauge::default(),
+            fence_evidence_rejected: Family::default(),
             leader: Gauge::default(),
             invalid_objects: Family::default(),
         };
@@ -327,6 +330,22 @@ impl ControllerMetrics {
             "Nodes not Ready now: their pods' addresses are fenced when the pods are deleted",
             m.unready_nodes.clone(),
         );
+        r.register(
+            "fence_evidence_rejected",
+            "Node agent reports on fences that did not count (another node, pod or fence; malformed), by reason",
+            m.fence_evidence_rejected.clone(),
+        );
+        for reason in [
+            "unbound",
+            "malformed",
+            "wrong_node",
+            "wrong_pod",
+            "other_fence",
+        ] {
+            let _ = m.fence_evidence_rejected.get_or_create(&ReasonLabel {
+                reason: reason.into(),
+            });
+        }
         r.register(
             "leader",
             "1 while this replica leads and may write (it holds the Lease and renewed it within the renew deadline), else 0",

@@ -30,6 +30,13 @@ pub struct OutcomeLabel {
     pub outcome: String,
 }
 
+/// A `state` label (a fenced pod's lifecycle state).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    /// The state.
+    pub state: String,
+}
+
 /// Every node agent metric.
 #[derive(Clone)]
 pub struct NodeMetrics {
@@ -55,6 +62,10 @@ pub struct NodeMetrics {
     pub dead_sandboxes: Family<OutcomeLabel, Counter>,
     /// NetworkAttachmentDefinitions (or node slices) that could not be used.
     pub config_errors: Counter,
+    /// Pods of this node's fences, by lifecycle state (terminating, terminated, finished).
+    pub fenced_pods: Family<StateLabel, Gauge>,
+    /// Reports that a fenced pod's sandboxes are gone, by outcome (reported, failed).
+    pub fence_reports: Family<OutcomeLabel, Counter>,
 }
 
 impl NodeMetrics {
@@ -75,6 +86,8 @@ impl NodeMetrics {
             dead_sandboxes_pending: Gauge::default(),
             dead_sandboxes: Family::default(),
             config_errors: Counter::default(),
+            fenced_pods: Family::default(),
+            fence_reports: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("ipreclaim_node");
         r.register(
@@ -128,6 +141,26 @@ impl NodeMetrics {
             "NADs or node slices that could not be used",
             m.config_errors.clone(),
         );
+        r.register(
+            "fenced_pods",
+            "Pods of this node's fences, by lifecycle state (terminating: a sandbox runs; terminated: stopped, not removed; finished: none left)",
+            m.fenced_pods.clone(),
+        );
+        r.register(
+            "fence_reports",
+            "Reports that a fenced pod's sandboxes are gone from this node, by outcome",
+            m.fence_reports.clone(),
+        );
+        for state in ["terminating", "terminated", "finished"] {
+            let _ = m.fenced_pods.get_or_create(&StateLabel {
+                state: state.into(),
+            });
+        }
+        for outcome in ["reported", "failed"] {
+            let _ = m.fence_reports.get_or_create(&OutcomeLabel {
+                outcome: outcome.into(),
+            });
+        }
         // Known series at 0 from the start: an empty family is not on /metrics at all.
         for kind in EventKind::SENT {
             let _ = m.pleg_events.get_or_create(&KindLabel {

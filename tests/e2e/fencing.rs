@@ -328,6 +328,85 @@ async fn a_fence_timeout_or_fencing_off_releases_with_the_node_down(mut c: Clust
     expect_clean_releases(&c).await;
 }
 
+/// The node removes sandbox `id` while Multus's cache of it is lost: the CNI DEL then cannot
+/// reach the secondary networks (Multus finds neither its cache nor the pod, and gives up with
+/// success), so whereabouts never frees the fenced entry, as on a node whose CNI cache did not
+/// survive. Through CRI, with the kubelet down. (With the cache, the CNI DEL would free the
+/// entry itself: the fence leaves its sandbox id on it for that.)
+async fn remove_sandbox_without_its_cni_del(node: &testenv::Node, id: &str) {
+    std::fs::remove_file(node.dir().join("multus-cache").join(id)).expect("Multus's cache file");
+    let mut cri = node.containerd().client().await.expect("CRI client");
+    cri.stop_pod_sandbox(k8s_cri::v1::StopPodSandboxRequest {
+        pod_sandbox_id: id.into(),
+    })
+    .await
+    .expect("StopPodSandbox");
+    cri.remove_pod_sandbox(k8s_cri::v1::RemovePodSandboxRequest {
+        pod_sandbox_id: id.into(),
+    })
+    .await
+    .expect("RemovePodSandbox");
+}
+
+/// The force-deleted pod's sandbox goes from the node without a CNI DEL that frees its entry.
+/// With a settle of 10 minutes and the kubelet still down, only the node agent's evidence can
+/// lift the fence within the wait: it sees no sandbox of the pod in a complete listing,
+/// reports it in the fence's status, and the controller releases the address at once with a
+/// release Event that says so.
+async fn a_fence_lifts_on_the_node_agents_evidence_once_the_old_sandbox_is_gone(mut c: Cluster) {
+    let node = c.node_handle();
+    let client = c.client().clone();
+    set_chart_values(node, &client, &["controller.fence.settle=10m"]).await;
+    c.scale_statefulset(1).await;
+    wait_pool_matches_live_pods(&c).await;
+    let (ip, id) = web_0_entry(&c).await;
+    crash_and_force_delete_web_0(&c, &ip, &id).await;
+    let fences = Api::<IPFence>::namespaced(client.clone(), c.pool_ns());
+    let fence = fences
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|f| f.spec.pool == c.pool())
+        .expect("web-0's fence");
+    assert_eq!(
+        fence.status.and_then(|s| s.sandboxes_gone),
+        None,
+        "the old sandbox still runs"
+    );
+
+    assert_eq!(fence.spec.sandbox, id);
+    remove_sandbox_without_its_cni_del(node, &id).await;
+    let removed = std::time::Instant::now();
+    let ns = c.ns().to_string();
+    wait_long(
+        "the fenced address released on the node agent's evidence",
+        || async {
+            !pool_entries(&c).await.iter().any(|(_, i, _)| *i == ip)
+                && fence_records(&c).await.is_empty()
+        },
+    )
+    .await;
+    println!(
+        "freed {:?} after the sandbox was removed (settle 10m, kubelet down)",
+        removed.elapsed()
+    );
+    let released = kubectl_events(node, &ns, GC_DONE);
+    assert!(
+        released.iter().any(|e| e.starts_with("web-0 ")
+            && e.contains(&format!("[{ip}]"))
+            && e.contains("fence lifted: the node agent on its node saw the pod's sandboxes gone")),
+        "{released:?}"
+    );
+
+    node.start_kubelet().await.unwrap();
+    c.wait_running_with_address("web-0").await;
+    wait_pool_matches_live_pods(&c).await;
+    set_chart_values(node, &client, &[]).await;
+    expect_clean_releases(&c).await;
+}
+
 mod fencing_scenarios {
     use crate::cluster::Cluster;
 
@@ -344,6 +423,14 @@ mod fencing_scenarios {
     async fn a_fence_timeout_or_fencing_off_releases_with_the_node_down() {
         super::a_fence_timeout_or_fencing_off_releases_with_the_node_down(
             Cluster::node("fence-values").await,
+        )
+        .await
+    }
+
+    #[tokio::test]
+    async fn a_fence_lifts_on_the_node_agents_evidence_once_the_old_sandbox_is_gone() {
+        super::a_fence_lifts_on_the_node_agents_evidence_once_the_old_sandbox_is_gone(
+            Cluster::node("fence-evidence").await,
         )
         .await
     }

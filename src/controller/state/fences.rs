@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashSet};
 use super::{FenceObject, FenceSource, FencedEntry, State};
 use kube::Resource;
 
-use crate::api::IPPool;
+use crate::api::{IPPool, SandboxesGone};
 use crate::ipam::PoolEntry;
 use crate::ipam::fence::{FenceRecord, fenced_podref};
 
@@ -74,13 +74,14 @@ impl State {
         self.pools_listed = true;
     }
 
-    /// The record of the marked entry `entry` at `key` of `pool`, and where it is kept.
+    /// The record of the marked entry `entry` at `key` of `pool`, where it is kept, and the
+    /// node agent's report on it (only an object has one).
     fn record_of(
         &self,
         pool: &str,
         key: &str,
         entry: &PoolEntry,
-    ) -> Option<(FenceRecord, FenceSource)> {
+    ) -> Option<(FenceRecord, FenceSource, Option<SandboxesGone>)> {
         if let Some(o) = self.fence_objects.get(&(pool.to_owned(), key.to_owned()))
             && entry.podref == fenced_podref(&o.record.podref)
         {
@@ -88,10 +89,11 @@ impl State {
                 name: o.name.clone(),
                 uid: o.uid.clone(),
             };
-            return Some((o.record.clone(), source));
+            return Some((o.record.clone(), source, o.evidence.clone()));
         }
         let r = self.pools.get(pool)?.annotation_fences.get(key)?;
-        (entry.podref == fenced_podref(&r.podref)).then(|| (r.clone(), FenceSource::Annotation))
+        (entry.podref == fenced_podref(&r.podref))
+            .then(|| (r.clone(), FenceSource::Annotation, None))
     }
 
     /// Every fenced entry whose record is known, as (pool, entry).
@@ -99,7 +101,7 @@ impl State {
         let mut out = Vec::new();
         for (name, p) in &self.pools {
             for (key, entry) in &p.marked {
-                if let Some((record, source)) = self.record_of(name, key, entry) {
+                if let Some((record, source, evidence)) = self.record_of(name, key, entry) {
                     let entry = entry.clone();
                     out.push((
                         name.clone(),
@@ -107,6 +109,7 @@ impl State {
                             entry,
                             record,
                             source,
+                            evidence,
                         },
                     ));
                 }

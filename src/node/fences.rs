@@ -1,0 +1,140 @@
+//! The node agent's part in fencing: it watches this node's `IPFence` objects (by their node
+//! label, in the whereabouts namespace) and writes into their status the evidence
+//! [`evidence`](super::evidence) decides. The controller checks it and lifts the fence.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::watcher::{self, Event};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+
+use super::evidence::{Fence, Report};
+use crate::api::IPFence;
+use crate::api::lenient::Lenient;
+use crate::ipam::fence::{NODE_LABEL, node_label_value};
+
+/// This node's fences by object name, as last listed.
+pub type Fences = Arc<Mutex<HashMap<String, Fence>>>;
+
+/// The fence `f` as the agent needs it; `None` when it cannot be read (logged).
+fn fence_of(f: &Lenient<IPFence>) -> Option<Fence> {
+    let fence = match f {
+        Lenient::Valid(fence) => fence,
+        Lenient::Invalid { metadata, error } => {
+            tracing::warn!(fence = ?metadata.name, %error, "IPFence cannot be read; not looked at");
+            return None;
+        }
+    };
+    let uid = fence.metadata.uid.clone().unwrap_or_default();
+    let reported = fence
+        .status
+        .as_ref()
+        .and_then(|s| s.sandboxes_gone.as_ref())
+        .is_some_and(|g| g.fence_uid == uid);
+    Some(Fence {
+        name: fence.name_any(),
+        uid,
+        node: fence.spec.node.clone(),
+        pod_uid: fence.spec.uid.clone(),
+        sandbox: fence.spec.sandbox.clone(),
+        reported,
+    })
+}
+
+/// Watches the fences labelled for `node` in `namespace`. A re-list replaces the map only
+/// once complete.
+pub fn watch(client: Client, namespace: &str, node: &str) -> (Fences, tokio::task::JoinHandle<()>) {
+    let api = Api::<Lenient<IPFence>>::namespaced(client.clone(), namespace);
+    let selector = format!("{NODE_LABEL}={}", node_label_value(node));
+    let config = watcher::Config::default().labels(&selector);
+    let stream = crate::watch_retry::retrying(client, watcher::watcher(api, config));
+    let fences = Fences::default();
+    let map = fences.clone();
+    let task = tokio::spawn(async move {
+        futures::pin_mut!(stream);
+        let mut relisted = HashMap::new();
+        while let Some(item) = stream.next().await {
+            let event = match item {
+                Ok(e) => e,
+                Err(e) => {
+                    tracing::warn!(error = %e, "IPFence watch error (is the CRD installed, with its status subresource?)");
+                    continue;
+                }
+            };
+            let mut map = map.lock().expect("fences lock");
+            match event {
+                Event::Init => relisted.clear(),
+                Event::InitApply(f) => {
+                    if let Some(f) = fence_of(&f) {
+                        relisted.insert(f.name.clone(), f);
+                    }
+                }
+                Event::InitDone => *map = std::mem::take(&mut relisted),
+                Event::Apply(f) => match fence_of(&f) {
+                    Some(f) => {
+                        map.insert(f.name.clone(), f);
+                    }
+                    None => {
+                        map.remove(&f.meta().name.clone().unwrap_or_default());
+                    }
+                },
+                Event::Delete(f) => {
+                    map.remove(&f.meta().name.clone().unwrap_or_default());
+                }
+            }
+        }
+    });
+    (fences, task)
+}
+
+/// Writes reports into fences' status.
+pub struct Reporter {
+    /// The client (the agent's ServiceAccount).
+    pub client: Client,
+    /// The whereabouts namespace, where the fences are.
+    pub namespace: String,
+    /// This node.
+    pub node: String,
+    /// Log what would be written instead.
+    pub dry_run: bool,
+    /// The agent's write budgets (a report counts as a reservation-sized write; a zone's
+    /// fences may all be reported at once).
+    pub budgets: crate::release::Budgets,
+}
+
+impl Reporter {
+    /// Writes `r` into its fence's status, with the fence's uid as a precondition (a fence
+    /// deleted and written again meanwhile is another object: refused with 422).
+    pub async fn report(&self, r: &Report) -> Result<(), String> {
+        let observed_at = jiff::Timestamp::now().to_string();
+        if self.dry_run {
+            tracing::info!(fence = %r.name, pod_uid = %r.pod_uid, "dry-run: would report the fenced pod's sandboxes gone");
+            return Ok(());
+        }
+        // A JSON patch's `test` is a real precondition on the status subresource (a uid in a
+        // merge patch is not: the status strategy keeps the stored metadata).
+        let ops = json!([
+            {"op": "test", "path": "/metadata/uid", "value": r.fence_uid},
+            {"op": "add", "path": "/status", "value": {"sandboxesGone": {
+                "node": self.node,
+                "podUid": r.pod_uid,
+                "fenceUid": r.fence_uid,
+                "observedAt": observed_at,
+            }}},
+        ]);
+        let ops: json_patch::Patch =
+            serde_json::from_value(ops).map_err(|e| format!("report patch: {e}"))?;
+        let api = Api::<IPFence>::namespaced(self.client.clone(), &self.namespace);
+        let (params, patch) = (PatchParams::default(), Patch::<()>::Json(ops));
+        self.budgets
+            .send(crate::release::WriteKind::Reservation, || {
+                api.patch_status(&r.name, &params, &patch)
+            })
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+}
