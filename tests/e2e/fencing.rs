@@ -271,6 +271,66 @@ async fn a_fence_lifts_at_once_when_the_node_object_is_deleted(mut c: Cluster) {
     expect_clean_releases(&c).await;
 }
 
+/// Sets or clears the `node.kubernetes.io/out-of-service` taint on the node (read, change,
+/// replace: the node lifecycle controller changes its taints too).
+async fn taint_out_of_service(c: &Cluster, on: bool) {
+    let nodes = Api::<NodeObject>::all(c.client().clone());
+    for _ in 0..10 {
+        let mut node = nodes.get(NODE_NAME).await.unwrap();
+        let spec = node.spec.get_or_insert_with(Default::default);
+        let taints = spec.taints.get_or_insert_with(Vec::new);
+        taints.retain(|t| t.key != OUT_OF_SERVICE);
+        if on {
+            taints.push(k8s_openapi::api::core::v1::Taint {
+                key: OUT_OF_SERVICE.into(),
+                value: Some("nodeshutdown".into()),
+                effect: "NoExecute".into(),
+                ..Default::default()
+            });
+        }
+        match nodes.replace(NODE_NAME, &Default::default(), &node).await {
+            Ok(_) => return,
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            Err(e) => panic!("could not change the node's taints: {e}"),
+        }
+    }
+    panic!("the node's taints kept changing");
+}
+
+const OUT_OF_SERVICE: &str = "node.kubernetes.io/out-of-service";
+
+/// Non-graceful node shutdown on the real node: the operator taints the NotReady node
+/// out-of-service (declares it powered off), and the fence lifts at once with the kubelet
+/// still down (the settle is the chart's 30 s default and would not start before the kubelet
+/// is back).
+async fn a_fence_lifts_at_once_when_the_node_is_tainted_out_of_service(mut c: Cluster) {
+    let node = c.node_handle();
+    c.scale_statefulset(1).await;
+    wait_pool_matches_live_pods(&c).await;
+    let (ip, id) = web_0_entry(&c).await;
+    crash_and_force_delete_web_0(&c, &ip, &id).await;
+    taint_out_of_service(&c, true).await;
+    let ns = c.ns().to_string();
+    wait_long(
+        "web-0's address released on the out-of-service taint, the kubelet still down",
+        || async {
+            let entries = pool_entries(&c).await;
+            !entries.iter().any(|(_, i, _)| *i == ip)
+                && fence_records(&c).await.is_empty()
+                && kubectl_events(node, &ns, GC_DONE)
+                    .iter()
+                    .any(|e| e.starts_with("web-0 ") && e.contains(&format!("[{ip}]")))
+        },
+    )
+    .await;
+    // The node is repaired: the operator removes the taint and the kubelet comes back.
+    taint_out_of_service(&c, false).await;
+    node.start_kubelet().await.unwrap();
+    c.wait_running_with_address("web-0").await;
+    wait_pool_matches_live_pods(&c).await;
+    expect_clean_releases(&c).await;
+}
+
 /// `--fence-timeout` releases with the node still down; `--fence-unready-nodes=false` releases
 /// at once as before fencing existed. Both set through the chart's values (`helm upgrade`).
 async fn a_fence_timeout_or_fencing_off_releases_with_the_node_down(mut c: Cluster) {
@@ -431,6 +491,14 @@ mod fencing_scenarios {
     async fn a_fence_lifts_on_the_node_agents_evidence_once_the_old_sandbox_is_gone() {
         super::a_fence_lifts_on_the_node_agents_evidence_once_the_old_sandbox_is_gone(
             Cluster::node("fence-evidence").await,
+        )
+        .await
+    }
+
+    #[tokio::test]
+    async fn a_fence_lifts_at_once_when_the_node_is_tainted_out_of_service() {
+        super::a_fence_lifts_at_once_when_the_node_is_tainted_out_of_service(
+            Cluster::node("fence-oos").await,
         )
         .await
     }
