@@ -1008,7 +1008,7 @@ impl crate::release::Index for std::sync::RwLock<State> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{IPAllocation, IPPoolSpec, NetworkAttachmentDefinitionSpec};
+    use crate::api::{IPAllocation, IPPoolSpec, NetworkAttachmentDefinitionSpec, SandboxesGone};
 
     const SLICE_POOL: &str = "slicenet-node-a-10.0.4.0-22";
 
@@ -1319,6 +1319,26 @@ mod tests {
         assert!(st.stale_fence_objects().is_empty(), "unreadable pool");
         st.clear_invalid_named("IPPool", "ns", "p");
         assert_eq!(st.stale_fence_objects().len(), 1, "a deleted pool's record");
+    }
+
+    #[test]
+    fn a_record_of_an_earlier_fence_of_the_same_address_and_name_never_speaks_for_a_new_one() {
+        // web-0 fenced (sandbox sb-1), lifted, recreated, given the same address, fenced again
+        // (sb-2) while the watch still holds the first record and its agent's report.
+        let mut st = State::default();
+        st.upsert_pool(&pool_with(&[("5", "sb-2", "ns/web-0:fenced")]));
+        let mut old = object("p-5", "sb-1", "ns/web-0");
+        old.evidence = Some(SandboxesGone {
+            node: "n".into(),
+            pod_uid: "uid".into(),
+            fence_uid: "uid-p-5".into(),
+            observed_at: "2026-11-23T10:00:00Z".into(),
+        });
+        st.upsert_fence_object("p", "5", old);
+        st.set_pools_listed();
+        assert!(st.fenced().is_empty(), "the old record lifted the new fence");
+        assert_eq!(st.stale_fence_objects().len(), 1, "the old record is left over");
+        assert!(st.judge_all(&ReclaimConfig::default()).is_empty());
     }
 
     #[test]

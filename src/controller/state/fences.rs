@@ -57,7 +57,9 @@ impl State {
             };
         };
         if let Some(e) = p.marked.get(key) {
-            return if e.podref == fenced_podref(&o.record.podref) {
+            // The sandbox too: a record cached from an earlier fence of the same address and
+            // pod name (a lagging watch) must not speak for this one.
+            return if e.podref == fenced_podref(&o.record.podref) && e.id == o.sandbox {
                 Standing::Fenced
             } else {
                 Standing::Stale
@@ -84,6 +86,7 @@ impl State {
     ) -> Option<(FenceRecord, FenceSource, Option<SandboxesGone>)> {
         if let Some(o) = self.fence_objects.get(&(pool.to_owned(), key.to_owned()))
             && entry.podref == fenced_podref(&o.record.podref)
+            && entry.id == o.sandbox
         {
             let source = FenceSource::Object {
                 name: o.name.clone(),
