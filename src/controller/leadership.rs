@@ -72,11 +72,20 @@ pub fn newcomer_wait(
         Duration::try_from(wall_now.duration_since(r)).map_or(true, |age| age < duration * 2)
     });
     if other && recent {
-        duration * 3 / 2
+        newcomer_full_wait(duration)
     } else {
         Duration::ZERO
     }
 }
+
+/// A newcomer's wait when another held the Lease lately (or the Lease cannot be read).
+pub fn newcomer_full_wait(duration: Duration) -> Duration {
+    duration * 3 / 2
+}
+
+/// kube-lease-manager frees an expired Lease, then pauses up to 1 s before it acquires it: a
+/// Lease found free at start is read again after this.
+pub const FORCE_RELEASE_PAUSE: Duration = Duration::from_millis(1100);
 
 /// Whether a Lease found free was let go by its holder (its last renewal seen, `renewed`, had
 /// not expired at `wall_now`) rather than freed by a standby after expiry, pure.
@@ -85,8 +94,12 @@ pub fn let_go_before_expiry(
     duration: Duration,
     wall_now: Timestamp,
 ) -> bool {
+    // The holder renews halfway through; a release comes at most that long after a renewal
+    // (plus two reads). Older: a standby freed it after expiry, even if this replica's clock
+    // lags and reads it as not expired yet (up to about half a duration of skew).
+    let limit = duration / 2 + CONFIRM_EVERY * 2;
     renewed.is_some_and(|r| {
-        Duration::try_from(wall_now.duration_since(r)).map_or(true, |age| age < duration)
+        Duration::try_from(wall_now.duration_since(r)).map_or(true, |age| age < limit)
     })
 }
 
@@ -235,6 +248,12 @@ mod tests {
         let d = Duration::from_secs(15);
         let ago = |s: i64| Some(now - jiff::SignedDuration::from_secs(s));
         assert!(let_go_before_expiry(ago(3), d, now));
+        assert!(
+            let_go_before_expiry(ago(8), d, now),
+            "renewed halfway, let go a read later"
+        );
+        // Freed after expiry by a standby, read by a replica whose clock lags 4 s.
+        assert!(!let_go_before_expiry(ago(11), d, now));
         assert!(!let_go_before_expiry(ago(16), d, now));
         assert!(!let_go_before_expiry(None, d, now));
     }

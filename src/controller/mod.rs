@@ -237,23 +237,53 @@ async fn leadership(
     let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
         kube::Api::namespaced(client.clone(), &namespace);
     // An unreadable Lease: stand at once (the manager reports what is wrong with it).
-    let spec = match leases.get_opt(&args.lease_name).await {
-        Ok(lease) => lease.and_then(|l| l.spec).unwrap_or_default(),
-        Err(_) => Default::default(),
+    let lease_duration = Duration::from_secs(duration);
+    let read = |leases: kube::Api<k8s_openapi::api::coordination::v1::Lease>| {
+        let name = args.lease_name.clone();
+        async move {
+            let lease = tokio::time::timeout(Duration::from_secs(5), leases.get_opt(&name)).await;
+            match lease {
+                Ok(Ok(lease)) => Some(lease.and_then(|l| l.spec).unwrap_or_default()),
+                _ => None,
+            }
+        }
     };
-    let wait = leadership::newcomer_wait(
-        spec.holder_identity.as_deref(),
-        spec.renew_time.as_ref().map(|t| t.0),
-        identity,
-        Duration::from_secs(duration),
-        jiff::Timestamp::now(),
-    );
+    let judge = |spec: &k8s_openapi::api::coordination::v1::LeaseSpec| {
+        leadership::newcomer_wait(
+            spec.holder_identity.as_deref(),
+            spec.renew_time.as_ref().map(|t| t.0),
+            identity,
+            lease_duration,
+            jiff::Timestamp::now(),
+        )
+    };
+    // Unreadable: as if another held it lately. Free: it may be a standby's force-release of
+    // an expired Lease (kube-lease-manager then pauses before it acquires): read it again.
+    let (spec, wait) = match read(leases.clone()).await {
+        None => (
+            Default::default(),
+            leadership::newcomer_full_wait(lease_duration),
+        ),
+        Some(spec) if spec.holder_identity.as_deref().is_none_or(str::is_empty) => {
+            tokio::time::sleep(leadership::FORCE_RELEASE_PAUSE).await;
+            match read(leases.clone()).await {
+                None => (spec, leadership::newcomer_full_wait(lease_duration)),
+                Some(again) => {
+                    let wait = judge(&again);
+                    (again, wait)
+                }
+            }
+        }
+        Some(spec) => {
+            let wait = judge(&spec);
+            (spec, wait)
+        }
+    };
     if !wait.is_zero() {
         tracing::info!(holder = ?spec.holder_identity, wait = ?wait, "another replica held the Lease lately: standing for it after a wait, so that a running standby takes over first");
     }
     let (says_tx, rx) = tokio_watch::channel(false);
     let free_check = leases.clone();
-    let lease_duration = Duration::from_secs(duration);
     let lease_name = args.lease_name.clone();
     let standing = tokio::spawn(async move {
         // A Lease its holder let go before it expired (a replica shut down) is stood for at
@@ -263,7 +293,11 @@ async fn leadership(
         while Instant::now() < until {
             let left = until.saturating_duration_since(Instant::now());
             tokio::time::sleep(leadership::CONFIRM_EVERY.min(left)).await;
-            let Ok(lease) = free_check.get_opt(&lease_name).await else {
+            let read = tokio::time::timeout(
+                leadership::CONFIRM_EVERY * 2,
+                free_check.get_opt(&lease_name),
+            );
+            let Ok(Ok(lease)) = read.await else {
                 continue;
             };
             let spec = lease.and_then(|l| l.spec).unwrap_or_default();

@@ -1336,8 +1336,15 @@ mod tests {
         });
         st.upsert_fence_object("p", "5", old);
         st.set_pools_listed();
-        assert!(st.fenced().is_empty(), "the old record lifted the new fence");
-        assert_eq!(st.stale_fence_objects().len(), 1, "the old record is left over");
+        assert!(
+            st.fenced().is_empty(),
+            "the old record lifted the new fence"
+        );
+        assert_eq!(
+            st.stale_fence_objects().len(),
+            1,
+            "the old record is left over"
+        );
         assert!(st.judge_all(&ReclaimConfig::default()).is_empty());
     }
 

@@ -65,7 +65,12 @@ pub fn node_label_value(node: &str) -> String {
     if node.len() <= MAX_LABEL_VALUE {
         return node.to_owned();
     }
-    let head = node[..MAX_LABEL_VALUE - 17].trim_end_matches(['-', '.']);
+    // Node names are ASCII, but a flag may be anything: cut on a character boundary.
+    let mut end = MAX_LABEL_VALUE - 17;
+    while !node.is_char_boundary(end) {
+        end -= 1;
+    }
+    let head = node[..end].trim_end_matches(['-', '.']);
     format!("{head}-{:016x}", fnv(node))
 }
 
@@ -186,6 +191,12 @@ pub fn fence_annotation_value(record: &FenceRecord) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_long_non_ascii_node_name_gets_a_label_value_without_panicking() {
+        let v = super::node_label_value(&"ü".repeat(40));
+        assert!(v.len() <= super::MAX_LABEL_VALUE, "{v}");
+    }
+
     use super::*;
 
     fn record() -> FenceRecord {

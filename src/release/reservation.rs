@@ -33,6 +33,12 @@ pub const SECOND_LOOKS: [Duration; 3] = [
 
 /// Looks that are due within this of each other share their pool reads.
 const LOOK_BATCH: Duration = Duration::from_millis(50);
+/// A pool read for a look that takes longer is retried (a held read must not stall the rest).
+const LOOK_READ_TIMEOUT: Duration = Duration::from_secs(2);
+/// A look that could not be made is tried again this much later, this many times (ten
+/// minutes), then reported as failed.
+const LOOK_RETRY: Duration = Duration::from_secs(1);
+const LOOK_RETRIES: u32 = 600;
 
 /// Who holds an address now: a pool entry's sandbox id and interface.
 type Holder = (String, Option<String>);
@@ -132,40 +138,45 @@ impl Writer {
         }
     }
 
-    /// Who holds each delete's address now, from one fresh read per pool (the index where
-    /// the pool is unknown or cannot be read).
-    async fn holders_now(&self, looks: &[ReservationDelete]) -> Vec<Option<Holder>> {
+    /// Who holds each delete's address now, from one fresh read per pool (the index for an
+    /// orphan, whose pool is unknown); `None` where the pool could not be read in time (the
+    /// index may lag the very allocation looked for, so it does not stand in).
+    async fn holders_now(&self, looks: &[ReservationDelete]) -> Vec<Option<Option<Holder>>> {
         let mut read: HashMap<String, Option<Vec<crate::ipam::PoolEntry>>> = HashMap::new();
         let pools: Api<IPPool> = Api::namespaced(self.client.clone(), &self.namespace);
         let mut holders = Vec::with_capacity(looks.len());
         for d in looks {
             let Some(pool) = &d.pool else {
-                holders.push(self.holder_from(d, true).await.ok().flatten());
+                holders.push(self.holder_from(d, true).await.ok());
                 continue;
             };
             if !read.contains_key(pool) {
-                let entries = match pools.get_opt(pool).await {
-                    Ok(Some(p)) => Some(
+                let entries = match tokio::time::timeout(LOOK_READ_TIMEOUT, pools.get_opt(pool))
+                    .await
+                {
+                    Ok(Ok(Some(p))) => Some(
                         crate::ipam::pool_allocations(&p.spec)
                             .map(|a| a.entries)
                             .unwrap_or_default(),
                     ),
-                    Ok(None) => Some(Vec::new()),
-                    Err(e) => {
-                        tracing::warn!(pool = %pool, error = %e, "could not look again after deleting reservations; looking from the index");
+                    Ok(Ok(None)) => Some(Vec::new()),
+                    Ok(Err(e)) => {
+                        tracing::warn!(pool = %pool, error = %e, "could not look again after deleting reservations; looking again later");
+                        None
+                    }
+                    Err(_) => {
+                        tracing::warn!(pool = %pool, "reading the pool to look again after deleting reservations timed out; looking again later");
                         None
                     }
                 };
                 read.insert(pool.clone(), entries);
             }
-            let holder = match read.get(pool).and_then(|e| e.as_ref()) {
-                Some(entries) => entries
+            holders.push(read.get(pool).and_then(|e| e.as_ref()).map(|entries| {
+                entries
                     .iter()
                     .find(|e| e.podref == d.podref && Some(e.ip) == d.ip)
-                    .map(|e| (e.id.clone(), e.ifname.clone())),
-                None => self.holder_from(d, true).await.ok().flatten(),
-            };
-            holders.push(holder);
+                    .map(|e| (e.id.clone(), e.ifname.clone()))
+            }));
         }
         holders
     }
@@ -223,6 +234,8 @@ impl Writer {
 struct Look {
     d: ReservationDelete,
     step: usize,
+    /// Looks of this step that could not be made (pool unreadable, restore failed).
+    retries: u32,
     due: Instant,
 }
 
@@ -248,6 +261,7 @@ pub(crate) fn spawn_looks(writer: Arc<Writer>) -> mpsc::UnboundedSender<Reservat
                     Some(d) if d.ip.is_some() => waiting.push(Look {
                         d,
                         step: 0,
+                        retries: 0,
                         due: Instant::now() + SECOND_LOOKS[0],
                     }),
                     Some(_) => {}
@@ -260,14 +274,34 @@ pub(crate) fn spawn_looks(writer: Arc<Writer>) -> mpsc::UnboundedSender<Reservat
                     waiting = rest;
                     let deletes: Vec<ReservationDelete> = due.iter().map(|l| l.d.clone()).collect();
                     let holders = writer.holders_now(&deletes).await;
-                    for (look, holder) in due.into_iter().zip(holders) {
-                        if let Some((id, ifname)) = holder {
-                            writer.restore(&api, &look.d, id, ifname).await;
+                    for (mut look, holder) in due.into_iter().zip(holders) {
+                        // Not known (the pool could not be read) is not a "no".
+                        let (retry, restored) = match holder {
+                            None => (true, false),
+                            Some(Some((id, ifname))) => {
+                                let r = writer.restore(&api, &look.d, id, ifname).await;
+                                (r == Deleted::Failed, r != Deleted::Failed)
+                            }
+                            Some(None) => (false, false),
+                        };
+                        if restored {
+                            continue;
+                        }
+                        if retry {
+                            look.retries += 1;
+                            if look.retries > LOOK_RETRIES {
+                                tracing::error!(reservation = %look.d.name, podref = %look.d.podref, "gave up looking again after deleting a reservation: its pool could not be read or the reservation put back");
+                                writer.metrics.failed("reservation");
+                            } else {
+                                look.due = Instant::now() + LOOK_RETRY;
+                                waiting.push(look);
+                            }
                         } else if let Some(wait) = SECOND_LOOKS.get(look.step + 1) {
                             let since = SECOND_LOOKS[look.step];
                             waiting.push(Look {
                                 due: look.due + wait.saturating_sub(since),
                                 step: look.step + 1,
+                                retries: 0,
                                 d: look.d,
                             });
                         }
