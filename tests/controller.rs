@@ -1815,6 +1815,88 @@ async fn a_reservation_whose_address_a_recreated_pod_got_back_is_never_deleted()
     env.stop().await;
 }
 
+/// A look after a reservation delete that cannot read the pool is not a "no". The delete is
+/// held in flight while the recreated web-0 gets its address back (whereabouts keeps the
+/// reservation naming it), and from then the pool cannot be read and the controller's pool
+/// watch lags (fault proxy) for 20 s, longer than the three looks. Once the pool reads again,
+/// the reservation is put back. (The previous version passes too: kube's client retries a 503
+/// for minutes, so its one read rode out the outage, and stalled every other look meanwhile;
+/// reads now give up after 2 s and the look is tried again every second.)
+#[tokio::test]
+async fn a_look_that_cannot_read_the_pool_tries_again_and_puts_the_reservation_back() {
+    use testenv::faultproxy::{Action, FaultProxy, Rule};
+    let mut env = Env::new("ctl-look-retry").await;
+    env.nad("macvlan", "192.0.2.0/24").await;
+    env.pool("192.0.2.0-24", "192.0.2.0/24", &[(10, "sb-web-0", "web-0")])
+        .await;
+    env.reservation("192.0.2.10", "web-0").await;
+    env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
+    let proxy = FaultProxy::start(env.client.clone(), 1).await.unwrap();
+    let through = ControlPlane::shared().client_through_faults(&proxy).await;
+    proxy.set_rules(vec![Rule::new(
+        Some("delete"),
+        Some("overlappingrangeipreservations"),
+        Action::Hold,
+    )]);
+    env.start_as(through, &[]).await;
+    env.delete_pod("web-0").await;
+    env.wait_keys("192.0.2.0-24", &[]).await;
+    wait_for("the reservation delete held in flight", || async {
+        proxy
+            .injected()
+            .contains_key("hold delete overlappingrangeipreservations")
+    })
+    .await;
+    proxy.set_rules(vec![
+        Rule::new(Some("get"), Some("ippools"), Action::Status(503)),
+        Rule::new(Some("list"), Some("ippools"), Action::Status(503)),
+        Rule::new(
+            Some("watch"),
+            Some("ippools"),
+            Action::DelayEvents(Duration::from_secs(60)),
+        ),
+    ]);
+    proxy.cut_watches();
+    env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
+    let patch = serde_json::json!({"spec": {"allocations": {"10": {
+        "id": "sb-web-0-new", "podref": format!("{}/web-0", env.ns), "ifname": "net1",
+    }}}});
+    env.pools()
+        .patch(
+            "192.0.2.0-24",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(patch),
+        )
+        .await
+        .unwrap();
+    proxy.release_held();
+    wait_for("the held delete to land", || async {
+        env.reservation_names().await.is_empty()
+    })
+    .await;
+    // The outage lasts 20 s from the delete: longer than the three looks (0.3 s, 1 s, 5 s)
+    // with the client's own retries of each read. (The fault's length, not a wait for the
+    // controller.)
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let failed_reads = proxy
+        .injected()
+        .get("503 get ippools")
+        .copied()
+        .unwrap_or(0);
+    assert!(
+        failed_reads >= 3,
+        "the looks read the pool: {failed_reads} failed reads"
+    );
+    proxy.clear();
+    wait_for("the reservation put back", || async {
+        env.reservation_names().await == ["192.0.2.10"]
+    })
+    .await;
+    env.wait_metric("ipreclaim_reservations_restored_total 1")
+        .await;
+    env.stop().await;
+}
+
 /// A zone outage: 2,000 pods of 20 nodes that stop reporting, in one pool of 4,096 addresses
 /// with 200 pods of a Ready node, and a second pool of that node. All are deleted at once
 /// (operators force-delete what ran in the zone). Nothing of the zone's is freed while its
