@@ -162,6 +162,39 @@ pub async fn set_chart_values(node: &'static Node, client: &Client, extra: &[&st
     })
     .await;
     wait_chart_ready(client, RELEASE_NS, CONTROLLER_REPLICAS).await;
+    // The Deployment counts no terminating pod, but an old pod still runs (and may lead, with
+    // the old values) until its kubelet has stopped it: a scenario that kills the kubelet
+    // right after would leave it leading for good. Wait until only the new pods exist and one
+    // of them holds the Lease.
+    let pods = Api::<Pod>::namespaced(client.clone(), RELEASE_NS);
+    let leases =
+        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client.clone(), RELEASE_NS);
+    wait_long(
+        "only the new controller pods, one of them leading",
+        || async {
+            let listed = pods
+                .list(&ListParams::default().labels("app.kubernetes.io/component=controller"))
+                .await
+                .unwrap()
+                .items;
+            let names: Vec<String> = listed
+                .iter()
+                .filter_map(|p| p.metadata.name.clone())
+                .collect();
+            let holder = leases
+                .get_opt("ipreclaim-controller")
+                .await
+                .unwrap()
+                .and_then(|l| l.spec?.holder_identity)
+                .unwrap_or_default();
+            listed.len() == CONTROLLER_REPLICAS as usize
+                && listed
+                    .iter()
+                    .all(|p| p.metadata.deletion_timestamp.is_none())
+                && names.iter().any(|n| holder.starts_with(&format!("{n}_")))
+        },
+    )
+    .await;
 }
 
 /// Puts the chart's values back when a scenario that changed them failed before doing so.
