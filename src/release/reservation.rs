@@ -241,7 +241,14 @@ struct Look {
 
 /// Takes deleted reservations (with an address) and looks at them again at [`SECOND_LOOKS`]
 /// (see the module), every look due at once sharing its pool reads.
-pub(crate) fn spawn_looks(writer: Arc<Writer>) -> mpsc::UnboundedSender<ReservationDelete> {
+impl Writer {
+    /// Starts the looks (see [`looks`]) for this writer: send it each deleted reservation.
+    pub(crate) fn spawn_looks(self: &Arc<Self>) -> mpsc::UnboundedSender<ReservationDelete> {
+        looks(self.clone())
+    }
+}
+
+fn looks(writer: Arc<Writer>) -> mpsc::UnboundedSender<ReservationDelete> {
     let (tx, mut rx) = mpsc::unbounded_channel::<ReservationDelete>();
     tokio::spawn(async move {
         let api: Api<OverlappingRangeIPReservation> =

@@ -327,7 +327,7 @@ async fn batch(
 
 /// Deletes queued objects, as many at once as the budgets allow.
 async fn delete_objects(writer: Arc<Writer>, rx: mpsc::UnboundedReceiver<ObjectDelete>) {
-    let looks = super::reservation::spawn_looks(writer.clone());
+    let looks = writer.spawn_looks();
     let queued =
         futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
     queued
