@@ -236,7 +236,6 @@ async fn leadership(
         .with_context(|| format!("lease {namespace}/{}", args.lease_name))?;
     let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
         kube::Api::namespaced(client.clone(), &namespace);
-    // An unreadable Lease: stand at once (the manager reports what is wrong with it).
     let lease_duration = Duration::from_secs(duration);
     let read = |leases: kube::Api<k8s_openapi::api::coordination::v1::Lease>| {
         let name = args.lease_name.clone();
