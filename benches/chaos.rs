@@ -241,6 +241,27 @@ impl Trial<'_> {
         Ok(name)
     }
 
+    /// Guards the addresses of live pods `names` as fenced (they are about to be deleted from
+    /// a NotReady node), until their zone is back and settled.
+    fn guard_fenced(&self, names: &[String]) {
+        let mut g = self.guard.lock().unwrap();
+        for n in names {
+            let a = &self.live[n];
+            g.fenced.insert(a.ip, (a.sandbox.clone(), None));
+        }
+    }
+
+    /// Sets `zone` Ready again (its clock `lag` behind) and guards the fenced addresses until
+    /// the settle has passed from now: when it happened.
+    async fn zone_back(&self, zone: usize, lag: Duration) -> anyhow::Result<Instant> {
+        self.set_zone(zone, true, lag).await?;
+        let back = Instant::now();
+        for (_, until) in self.guard.lock().unwrap().fenced.values_mut() {
+            *until = Some(back + SETTLE);
+        }
+        Ok(back)
+    }
+
     /// Stops guarding `names` (they are about to be deleted).
     fn unguard(&self, names: &[String]) {
         let mut g = self.guard.lock().unwrap();
@@ -864,13 +885,7 @@ async fn run_trial(cp: &ControlPlane, kind: Kind, seed: u64) -> anyhow::Result<O
                 .iter()
                 .cloned()
                 .partition(|n| zone_a.contains(&t.live[n].node));
-            {
-                let mut g = t.guard.lock().unwrap();
-                for n in &in_a {
-                    let a = &t.live[n];
-                    g.fenced.insert(a.ip, (a.sandbox.clone(), None));
-                }
-            }
+            t.guard_fenced(&in_a);
             t.delete(&in_a).await;
             t.delete(&in_b).await;
             for _ in 0..5 {
@@ -887,15 +902,8 @@ async fn run_trial(cp: &ControlPlane, kind: Kind, seed: u64) -> anyhow::Result<O
             wait_freed(&t, Instant::now(), SWEEP + GRACE + SLACK).await?;
             t.dead = all_dead;
             tokio::time::sleep(Duration::from_millis(rng.random_range(500..3000))).await;
-            t.set_zone(0, true, lag).await?;
-            let back = Instant::now();
-            let mut g = t.guard.lock().unwrap();
-            for (_, until) in g.fenced.values_mut() {
-                *until = Some(back + SETTLE);
-            }
-            drop(g);
             bound = SETTLE + SLACK;
-            back
+            t.zone_back(0, lag).await?
         }
         Kind::ZoneRecreate => {
             let lag = Duration::from_secs(3600);
@@ -907,13 +915,7 @@ async fn run_trial(cp: &ControlPlane, kind: Kind, seed: u64) -> anyhow::Result<O
                 .filter(|n| zone_a.contains(&t.live[*n].node))
                 .cloned()
                 .collect();
-            {
-                let mut g = t.guard.lock().unwrap();
-                for n in &in_a {
-                    let a = &t.live[n];
-                    g.fenced.insert(a.ip, (a.sandbox.clone(), None));
-                }
-            }
+            t.guard_fenced(&in_a);
             let kill = rng.random_bool(0.5);
             let leader = t.leader().await?;
             let mut replacements = Vec::new();
@@ -938,15 +940,8 @@ async fn run_trial(cp: &ControlPlane, kind: Kind, seed: u64) -> anyhow::Result<O
                 t.attach(&name, uid, &node).await?;
             }
             tokio::time::sleep(Duration::from_millis(rng.random_range(500..2000))).await;
-            t.set_zone(0, true, lag).await?;
-            let back = Instant::now();
-            let mut g = t.guard.lock().unwrap();
-            for (_, until) in g.fenced.values_mut() {
-                *until = Some(back + SETTLE);
-            }
-            drop(g);
             bound = SETTLE + SLACK;
-            back
+            t.zone_back(0, lag).await?
         }
         Kind::WriteStorm => {
             let storm = vec![
