@@ -1760,6 +1760,22 @@ async fn a_pod_deleted_right_after_its_node_goes_down_is_fenced() {
     env.delete_node(&node).await;
 }
 
+/// web-0 recreated, and given 192.0.2.10 back by a new sandbox as whereabouts does by podref.
+async fn web_0_recreated_with_its_address(env: &Env) {
+    env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
+    let patch = serde_json::json!({"spec": {"allocations": {"10": {
+        "id": "sb-web-0-new", "podref": format!("{}/web-0", env.ns), "ifname": "net1",
+    }}}});
+    env.pools()
+        .patch(
+            "192.0.2.0-24",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(patch),
+        )
+        .await
+        .unwrap();
+}
+
 /// web-0 is deleted and its entry released; its reservation delete waits for its budget (here:
 /// one delete per 5 s, the token taken by a-0's). Meanwhile web-0 is recreated and gets its old
 /// address back, as whereabouts' CNI ADD does it: the reservation names the same pod, so it is
@@ -1793,18 +1809,7 @@ async fn a_reservation_whose_address_a_recreated_pod_got_back_is_never_deleted()
     env.delete_pod("web-0").await;
     env.wait_keys("192.0.2.0-24", &[]).await;
     // The recreated web-0 gets its address back before the reservation delete goes out.
-    env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
-    let patch = serde_json::json!({"spec": {"allocations": {"10": {
-        "id": "sb-web-0-new", "podref": format!("{}/web-0", env.ns), "ifname": "net1",
-    }}}});
-    env.pools()
-        .patch(
-            "192.0.2.0-24",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(patch),
-        )
-        .await
-        .unwrap();
+    web_0_recreated_with_its_address(&env).await;
     env.wait_metric("ipreclaim_reservations_kept_total 1").await;
     assert_eq!(
         env.reservation_names().await,
@@ -1857,18 +1862,7 @@ async fn a_look_that_cannot_read_the_pool_tries_again_and_puts_the_reservation_b
         ),
     ]);
     proxy.cut_watches();
-    env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
-    let patch = serde_json::json!({"spec": {"allocations": {"10": {
-        "id": "sb-web-0-new", "podref": format!("{}/web-0", env.ns), "ifname": "net1",
-    }}}});
-    env.pools()
-        .patch(
-            "192.0.2.0-24",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(patch),
-        )
-        .await
-        .unwrap();
+    web_0_recreated_with_its_address(&env).await;
     proxy.release_held();
     wait_for("the held delete to land", || async {
         env.reservation_names().await.is_empty()
