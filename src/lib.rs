@@ -5,6 +5,8 @@
 
 pub mod api;
 pub mod controller;
+pub mod flags;
+pub mod index;
 pub mod ipam;
 pub mod node;
 pub mod reclaim;

@@ -12,8 +12,9 @@ use crate::api::lenient::Lenient;
 use crate::api::paged::for_each_listed;
 use crate::api::slim::PodView;
 use crate::api::{IPFence, IPPool, NetworkAttachmentDefinition};
-use crate::controller::state::State;
-use crate::controller::watch::{POD_PAGE, seen};
+use crate::controller::watch::POD_PAGE;
+use crate::index::Index;
+use crate::index::kinds::seen;
 use crate::reclaim::{Decision, ReclaimConfig};
 
 /// One reported allocation.
@@ -56,7 +57,7 @@ pub async fn scan(
     reclaim: ReclaimConfig,
 ) -> anyhow::Result<Vec<ScanRow>> {
     let pods = Api::<PodView>::all(client.clone());
-    let mut state = State::default();
+    let mut state = Index::default();
     let now = std::time::Instant::now();
     let mut created: BTreeMap<String, i64> = BTreeMap::new();
     let wall = jiff::Timestamp::now();
@@ -107,7 +108,7 @@ pub async fn scan(
                     Ok(record) => state.upsert_fence_object(
                         &f.spec.pool,
                         &f.spec.key,
-                        crate::controller::state::FenceObject {
+                        crate::index::FenceObject {
                             name,
                             uid: f.metadata.uid.clone().unwrap_or_default(),
                             sandbox: f.spec.sandbox.clone(),

@@ -1,8 +1,9 @@
-//! Modules only import downwards: the resource types (`api`) < the pure domain (`ipam` <
-//! `reclaim`) < `telemetry` < `release` < the programs (`controller`, `node`), and the programs
-//! not from each other.
+//! Modules only import downwards: the resource types (`api`) and the watch retry < the pure
+//! domain (`ipam` < `reclaim` < `index`) < `telemetry` < `release` < the programs (`controller`,
+//! `node`) < `scan`, and the programs not from each other. The pure modules use no async
+//! runtime and no API client; `podlife` knows nothing of Kubernetes.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// (module, modules it must not import).
 const RULES: &[(&str, &[&str])] = &[
@@ -11,6 +12,21 @@ const RULES: &[(&str, &[&str])] = &[
         &[
             "ipam",
             "reclaim",
+            "index",
+            "telemetry",
+            "release",
+            "controller",
+            "node",
+            "scan",
+            "watch_retry",
+        ],
+    ),
+    (
+        "watch_retry",
+        &[
+            "ipam",
+            "reclaim",
+            "index",
             "telemetry",
             "release",
             "controller",
@@ -22,25 +38,61 @@ const RULES: &[(&str, &[&str])] = &[
         "ipam",
         &[
             "reclaim",
+            "index",
             "telemetry",
             "release",
             "controller",
             "node",
             "scan",
+            "watch_retry",
         ],
     ),
     (
         "reclaim",
-        &["telemetry", "release", "controller", "node", "scan"],
+        &[
+            "index",
+            "telemetry",
+            "release",
+            "controller",
+            "node",
+            "scan",
+            "watch_retry",
+        ],
+    ),
+    (
+        "index",
+        &[
+            "telemetry",
+            "release",
+            "controller",
+            "node",
+            "scan",
+            "watch_retry",
+        ],
     ),
     ("telemetry", &["release", "controller", "node", "scan"]),
     ("release", &["controller", "node", "scan"]),
     ("node", &["controller", "scan"]),
     ("controller", &["node", "scan"]),
+    ("scan", &["node"]),
 ];
 
-fn sources(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
+/// Pure modules: what they must not use (an async runtime, an API client, the clock's sleep).
+const PURE: &[&str] = &["ipam", "reclaim", "index"];
+const IMPURE: &[&str] = &[
+    "tokio",
+    "kube::Client",
+    "kube::Api",
+    "kube::api::Api",
+    "reqwest",
+];
+
+fn sources(path: &Path, out: &mut Vec<PathBuf>) {
+    if path.is_file() {
+        out.push(path.to_owned());
+        return;
+    }
+    for entry in std::fs::read_dir(path).unwrap() {
         let path = entry.unwrap().path();
         if path.is_dir() {
             sources(&path, out);
@@ -50,20 +102,74 @@ fn sources(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
     }
 }
 
+/// A module's files: `src/<m>/` or `src/<m>.rs`.
+fn module_files(src: &Path, module: &str) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for path in [src.join(module), src.join(format!("{module}.rs"))] {
+        if path.exists() {
+            sources(&path, &mut files);
+        }
+    }
+    assert!(!files.is_empty(), "no sources for module {module}");
+    files
+}
+
+/// The crate modules a source imports: `crate::m::`, `crate::m;` and grouped
+/// `crate::{m, n::x, ...}` (nested braces included).
+fn imported_modules(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("crate::") {
+        rest = &rest[i + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            // Top-level items of the group, up to its closing brace.
+            let (mut depth, mut item) = (0usize, String::new());
+            for c in group.chars() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        out.push(first_segment(&item));
+                        item.clear();
+                        continue;
+                    }
+                    _ => {}
+                }
+                item.push(c);
+            }
+            out.push(first_segment(&item));
+        } else {
+            out.push(first_segment(rest));
+        }
+    }
+    out.retain(|m| !m.is_empty());
+    out
+}
+
+fn first_segment(path: &str) -> String {
+    path.trim()
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect()
+}
+
+#[test]
+fn grouped_imports_are_read() {
+    let text = "use crate::{api::IPPool, index::{Index, kinds}, node};\nuse crate::scan;";
+    assert_eq!(imported_modules(text), ["api", "index", "node", "scan"]);
+}
+
 #[test]
 fn modules_import_only_downwards() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut found = Vec::new();
     for (module, forbidden) in RULES {
-        let mut files = Vec::new();
-        sources(&src.join(module), &mut files);
-        assert!(!files.is_empty(), "no sources under src/{module}");
-        for file in files {
+        for file in module_files(&src, module) {
             let text = std::fs::read_to_string(&file).unwrap();
-            for f in *forbidden {
-                if text.contains(&format!("crate::{f}::")) || text.contains(&format!("crate::{f};"))
-                {
-                    found.push(format!("{} imports crate::{f}", file.display()));
+            for m in imported_modules(&text) {
+                if forbidden.contains(&m.as_str()) {
+                    found.push(format!("{} imports crate::{m}", file.display()));
                 }
             }
         }
@@ -73,4 +179,43 @@ fn modules_import_only_downwards() {
         "imports against the layering:\n{}",
         found.join("\n")
     );
+}
+
+#[test]
+fn pure_modules_use_no_runtime_and_no_client() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut found = Vec::new();
+    for module in PURE {
+        for file in module_files(&src, module) {
+            let text = std::fs::read_to_string(&file).unwrap();
+            for word in IMPURE {
+                if text.contains(&format!("{word}::")) || text.contains(&format!("{word};")) {
+                    found.push(format!("{} uses {word}", file.display()));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "impure pure modules:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn podlife_knows_nothing_of_kubernetes_or_ipreclaim() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/podlife/src");
+    let mut files = Vec::new();
+    sources(&root, &mut files);
+    assert!(!files.is_empty(), "no sources under {}", root.display());
+    let mut found = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for word in ["kube::", "k8s_openapi::", "ipreclaim::"] {
+            if text.contains(word) {
+                found.push(format!("{} uses {word}", file.display()));
+            }
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
 }

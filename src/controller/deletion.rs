@@ -12,10 +12,12 @@ use std::time::{Duration, Instant};
 use kube::api::Api;
 use tokio::sync::watch;
 
-use super::fence::{NodeView, record_for};
-use super::state::{Judged, PodRef, State, Tombstone};
+use super::fence::record_for;
 use crate::api::slim::PodView;
+use crate::index::NodeIndex;
+use crate::index::{Index, Tombstone};
 use crate::reclaim::{Decision, Reason, ReclaimConfig};
+use crate::reclaim::{Judged, PodRef};
 use crate::release::{EntryWrite, ReleaseError, ReleaseOutcome, ReleaseRequest};
 
 /// An item a replica could not write because it does not lead waits this long before a worker
@@ -148,6 +150,7 @@ impl Worker {
         let (namespace, name) = podref.split_once('/').unwrap_or(("", podref));
         let st = self.ctx.state.read().expect("state lock");
         let uid = st
+            .pods()
             .tombstones(podref)
             .iter()
             .rev()
@@ -163,7 +166,7 @@ impl Worker {
         let started = Instant::now();
         let blind = {
             let st = self.ctx.state.read().expect("state lock");
-            st.live(podref).is_none() && st.blind_tombstone(podref)
+            st.pods().live(podref).is_none() && st.pods().blind_tombstone(podref)
         };
         if blind {
             // Without network-status the tombstone would free every allocation of the name:
@@ -176,7 +179,7 @@ impl Worker {
             if let Some(p) = found {
                 let mut st = self.ctx.state.write().expect("state lock");
                 if let Some(uid) = &p.metadata.uid {
-                    st.upsert_pod(podref, uid, super::watch::seen(&p), started);
+                    st.upsert_pod(podref, uid, crate::index::kinds::seen(&p), started);
                 }
             }
         }
@@ -188,7 +191,7 @@ impl Worker {
                 judged = ?judged.iter().map(|j| (j.entry.ip, j.decision)).collect::<Vec<_>>(),
                 "deletion path"
             );
-            let deleted_at = st.first_deletion(podref);
+            let deleted_at = st.pods().first_deletion(podref);
             let releases = judged
                 .iter()
                 .filter_map(|j| match j.decision {
@@ -288,7 +291,7 @@ impl Worker {
 
 /// Why the deletion `t` is fenced: its node was not trusted when the deletion was seen, or is
 /// not now; never when its Node is gone or tainted out-of-service now (declared dead).
-fn fence_reason(t: &Tombstone, view: &NodeView) -> Option<String> {
+fn fence_reason(t: &Tombstone, view: &NodeIndex) -> Option<String> {
     let node = t.node.as_deref()?;
     let now = view.node(node)?;
     if now.out_of_service {
@@ -305,8 +308,8 @@ fn fence_reason(t: &Tombstone, view: &NodeView) -> Option<String> {
 /// judged kept only because a replacement of the same name is known without network-status
 /// yet. Left unfenced, that entry would later be released as `IPNotOnPod`, its node still down.
 pub(crate) fn plan_fences(
-    st: &State,
-    view: &NodeView,
+    st: &Index,
+    view: &NodeIndex,
     podref: &str,
     judged: &[Judged],
     releases: &mut Vec<ReleaseRequest>,
@@ -315,7 +318,7 @@ pub(crate) fn plan_fences(
         if r.reason != Reason::PodDeleted || r.judged.pod.uid.is_empty() {
             continue;
         }
-        let Some(t) = st.deleted_pod(podref, &r.judged.pod.uid) else {
+        let Some(t) = st.pods().deleted_pod(podref, &r.judged.pod.uid) else {
             continue;
         };
         if let Some(why) = fence_reason(t, view) {
@@ -323,12 +326,12 @@ pub(crate) fn plan_fences(
             r.write = EntryWrite::Fence(record_for(&r.judged, node, why));
         }
     }
-    let live = st.live(podref);
+    let live = st.pods().live(podref);
     let live_lists = |ip| {
         live.and_then(|l| l.networks.as_deref())
             .is_some_and(|n| n.iter().any(|a| a.ips.contains(&ip)))
     };
-    for t in st.tombstones(podref) {
+    for t in st.pods().tombstones(podref) {
         let Some(why) = fence_reason(t, view) else {
             continue;
         };
@@ -372,12 +375,11 @@ mod tests {
     use std::collections::BTreeMap;
 
     use k8s_openapi::api::core::v1::NodeCondition;
-    use kube::runtime::watcher::Event;
 
     use super::*;
     use crate::api::slim::NodeReadyView;
     use crate::api::{IPAllocation, IPPool, IPPoolSpec};
-    use crate::controller::state::PodSeen;
+    use crate::index::PodSeen;
 
     const WEB: &str = "ns/web-0";
 
@@ -402,7 +404,7 @@ mod tests {
         )
     }
 
-    fn view(ready: &str) -> NodeView {
+    fn view(ready: &str) -> NodeIndex {
         let mut n = NodeReadyView::default();
         n.metadata.name = Some("node-a".into());
         n.ready = Some(NodeCondition {
@@ -411,15 +413,15 @@ mod tests {
             reason: Some("NodeStatusUnknown".into()),
             ..Default::default()
         });
-        let mut v = NodeView::default();
-        v.apply(Event::Apply(n), Instant::now());
+        let mut v = NodeIndex::default();
+        v.upsert(&n, Instant::now());
         v
     }
 
     /// web-0 (old-uid, 192.0.2.10, sandbox sb-old) on node-a was deleted; then a replacement
     /// web-0 (new-uid) is known, with the network-status `replacement` (None: not yet).
-    fn replaced(replacement: Option<&str>) -> State {
-        let mut st = State::default();
+    fn replaced(replacement: Option<&str>) -> Index {
+        let mut st = Index::default();
         st.upsert_pool(&pool("sb-old"));
         let old = status("192.0.2.10");
         let on_a = |annotations| PodSeen {
@@ -440,7 +442,7 @@ mod tests {
         st
     }
 
-    fn plan(st: &State, v: &NodeView) -> Vec<(String, String, bool)> {
+    fn plan(st: &Index, v: &NodeIndex) -> Vec<(String, String, bool)> {
         let judged = st.judge_podref(WEB, &ReclaimConfig::default());
         let mut releases: Vec<ReleaseRequest> = judged
             .iter()
@@ -515,7 +517,7 @@ mod tests {
         let mut tainted = NodeReadyView::default();
         tainted.metadata.name = Some("node-a".into());
         tainted.out_of_service = true;
-        gone.apply(Event::Apply(tainted), Instant::now());
+        gone.upsert(&tainted, Instant::now());
         assert_eq!(
             plan(&st, &gone),
             [("10".to_string(), "old-uid".to_string(), false)]

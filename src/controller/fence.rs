@@ -1,122 +1,22 @@
-//! Fencing: the Nodes' Ready condition (a deleted pod's node comes from the pod watch), and the
-//! loop that lifts fences into releases.
+//! Fencing: the loop that lifts fences into releases, completes fences whose entry rewrite is
+//! missing and removes records left over (the Nodes' readiness is `index::nodes`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use kube::api::Api;
-use kube::runtime::watcher::{self, Event};
-use kube::{Client, ResourceExt};
-
-use super::state::{FenceObject, FencedEntry, Judged, PodRef};
-use super::watch::{Synced, drive};
-use crate::api::slim::NodeReadyView as NodeObject;
+use crate::index::{FenceObject, FencedEntry, NodeIndex};
 use crate::ipam::PoolEntry;
 use crate::ipam::fence::FenceRecord;
 use crate::ipam::fence::FenceSource;
 use crate::reclaim::fence::{
-    FenceIdentity, FencePolicy, GoneReport, Lift, Moment, NodeReadiness, Rejected, distrust,
-    lift_with_report,
+    FenceIdentity, FencePolicy, GoneReport, Lift, Moment, NodeReadiness, Rejected, lift_with_report,
 };
-use crate::reclaim::{Decision, Reason};
+use crate::reclaim::{Decision, Judged, PodRef, Reason};
 use crate::release::{EntryWrite, ReleaseOutcome, ReleaseRequest};
-use crate::watch_retry::retrying;
-
-/// Nodes per page of the Node list: a Node's status (its images, above all) is tens of KB of
-/// text, read whole before it is stripped.
-const NODE_PAGE: u32 = 50;
 
 /// How often fences are checked for lifting.
 pub const LIFT_EVERY: Duration = Duration::from_secs(1);
-
-/// Nodes' readiness.
-#[derive(Debug, Default)]
-pub struct NodeView {
-    nodes: HashMap<String, NodeReadiness>,
-    /// Nodes listed again since a re-list began.
-    relisted: HashSet<String>,
-}
-
-impl NodeView {
-    /// A node's readiness, if the Node exists.
-    pub fn node(&self, name: &str) -> Option<&NodeReadiness> {
-        self.nodes.get(name)
-    }
-
-    /// Why a pod deleted now from `node` must be fenced: its node exists and is not Ready.
-    /// A pod never scheduled, or bound to a Node that is gone, ran nowhere that can be
-    /// trusted less than the operator's word.
-    pub fn distrust(&self, node: Option<&str>) -> Option<String> {
-        distrust(self.node(node?))
-    }
-
-    /// Nodes that are not Ready.
-    pub fn unready(&self) -> usize {
-        self.nodes.values().filter(|r| !r.is_ready()).count()
-    }
-
-    /// Applies one Node watch event, observed at `seen` (this process's clock).
-    pub fn apply(&mut self, event: Event<NodeObject>, seen: Instant) {
-        match event {
-            Event::Init => self.relisted.clear(),
-            Event::InitApply(n) | Event::Apply(n) => {
-                let name = n.name_any();
-                let before = self.nodes.get(&name);
-                let now = readiness_of(&n, before, seen);
-                let was = before.map(NodeReadiness::is_ready);
-                if was != Some(now.is_ready()) && !now.is_ready() {
-                    tracing::info!(node = %name, ready = %now.status, "node is not Ready: its pods' addresses are fenced when they are deleted");
-                } else if was == Some(false) && now.is_ready() {
-                    tracing::info!(node = %name, "node is Ready again");
-                }
-                self.relisted.insert(name.clone());
-                self.nodes.insert(name, now);
-            }
-            Event::Delete(n) => {
-                self.nodes.remove(&n.name_any());
-            }
-            Event::InitDone => {
-                let relisted = std::mem::take(&mut self.relisted);
-                self.nodes.retain(|name, _| relisted.contains(name));
-            }
-        }
-    }
-}
-
-/// The Ready condition of a Node (`missing` when it has none yet), given what was known of it
-/// before and when this observation was made. Ready counts from our own first observation of
-/// it (the node's `lastTransitionTime` is the node's clock, which may lag).
-pub fn readiness_of(
-    node: &NodeObject,
-    before: Option<&NodeReadiness>,
-    seen: Instant,
-) -> NodeReadiness {
-    let (status, reason) = match &node.ready {
-        Some(c) => (c.status.clone(), c.reason.clone()),
-        None => ("missing".into(), None),
-    };
-    let ready_seen = (status == "True").then(|| before.and_then(|b| b.ready_seen).unwrap_or(seen));
-    NodeReadiness {
-        status,
-        reason,
-        ready_seen,
-        out_of_service: node.out_of_service,
-    }
-}
-
-/// Watches Nodes' readiness.
-pub async fn nodes(client: Client, view: Arc<RwLock<NodeView>>, synced: Synced) {
-    let api = Api::<NodeObject>::all(client.clone());
-    let config = watcher::Config::default().page_size(NODE_PAGE);
-    let stream = retrying(client, watcher::watcher(api, config));
-    drive("nodes", stream, synced, |event| {
-        view.write()
-            .expect("node view lock")
-            .apply(event, Instant::now())
-    })
-    .await;
-}
 
 /// A fence record for a release the deletion path decided, if the pod's node is not Ready.
 pub fn record_for(judged: &Judged, node: String, why: String) -> FenceRecord {
@@ -167,7 +67,7 @@ const STALE_GRACE: Duration = Duration::from_secs(5);
 /// records left over.
 pub struct Lifter {
     pub(crate) ctx: super::Ctx,
-    pub(crate) view: Arc<RwLock<NodeView>>,
+    pub(crate) view: Arc<RwLock<NodeIndex>>,
     /// `None`: fencing is off, and fences an earlier run set are lifted.
     pub(crate) policy: Option<FencePolicy>,
     /// When this process first saw each fence (pool, key, uid): settles count on our clock.
@@ -401,108 +301,5 @@ impl Lifter {
             .cloned()
             .collect();
         (complete, stale)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::reclaim::fence::lift;
-    use k8s_openapi::api::core::v1::NodeCondition;
-
-    fn node(name: &str, ready: Option<&str>) -> NodeObject {
-        let mut n = NodeObject::default();
-        n.metadata.name = Some(name.into());
-        n.ready = ready.map(|status| NodeCondition {
-            type_: "Ready".into(),
-            status: status.into(),
-            reason: Some("KubeletStopped".into()),
-            ..Default::default()
-        });
-        n
-    }
-
-    #[test]
-    fn a_pod_of_a_node_that_is_not_ready_is_distrusted_from_the_moment_the_node_is_seen() {
-        let mut v = NodeView::default();
-        for e in [
-            Event::Init,
-            Event::InitApply(node("a", Some("True"))),
-            Event::InitApply(node("b", Some("Unknown"))),
-            Event::InitApply(node("c", None)),
-            Event::InitDone,
-        ] {
-            v.apply(e, Instant::now());
-        }
-        assert_eq!(v.distrust(Some("a")), None);
-        assert_eq!(
-            v.distrust(Some("b")).as_deref(),
-            Some("Ready=Unknown (KubeletStopped)")
-        );
-        assert_eq!(v.distrust(Some("c")).as_deref(), Some("Ready=missing"));
-        assert_eq!(
-            v.distrust(Some("gone")),
-            None,
-            "a deleted Node is declared dead"
-        );
-        assert_eq!(v.distrust(None), None, "never scheduled");
-        assert_eq!(v.unready(), 2);
-
-        v.apply(Event::Apply(node("a", Some("False"))), Instant::now());
-        assert!(v.distrust(Some("a")).is_some());
-        v.apply(Event::Delete(node("b", Some("Unknown"))), Instant::now());
-        assert_eq!(v.distrust(Some("b")), None);
-
-        // A re-list that no longer lists "c" forgets it.
-        for e in [
-            Event::Init,
-            Event::InitApply(node("a", Some("True"))),
-            Event::InitDone,
-        ] {
-            v.apply(e, Instant::now());
-        }
-        assert_eq!((v.distrust(Some("c")), v.unready()), (None, 0));
-    }
-
-    #[test]
-    fn ready_counts_from_our_observation_not_from_the_nodes_lagging_transition_time() {
-        let mut v = NodeView::default();
-        let t0 = Instant::now();
-        let mut down = node("a", Some("Unknown"));
-        down.ready.as_mut().unwrap().last_transition_time = None;
-        v.apply(Event::Apply(down), t0);
-        assert_eq!(v.node("a").unwrap().ready_seen, None);
-        // The node comes back with a clock an hour behind: its transition reads an hour ago.
-        let mut up = node("a", Some("True"));
-        let hour_ago = jiff::Timestamp::now() - jiff::SignedDuration::from_hours(1);
-        up.ready.as_mut().unwrap().last_transition_time = Some(
-            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(hour_ago),
-        );
-        let t1 = t0 + Duration::from_secs(5);
-        v.apply(Event::Apply(up.clone()), t1);
-        assert_eq!(v.node("a").unwrap().ready_seen, Some(t1));
-        // Later heartbeats and a re-list keep the first observation.
-        v.apply(Event::Apply(up.clone()), t1 + Duration::from_secs(10));
-        for e in [Event::Init, Event::InitApply(up), Event::InitDone] {
-            v.apply(e, t1 + Duration::from_secs(20));
-        }
-        assert_eq!(v.node("a").unwrap().ready_seen, Some(t1));
-        let policy = FencePolicy {
-            settle: Duration::from_secs(30),
-            timeout: None,
-        };
-        let fence = Moment {
-            wall: hour_ago,
-            mono: t0,
-        };
-        let at = |s| Moment {
-            wall: jiff::Timestamp::now(),
-            mono: t1 + Duration::from_secs(s),
-        };
-        assert_eq!(lift(fence, v.node("a"), at(29), &policy), None);
-        assert_eq!(
-            lift(fence, v.node("a"), at(30), &policy),
-            Some(Lift::NodeSettled)
-        );
     }
 }

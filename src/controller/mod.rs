@@ -4,13 +4,12 @@
 
 pub mod deletion;
 pub mod fence;
+mod housekeeping;
 pub mod leadership;
 pub mod report;
-pub mod state;
 pub mod sweep;
 pub mod watch;
 
-use std::collections::HashSet;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
@@ -22,20 +21,18 @@ use podlife::clock::RealClock;
 use podlife::queue::WorkQueue;
 use prometheus_client::registry::Registry;
 use tokio::sync::watch as tokio_watch;
+use tokio::task::JoinHandle;
 
+use crate::flags::parse_duration;
+use crate::index::{Index, NodeIndex};
 use crate::reclaim::ReclaimConfig;
 use crate::reclaim::fence::FencePolicy;
 use crate::release::{BudgetConfig, Budgets, Events, writer};
 use crate::telemetry::{ControllerMetrics, Health, LogFormat};
-use state::State;
 
 /// Deletion-path workers. They mostly wait on the pool writer, so many are cheap, and many
 /// in flight at once is what lets a mass deletion become a few large patches.
 const DELETION_WORKERS: usize = 64;
-
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e} (use e.g. 500ms, 60s, 2m)"))
-}
 
 fn parse_ratio(s: &str) -> Result<f64, String> {
     let r: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
@@ -151,13 +148,13 @@ pub struct ControllerArgs {
 #[derive(Clone)]
 pub struct Ctx {
     pub(crate) client: Client,
-    pub(crate) state: Arc<RwLock<State>>,
+    pub(crate) state: Arc<RwLock<Index>>,
     pub(crate) queue: Arc<WorkQueue<String>>,
     pub(crate) writer: writer::WriterHandle,
     pub(crate) events: Events,
     pub(crate) metrics: ControllerMetrics,
     /// Nodes' readiness (`None`: fencing is off).
-    pub(crate) nodes: Option<Arc<RwLock<fence::NodeView>>>,
+    pub(crate) nodes: Option<Arc<RwLock<NodeIndex>>>,
 }
 
 /// Handles a running controller exposes (for tests and the binary).
@@ -167,7 +164,7 @@ pub struct Running {
     /// Where /metrics is served.
     pub metrics_addr: SocketAddr,
     /// The controller's state (read-only use).
-    pub state: Arc<RwLock<State>>,
+    pub state: Arc<RwLock<Index>>,
 }
 
 /// Two malloc arenas, not eight per core: the controller's threads mostly wait, and every
@@ -343,6 +340,162 @@ async fn leadership(
     Ok((leads, gate, tasks))
 }
 
+/// Sets the leader gauge, logs leadership gained and lost, and queues the deletions a new
+/// leader inherits (judged with the same live re-check as any deletion).
+fn follow_leadership(
+    mut leads: tokio_watch::Receiver<bool>,
+    gauge: prometheus_client::metrics::gauge::Gauge,
+    state: Arc<RwLock<Index>>,
+    queue: Arc<WorkQueue<String>>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let now = *leads.borrow_and_update();
+            gauge.set(i64::from(now));
+            if now {
+                let podrefs = state
+                    .read()
+                    .expect("state lock")
+                    .pods()
+                    .tombstoned_podrefs();
+                tracing::info!(deletions = podrefs.len(), "leading: this replica writes");
+                for podref in podrefs {
+                    queue.add(podref);
+                }
+            } else {
+                tracing::info!("not leading: this replica does not write");
+            }
+            if leads.changed().await.is_err() {
+                return;
+            }
+        }
+    })
+}
+
+/// Starts the watches that feed the index; returns a receiver per watch that turns true at
+/// its first complete list.
+fn spawn_watches(
+    ctx: &Ctx,
+    namespace: &str,
+    leader: &tokio_watch::Receiver<bool>,
+    tasks: &mut Vec<JoinHandle<()>>,
+) -> Vec<tokio_watch::Receiver<bool>> {
+    let mut synced = Vec::new();
+    let mut watch = |task: &dyn Fn(watch::Synced) -> JoinHandle<()>| {
+        let (tx, rx) = tokio_watch::channel(false);
+        synced.push(rx);
+        tasks.push(task(tx));
+    };
+    let (client, state, ns) = (&ctx.client, &ctx.state, namespace.to_owned());
+    watch(&|tx| {
+        tokio::spawn(watch::pods(
+            client.clone(),
+            state.clone(),
+            ctx.queue.clone(),
+            ctx.metrics.clone(),
+            leader.clone(),
+            ctx.nodes.clone(),
+            tx,
+        ))
+    });
+    watch(&|tx| tokio::spawn(watch::pools(client.clone(), ns.clone(), state.clone(), tx)));
+    watch(&|tx| {
+        let reservations = watch::reservations(client.clone(), ns.clone(), state.clone(), tx);
+        tokio::spawn(reservations)
+    });
+    watch(&|tx| tokio::spawn(watch::nads(client.clone(), state.clone(), tx)));
+    watch(&|tx| tokio::spawn(watch::fences(client.clone(), ns.clone(), state.clone(), tx)));
+    if let Some(view) = &ctx.nodes {
+        watch(&|tx| tokio::spawn(watch::nodes(client.clone(), view.clone(), tx)));
+    }
+    synced
+}
+
+/// Every second: lifts the fences that may lift (leader only) and reports bad input.
+fn spawn_lifting(
+    ctx: &Ctx,
+    args: &ControllerArgs,
+    clock: Arc<dyn podlife::clock::Clock>,
+    leader: tokio_watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    let lifter = fence::Lifter {
+        ctx: ctx.clone(),
+        view: ctx.nodes.clone().unwrap_or_default(),
+        policy: args.fence_unready_nodes.then_some(FencePolicy {
+            settle: args.fence_settle,
+            timeout: args.fence_timeout,
+        }),
+        first_seen: Default::default(),
+        records_seen: Default::default(),
+        backoff: podlife::backoff::Backoff::new(
+            fence::WRITE_BACKOFF.0,
+            fence::WRITE_BACKOFF.1,
+            clock,
+        ),
+        rejected: Default::default(),
+    };
+    let mut reporter = report::Reporter {
+        events: ctx.events.clone(),
+        metrics: ctx.metrics.clone(),
+        reported: Default::default(),
+    };
+    let (state, ns) = (ctx.state.clone(), args.whereabouts_namespace.clone());
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(fence::LIFT_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let leads = *leader.borrow();
+            lifter.pass(leads).await;
+            let problems = report::problems(&state.read().expect("state lock"), &ns);
+            reporter.pass(problems, leads).await;
+        }
+    })
+}
+
+/// Sweeps every --sweep-interval, and as soon as a candidate's grace ends (leader only);
+/// between sweeps, the index forgets what no longer matters and its gauges are exported.
+async fn sweep_forever(
+    ctx: &Ctx,
+    args: &ControllerArgs,
+    reclaim: ReclaimConfig,
+    leader: &tokio_watch::Receiver<bool>,
+) {
+    let graces = crate::reclaim::grace::Graces {
+        leak: args.leak_grace,
+        missing_pod: args.missing_pod_grace.min(args.leak_grace),
+    };
+    let config = sweep::SweepConfig {
+        graces,
+        max_release_ratio: args.max_release_ratio,
+        reclaim,
+        namespace: args.whereabouts_namespace.clone(),
+    };
+    let mut sweeper = sweep::Sweeper::new(ctx.clone(), config);
+    let mut next_sweep = Instant::now();
+    let mut pool_series = housekeeping::PoolSeries::default();
+    loop {
+        tokio::time::sleep_until(next_sweep.into()).await;
+        next_sweep = Instant::now() + args.sweep_interval;
+        {
+            let mut st = ctx.state.write().expect("state lock");
+            housekeeping::expire(&mut st, args.leak_grace, Instant::now());
+            pool_series.export(&st, &ctx.metrics, &args.whereabouts_namespace);
+        }
+        ctx.metrics.queue_depth.set(ctx.queue.len() as i64);
+        return_free_memory();
+        if *leader.borrow() {
+            let report = sweeper.sweep().await;
+            tracing::debug!(?report, "sweep done");
+            if let Some(due) = report.next_due {
+                // Not sooner than a tenth of a second: a sweep reads every pool.
+                let soonest = Instant::now() + Duration::from_millis(100);
+                next_sweep = next_sweep.min(due.max(soonest));
+            }
+        }
+    }
+}
+
 /// Runs the controller until `shutdown` completes. Calls `on_start` once the metrics server
 /// is bound.
 pub async fn run(
@@ -363,7 +516,7 @@ pub async fn run(
         crate::telemetry::serve(args.metrics_addr, Arc::new(registry), health.clone())
             .await
             .with_context(|| format!("bind metrics address {}", args.metrics_addr))?;
-    let state = Arc::new(RwLock::new(State::default()));
+    let state = Arc::new(RwLock::new(Index::default()));
     on_start(&Running {
         health: health.clone(),
         metrics_addr,
@@ -396,82 +549,26 @@ pub async fn run(
     let reclaim = ReclaimConfig {
         release_terminal_pods: args.release_terminal_pods,
     };
-    let writer = writer::spawn(Arc::new(writer::Writer {
-        client: client.clone(),
-        namespace: args.whereabouts_namespace.clone(),
-        budgets: budgets.clone(),
-        patch_interval: args.pool_patch_interval,
-        metrics: metrics.writes.clone(),
-        events: events.clone(),
-        dry_run: args.dry_run,
-        index: Some(state.clone()),
-        dry_run_reported: Default::default(),
-    }));
+    let ns = &args.whereabouts_namespace;
+    let writes = metrics.writes.clone();
+    let writer = writer::Writer::new(client.clone(), ns, budgets.clone(), events.clone(), writes)
+        .patch_interval(args.pool_patch_interval)
+        .dry_run(args.dry_run)
+        .index(state.clone());
+    let writer = writer::spawn(Arc::new(writer));
     let (leader, gate, mut tasks) = leadership(client.clone(), &args, &identity).await?;
     // Every write passes the gate right before it goes: a demoted leader's queue is refused.
     budgets.set_gate(Arc::new(move || gate.open(Instant::now())));
-    {
-        let (mut leads, gauge) = (leader.clone(), metrics.leader.clone());
-        let (state, queue) = (state.clone(), queue.clone());
-        tasks.push(tokio::spawn(async move {
-            loop {
-                let now = *leads.borrow_and_update();
-                gauge.set(i64::from(now));
-                if now {
-                    // What was deleted while this replica did not lead: judged now, with the
-                    // same live re-check as any deletion.
-                    let podrefs = state.read().expect("state lock").tombstoned_podrefs();
-                    tracing::info!(deletions = podrefs.len(), "leading: this replica writes");
-                    for podref in podrefs {
-                        queue.add(podref);
-                    }
-                } else {
-                    tracing::info!("not leading: this replica does not write");
-                }
-                if leads.changed().await.is_err() {
-                    return;
-                }
-            }
-        }));
-    }
+    tasks.push(follow_leadership(
+        leader.clone(),
+        metrics.leader.clone(),
+        state.clone(),
+        queue.clone(),
+    ));
 
     let nodes = args
         .fence_unready_nodes
-        .then(|| Arc::new(RwLock::new(fence::NodeView::default())));
-    // Watches, each reporting its first full list.
-    let mut synced = Vec::new();
-    let mut watch_task = |f: &dyn Fn(tokio_watch::Sender<bool>) -> tokio::task::JoinHandle<()>| {
-        let (tx, rx) = tokio_watch::channel(false);
-        synced.push(rx);
-        tasks.push(f(tx));
-    };
-    let ns = args.whereabouts_namespace.clone();
-    watch_task(&|tx| {
-        tokio::spawn(watch::pods(
-            client.clone(),
-            state.clone(),
-            queue.clone(),
-            metrics.clone(),
-            leader.clone(),
-            nodes.clone(),
-            tx,
-        ))
-    });
-    watch_task(&|tx| tokio::spawn(watch::pools(client.clone(), ns.clone(), state.clone(), tx)));
-    watch_task(&|tx| {
-        tokio::spawn(watch::reservations(
-            client.clone(),
-            ns.clone(),
-            state.clone(),
-            tx,
-        ))
-    });
-    watch_task(&|tx| tokio::spawn(watch::nads(client.clone(), state.clone(), tx)));
-    watch_task(&|tx| tokio::spawn(watch::fences(client.clone(), ns.clone(), state.clone(), tx)));
-    if let Some(view) = &nodes {
-        watch_task(&|tx| tokio::spawn(fence::nodes(client.clone(), view.clone(), tx)));
-    }
-
+        .then(|| Arc::new(RwLock::new(NodeIndex::default())));
     let ctx = Ctx {
         client: client.clone(),
         state: state.clone(),
@@ -481,6 +578,8 @@ pub async fn run(
         metrics: metrics.clone(),
         nodes: nodes.clone(),
     };
+    let synced = spawn_watches(&ctx, &args.whereabouts_namespace, &leader, &mut tasks);
+
     let main = async {
         for mut rx in synced {
             let _ = rx.wait_for(|s| *s).await;
@@ -502,117 +601,8 @@ pub async fn run(
                 .run(),
             ));
         }
-        let lifter = fence::Lifter {
-            ctx: ctx.clone(),
-            view: nodes.clone().unwrap_or_default(),
-            policy: args.fence_unready_nodes.then_some(FencePolicy {
-                settle: args.fence_settle,
-                timeout: args.fence_timeout,
-            }),
-            first_seen: Default::default(),
-            records_seen: Default::default(),
-            backoff: podlife::backoff::Backoff::new(
-                fence::WRITE_BACKOFF.0,
-                fence::WRITE_BACKOFF.1,
-                clock.clone(),
-            ),
-            rejected: Default::default(),
-        };
-        let mut reporter = report::Reporter {
-            events: ctx.events.clone(),
-            metrics: metrics.clone(),
-            reported: Default::default(),
-        };
-        let (lifting, housekeeping_state, ns) = (
-            leader.clone(),
-            state.clone(),
-            args.whereabouts_namespace.clone(),
-        );
-        // Every second: fences that lift, and bad input to report.
-        tasks.push(tokio::spawn(async move {
-            let mut tick = tokio::time::interval(fence::LIFT_EVERY);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                let leads = *lifting.borrow();
-                lifter.pass(leads).await;
-                let problems =
-                    report::problems(&housekeeping_state.read().expect("state lock"), &ns);
-                reporter.pass(problems, leads).await;
-            }
-        }));
-        let mut sweeper = sweep::Sweeper {
-            ctx: ctx.clone(),
-            config: sweep::SweepConfig {
-                leak_grace: args.leak_grace,
-                missing_pod_grace: args.missing_pod_grace.min(args.leak_grace),
-                max_release_ratio: args.max_release_ratio,
-                reclaim,
-                namespace: args.whereabouts_namespace.clone(),
-            },
-            first_seen: Default::default(),
-            held_pools: Default::default(),
-            orphan_reservations_seen: Default::default(),
-        };
-        // Every --sweep-interval, and as soon as a candidate's grace ends.
-        let mut next_sweep = Instant::now();
-        // The pools whose per-pool series are on /metrics.
-        let mut pool_series: HashSet<String> = HashSet::new();
-        loop {
-            tokio::time::sleep_until(next_sweep.into()).await;
-            next_sweep = Instant::now() + args.sweep_interval;
-            {
-                let mut st = state.write().expect("state lock");
-                // checked: an Instant cannot go back before the machine started.
-                let now = Instant::now();
-                if let Some(before) = now.checked_sub(Duration::from_secs(600)) {
-                    st.expire_tombstones(before);
-                }
-                let keep = Duration::from_secs(600).max(args.leak_grace.saturating_mul(2));
-                if let Some(before) = now.checked_sub(keep) {
-                    st.expire_listings(before);
-                }
-                metrics.nad_config_errors.set(st.nad_errors.len() as i64);
-                metrics.cached_pods.set(st.live_count() as i64);
-                metrics
-                    .malformed_network_status
-                    .set(st.malformed_status_count() as i64);
-                let mut labels = HashSet::with_capacity(st.pools().len());
-                for (name, pool) in st.pools() {
-                    let label = report::pool_label(&args.whereabouts_namespace, name);
-                    metrics
-                        .allocations
-                        .get_or_create(&label.clone().into())
-                        .set((pool.entries.len() + pool.marked.len()) as i64);
-                    metrics
-                        .pool_problems
-                        .get_or_create(&label.clone().into())
-                        .set((pool.problems.len() + pool.bad_fences.len()) as i64);
-                    // A pool's breaker series exists at 0 before its first hold.
-                    let _ = metrics.breaker_holds.get_or_create(&label.clone().into());
-                    labels.insert(label);
-                }
-                // A deleted pool's series go with it.
-                for gone in pool_series.difference(&labels) {
-                    let l = gone.clone().into();
-                    metrics.allocations.remove(&l);
-                    metrics.pool_problems.remove(&l);
-                    metrics.breaker_holds.remove(&l);
-                }
-                pool_series = labels;
-            }
-            metrics.queue_depth.set(queue.len() as i64);
-            return_free_memory();
-            if *leader.borrow() {
-                let report = sweeper.sweep().await;
-                tracing::debug!(?report, "sweep done");
-                if let Some(due) = report.next_due {
-                    // Not sooner than a tenth of a second: a sweep reads every pool.
-                    let soonest = Instant::now() + Duration::from_millis(100);
-                    next_sweep = next_sweep.min(due.max(soonest));
-                }
-            }
-        }
+        tasks.push(spawn_lifting(&ctx, &args, clock.clone(), leader.clone()));
+        sweep_forever(&ctx, &args, reclaim, &leader).await;
     };
     tokio::select! {
         _ = shutdown => tracing::info!("shutting down"),

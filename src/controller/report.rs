@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 
-use super::state::State;
+use crate::index::Index;
 use crate::release::Events;
 use crate::telemetry::ControllerMetrics;
 
@@ -67,9 +67,9 @@ pub fn pool_label(namespace: &str, pool: &str) -> String {
 }
 
 /// Every problem the state knows of; pools live in `namespace`.
-pub fn problems(st: &State, namespace: &str) -> Vec<Problem> {
+pub fn problems(st: &Index, namespace: &str) -> Vec<Problem> {
     let mut out = Vec::new();
-    for (k, o) in st.invalid_objects() {
+    for (k, o) in st.invalid().all() {
         out.push(Problem {
             reference: reference(&k.kind, &k.namespace, &k.name, &o.uid),
             reason: INVALID_OBJECT,
@@ -79,7 +79,7 @@ pub fn problems(st: &State, namespace: &str) -> Vec<Problem> {
             ),
         });
     }
-    for (key, error) in &st.nad_errors {
+    for (key, error) in st.networks().errors() {
         let (ns, name) = key.split_once('/').unwrap_or(("", key));
         out.push(Problem {
             reference: reference("NetworkAttachmentDefinition", ns, name, ""),
@@ -87,7 +87,7 @@ pub fn problems(st: &State, namespace: &str) -> Vec<Problem> {
             message: format!("config cannot be used, its pools are not matched to it: {error}"),
         });
     }
-    for (podref, uid, error) in st.malformed_status_pods() {
+    for (podref, uid, error) in st.pods().malformed_status_pods() {
         let (ns, name) = podref.split_once('/').unwrap_or(("", &podref));
         out.push(Problem {
             reference: reference("Pod", ns, name, &uid),
@@ -105,7 +105,7 @@ pub fn problems(st: &State, namespace: &str) -> Vec<Problem> {
              left alone: remove the entry to release it"
         ));
     }
-    for (name, pool) in st.pools() {
+    for (name, pool) in st.pools().all() {
         let mut notes: Vec<String> = pool.problems.clone();
         notes.extend(pool.bad_fences.iter().map(ToString::to_string));
         notes.extend(unrecorded.remove(name).unwrap_or_default());

@@ -3,16 +3,19 @@
 //! much of a pool is held for an operator.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 
-use super::state::Judged;
 use crate::api::paged::for_each_listed;
+use crate::index::NamedReservation;
 use crate::ipam::{NETWORK_STATUS_ANNOTATION, parse_network_status};
+use crate::reclaim::breaker::{Breaker, NewHold};
+use crate::reclaim::grace::{Candidate, GraceClock, Graces, Tally};
 use crate::reclaim::{
-    self, Allocation, Decision, LivePod, PodKnowledge, PodPhase, PoolContext, Reason, ReclaimConfig,
+    self, Allocation, Decision, Judged, LivePod, PodKnowledge, PodPhase, PoolContext, Reason,
+    ReclaimConfig,
 };
 use crate::release::ReleaseRequest;
 use crate::release::reservation::ReservationDelete;
@@ -22,16 +25,11 @@ const CONFIRM_BY_GET: usize = 8;
 /// Pods' metadata per page of the confirming list.
 const CONFIRM_PAGE: u32 = 500;
 
-/// Pools with at most this many allocations are never held by the breaker.
-const BREAKER_MIN_POOL: usize = 10;
-
 /// Sweep settings.
 #[derive(Debug, Clone)]
 pub struct SweepConfig {
     /// How long an allocation must be seen as garbage before it is released.
-    pub leak_grace: Duration,
-    /// The same for an allocation whose pod does not exist at all.
-    pub missing_pod_grace: Duration,
+    pub graces: Graces,
     /// Largest share of a pool one sweep may release.
     pub max_release_ratio: f64,
     /// The decision rules.
@@ -40,16 +38,15 @@ pub struct SweepConfig {
     pub namespace: String,
 }
 
-/// The sweep's memory between runs: when each candidate was first seen.
+/// The sweep's memory between runs: when each candidate was first seen, and what the breaker
+/// held.
 pub struct Sweeper {
-    pub(crate) ctx: super::Ctx,
-    pub(crate) config: SweepConfig,
-    pub(crate) first_seen: HashMap<(String, String, String), (Instant, Reason)>,
+    ctx: super::Ctx,
+    config: SweepConfig,
+    clock: GraceClock,
     /// Orphaned reservations by (name, uid), with when they were first seen.
-    pub(crate) orphan_reservations_seen: HashMap<(String, String), Instant>,
-    /// Pools the breaker held at the last sweep: a hold is counted, logged and reported
-    /// once per episode, not once per sweep.
-    pub(crate) held_pools: HashSet<String>,
+    orphan_reservations_seen: HashMap<(String, String), Instant>,
+    breaker: Breaker,
 }
 
 /// What one sweep did.
@@ -67,111 +64,101 @@ pub struct SweepReport {
     pub next_due: Option<Instant>,
 }
 
-/// The pools held after a sweep: those held now, and those held before whose candidates could
-/// not be confirmed this time (a failed confirming list ends no hold: its next success would
-/// report the same hold again).
-fn still_held(
-    before: &HashSet<String>,
-    now: HashSet<String>,
-    unconfirmed: &HashSet<String>,
-) -> HashSet<String> {
-    let mut held = now;
-    held.extend(before.intersection(unconfirmed).cloned());
-    held
-}
-
 impl Sweeper {
+    /// A sweeper with no memory yet.
+    pub fn new(ctx: super::Ctx, config: SweepConfig) -> Sweeper {
+        Sweeper {
+            ctx,
+            config,
+            clock: GraceClock::default(),
+            orphan_reservations_seen: HashMap::new(),
+            breaker: Breaker::default(),
+        }
+    }
+
     /// One sweep.
     pub async fn sweep(&mut self) -> SweepReport {
         let started = Instant::now();
-        let (judged, pool_sizes) = {
-            let st = self.ctx.state.read().expect("state lock");
-            let sizes: HashMap<String, (usize, String)> = st
-                .pools()
-                .iter()
-                .map(|(n, p)| (n.clone(), (p.entries.len(), p.uid.clone())))
-                .collect();
-            let judged: Vec<(Judged, Option<Instant>)> = st
-                .judge_leaks(&self.config.reclaim)
-                .into_iter()
-                .map(|j| {
-                    let listed = st.last_listed(&j.entry.podref, j.entry.ip);
-                    (j, listed)
-                })
-                .collect();
-            (judged, sizes)
+        let (candidates, pool_sizes) = self.candidates();
+        let mut report = SweepReport {
+            candidates: candidates.len(),
+            ..Default::default()
         };
-        let mut report = SweepReport::default();
-        let mut seen = HashSet::new();
-        let mut due: Vec<(Judged, Reason)> = Vec::new();
-        let mut counts: BTreeMap<&'static str, i64> =
-            Reason::ALL.iter().map(|r| (r.as_str(), 0)).collect();
-        let mut oldest = Duration::ZERO;
-        for (j, listed) in judged {
-            let reason = match j.decision {
-                Decision::Candidate(r) => r,
-                Decision::Release(_) => {
-                    // Direct evidence the deletion path has not handled yet (unless it is
-                    // retrying it with backoff: adding it now would skip the backoff).
-                    if self.ctx.queue.num_requeues(&j.entry.podref) == 0 {
-                        self.ctx.queue.add(j.entry.podref.clone());
-                    }
-                    continue;
-                }
-                Decision::Keep(_) => continue,
-            };
-            report.candidates += 1;
-            *counts.entry(reason.as_str()).or_default() += 1;
-            let key = (j.pool.clone(), j.entry.key.clone(), j.entry.id.clone());
-            seen.insert(key.clone());
-            let first = self.first_seen.entry(key).or_insert((started, reason));
-            if first.1 != reason {
-                *first = (started, reason);
-            }
-            // The pod listed the address after the grace began (between sweeps): it begins again.
-            if let Some(at) = listed.filter(|at| *at > first.0) {
-                first.0 = at;
-            }
-            let age = started.saturating_duration_since(first.0);
-            oldest = oldest.max(age);
-            let grace = match reason {
-                Reason::PodMissing => self.config.missing_pod_grace,
-                _ => self.config.leak_grace,
-            };
-            if age >= grace {
-                due.push((j, reason));
-            } else {
-                let at = first.0 + grace;
-                report.next_due = Some(report.next_due.map_or(at, |n| n.min(at)));
-            }
-        }
-        self.first_seen.retain(|k, _| seen.contains(k));
-        for (reason, n) in counts {
-            self.ctx
-                .metrics
-                .candidates
-                .get_or_create(&reason.to_string().into())
-                .set(n);
-        }
+        let tally = self.clock.tally(candidates, started, &self.config.graces);
+        report.next_due = tally.next_due;
+        self.export(&tally);
+        let (confirmed, unconfirmed) = self.confirm_due(tally.due).await;
+        let confirmed = self
+            .hold(confirmed, &pool_sizes, &unconfirmed, &mut report)
+            .await;
+        report.released = confirmed.len();
+        self.release(confirmed).await;
+        report.reservations_deleted = self.sweep_reservations(started).await;
         self.ctx
             .metrics
-            .oldest_candidate_seconds
-            .set(oldest.as_secs() as i64);
+            .sweep_duration_seconds
+            .observe(started.elapsed().as_secs_f64());
+        report
+    }
 
-        let mut confirmed: Vec<ReleaseRequest> = Vec::new();
+    /// Every leak candidate under one short lock, with the pools' sizes and uids; direct
+    /// evidence the deletion path has not handled yet is queued for it instead.
+    fn candidates(&self) -> (Vec<Candidate>, HashMap<String, (usize, String)>) {
+        let st = self.ctx.state.read().expect("state lock");
+        let sizes = st
+            .pools()
+            .all()
+            .iter()
+            .map(|(n, p)| (n.clone(), (p.entries.len(), p.uid.clone())))
+            .collect();
+        let mut candidates = Vec::new();
+        for j in st.judge_leaks(&self.config.reclaim) {
+            match j.decision {
+                Decision::Candidate(reason) => {
+                    let last_listed = st.pods().last_listed(&j.entry.podref, j.entry.ip);
+                    candidates.push(Candidate {
+                        judged: j,
+                        reason,
+                        last_listed,
+                    });
+                }
+                // Unless it is retrying it with backoff: adding it now would skip the backoff.
+                Decision::Release(_) if self.ctx.queue.num_requeues(&j.entry.podref) == 0 => {
+                    self.ctx.queue.add(j.entry.podref.clone());
+                }
+                Decision::Release(_) | Decision::Keep(_) => {}
+            }
+        }
+        (candidates, sizes)
+    }
+
+    /// The candidate gauges.
+    fn export(&self, tally: &Tally) {
+        for (reason, n) in &tally.counts {
+            let label = reason.to_string().into();
+            self.ctx.metrics.candidates.get_or_create(&label).set(*n);
+        }
+        let oldest = tally.oldest.as_secs() as i64;
+        self.ctx.metrics.oldest_candidate_seconds.set(oldest);
+    }
+
+    /// The due candidates whose pod a fresh look confirms, and the pools whose candidates
+    /// could not be confirmed this time.
+    async fn confirm_due(
+        &self,
+        mut due: Vec<(Judged, Reason)>,
+    ) -> (Vec<ReleaseRequest>, HashSet<String>) {
+        let mut confirmed = Vec::new();
+        let mut unconfirmed: HashSet<String> = HashSet::new();
         // Many pods gone (e.g. while no replica ran): one consistent list confirms them all.
         let missing = due.iter().filter(|(_, r)| *r == Reason::PodMissing).count();
-        // Pools whose candidates could not be confirmed this time: their hold is not over.
-        let mut unconfirmed: HashSet<String> = HashSet::new();
         let existing = if missing > CONFIRM_BY_GET {
             match self.existing_podrefs().await {
                 Ok(p) => Some(p),
                 Err(e) => {
                     tracing::warn!(error = %e, "could not list pods to confirm leaks; next sweep");
-                    for (j, r) in &due {
-                        if *r == Reason::PodMissing {
-                            unconfirmed.insert(j.pool.clone());
-                        }
+                    for (j, _) in due.iter().filter(|(_, r)| *r == Reason::PodMissing) {
+                        unconfirmed.insert(j.pool.clone());
                     }
                     due.retain(|(_, r)| *r != Reason::PodMissing);
                     None
@@ -199,61 +186,68 @@ impl Sweeper {
                 }
             }
         }
+        (confirmed, unconfirmed)
+    }
 
-        // The blast-radius breaker.
+    /// The blast-radius breaker: drops the releases of held pools, and reports a new hold
+    /// (log line, metric, Event on the pool).
+    async fn hold(
+        &mut self,
+        mut confirmed: Vec<ReleaseRequest>,
+        pool_sizes: &HashMap<String, (usize, String)>,
+        unconfirmed: &HashSet<String>,
+        report: &mut SweepReport,
+    ) -> Vec<ReleaseRequest> {
         let mut per_pool: BTreeMap<String, usize> = BTreeMap::new();
         for r in &confirmed {
             *per_pool.entry(r.judged.pool.clone()).or_default() += 1;
         }
-        let mut held = HashSet::new();
-        for (pool, n) in &per_pool {
-            let (size, uid) = pool_sizes.get(pool).cloned().unwrap_or_default();
-            if size > BREAKER_MIN_POOL && (*n as f64) > self.config.max_release_ratio * size as f64
-            {
-                let note = format!(
-                    "sweep would release {n} of {size} allocations (more than --max-release-ratio {}); \
-                     held until an operator raises the ratio",
-                    self.config.max_release_ratio
-                );
-                if !self.held_pools.contains(pool) {
-                    tracing::warn!(%pool, n, size, "breaker holds the sweep of this pool");
-                    let label = super::report::pool_label(&self.config.namespace, pool);
-                    self.ctx
-                        .metrics
-                        .breaker_holds
-                        .get_or_create(&label.into())
-                        .inc();
-                    self.ctx
-                        .events
-                        .breaker_hold(&self.config.namespace, pool, &uid, note)
-                        .await;
-                }
-                held.insert(pool.clone());
-            }
-        }
-        self.held_pools = still_held(&self.held_pools, held.clone(), &unconfirmed);
-        confirmed.retain(|r| !held.contains(&r.judged.pool));
-        report.held_pools = held.into_iter().collect();
-        report.held_pools.sort();
-        report.released = confirmed.len();
-        if !confirmed.is_empty() {
-            let outcomes = self.ctx.writer.release(confirmed.clone()).await;
-            self.ctx
-                .events
-                .released_all(confirmed.iter().zip(&outcomes))
+        let size = |pool: &str| pool_sizes.get(pool).map_or(0, |s| s.0);
+        let ratio = self.config.max_release_ratio;
+        let verdict = self.breaker.judge(&per_pool, size, ratio, unconfirmed);
+        for hold in verdict.new {
+            let NewHold {
+                pool,
+                releases,
+                size,
+            } = hold;
+            let note = format!(
+                "sweep would release {releases} of {size} allocations (more than --max-release-ratio {ratio}); \
+                 held until an operator raises the ratio"
+            );
+            tracing::warn!(%pool, n = releases, size, "breaker holds the sweep of this pool");
+            let label = super::report::pool_label(&self.config.namespace, &pool);
+            let holds = &self.ctx.metrics.breaker_holds;
+            holds.get_or_create(&label.into()).inc();
+            let uid = pool_sizes
+                .get(&pool)
+                .map(|s| s.1.clone())
+                .unwrap_or_default();
+            let events = &self.ctx.events;
+            events
+                .breaker_hold(&self.config.namespace, &pool, &uid, note)
                 .await;
-            for outcome in outcomes {
-                if let Err(e) = outcome {
-                    tracing::warn!(error = %e, "sweep release failed; next sweep retries");
-                }
+        }
+        confirmed.retain(|r| !verdict.held.contains(&r.judged.pool));
+        report.held_pools = verdict.held.into_iter().collect();
+        confirmed
+    }
+
+    /// Hands the confirmed releases to the writer and reports them.
+    async fn release(&self, confirmed: Vec<ReleaseRequest>) {
+        if confirmed.is_empty() {
+            return;
+        }
+        let outcomes = self.ctx.writer.release(confirmed.clone()).await;
+        self.ctx
+            .events
+            .released_all(confirmed.iter().zip(&outcomes))
+            .await;
+        for outcome in outcomes {
+            if let Err(e) = outcome {
+                tracing::warn!(error = %e, "sweep release failed; next sweep retries");
             }
         }
-        report.reservations_deleted = self.sweep_reservations(started).await;
-        self.ctx
-            .metrics
-            .sweep_duration_seconds
-            .observe(started.elapsed().as_secs_f64());
-        report
     }
 
     /// Reservations of pods that are gone and hold no allocation any more (e.g. a delete that
@@ -267,17 +261,17 @@ impl Sweeper {
             .orphan_reservations();
         let current: std::collections::HashSet<(String, String)> = orphans
             .iter()
-            .map(|(n, u, _)| (n.clone(), u.clone()))
+            .map(|r| (r.name.clone(), r.uid.clone()))
             .collect();
         self.orphan_reservations_seen
             .retain(|k, _| current.contains(k));
         let mut due = Vec::new();
-        for (name, uid, podref) in orphans {
+        for NamedReservation { name, uid, podref } in orphans {
             let first = *self
                 .orphan_reservations_seen
                 .entry((name.clone(), uid.clone()))
                 .or_insert(now);
-            if now.saturating_duration_since(first) < self.config.leak_grace {
+            if now.saturating_duration_since(first) < self.config.graces.leak {
                 continue;
             }
             let (ns, pod) = podref.split_once('/').unwrap_or(("", &podref));
@@ -352,7 +346,7 @@ impl Sweeper {
         };
         let pool_networks = {
             let st = self.ctx.state.read().expect("state lock");
-            st.pool_networks(&j.pool)
+            st.networks().of_pool(&j.pool).map(<[String]>::to_vec)
         };
         let fresh = reclaim::decide(
             &Allocation {
@@ -371,28 +365,5 @@ impl Sweeper {
             &self.config.reclaim,
         );
         Ok(fresh == Decision::Candidate(reason))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn set(pools: &[&str]) -> HashSet<String> {
-        pools.iter().map(|p| p.to_string()).collect()
-    }
-
-    #[test]
-    fn a_hold_survives_a_sweep_that_could_not_confirm_its_candidates() {
-        let before = set(&["a", "b"]);
-        // "a" could not be confirmed (the list failed): still held, not reported anew later.
-        assert_eq!(still_held(&before, set(&[]), &set(&["a"])), set(&["a"]));
-        // Confirmed and under the ratio: the hold is over.
-        assert_eq!(still_held(&before, set(&[]), &set(&[])), set(&[]));
-        // Held now, whatever came before.
-        assert_eq!(
-            still_held(&set(&[]), set(&["c"]), &set(&["c"])),
-            set(&["c"])
-        );
     }
 }

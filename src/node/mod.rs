@@ -35,6 +35,7 @@ use podlife::throttle::{Parallelism, Throttle};
 use prometheus_client::registry::Registry;
 use tokio::task::JoinSet;
 
+use crate::flags::parse_duration;
 use crate::reclaim::ReclaimConfig;
 use crate::release::{BudgetConfig, Budgets, Events, writer};
 use crate::telemetry::{Health, LogFormat, NodeMetrics, WriteMetrics};
@@ -50,10 +51,22 @@ const FORGET_AFTER_LISTINGS: u64 = 600;
 const MAX_ATTEMPTS: u32 = 5;
 /// Least time between two patches of one pool by this node's agent.
 const POOL_PATCH_INTERVAL: Duration = Duration::from_millis(200);
-
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e} (use e.g. 500ms, 1s, 3m)"))
-}
+/// A node's releases are few: its share of the API stays small.
+const NODE_BUDGETS: BudgetConfig = BudgetConfig {
+    pool_qps: 5.0,
+    pool_burst: 10,
+    reservation_qps: 5.0,
+    reservation_burst: 10,
+    write_qps: 10.0,
+    write_burst: 20,
+    max_in_flight: 2,
+};
+/// A pod whose status call fails is retried on the next relist, then less often, up to this.
+const INSPECT_BACKOFF_MAX: Duration = Duration::from_secs(60);
+/// A dead sandbox's release that failed is retried after at least a second (or a relist
+/// period, if longer), doubling up to a minute.
+const WITNESS_MIN_RECHECK: Duration = Duration::from_secs(1);
+const WITNESS_MAX_RECHECK: Duration = Duration::from_secs(60);
 
 /// Flags of `ipreclaim node-agent` (each also read from the environment variable shown).
 #[derive(Debug, Clone, clap::Args)]
@@ -376,7 +389,7 @@ pub async fn run(
             relist_threshold: args.relist_threshold,
             // A pod whose status call fails is retried on the next relist, then less often.
             inspect_backoff_initial: args.relist_period,
-            inspect_backoff_max: Duration::from_secs(60),
+            inspect_backoff_max: INSPECT_BACKOFF_MAX,
             ..PlegConfig::default()
         },
     );
@@ -401,37 +414,24 @@ pub async fn run(
     let (pods, watch_task) = watch_node_pods(client.clone(), &args.node_name);
     let (fence_map, fence_task) =
         fences::watch(client.clone(), &args.whereabouts_namespace, &args.node_name);
-    // A node's releases are few; keep its share of the API small.
-    let budgets = Budgets::new(
-        BudgetConfig {
-            pool_qps: 5.0,
-            pool_burst: 10,
-            reservation_qps: 5.0,
-            reservation_burst: 10,
-            write_qps: 10.0,
-            write_burst: 20,
-            max_in_flight: 2,
-        },
-        clock.clone(),
-        writes.clone(),
-    );
+    let budgets = Budgets::new(NODE_BUDGETS, clock.clone(), writes.clone());
     let events_pub = Events::new(
         client.clone(),
         &format!("node-agent/{}", args.node_name),
         budgets.clone(),
         writes.clone(),
     );
-    let writer = writer::spawn(Arc::new(writer::Writer {
-        client: client.clone(),
-        namespace: args.whereabouts_namespace.clone(),
-        budgets: budgets.clone(),
-        patch_interval: POOL_PATCH_INTERVAL,
-        metrics: writes,
-        events: events_pub.clone(),
-        dry_run: args.dry_run,
-        index: None,
-        dry_run_reported: Default::default(),
-    }));
+    let ns = &args.whereabouts_namespace;
+    let writer = writer::Writer::new(
+        client.clone(),
+        ns,
+        budgets.clone(),
+        events_pub.clone(),
+        writes,
+    )
+    .patch_interval(POOL_PATCH_INTERVAL)
+    .dry_run(args.dry_run);
+    let writer = writer::spawn(Arc::new(writer));
     let releaser = Arc::new(Releaser {
         client: client.clone(),
         namespace: args.whereabouts_namespace.clone(),
@@ -452,8 +452,8 @@ pub async fn run(
         pods: pods.clone(),
         witness: Witness::new(
             args.sandbox_grace,
-            args.relist_period.max(Duration::from_secs(1)),
-            Duration::from_secs(60),
+            args.relist_period.max(WITNESS_MIN_RECHECK),
+            WITNESS_MAX_RECHECK,
         ),
         metrics,
         releaser,

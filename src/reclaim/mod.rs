@@ -5,7 +5,12 @@
 //! (a terminal pod's is at most a candidate), and a live pod without network-status keeps every
 //! allocation (the allocation may simply be ahead of the annotation).
 
+pub mod breaker;
 pub mod fence;
+pub mod grace;
+mod judged;
+
+pub use judged::{Judged, PodRef};
 
 use std::net::IpAddr;
 

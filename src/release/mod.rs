@@ -3,11 +3,13 @@
 
 pub mod budget;
 pub mod events;
+pub mod patch;
 pub mod reservation;
+pub mod schedule;
 pub mod types;
 pub mod writer;
 
 pub use budget::{BudgetConfig, Budgets, WriteKind};
 pub use events::Events;
 pub use types::{EntryWrite, Judged, PodRef, ReleaseError, ReleaseOutcome, ReleaseRequest};
-pub use writer::{Index, Writer, WriterHandle};
+pub use writer::{SharedIndex, Writer, WriterHandle};

@@ -57,14 +57,18 @@ impl Writer {
     ) -> Result<Option<Holder>, kube::Error> {
         let Some(ip) = d.ip else {
             // An orphan: kept while its pod holds any allocation.
-            let any = self
-                .index
-                .as_ref()
-                .is_some_and(|i| i.has_allocations(&d.podref));
+            let any = self.index.as_ref().is_some_and(|i| {
+                i.read()
+                    .expect("index lock")
+                    .pools()
+                    .has_allocations(&d.podref)
+            });
             return Ok(any.then(|| (String::new(), None)));
         };
         if let Some(index) = self.index.as_ref().filter(|_| indexed) {
-            return Ok(index.holder(&d.podref, ip));
+            let index = index.read().expect("index lock");
+            let holder = index.pools().holder(&d.podref, ip);
+            return Ok(holder.map(|e| (e.id.clone(), e.ifname.clone())));
         }
         let Some(pool) = &d.pool else {
             return Ok(None);

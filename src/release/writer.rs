@@ -7,40 +7,24 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
-use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 
 use super::budget::{Budgets, WriteKind};
 use super::events::Events;
+use super::patch;
+use super::schedule::{MAX_BATCH, PoolSchedule};
 use super::types::{Deleted, ReservationDelete};
 use super::types::{EntryWrite, ReleaseError, ReleaseOutcome, ReleaseRequest};
 use crate::api::{IPFence, IPPool};
-use crate::ipam::fence::{
-    FenceRecord, FenceSource, fence_annotation_key, fence_object_name, fence_spec, fenced_podref,
-};
+use crate::ipam::fence::{FenceRecord, FenceSource, fence_object_name, fence_spec, fenced_podref};
 use crate::telemetry::WriteMetrics;
 
-/// Most releases in one batch.
-const MAX_BATCH: usize = 1000;
-/// A pool's patches take at most this share of the time: the next patch waits
-/// `PATCH_DUTY` times what its patches take (smoothed) from the last one's start. A patch
-/// costs the apiserver about as much as the whole pool, whatever it removes, so a large pool,
-/// or a backlog's large patches, go less often and carry more, before the patches themselves
-/// saturate the apiserver (4 pools of 550 entries at 50 deletions/s on 2 cores: p50 613 ms with
-/// a fixed 200 ms spacing, 327 ms with this; see benches/scale.rs).
-const PATCH_DUTY: u32 = 4;
-/// The longest a pool's patch time can space its patches (a slow apiserver still gets one
-/// patch per pool in flight at most).
-const MAX_SPACING: Duration = Duration::from_secs(1);
-/// A pool's patch time estimate is forgotten after this long without a patch.
-const COST_MEMORY: Duration = Duration::from_secs(300);
 /// Patches one batch may take while refused writes are split apart (each refusal costs a
 /// patch and a read); what is left then is retried later, with backoff.
 const MAX_PATCHES_PER_BATCH: usize = 64;
@@ -70,30 +54,9 @@ pub enum ObjectDelete {
     Fence(String, String),
 }
 
-/// The controller's index of pools and reservations, kept in step with what the writer writes.
-pub trait Index: Send + Sync {
-    /// Whether `pool` still has the allocation (`key`, `id`).
-    fn holds(&self, pool: &str, key: &str, id: &str) -> bool;
-    /// Whether `pool` has an annotations map.
-    fn has_annotations(&self, pool: &str) -> bool;
-    /// The entry at `key` of `pool` (sandbox `sandbox`) was fenced with `record`, kept in the
-    /// `IPFence` object (name, uid).
-    fn fenced(
-        &self,
-        pool: &str,
-        key: &str,
-        sandbox: &str,
-        record: &FenceRecord,
-        object: (String, String),
-    );
-    /// The entry at `key` of `pool` (held by `podref`, address `ip`) was released; returns the
-    /// reservations (name, uid) of that pod for that address, to delete.
-    fn released(&self, pool: &str, key: &str, podref: &str, ip: IpAddr) -> Vec<(String, String)>;
-    /// A pool entry of `podref` that holds `ip` now, in any pool: its sandbox id and interface.
-    fn holder(&self, podref: &str, ip: IpAddr) -> Option<(String, Option<String>)>;
-    /// Whether `podref` holds any allocation.
-    fn has_allocations(&self, podref: &str) -> bool;
-}
+/// The controller's index, kept in step with what the writer writes (through its own
+/// methods `fence_written` and `released`).
+pub type SharedIndex = Arc<std::sync::RwLock<crate::index::Index>>;
 
 /// Everything the writer needs.
 pub struct Writer {
@@ -106,10 +69,52 @@ pub struct Writer {
     pub(crate) events: Events,
     pub(crate) dry_run: bool,
     /// The controller's index, kept in step with what is written (the node agent has none).
-    pub(crate) index: Option<Arc<dyn Index>>,
+    pub(crate) index: Option<SharedIndex>,
     /// Under `--dry-run`, the allocations (pool, key, id) already reported: nothing is
     /// written, so they come back on every sweep, and each is reported once.
     pub(crate) dry_run_reported: std::sync::Mutex<HashSet<(String, String, String)>>,
+}
+
+impl Writer {
+    /// A writer to the pools of `namespace` within `budgets`, reporting with `events`:
+    /// patches spaced by 200 ms, writing, and without an index until told otherwise.
+    pub fn new(
+        client: Client,
+        namespace: &str,
+        budgets: Budgets,
+        events: Events,
+        metrics: WriteMetrics,
+    ) -> Writer {
+        Writer {
+            client,
+            namespace: namespace.to_owned(),
+            budgets,
+            patch_interval: Duration::from_millis(200),
+            metrics,
+            events,
+            dry_run: false,
+            index: None,
+            dry_run_reported: Default::default(),
+        }
+    }
+
+    /// Least time between two patches of one pool.
+    pub fn patch_interval(mut self, interval: Duration) -> Writer {
+        self.patch_interval = interval;
+        self
+    }
+
+    /// `--dry-run`: reports, writes nothing.
+    pub fn dry_run(mut self, dry_run: bool) -> Writer {
+        self.dry_run = dry_run;
+        self
+    }
+
+    /// The controller's index, kept in step with what is written.
+    pub fn index(mut self, index: SharedIndex) -> Writer {
+        self.index = Some(index);
+        self
+    }
 }
 
 /// A handle to submit releases to the batching writer.
@@ -150,17 +155,7 @@ impl WriterHandle {
         if self.writer.dry_run || annotations.is_empty() {
             return;
         }
-        let mut ops = Vec::with_capacity(annotations.len() * 2);
-        for (key, value) in &annotations {
-            let path = format!(
-                "/metadata/annotations/{}",
-                pointer_token(&fence_annotation_key(key))
-            );
-            ops.push(json!({"op": "test", "path": path, "value": value}));
-            ops.push(json!({"op": "remove", "path": path}));
-        }
-        let patch: json_patch::Patch =
-            serde_json::from_value(serde_json::Value::Array(ops)).expect("a JSON patch");
+        let patch = patch::typed(patch::annotations_patch(&annotations)).expect("a JSON patch");
         let pools = self.writer.pools();
         let result = self
             .writer
@@ -207,22 +202,6 @@ impl WriterHandle {
     }
 }
 
-/// How long after a patch's start the next patch of its pool may go: `interval`, or
-/// `PATCH_DUTY` times the pool's estimated patch time if longer (up to `MAX_SPACING`).
-fn spacing(interval: Duration, estimate: Option<Duration>) -> Duration {
-    let cost = estimate.map_or(Duration::ZERO, |d| (d * PATCH_DUTY).min(MAX_SPACING));
-    interval.max(cost)
-}
-
-/// The pool's patch time estimate after a patch that took `took`: a moving average, so one
-/// slow patch does not space the next ones by much.
-fn smoothed(estimate: Option<Duration>, took: Duration) -> Duration {
-    match estimate {
-        Some(e) => (e * 3 + took) / 4,
-        None => took,
-    }
-}
-
 /// Starts the batcher and the reservation deleter; they run until every handle is dropped.
 /// At most one patch per pool is in flight, and a pool's patches are spaced by `spacing`;
 /// what arrives meanwhile for that pool goes out as the next patch, so a burst of deletions
@@ -240,46 +219,20 @@ pub fn spawn(writer: Arc<Writer>) -> WriterHandle {
     handle
 }
 
-/// The batcher: collects requests per pool and sends each pool's patch when it may.
+/// The batcher: collects requests per pool and sends each pool's patch when its
+/// [`PoolSchedule`] says it may.
 async fn batch(
     writer: Arc<Writer>,
     mut rx: mpsc::Receiver<(ReleaseRequest, Reply)>,
     deletes: mpsc::UnboundedSender<ObjectDelete>,
 ) {
-    let mut pending: BTreeMap<String, Vec<(ReleaseRequest, Reply)>> = BTreeMap::new();
-    let mut in_flight: HashSet<String> = HashSet::new();
-    // When each pool's last patch started.
-    let mut last_sent: HashMap<String, Instant> = HashMap::new();
-    // Each pool's estimated patch time, and when it was last updated.
-    let mut cost: HashMap<String, (Duration, Instant)> = HashMap::new();
+    let mut schedule = PoolSchedule::new(writer.patch_interval);
     // Each finished patch: its pool and how long it took.
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(String, Duration)>();
     let mut open = true;
     loop {
         let now = Instant::now();
-        let wait = |pool: &String| spacing(writer.patch_interval, cost.get(pool).map(|c| c.0));
-        let due = |pool: &String| last_sent.get(pool).map(|t| *t + wait(pool));
-        // The soonest a waiting pool may be patched again.
-        let next = pending
-            .keys()
-            .filter(|p| !in_flight.contains(*p))
-            .filter_map(due)
-            .filter(|t| *t > now)
-            .min();
-        let ready: Vec<String> = pending
-            .keys()
-            .filter(|p| !in_flight.contains(*p) && due(p).is_none_or(|t| t <= now))
-            .cloned()
-            .collect();
-        for pool in ready {
-            let Some(mut items) = pending.remove(&pool) else {
-                continue;
-            };
-            if items.len() > MAX_BATCH {
-                pending.insert(pool.clone(), items.split_off(MAX_BATCH));
-            }
-            in_flight.insert(pool.clone());
-            last_sent.insert(pool.clone(), now);
+        for (pool, items) in schedule.ready(now) {
             let (w, done, res) = (writer.clone(), done_tx.clone(), deletes.clone());
             tokio::spawn(async move {
                 let started = Instant::now();
@@ -289,15 +242,10 @@ async fn batch(
                 let _ = done.send((pool, started.elapsed()));
             });
         }
-        // Forget pools not written for a while (their spacing has passed).
-        last_sent.retain(|pool, t| {
-            in_flight.contains(pool)
-                || now.saturating_duration_since(*t) < writer.patch_interval.max(MAX_SPACING)
-        });
-        cost.retain(|_, (_, at)| now.saturating_duration_since(*at) < COST_MEMORY);
-        if !open && in_flight.is_empty() && pending.is_empty() {
+        if !open && schedule.idle() {
             return;
         }
+        let next = schedule.next_wake(now);
         let wake = async {
             match next {
                 Some(t) => tokio::time::sleep_until(t.into()).await,
@@ -307,19 +255,15 @@ async fn batch(
         tokio::select! {
             item = rx.recv(), if open => match item {
                 Some(item) => {
-                    pending.entry(item.0.judged.pool.clone()).or_default().push(item);
+                    schedule.push(item.0.judged.pool.clone(), item);
                     // Let whatever else is already queued join this batch.
                     while let Ok(item) = rx.try_recv() {
-                        pending.entry(item.0.judged.pool.clone()).or_default().push(item);
+                        schedule.push(item.0.judged.pool.clone(), item);
                     }
                 }
                 None => open = false,
             },
-            Some((pool, took)) = done_rx.recv() => {
-                in_flight.remove(&pool);
-                let estimate = smoothed(cost.get(&pool).map(|c| c.0), took);
-                cost.insert(pool, (estimate, Instant::now()));
-            }
+            Some((pool, took)) = done_rx.recv() => schedule.finished(&pool, took, Instant::now()),
             () = wake => {}
         }
     }
@@ -539,6 +483,7 @@ impl Writer {
     fn first_dry_run_report(&self, pool: &str, key: &str, id: &str) -> bool {
         let mut reported = self.dry_run_reported.lock().expect("dry-run lock");
         if let Some(index) = &self.index {
+            let index = index.read().expect("index lock");
             reported.retain(|(p, k, i)| index.holds(p, k, i));
         }
         reported.insert((pool.to_owned(), key.to_owned(), id.to_owned()))
@@ -643,11 +588,12 @@ impl Writer {
         batch: &[&ReleaseRequest],
         annotations: Option<bool>,
     ) -> Result<(), kube::Error> {
-        let has_annotations = annotations
-            .unwrap_or_else(|| self.index.as_ref().is_some_and(|i| i.has_annotations(pool)));
-        let patch = patch_ops(batch, has_annotations);
-        let patch: json_patch::Patch =
-            serde_json::from_value(patch).map_err(kube::Error::SerdeError)?;
+        let has_annotations = annotations.unwrap_or_else(|| {
+            let index = self.index.as_ref();
+            index.is_some_and(|i| i.read().expect("index lock").has_annotations(pool))
+        });
+        let patch = patch::entries_patch(batch, has_annotations);
+        let patch = patch::typed(patch).map_err(kube::Error::SerdeError)?;
         let pools = self.pools();
         self.metrics.pool_patch_entries.observe(batch.len() as f64);
         self.budgets
@@ -675,7 +621,8 @@ impl Writer {
         };
         self.metrics.fences.inc();
         if let Some(index) = &self.index {
-            index.fenced(&j.pool, &j.entry.key, &j.entry.id, record, object);
+            let mut index = index.write().expect("index lock");
+            index.fence_written(&j.pool, &j.entry.key, &j.entry.id, record, object);
         }
         tracing::info!(pool = %j.pool, ip = %j.entry.ip, podref = %record.podref, node = %record.node, why = %record.why, "fenced");
     }
@@ -690,7 +637,12 @@ impl Writer {
             _ => &j.entry.podref,
         };
         let mut after: Vec<ObjectDelete> = match &self.index {
-            Some(index) => index.released(&j.pool, &j.entry.key, podref, j.entry.ip),
+            Some(index) => index.write().expect("index lock").released(
+                &j.pool,
+                &j.entry.key,
+                podref,
+                j.entry.ip,
+            ),
             None => Vec::new(),
         }
         .into_iter()
@@ -844,41 +796,6 @@ fn split(reqs: &[ReleaseRequest], group: Vec<usize>) -> Vec<Vec<usize>> {
     vec![first, second]
 }
 
-/// A JSON pointer token (RFC 6901).
-fn pointer_token(s: &str) -> String {
-    s.replace('~', "~0").replace('/', "~1")
-}
-
-/// The JSON patch of one batch: each entry pinned by `test`s on its `id` and `podref`, then
-/// removed or fenced (its podref rewritten; the record is an object written before); a lifted
-/// fence whose record is a pool annotation (earlier releases) has that removed too.
-fn patch_ops(batch: &[&ReleaseRequest], has_annotations: bool) -> serde_json::Value {
-    let mut ops = Vec::with_capacity(batch.len() * 4);
-    for r in batch {
-        let e = &r.judged.entry;
-        let path = format!("/spec/allocations/{}", pointer_token(&e.key));
-        ops.push(json!({"op": "test", "path": format!("{path}/id"), "value": e.id}));
-        ops.push(json!({"op": "test", "path": format!("{path}/podref"), "value": e.podref}));
-        match &r.write {
-            EntryWrite::Remove => ops.push(json!({"op": "remove", "path": path})),
-            EntryWrite::Fence(record) => {
-                ops.push(json!({"op": "replace", "path": format!("{path}/podref"), "value": fenced_podref(&record.podref)}));
-            }
-            EntryWrite::Unfence(_, source) => {
-                ops.push(json!({"op": "remove", "path": path}));
-                if *source == FenceSource::Annotation && has_annotations {
-                    let annotation = format!(
-                        "/metadata/annotations/{}",
-                        pointer_token(&fence_annotation_key(&e.key))
-                    );
-                    ops.push(json!({"op": "remove", "path": annotation}));
-                }
-            }
-        }
-    }
-    serde_json::Value::Array(ops)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -912,34 +829,6 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_pool_is_spaced_by_the_interval_or_by_what_its_patches_take() {
-        let ms = Duration::from_millis;
-        let interval = ms(200);
-        assert_eq!(spacing(interval, None), ms(200));
-        // Quick patches keep the interval; slow ones space by PATCH_DUTY times their time.
-        assert_eq!(spacing(interval, Some(ms(40))), ms(200));
-        assert_eq!(spacing(interval, Some(ms(80))), ms(320));
-        // Capped, however slow the apiserver.
-        assert_eq!(spacing(interval, Some(ms(5000))), MAX_SPACING);
-        // A longer interval than the cap still holds.
-        assert_eq!(spacing(ms(2000), Some(ms(5000))), ms(2000));
-    }
-
-    #[test]
-    fn one_slow_patch_moves_the_estimate_a_quarter_of_the_way() {
-        let ms = Duration::from_millis;
-        assert_eq!(smoothed(None, ms(40)), ms(40));
-        assert_eq!(smoothed(Some(ms(40)), ms(440)), ms(140));
-        assert_eq!(smoothed(Some(ms(140)), ms(40)), ms(115));
-        // Steady patch times pull the estimate to themselves.
-        let mut e = ms(400);
-        for _ in 0..40 {
-            e = smoothed(Some(e), ms(90));
-        }
-        assert!(e.abs_diff(ms(90)) < ms(1), "{e:?}");
-    }
-
     fn record() -> FenceRecord {
         FenceRecord {
             podref: "ns/web-0".into(),
@@ -949,50 +838,6 @@ mod tests {
             network: "ns/net".into(),
             since: "2026-11-23T10:00:00Z".parse().unwrap(),
         }
-    }
-
-    #[test]
-    fn a_fence_pins_the_entry_and_rewrites_its_podref_and_nothing_else() {
-        let fence = request("5", "ns/web-0", EntryWrite::Fence(record()));
-        // The record is an object written before: the pool itself does not grow.
-        for has_annotations in [false, true] {
-            assert_eq!(
-                patch_ops(&[&fence], has_annotations),
-                json!([
-                    {"op": "test", "path": "/spec/allocations/5/id", "value": "sb"},
-                    {"op": "test", "path": "/spec/allocations/5/podref", "value": "ns/web-0"},
-                    {"op": "replace", "path": "/spec/allocations/5/podref", "value": "ns/web-0:fenced"},
-                ])
-            );
-        }
-    }
-
-    #[test]
-    fn an_unfence_removes_the_marked_entry_and_an_annotation_record_of_earlier_releases() {
-        let object = FenceSource::Object {
-            name: "p-5".into(),
-            uid: "u".into(),
-        };
-        let lift = request(
-            "5",
-            "ns/web-0:fenced",
-            EntryWrite::Unfence(record(), object),
-        );
-        let entry_ops = json!([
-            {"op": "test", "path": "/spec/allocations/5/id", "value": "sb"},
-            {"op": "test", "path": "/spec/allocations/5/podref", "value": "ns/web-0:fenced"},
-            {"op": "remove", "path": "/spec/allocations/5"},
-        ]);
-        assert_eq!(patch_ops(&[&lift], true), entry_ops);
-        let legacy = request(
-            "5",
-            "ns/web-0:fenced",
-            EntryWrite::Unfence(record(), FenceSource::Annotation),
-        );
-        let mut with_annotation = entry_ops.as_array().unwrap().clone();
-        with_annotation
-            .push(json!({"op": "remove", "path": "/metadata/annotations/ipreclaim.io~1fence-5"}));
-        assert_eq!(patch_ops(&[&legacy], true), json!(with_annotation));
     }
 
     fn reply() -> Reply {

@@ -1,15 +1,87 @@
-//! Fence records in the controller's state: `IPFence` objects and (from earlier releases) pool
-//! annotations, joined with the pool entries they describe. The two arrive on different
-//! watches in any order, so they are joined when asked, never at arrival.
+//! Fence records: `IPFence` objects and (from earlier releases) pool annotations, joined with
+//! the pool entries they describe. The two arrive on different watches in any order, so they
+//! are joined when asked, never at arrival.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
-use super::{FenceObject, FenceSource, FencedEntry, State};
 use kube::Resource;
 
+use super::Index;
+use super::pools::Slot;
 use crate::api::{IPPool, SandboxesGone};
 use crate::ipam::PoolEntry;
+pub use crate::ipam::fence::FenceSource;
 use crate::ipam::fence::{FenceRecord, fenced_podref};
+
+/// A fenced allocation.
+#[derive(Debug, Clone)]
+pub struct FencedEntry {
+    /// The entry as stored (podref rewritten).
+    pub entry: PoolEntry,
+    /// Whose it was, where and since when.
+    pub record: FenceRecord,
+    /// Where the record is kept.
+    pub source: FenceSource,
+    /// The node agent's report on its object, if any (checked before it counts).
+    pub evidence: Option<SandboxesGone>,
+}
+
+/// An `IPFence` object, parsed.
+#[derive(Debug, Clone)]
+pub struct FenceObject {
+    /// Its name.
+    pub name: String,
+    /// Its uid.
+    pub uid: String,
+    /// The entry's sandbox id when it was fenced.
+    pub sandbox: String,
+    /// The record.
+    pub record: FenceRecord,
+    /// The node agent's report (its status), if any.
+    pub evidence: Option<SandboxesGone>,
+}
+
+/// `IPFence` objects by the slot they fence.
+#[derive(Debug, Default)]
+pub struct FenceIndex {
+    objects: HashMap<Slot, FenceObject>,
+}
+
+impl FenceIndex {
+    /// Records an `IPFence` object for the entry at `key` of `pool`.
+    pub fn upsert(&mut self, pool: &str, key: &str, object: FenceObject) {
+        self.remove(&object.name);
+        let slot = Slot {
+            pool: pool.to_owned(),
+            key: key.to_owned(),
+        };
+        self.objects.insert(slot, object);
+    }
+
+    /// Forgets the `IPFence` object `name`.
+    pub fn remove(&mut self, name: &str) {
+        self.objects.retain(|_, o| o.name != name);
+    }
+
+    /// The object of the entry at `key` of `pool`.
+    pub fn get(&self, pool: &str, key: &str) -> Option<&FenceObject> {
+        // The map is keyed by owned strings; fences are few, a lookup key is cheap.
+        self.objects.get(&Slot {
+            pool: pool.to_owned(),
+            key: key.to_owned(),
+        })
+    }
+
+    /// Every object with its slot.
+    pub fn iter(&self) -> impl Iterator<Item = (&Slot, &FenceObject)> {
+        self.objects.iter()
+    }
+
+    /// Every object's name.
+    pub fn names(&self) -> Vec<String> {
+        self.objects.values().map(|o| o.name.clone()).collect()
+    }
+}
 
 /// What a fence record's entry says of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,32 +97,12 @@ enum Standing {
     Unknown,
 }
 
-impl State {
-    /// Records an `IPFence` object.
-    pub fn upsert_fence_object(&mut self, pool: &str, key: &str, object: FenceObject) {
-        self.fence_objects.retain(|_, o| o.name != object.name);
-        self.fence_objects
-            .insert((pool.to_owned(), key.to_owned()), object);
-    }
-
-    /// Forgets the `IPFence` object `name`.
-    pub fn remove_fence_object(&mut self, name: &str) {
-        self.fence_objects.retain(|_, o| o.name != name);
-    }
-
-    /// Keeps the `IPFence` objects for which `keep(name)` holds (after a re-list).
-    pub fn retain_fence_objects(&mut self, keep: impl Fn(&str) -> bool) {
-        self.fence_objects.retain(|_, o| keep(&o.name));
-    }
-
+impl Index {
     fn standing(&self, pool: &str, key: &str, o: &FenceObject) -> Standing {
         let Some(p) = self.pools.get(pool) else {
-            let unreadable = self
-                .invalid
-                .keys()
-                .any(|k| k.kind == IPPool::kind(&()) && k.name == pool);
+            let unreadable = self.invalid.has(IPPool::kind(&()).as_ref(), pool);
             // A pool that cannot be read keeps its fences; a deleted one leaves them over.
-            return if unreadable || !self.pools_listed {
+            return if unreadable || !self.pools.listed() {
                 Standing::Unknown
             } else {
                 Standing::Stale
@@ -71,11 +123,6 @@ impl State {
         }
     }
 
-    /// The pools have been listed once: a pool not known since is gone.
-    pub fn set_pools_listed(&mut self) {
-        self.pools_listed = true;
-    }
-
     /// The record of the marked entry `entry` at `key` of `pool`, where it is kept, and the
     /// node agent's report on it (only an object has one).
     fn record_of(
@@ -84,7 +131,7 @@ impl State {
         key: &str,
         entry: &PoolEntry,
     ) -> Option<(FenceRecord, FenceSource, Option<SandboxesGone>)> {
-        if let Some(o) = self.fence_objects.get(&(pool.to_owned(), key.to_owned()))
+        if let Some(o) = self.fences.get(pool, key)
             && entry.podref == fenced_podref(&o.record.podref)
             && entry.id == o.sandbox
         {
@@ -102,7 +149,7 @@ impl State {
     /// Every fenced entry whose record is known, as (pool, entry).
     pub fn fenced(&self) -> Vec<(String, FencedEntry)> {
         let mut out = Vec::new();
-        for (name, p) in &self.pools {
+        for (name, p) in self.pools.all() {
             for (key, entry) in &p.marked {
                 if let Some((record, source, evidence)) = self.record_of(name, key, entry) {
                     let entry = entry.clone();
@@ -130,7 +177,7 @@ impl State {
     /// reported, as (pool, key, podref).
     pub fn unrecorded_marks(&self) -> Vec<(String, String, String)> {
         let mut out = Vec::new();
-        for (name, p) in &self.pools {
+        for (name, p) in self.pools.all() {
             for (key, entry) in &p.marked {
                 if self.record_of(name, key, entry).is_none() {
                     out.push((name.clone(), key.clone(), entry.podref.clone()));
@@ -143,16 +190,14 @@ impl State {
     /// The fence record of `entry` of `pool` if its fence is pending (record written, entry
     /// not rewritten yet): the entry is the fence's and is kept.
     pub fn pending_fence(&self, pool: &str, entry: &PoolEntry) -> Option<&FenceObject> {
-        let o = self
-            .fence_objects
-            .get(&(pool.to_owned(), entry.key.clone()))?;
+        let o = self.fences.get(pool, &entry.key)?;
         (self.standing(pool, &entry.key, o) == Standing::Pending).then_some(o)
     }
 
     /// Every pending fence, as (pool, entry, record).
     pub fn pending_fences(&self) -> Vec<(String, PoolEntry, FenceObject)> {
         let mut out = Vec::new();
-        for ((pool, key), o) in &self.fence_objects {
+        for (Slot { pool, key }, o) in self.fences.iter() {
             if self.standing(pool, key, o) == Standing::Pending
                 && let Some(e) = self.entry(pool, key)
             {
@@ -164,9 +209,9 @@ impl State {
 
     /// `IPFence` objects left over (their entry is gone or someone else's), as (name, uid).
     pub fn stale_fence_objects(&self) -> Vec<(String, String)> {
-        self.fence_objects
+        self.fences
             .iter()
-            .filter(|((pool, key), o)| self.standing(pool, key, o) == Standing::Stale)
+            .filter(|(Slot { pool, key }, o)| self.standing(pool, key, o) == Standing::Stale)
             .map(|(_, o)| (o.name.clone(), o.uid.clone()))
             .collect()
     }
@@ -175,7 +220,7 @@ impl State {
     /// pool, as (key, stored value).
     pub fn stale_fence_annotations(&self) -> BTreeMap<String, Vec<(String, String)>> {
         let mut out: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
-        for (name, p) in &self.pools {
+        for (name, p) in self.pools.all() {
             for (key, r) in &p.annotation_fences {
                 let fenced = p
                     .marked
@@ -194,12 +239,10 @@ impl State {
     /// The deleted pods (podrefs) whose addresses are fenced or pending: their reservations
     /// go with the fence's release.
     pub fn fenced_podrefs(&self) -> HashSet<&str> {
-        let objects = self
-            .fence_objects
-            .values()
-            .map(|o| o.record.podref.as_str());
+        let objects = self.fences.iter().map(|(_, o)| o.record.podref.as_str());
         let annotations = self
             .pools
+            .all()
             .values()
             .flat_map(|p| p.annotation_fences.values().map(|r| r.podref.as_str()));
         objects.chain(annotations).collect()

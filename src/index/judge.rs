@@ -1,0 +1,135 @@
+//! The judgement over the index: each allocation's `reclaim::decide` inputs, built from what
+//! the index knows of its pod, its pool's networks and its fence.
+
+use super::Index;
+use crate::ipam::PoolEntry;
+use crate::reclaim::{
+    self, Allocation, Decision, DeletedPod, Judged, LivePod, PodKnowledge, PodPhase, PodRef,
+    PoolContext, ReclaimConfig,
+};
+
+impl Index {
+    /// Judges every allocation of `podref`.
+    pub fn judge_podref(&self, podref: &str, config: &ReclaimConfig) -> Vec<Judged> {
+        let slots = self.pools.slots(podref);
+        let mut out = Vec::with_capacity(slots.len());
+        for s in slots {
+            if let Some(entry) = self.pools.entry(&s.pool, &s.key) {
+                out.push(self.judge(&s.pool, entry, config));
+            }
+        }
+        out.sort_by(|a, b| (&a.pool, &a.entry.key).cmp(&(&b.pool, &b.entry.key)));
+        out
+    }
+
+    /// Every allocation that is not kept: releases and leak candidates (the sweep's and
+    /// `scan`'s work; without materializing the kept majority, which at scale is most).
+    pub fn judge_leaks(&self, config: &ReclaimConfig) -> Vec<Judged> {
+        let mut out = Vec::new();
+        for (name, pool) in self.pools.all() {
+            for entry in pool.entries.values() {
+                let j = self.judge(name, entry, config);
+                if !matches!(j.decision, Decision::Keep(_)) {
+                    out.push(j);
+                }
+            }
+        }
+        out
+    }
+
+    /// Judges every allocation of every pool.
+    pub fn judge_all(&self, config: &ReclaimConfig) -> Vec<Judged> {
+        let mut out = Vec::new();
+        for (name, pool) in self.pools.all() {
+            for entry in pool.entries.values() {
+                out.push(self.judge(name, entry, config));
+            }
+        }
+        out
+    }
+
+    fn judge(&self, pool: &str, entry: &PoolEntry, config: &ReclaimConfig) -> Judged {
+        if self.pending_fence(pool, entry).is_some() {
+            // Its fence record is written, the entry not yet rewritten: the fence's.
+            return Judged {
+                pool: pool.to_owned(),
+                decision: Decision::Keep(reclaim::KeepReason::FencePending),
+                network: pool.to_owned(),
+                pod: PodRef::from_podref(&entry.podref, String::new()),
+                entry: entry.clone(),
+            };
+        }
+        let live = self.pods.live(&entry.podref);
+        let tombstones = self.pods.tombstones(&entry.podref);
+        let deleted: Vec<DeletedPod<'_>> = tombstones
+            .iter()
+            .map(|t| DeletedPod {
+                uid: &t.uid,
+                networks: t.networks.as_deref(),
+            })
+            .collect();
+        let knowledge = PodKnowledge {
+            live: live.map(|l| LivePod {
+                uid: &l.uid,
+                phase: if l.terminal {
+                    PodPhase::Succeeded
+                } else {
+                    PodPhase::Running
+                },
+                networks: l.networks.as_deref(),
+            }),
+            deleted: &deleted,
+            dead_sandboxes: &[],
+        };
+        let pool_networks = self.networks.of_pool(pool);
+        let alloc = Allocation {
+            ip: entry.ip,
+            sandbox_id: &entry.id,
+            podref: &entry.podref,
+            ifname: entry.ifname.as_deref(),
+        };
+        let decision = reclaim::decide(
+            &alloc,
+            &PoolContext {
+                networks: pool_networks,
+            },
+            &knowledge,
+            config,
+        );
+        // Name the network the pod itself recorded for this address, else the pool's NAD.
+        let listed = tombstones
+            .iter()
+            .filter_map(|t| t.networks.as_deref())
+            .chain(live.and_then(|l| l.networks.as_deref()))
+            .flatten()
+            .find(|n| n.ips.contains(&entry.ip))
+            .map(|n| n.name.clone());
+        let network = listed
+            .or_else(|| pool_networks.and_then(|n| n.first().cloned()))
+            .unwrap_or_else(|| pool.to_owned());
+        let (namespace, name) = entry.podref.split_once('/').unwrap_or(("", &entry.podref));
+        let uid = match decision {
+            Decision::Release(reclaim::Reason::PodDeleted) => tombstones
+                .iter()
+                .rev()
+                .find(|t| {
+                    t.networks
+                        .as_deref()
+                        .is_none_or(|n| n.iter().any(|a| a.ips.contains(&entry.ip)))
+                })
+                .map(|t| t.uid.clone()),
+            _ => live.map(|l| l.uid.clone()),
+        };
+        Judged {
+            pool: pool.to_owned(),
+            entry: entry.clone(),
+            decision,
+            network,
+            pod: PodRef {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+                uid: uid.unwrap_or_default(),
+            },
+        }
+    }
+}

@@ -1,0 +1,279 @@
+//! What the controller knows, stripped to what decisions need: one sub-index per kind (live
+//! pods and tombstones, pools, networks, reservations, fence records, objects that do not fit
+//! their type, Nodes), the judgement that reads them, and the one re-list driver that feeds
+//! them (`relist`, with each kind's rules in `kinds`).
+//!
+//! Pure: no tokio, no client. The watches (`controller::watch`) feed it through
+//! [`relist::Relist`]; the workers read it under one short lock per decision; the writer keeps
+//! it in step with what it wrote through [`Index`]'s own methods (`fenced_written`,
+//! `released`). May import `api`, `ipam` and `reclaim`, nothing above.
+
+pub mod fences;
+pub mod invalid;
+mod judge;
+pub mod kinds;
+pub mod networks;
+pub mod nodes;
+pub mod pods;
+pub mod pools;
+pub mod relist;
+pub mod reservations;
+#[cfg(test)]
+mod tests;
+
+use std::net::IpAddr;
+use std::time::Instant;
+
+use crate::api::{IPPool, NetworkAttachmentDefinition, OverlappingRangeIPReservation};
+use crate::ipam::PoolEntry;
+use crate::ipam::fence::{FenceRecord, fenced_podref};
+
+pub use fences::{FenceIndex, FenceObject, FenceSource, FencedEntry};
+pub use invalid::{InvalidIndex, InvalidKey, InvalidObject};
+pub use networks::NetworkIndex;
+pub use nodes::NodeIndex;
+pub use pods::{HeldEntry, LiveInfo, PodIndex, PodSeen, TOMBSTONES_PER_PODREF, Tombstone};
+pub use pools::{PoolIndex, PoolInfo, Slot};
+pub use reservations::{NamedReservation, ReservationIndex};
+
+/// The controller's view of the cluster.
+#[derive(Debug, Default)]
+pub struct Index {
+    pods: PodIndex,
+    pools: PoolIndex,
+    networks: NetworkIndex,
+    reservations: ReservationIndex,
+    fences: FenceIndex,
+    invalid: InvalidIndex,
+}
+
+impl Index {
+    /// Live pods and tombstones.
+    pub fn pods(&self) -> &PodIndex {
+        &self.pods
+    }
+
+    /// Pools and the podref index.
+    pub fn pools(&self) -> &PoolIndex {
+        &self.pools
+    }
+
+    /// NADs and their pools.
+    pub fn networks(&self) -> &NetworkIndex {
+        &self.networks
+    }
+
+    /// Reservations.
+    pub fn reservations(&self) -> &ReservationIndex {
+        &self.reservations
+    }
+
+    /// `IPFence` objects.
+    pub fn fence_objects(&self) -> &FenceIndex {
+        &self.fences
+    }
+
+    /// Objects skipped because they do not fit their type.
+    pub fn invalid(&self) -> &InvalidIndex {
+        &self.invalid
+    }
+
+    /// Records a live pod; returns a tombstone if it replaced a pod of the same podref with
+    /// another uid (a deletion whose event was missed).
+    pub fn upsert_pod(
+        &mut self,
+        podref: &str,
+        uid: &str,
+        seen: PodSeen<'_>,
+        now: Instant,
+    ) -> Option<Tombstone> {
+        let old = self.pods.upsert(podref, uid, seen, now)?;
+        let held = self.pools.held_by(podref);
+        Some(
+            self.pods
+                .bury(podref, old.uid, old.networks, old.node, held, now),
+        )
+    }
+
+    /// Records a deleted pod (from its final state); returns the tombstone.
+    pub fn delete_pod(
+        &mut self,
+        podref: &str,
+        uid: &str,
+        seen: PodSeen<'_>,
+        now: Instant,
+    ) -> Tombstone {
+        let known = self.pods.remove_live(podref, uid);
+        let (networks, node) = self.pods.final_state(known, seen);
+        let held = self.pools.held_by(podref);
+        self.pods
+            .bury(podref, uid.to_owned(), networks, node, held, now)
+    }
+
+    /// A pod that vanished without a Delete event (watch gap): tombstone from what was known.
+    pub fn vanish_pod(&mut self, podref: &str, uid: &str, now: Instant) -> Option<Tombstone> {
+        let live = self.pods.remove_live(podref, uid)?;
+        let held = self.pools.held_by(podref);
+        Some(
+            self.pods
+                .bury(podref, live.uid, live.networks, live.node, held, now),
+        )
+    }
+
+    /// Records, on the tombstones of `podref` just made, why their node was not trusted then.
+    pub fn judge_deleted_nodes(
+        &mut self,
+        podref: &str,
+        distrust: impl Fn(Option<&str>) -> Option<String>,
+    ) {
+        self.pods.judge_deleted_nodes(podref, distrust);
+    }
+
+    /// Forgets the tombstones of `podref` seen at or before `upto`.
+    pub fn clear_tombstones(&mut self, podref: &str, upto: Instant) {
+        self.pods.clear_tombstones(podref, upto);
+    }
+
+    /// Forgets tombstones older than `before` whose podref has no allocation left (see
+    /// [`PodIndex::expire_tombstones`]).
+    pub fn expire_tombstones(&mut self, before: Instant) {
+        let pools = &self.pools;
+        self.pods
+            .expire_tombstones(before, |podref| pools.has_allocations(podref));
+    }
+
+    /// Forgets listings older than `before`.
+    pub fn expire_listings(&mut self, before: Instant) {
+        self.pods.expire_listings(before);
+    }
+
+    /// Replaces a pool's parsed contents and its podref index.
+    pub fn upsert_pool(&mut self, pool: &IPPool) {
+        let info = PoolInfo::parse(pool);
+        self.networks.pool_added(&info.name, info.range);
+        self.pools.upsert(info);
+    }
+
+    /// Forgets a pool.
+    pub fn remove_pool(&mut self, name: &str) {
+        self.networks.pool_removed(name);
+        self.pools.remove(name);
+    }
+
+    /// The pools have been listed once: a pool not known since is gone.
+    pub fn set_pools_listed(&mut self) {
+        self.pools.set_listed();
+    }
+
+    /// A pool's entry by key.
+    pub fn entry(&self, pool: &str, key: &str) -> Option<&PoolEntry> {
+        self.pools.entry(pool, key)
+    }
+
+    /// Whether `pool` still has the allocation (`key`, `id`).
+    pub fn holds(&self, pool: &str, key: &str, id: &str) -> bool {
+        self.pools.entry(pool, key).is_some_and(|e| e.id == id)
+    }
+
+    /// Whether `pool` has an annotations map (a patch adding the first annotation adds it).
+    pub fn has_annotations(&self, pool: &str) -> bool {
+        self.pools.get(pool).is_some_and(|p| p.has_annotations)
+    }
+
+    /// Records a NAD's mapping to pools (or its config error).
+    pub fn upsert_nad(&mut self, nad: &NetworkAttachmentDefinition) {
+        let pools = self
+            .pools
+            .all()
+            .values()
+            .map(|p| (p.name.as_str(), p.range));
+        self.networks.upsert(nad, pools);
+    }
+
+    /// Forgets a NAD.
+    pub fn remove_nad(&mut self, key: &str) {
+        self.networks.remove(key);
+    }
+
+    /// Records a reservation.
+    pub fn upsert_reservation(&mut self, r: &OverlappingRangeIPReservation) {
+        self.reservations.upsert(r);
+    }
+
+    /// Forgets a reservation.
+    pub fn remove_reservation(&mut self, name: &str) {
+        self.reservations.remove(name);
+    }
+
+    /// Records an `IPFence` object for the entry at `key` of `pool`.
+    pub fn upsert_fence_object(&mut self, pool: &str, key: &str, object: FenceObject) {
+        self.fences.upsert(pool, key, object);
+    }
+
+    /// Forgets the `IPFence` object `name`.
+    pub fn remove_fence_object(&mut self, name: &str) {
+        self.fences.remove(name);
+    }
+
+    /// Records an object that does not fit its type; whether this is news (new or changed).
+    pub fn set_invalid(&mut self, key: InvalidKey, uid: String, error: String) -> bool {
+        self.invalid.set(key, uid, error)
+    }
+
+    /// Forgets an invalid object (it fits now, or it is gone).
+    pub fn clear_invalid(&mut self, key: &InvalidKey) {
+        self.invalid.clear(key);
+    }
+
+    /// Reservations whose podref has no live pod and no allocation left in any pool (fenced or
+    /// not): nothing can still be using them.
+    pub fn orphan_reservations(&self) -> Vec<NamedReservation> {
+        // A fenced entry's reservation names the deleted pod: it goes with the fence's release.
+        let fenced = self.fenced_podrefs();
+        self.reservations
+            .iter()
+            .filter(|r| {
+                !self.pods.is_live(&r.podref)
+                    && !self.pools.has_allocations(&r.podref)
+                    && !fenced.contains(r.podref.as_str())
+            })
+            .collect()
+    }
+
+    /// The writer wrote the fence of the entry at `key` of `pool` (sandbox `sandbox`) with
+    /// `record`, kept in the `IPFence` object (name, uid): the watches will confirm.
+    pub fn fence_written(
+        &mut self,
+        pool: &str,
+        key: &str,
+        sandbox: &str,
+        record: &FenceRecord,
+        object: (String, String),
+    ) {
+        // Already marked (a late answer): only the record is news.
+        self.pools.mark(pool, key, fenced_podref(&record.podref));
+        let (name, uid) = object;
+        let object = FenceObject {
+            name,
+            uid,
+            sandbox: sandbox.to_owned(),
+            record: record.clone(),
+            evidence: None,
+        };
+        self.fences.upsert(pool, key, object);
+    }
+
+    /// The writer released the entry at `key` of `pool` (held by `podref`, address `ip`):
+    /// forgets it, and returns that pod's reservations (name, uid) for that address.
+    pub fn released(
+        &mut self,
+        pool: &str,
+        key: &str,
+        podref: &str,
+        ip: IpAddr,
+    ) -> Vec<(String, String)> {
+        self.pools.forget_entry(pool, key);
+        self.pools.forget_fenced(pool, key);
+        self.reservations.of(podref, ip)
+    }
+}

@@ -1,0 +1,159 @@
+//! Which networks (NADs, `ns/name`) allocate from which pool. A plain NAD names its pools; a
+//! node-slice NAD's pools are named per node, so they are matched by name and range as pools
+//! come (an exact pool name wins over a slice match).
+
+use std::collections::HashMap;
+
+use ipnet::IpNet;
+
+use crate::api::NetworkAttachmentDefinition;
+use crate::ipam::{is_node_slice_pool, parse_nad_config};
+
+/// A node-slice network: its `network_name` and the whole range it slices.
+#[derive(Debug, Clone)]
+struct SliceNetwork {
+    network_name: Option<String>,
+    whole: IpNet,
+}
+
+/// NADs and the pools they map to.
+#[derive(Debug, Default)]
+pub struct NetworkIndex {
+    /// Pool name -> networks that name it.
+    by_pool: HashMap<String, Vec<String>>,
+    /// Network -> pool names it names.
+    pools_of: HashMap<String, Vec<String>>,
+    /// Node-slice networks.
+    slices: HashMap<String, SliceNetwork>,
+    /// Pool name -> node-slice networks it is a node's slice of (used when `by_pool` has no
+    /// exact entry).
+    slice_pools: HashMap<String, Vec<String>>,
+    /// Networks whose config cannot be used, with the error.
+    errors: HashMap<String, String>,
+}
+
+/// A NAD's key, `ns/name`.
+pub fn nad_key(nad: &NetworkAttachmentDefinition) -> String {
+    format!(
+        "{}/{}",
+        nad.metadata.namespace.as_deref().unwrap_or_default(),
+        nad.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+impl NetworkIndex {
+    /// Records a NAD's mapping to pools (or its config error); `pools` are the pools known
+    /// with their ranges (a node-slice NAD matches them now, later pools as they come).
+    pub fn upsert<'a>(
+        &mut self,
+        nad: &NetworkAttachmentDefinition,
+        pools: impl Iterator<Item = (&'a str, Option<IpNet>)>,
+    ) {
+        let key = nad_key(nad);
+        self.remove(&key);
+        // No config here (it is a file on the node): nothing to map, nothing wrong.
+        let Some(config) = nad.spec.config.as_deref().filter(|c| !c.trim().is_empty()) else {
+            return;
+        };
+        match parse_nad_config(config) {
+            Ok(Some(ipam)) if ipam.node_slice_size.is_some() => {
+                // whereabouts slices only the first range (a parsed config has one).
+                let Some(whole) = ipam.ranges.first().map(|r| r.range) else {
+                    return;
+                };
+                let slice = SliceNetwork {
+                    network_name: ipam.network_name,
+                    whole,
+                };
+                for (pool, range) in pools {
+                    if range.is_some_and(|r| slice.holds(pool, &r)) {
+                        let nets = self.slice_pools.entry(pool.to_owned()).or_default();
+                        nets.push(key.clone());
+                    }
+                }
+                self.slices.insert(key, slice);
+            }
+            Ok(Some(ipam)) => {
+                let pools: Vec<String> =
+                    ipam.pool_names(None).into_iter().map(|(_, n)| n).collect();
+                for p in &pools {
+                    self.by_pool.entry(p.clone()).or_default().push(key.clone());
+                }
+                self.pools_of.insert(key, pools);
+            }
+            Ok(None) => {}
+            Err(e) => {
+                self.errors.insert(key, e.to_string());
+            }
+        }
+    }
+
+    /// Forgets a NAD.
+    pub fn remove(&mut self, key: &str) {
+        self.errors.remove(key);
+        if self.slices.remove(key).is_some() {
+            self.slice_pools.retain(|_, nets| {
+                nets.retain(|n| n != key);
+                !nets.is_empty()
+            });
+        }
+        for p in self.pools_of.remove(key).unwrap_or_default() {
+            if let Some(nets) = self.by_pool.get_mut(&p) {
+                nets.retain(|n| n != key);
+                if nets.is_empty() {
+                    self.by_pool.remove(&p);
+                }
+            }
+        }
+    }
+
+    /// A pool came (or changed): matches it against the node-slice networks.
+    pub fn pool_added(&mut self, pool: &str, range: Option<IpNet>) {
+        self.slice_pools.remove(pool);
+        let Some(range) = range else { return };
+        let nets: Vec<String> = self
+            .slices
+            .iter()
+            .filter(|(_, s)| s.holds(pool, &range))
+            .map(|(key, _)| key.clone())
+            .collect();
+        if !nets.is_empty() {
+            self.slice_pools.insert(pool.to_owned(), nets);
+        }
+    }
+
+    /// A pool went.
+    pub fn pool_removed(&mut self, pool: &str) {
+        self.slice_pools.remove(pool);
+    }
+
+    /// The networks known to allocate from `pool`.
+    pub fn of_pool(&self, pool: &str) -> Option<&[String]> {
+        self.by_pool
+            .get(pool)
+            .or_else(|| self.slice_pools.get(pool))
+            .map(Vec::as_slice)
+    }
+
+    /// The NADs known, usable or not.
+    pub fn keys(&self) -> Vec<String> {
+        self.pools_of
+            .keys()
+            .chain(self.slices.keys())
+            .chain(self.errors.keys())
+            .cloned()
+            .collect()
+    }
+
+    /// NADs whose config cannot be used, with the error.
+    pub fn errors(&self) -> &HashMap<String, String> {
+        &self.errors
+    }
+}
+
+impl SliceNetwork {
+    /// Whether `pool` (with `range`) is a node's slice of this network.
+    fn holds(&self, pool: &str, range: &IpNet) -> bool {
+        is_node_slice_pool(pool, range, &self.whole, self.network_name.as_deref())
+    }
+}

@@ -1,0 +1,101 @@
+//! Nodes' readiness: whether a deleted pod's node can be trusted to have killed its sandbox,
+//! and since when (on this process's clock) a node has been Ready again.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use crate::api::slim::NodeReadyView;
+use crate::reclaim::fence::{NodeReadiness, distrust};
+
+/// Nodes by name.
+#[derive(Debug, Default)]
+pub struct NodeIndex {
+    nodes: HashMap<String, NodeReadiness>,
+}
+
+/// A node's Ready condition changed in a way worth a log line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Transition {
+    /// The node is not Ready (newly seen so, or no longer Ready).
+    NotReady {
+        /// The node.
+        node: String,
+        /// Its Ready status.
+        status: String,
+    },
+    /// The node is Ready again.
+    ReadyAgain {
+        /// The node.
+        node: String,
+    },
+}
+
+impl NodeIndex {
+    /// A node's readiness, if the Node exists.
+    pub fn node(&self, name: &str) -> Option<&NodeReadiness> {
+        self.nodes.get(name)
+    }
+
+    /// Why a pod deleted now from `node` must be fenced: its node exists and is not Ready.
+    /// A pod never scheduled, or bound to a Node that is gone, ran nowhere that can be
+    /// trusted less than the operator's word.
+    pub fn distrust(&self, node: Option<&str>) -> Option<String> {
+        distrust(self.node(node?))
+    }
+
+    /// Nodes that are not Ready.
+    pub fn unready(&self) -> usize {
+        self.nodes.values().filter(|r| !r.is_ready()).count()
+    }
+
+    /// Records a Node observed at `seen` (this process's clock).
+    pub fn upsert(&mut self, node: &NodeReadyView, seen: Instant) -> Option<Transition> {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let before = self.nodes.get(&name);
+        let now = readiness_of(node, before, seen);
+        let was = before.map(NodeReadiness::is_ready);
+        let transition = if was != Some(now.is_ready()) && !now.is_ready() {
+            Some(Transition::NotReady {
+                node: name.clone(),
+                status: now.status.clone(),
+            })
+        } else if was == Some(false) && now.is_ready() {
+            Some(Transition::ReadyAgain { node: name.clone() })
+        } else {
+            None
+        };
+        self.nodes.insert(name, now);
+        transition
+    }
+
+    /// Forgets a Node.
+    pub fn remove(&mut self, name: &str) {
+        self.nodes.remove(name);
+    }
+
+    /// The Nodes known.
+    pub fn names(&self) -> Vec<String> {
+        self.nodes.keys().cloned().collect()
+    }
+}
+
+/// The Ready condition of a Node (`missing` when it has none yet), given what was known of it
+/// before and when this observation was made. Ready counts from our own first observation of
+/// it (the node's `lastTransitionTime` is the node's clock, which may lag).
+pub fn readiness_of(
+    node: &NodeReadyView,
+    before: Option<&NodeReadiness>,
+    seen: Instant,
+) -> NodeReadiness {
+    let (status, reason) = match &node.ready {
+        Some(c) => (c.status.clone(), c.reason.clone()),
+        None => ("missing".into(), None),
+    };
+    let ready_seen = (status == "True").then(|| before.and_then(|b| b.ready_seen).unwrap_or(seen));
+    NodeReadiness {
+        status,
+        reason,
+        ready_seen,
+        out_of_service: node.out_of_service,
+    }
+}

@@ -1,0 +1,340 @@
+//! Live pods by podref, tombstones of deleted pods, and when each pod last stopped listing an
+//! address (a leak's grace starts again from it).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::ipam::{NetworkAttachment, parse_network_status};
+
+/// Tombstones kept per podref at most (the newest).
+pub const TOMBSTONES_PER_PODREF: usize = 16;
+
+/// A live pod, stripped.
+#[derive(Debug, Clone)]
+pub struct LiveInfo {
+    /// Uid.
+    pub uid: String,
+    /// Secondary networks, `None` when the annotation is missing or malformed.
+    pub networks: Option<Arc<[NetworkAttachment]>>,
+    /// Why the annotation, present, cannot be read.
+    pub malformed_status: Option<String>,
+    /// The node it is bound to.
+    pub node: Option<Arc<str>>,
+    /// Succeeded or Failed.
+    pub terminal: bool,
+}
+
+/// What one observation of a pod says.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PodSeen<'a> {
+    /// Its annotations (network-status).
+    pub annotations: Option<&'a BTreeMap<String, String>>,
+    /// The node it is bound to.
+    pub node: Option<&'a str>,
+    /// Succeeded or Failed.
+    pub terminal: bool,
+}
+
+/// A deleted pod waiting for its addresses to be released.
+#[derive(Debug, Clone)]
+pub struct Tombstone {
+    /// Uid (empty when unknown).
+    pub uid: String,
+    /// Secondary networks it listed, `None` when it had no (readable) network-status.
+    pub networks: Option<Arc<[NetworkAttachment]>>,
+    /// When the deletion was seen.
+    pub seen_at: Instant,
+    /// The node it was bound to: a node that is not Ready may still run its sandbox.
+    pub node: Option<Arc<str>>,
+    /// The allocations of its podref when the deletion was seen (no other pod of that name
+    /// existed then): a fence follows them whatever the cache holds later.
+    pub held: Vec<HeldEntry>,
+    /// Why its node was not trusted when the deletion was seen (`None`: trusted, or fencing
+    /// off): the fence follows from that, even if the node is Ready by the time it is judged.
+    pub distrust: Option<String>,
+    /// `distrust` was set (it is set once, as the deletion is seen).
+    pub node_judged: bool,
+}
+
+/// An allocation as it was: pool, key and sandbox id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldEntry {
+    /// Pool name.
+    pub pool: String,
+    /// Entry key (offset).
+    pub key: String,
+    /// Sandbox id.
+    pub id: String,
+}
+
+/// Live pods and tombstones.
+#[derive(Debug, Default)]
+pub struct PodIndex {
+    live: HashMap<String, LiveInfo>,
+    /// Node names, shared by the pods on each node.
+    node_names: HashSet<Arc<str>>,
+    tombstones: HashMap<String, Vec<Tombstone>>,
+    /// When each podref's network-status last listed each address: any such observation
+    /// restarts a leak's grace, not only the sweep's samples.
+    listed_at: HashMap<String, Vec<(IpAddr, Instant)>>,
+}
+
+/// A pod's secondary networks from its annotations, and why they cannot be read.
+fn networks_of(
+    annotations: Option<&BTreeMap<String, String>>,
+) -> (Option<Arc<[NetworkAttachment]>>, Option<String>) {
+    match annotations.and_then(|a| a.get(crate::ipam::NETWORK_STATUS_ANNOTATION)) {
+        None => (None, None),
+        Some(s) => match parse_network_status(s) {
+            Ok(n) => (Some(n.into()), None),
+            Err(e) => (None, Some(e.to_string())),
+        },
+    }
+}
+
+impl PodIndex {
+    /// The shared copy of a node name.
+    fn node_name(&mut self, node: Option<&str>) -> Option<Arc<str>> {
+        let node = node?;
+        if let Some(n) = self.node_names.get(node) {
+            return Some(n.clone());
+        }
+        let n: Arc<str> = node.into();
+        self.node_names.insert(n.clone());
+        Some(n)
+    }
+
+    /// Records a live pod; returns the pod it replaced if that had another uid (a deletion
+    /// whose event was missed: the caller buries it).
+    pub fn upsert(
+        &mut self,
+        podref: &str,
+        uid: &str,
+        seen: PodSeen<'_>,
+        now: Instant,
+    ) -> Option<LiveInfo> {
+        let (networks, malformed_status) = networks_of(seen.annotations);
+        if let Some(old) = self.live.get(podref).filter(|l| l.uid == uid) {
+            let dropped = dropped_addresses(old, networks.as_deref());
+            self.listed_until(podref, dropped, now);
+        }
+        let info = LiveInfo {
+            uid: uid.to_owned(),
+            networks,
+            malformed_status,
+            node: self.node_name(seen.node),
+            terminal: seen.terminal,
+        };
+        let old = self.live.insert(podref.to_owned(), info)?;
+        (old.uid != uid).then_some(old)
+    }
+
+    /// An address the same pod listed and lists no more was listed until now: the leak grace
+    /// of that address starts again. (While listed it is kept anyway, so only drops are
+    /// recorded: a record per pod would cost megabytes at scale.)
+    fn listed_until(&mut self, podref: &str, dropped: Vec<IpAddr>, now: Instant) {
+        if dropped.is_empty() {
+            return;
+        }
+        let listed = self.listed_at.entry(podref.to_owned()).or_default();
+        for ip in dropped {
+            match listed.iter_mut().find(|(i, _)| *i == ip) {
+                Some((_, at)) => *at = now,
+                None => listed.push((ip, now)),
+            }
+        }
+    }
+
+    /// Removes the live pod `uid` of `podref` (deleted or vanished), returning it.
+    pub fn remove_live(&mut self, podref: &str, uid: &str) -> Option<LiveInfo> {
+        self.live.get(podref).filter(|l| l.uid == uid)?;
+        self.live.remove(podref)
+    }
+
+    /// A tombstone for a pod deleted or vanished, from what is known of it.
+    pub fn bury(
+        &mut self,
+        podref: &str,
+        uid: String,
+        networks: Option<Arc<[NetworkAttachment]>>,
+        node: Option<Arc<str>>,
+        held: Vec<HeldEntry>,
+        now: Instant,
+    ) -> Tombstone {
+        let t = Tombstone {
+            uid,
+            networks,
+            seen_at: now,
+            node,
+            held,
+            distrust: None,
+            node_judged: false,
+        };
+        self.tombstones
+            .entry(podref.to_owned())
+            .or_default()
+            .push(t.clone());
+        t
+    }
+
+    /// A deleted pod's final state: its networks and node (the node it was last seen on when
+    /// the final state names none).
+    pub fn final_state(
+        &mut self,
+        known: Option<LiveInfo>,
+        seen: PodSeen<'_>,
+    ) -> (Option<Arc<[NetworkAttachment]>>, Option<Arc<str>>) {
+        let (networks, _) = networks_of(seen.annotations);
+        let node = self.node_name(seen.node).or(known.and_then(|l| l.node));
+        (networks, node)
+    }
+
+    /// Records, on the tombstones of `podref` just made, why their node was not trusted then.
+    pub fn judge_deleted_nodes(
+        &mut self,
+        podref: &str,
+        distrust: impl Fn(Option<&str>) -> Option<String>,
+    ) {
+        for t in self.tombstones.get_mut(podref).into_iter().flatten() {
+            if !t.node_judged {
+                t.distrust = distrust(t.node.as_deref());
+                t.node_judged = true;
+            }
+        }
+    }
+
+    /// The tombstone of the deleted pod `uid` of `podref`.
+    pub fn deleted_pod(&self, podref: &str, uid: &str) -> Option<&Tombstone> {
+        self.tombstones
+            .get(podref)?
+            .iter()
+            .rev()
+            .find(|t| t.uid == uid)
+    }
+
+    /// The node the deleted pod `uid` of `podref` was bound to, if known.
+    pub fn deleted_pod_node(&self, podref: &str, uid: &str) -> Option<Arc<str>> {
+        self.deleted_pod(podref, uid)?.node.clone()
+    }
+
+    /// Podrefs with tombstones (what a replica that comes to lead queues).
+    pub fn tombstoned_podrefs(&self) -> Vec<String> {
+        self.tombstones.keys().cloned().collect()
+    }
+
+    /// The deleted pods of `podref` not yet reclaimed.
+    pub fn tombstones(&self, podref: &str) -> &[Tombstone] {
+        self.tombstones
+            .get(podref)
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
+    }
+
+    /// Forgets the tombstones of `podref` seen at or before `upto`.
+    pub fn clear_tombstones(&mut self, podref: &str, upto: Instant) {
+        if let Some(ts) = self.tombstones.get_mut(podref) {
+            ts.retain(|t| t.seen_at > upto);
+            if ts.is_empty() {
+                self.tombstones.remove(podref);
+            }
+        }
+    }
+
+    /// Whether a tombstone of `podref` has no network-status (it would release every
+    /// allocation of the podref, so the worker confirms no pod of that name exists).
+    pub fn blind_tombstone(&self, podref: &str) -> bool {
+        self.tombstones(podref).iter().any(|t| t.networks.is_none())
+    }
+
+    /// The earliest deletion time seen for `podref` (start-up orphans were not seen deleted).
+    pub fn first_deletion(&self, podref: &str) -> Option<Instant> {
+        self.tombstones(podref)
+            .iter()
+            .filter(|t| !t.uid.is_empty())
+            .map(|t| t.seen_at)
+            .min()
+    }
+
+    /// Forgets tombstones older than `before` for which `allocated(podref)` is false, and all
+    /// but the newest [`TOMBSTONES_PER_PODREF`] of a podref (a StatefulSet pod restarted again
+    /// and again keeps allocations under its name, so age alone would keep them all).
+    pub fn expire_tombstones(&mut self, before: Instant, allocated: impl Fn(&str) -> bool) {
+        self.tombstones.retain(|podref, ts| {
+            ts.retain(|t| t.seen_at >= before || allocated(podref));
+            let extra = ts.len().saturating_sub(TOMBSTONES_PER_PODREF);
+            ts.drain(..extra);
+            !ts.is_empty()
+        });
+        // Names no pod refers to any more (nodes replaced by autoscaling).
+        self.node_names.retain(|n| Arc::strong_count(n) > 1);
+    }
+
+    /// When a pod of `podref` last stopped listing `ip` in its network-status.
+    pub fn last_listed(&self, podref: &str, ip: IpAddr) -> Option<Instant> {
+        let listed = self.listed_at.get(podref)?;
+        listed.iter().find(|(i, _)| *i == ip).map(|(_, at)| *at)
+    }
+
+    /// Forgets listings older than `before`.
+    pub fn expire_listings(&mut self, before: Instant) {
+        self.listed_at.retain(|_, ips| {
+            ips.retain(|(_, at)| *at >= before);
+            !ips.is_empty()
+        });
+    }
+
+    /// Live (podref, uid) pairs.
+    pub fn live_pods(&self) -> Vec<(String, String)> {
+        self.live
+            .iter()
+            .map(|(p, l)| (p.clone(), l.uid.clone()))
+            .collect()
+    }
+
+    /// The live pod of a podref.
+    pub fn live(&self, podref: &str) -> Option<&LiveInfo> {
+        self.live.get(podref)
+    }
+
+    /// Whether a pod of `podref` lives.
+    pub fn is_live(&self, podref: &str) -> bool {
+        self.live.contains_key(podref)
+    }
+
+    /// Number of live pods.
+    pub fn live_count(&self) -> usize {
+        self.live.len()
+    }
+
+    /// Number of live pods with a malformed network-status.
+    pub fn malformed_status_count(&self) -> usize {
+        self.live
+            .values()
+            .filter(|l| l.malformed_status.is_some())
+            .count()
+    }
+
+    /// Live pods (podref, uid, error) whose network-status cannot be read.
+    pub fn malformed_status_pods(&self) -> Vec<(String, String, String)> {
+        self.live
+            .iter()
+            .filter_map(|(p, l)| Some((p.clone(), l.uid.clone(), l.malformed_status.clone()?)))
+            .collect()
+    }
+}
+
+/// The addresses `old` listed that `now` does not.
+fn dropped_addresses(old: &LiveInfo, now: Option<&[NetworkAttachment]>) -> Vec<IpAddr> {
+    let Some(old_nets) = &old.networks else {
+        return Vec::new();
+    };
+    let lists = |ip: &IpAddr| now.is_some_and(|n| n.iter().any(|n| n.ips.contains(ip)));
+    old_nets
+        .iter()
+        .flat_map(|n| n.ips.iter())
+        .filter(|ip| !lists(ip))
+        .copied()
+        .collect()
+}

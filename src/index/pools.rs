@@ -1,0 +1,232 @@
+//! Pools with their parsed allocations, and the podref -> allocation index.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use crate::api::IPPool;
+use crate::ipam::fence::{
+    BadFence, FENCED_PODREF_SUFFIX, FenceRecord, fence_annotation_key, pool_fences,
+};
+use crate::ipam::{PoolEntry, pool_allocations};
+
+use super::pods::HeldEntry;
+
+/// A pool, parsed.
+#[derive(Debug, Clone)]
+pub struct PoolInfo {
+    /// Pool name.
+    pub name: String,
+    /// Its uid.
+    pub uid: String,
+    /// Usable entries by key.
+    pub entries: BTreeMap<String, PoolEntry>,
+    /// What cannot be read: entries (left alone) or the whole range.
+    pub problems: Vec<String>,
+    /// The range could not be parsed at all.
+    pub bad_range: bool,
+    /// The range, when it parses.
+    pub range: Option<IpNet>,
+    /// Entries marked fenced (podref `<podref>:fenced`) by key; their records are fence
+    /// objects or, from earlier releases, pool annotations (see [`super::Index::fenced`]).
+    pub marked: BTreeMap<String, PoolEntry>,
+    /// Fence records from earlier releases, in pool annotations, by key.
+    pub annotation_fences: BTreeMap<String, FenceRecord>,
+    /// Those annotations' values as stored (a removal `test`s them).
+    pub annotation_values: BTreeMap<String, String>,
+    /// Fence annotations that cannot be read.
+    pub bad_fences: Vec<BadFence>,
+    /// The pool has an annotations map.
+    pub has_annotations: bool,
+}
+
+impl PoolInfo {
+    /// Parses a pool.
+    pub fn parse(pool: &IPPool) -> PoolInfo {
+        let name = pool.metadata.name.clone().unwrap_or_default();
+        let (entries, problems, range) = match pool_allocations(&pool.spec) {
+            Ok(p) => (
+                p.entries,
+                p.problems.iter().map(ToString::to_string).collect(),
+                Some(p.range),
+            ),
+            Err(e) => (Vec::new(), vec![e.to_string()], None),
+        };
+        let annotations = pool.metadata.annotations.as_ref();
+        let (annotation_fences, bad_fences) = pool_fences(annotations);
+        let annotation_values = annotation_fences
+            .keys()
+            .filter_map(|k| {
+                Some((
+                    k.clone(),
+                    annotations?.get(&fence_annotation_key(k))?.clone(),
+                ))
+            })
+            .collect();
+        // A marked entry is the fence's, whether or not its record is known yet.
+        let (marked, entries): (BTreeMap<_, _>, BTreeMap<_, _>) = entries
+            .into_iter()
+            .map(|e| (e.key.clone(), e))
+            .partition(|(_, e)| e.podref.ends_with(FENCED_PODREF_SUFFIX));
+        PoolInfo {
+            name,
+            uid: pool.metadata.uid.clone().unwrap_or_default(),
+            entries,
+            problems,
+            bad_range: range.is_none(),
+            range,
+            marked,
+            annotation_fences,
+            annotation_values,
+            bad_fences,
+            has_annotations: annotations.is_some(),
+        }
+    }
+}
+
+/// An allocation's place: pool and key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Slot {
+    /// Pool name.
+    pub pool: String,
+    /// Entry key (offset).
+    pub key: String,
+}
+
+/// Pools and the podref index.
+#[derive(Debug, Default)]
+pub struct PoolIndex {
+    pools: HashMap<String, PoolInfo>,
+    /// The slots of each podref's allocations: a Vec, as a pod has one or two (20,000 small
+    /// sets would cost megabytes).
+    by_podref: HashMap<String, Vec<Slot>>,
+    /// The pools were listed once (a pool unknown since is gone, and its fence records left
+    /// over).
+    listed: bool,
+}
+
+impl PoolIndex {
+    /// Replaces a pool's parsed contents and its podref index.
+    pub fn upsert(&mut self, info: PoolInfo) {
+        self.remove(&info.name);
+        for e in info.entries.values() {
+            let slots = self.by_podref.entry(e.podref.clone()).or_default();
+            let slot = Slot {
+                pool: info.name.clone(),
+                key: e.key.clone(),
+            };
+            if !slots.contains(&slot) {
+                slots.push(slot);
+            }
+        }
+        self.pools.insert(info.name.clone(), info);
+    }
+
+    /// Forgets a pool.
+    pub fn remove(&mut self, name: &str) {
+        if let Some(old) = self.pools.remove(name) {
+            for e in old.entries.values() {
+                self.unindex(&e.podref, name, &e.key);
+            }
+        }
+    }
+
+    fn unindex(&mut self, podref: &str, pool: &str, key: &str) {
+        if let Some(slots) = self.by_podref.get_mut(podref) {
+            slots.retain(|s| (s.pool.as_str(), s.key.as_str()) != (pool, key));
+            if slots.is_empty() {
+                self.by_podref.remove(podref);
+            }
+        }
+    }
+
+    /// Removes one entry after a successful release or fence (the watch will confirm).
+    pub fn forget_entry(&mut self, pool: &str, key: &str) -> Option<PoolEntry> {
+        let e = self.pools.get_mut(pool)?.entries.remove(key)?;
+        self.unindex(&e.podref, pool, key);
+        Some(e)
+    }
+
+    /// Marks an entry fenced with `podref` rewritten (after its fence was written).
+    pub fn mark(&mut self, pool: &str, key: &str, fenced_podref: String) {
+        if let Some(mut entry) = self.forget_entry(pool, key)
+            && let Some(p) = self.pools.get_mut(pool)
+        {
+            entry.podref = fenced_podref;
+            p.marked.insert(key.to_owned(), entry);
+        }
+    }
+
+    /// Forgets a fenced entry after its release was written (its record object goes when
+    /// its delete is seen).
+    pub fn forget_fenced(&mut self, pool: &str, key: &str) {
+        if let Some(p) = self.pools.get_mut(pool) {
+            p.marked.remove(key);
+            p.annotation_fences.remove(key);
+            p.annotation_values.remove(key);
+        }
+    }
+
+    /// The pools have been listed once: a pool not known since is gone.
+    pub fn set_listed(&mut self) {
+        self.listed = true;
+    }
+
+    /// Whether the pools have been listed once.
+    pub fn listed(&self) -> bool {
+        self.listed
+    }
+
+    /// A pool by name.
+    pub fn get(&self, name: &str) -> Option<&PoolInfo> {
+        self.pools.get(name)
+    }
+
+    /// Pools by name.
+    pub fn all(&self) -> &HashMap<String, PoolInfo> {
+        &self.pools
+    }
+
+    /// A pool's entry by key.
+    pub fn entry(&self, pool: &str, key: &str) -> Option<&PoolEntry> {
+        self.pools.get(pool)?.entries.get(key)
+    }
+
+    /// The slots of `podref`'s allocations.
+    pub fn slots(&self, podref: &str) -> &[Slot] {
+        self.by_podref.get(podref).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    /// Whether `podref` holds any allocation.
+    pub fn has_allocations(&self, podref: &str) -> bool {
+        self.by_podref.contains_key(podref)
+    }
+
+    /// Podrefs that have allocations.
+    pub fn allocated_podrefs(&self) -> Vec<String> {
+        self.by_podref.keys().cloned().collect()
+    }
+
+    /// The allocations `podref` holds now.
+    pub fn held_by(&self, podref: &str) -> Vec<HeldEntry> {
+        self.slots(podref)
+            .iter()
+            .filter_map(|s| {
+                Some(HeldEntry {
+                    pool: s.pool.clone(),
+                    key: s.key.clone(),
+                    id: self.entry(&s.pool, &s.key)?.id.clone(),
+                })
+            })
+            .collect()
+    }
+
+    /// The entry of `podref` that holds `ip` now, in any pool.
+    pub fn holder(&self, podref: &str, ip: IpAddr) -> Option<&PoolEntry> {
+        self.slots(podref)
+            .iter()
+            .filter_map(|s| self.entry(&s.pool, &s.key))
+            .find(|e| e.ip == ip)
+    }
+}

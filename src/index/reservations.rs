@@ -1,0 +1,100 @@
+//! Reservations (`OverlappingRangeIPReservation`) by name, with the network-name prefixes their
+//! names carry: a release looks its reservations up by name instead of scanning them all.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+use crate::api::OverlappingRangeIPReservation;
+use crate::ipam::{reservation_name, reservation_prefixes};
+
+/// A reservation, stripped.
+#[derive(Debug, Clone)]
+pub struct ReservationInfo {
+    /// Its uid (for the delete precondition).
+    pub uid: String,
+    /// The podref it names.
+    pub podref: String,
+}
+
+/// A reservation by name, with its uid and podref.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamedReservation {
+    /// Its name.
+    pub name: String,
+    /// Its uid.
+    pub uid: String,
+    /// The podref it names.
+    pub podref: String,
+}
+
+/// Reservations.
+#[derive(Debug, Default)]
+pub struct ReservationIndex {
+    by_name: HashMap<String, ReservationInfo>,
+    /// The `<network_name>` parts of reservation names, with how many names have each.
+    prefixes: HashMap<String, usize>,
+}
+
+impl ReservationIndex {
+    /// Records a reservation.
+    pub fn upsert(&mut self, r: &OverlappingRangeIPReservation) {
+        let Some(name) = &r.metadata.name else { return };
+        let info = ReservationInfo {
+            uid: r.metadata.uid.clone().unwrap_or_default(),
+            podref: r.spec.podref.clone(),
+        };
+        if self.by_name.insert(name.clone(), info).is_none() {
+            for p in reservation_prefixes(name) {
+                *self.prefixes.entry(p.to_owned()).or_default() += 1;
+            }
+        }
+    }
+
+    /// Forgets a reservation.
+    pub fn remove(&mut self, name: &str) {
+        if self.by_name.remove(name).is_none() {
+            return;
+        }
+        for p in reservation_prefixes(name) {
+            if let Some(n) = self.prefixes.get_mut(p) {
+                *n -= 1;
+                if *n == 0 {
+                    self.prefixes.remove(p);
+                }
+            }
+        }
+    }
+
+    /// Reservations of `podref` for `ip` as (name, uid): named `[<network_name>-]<normalized
+    /// ip>`, matched by computing the IP's name forward (bare, and with each prefix seen).
+    pub fn of(&self, podref: &str, ip: IpAddr) -> Vec<(String, String)> {
+        let bare = reservation_name(ip, None);
+        let prefixed = self.prefixes.keys().map(|p| reservation_name(ip, Some(p)));
+        std::iter::once(bare)
+            .chain(prefixed)
+            .filter_map(|name| {
+                let r = self.by_name.get(&name)?;
+                (r.podref == podref).then(|| (name, r.uid.clone()))
+            })
+            .collect()
+    }
+
+    /// Every reservation.
+    pub fn iter(&self) -> impl Iterator<Item = NamedReservation> + '_ {
+        self.by_name.iter().map(|(name, r)| NamedReservation {
+            name: name.clone(),
+            uid: r.uid.clone(),
+            podref: r.podref.clone(),
+        })
+    }
+
+    /// Every reservation's name.
+    pub fn names(&self) -> Vec<String> {
+        self.by_name.keys().cloned().collect()
+    }
+
+    /// Whether a network-name prefix is known (tests).
+    pub fn prefix_count(&self, prefix: &str) -> usize {
+        self.prefixes.get(prefix).copied().unwrap_or(0)
+    }
+}

@@ -1,0 +1,179 @@
+//! Fence records joined with their entries: fenced, pending, left over, unrecorded.
+
+use super::*;
+use crate::api::SandboxesGone;
+use crate::index::{FenceSource, InvalidKey};
+use crate::reclaim::KeepReason;
+
+#[test]
+fn fence_records_and_entries_are_joined_whichever_comes_first() {
+    for records_first in [true, false] {
+        let mut ix = Index::default();
+        let listed = pool(&[
+            ("5", "sb", "ns/web-0:fenced"),
+            // Record written, rewrite not yet (a crash between the two writes).
+            ("6", "sb-6", "ns/db-0"),
+            ("7", "sb-7", "ns/other-0"),
+        ]);
+        let add_records = |ix: &mut Index| {
+            ix.upsert_fence_object("p", "5", object("p-5", "sb", "ns/web-0"));
+            ix.upsert_fence_object("p", "6", object("p-6", "sb-6", "ns/db-0"));
+            // Its entry is another allocation now: left over.
+            ix.upsert_fence_object("p", "7", object("p-7", "sb-old", "ns/gone-0"));
+            // Its entry is gone.
+            ix.upsert_fence_object("p", "8", object("p-8", "sb-8", "ns/gone-1"));
+        };
+        if records_first {
+            add_records(&mut ix);
+            ix.upsert_pool(&listed);
+        } else {
+            ix.upsert_pool(&listed);
+            add_records(&mut ix);
+        }
+        ix.set_pools_listed();
+        let fenced = ix.fenced();
+        assert_eq!(fenced.len(), 1);
+        assert_eq!(fenced[0].1.record.podref, "ns/web-0");
+        assert_eq!(
+            fenced[0].1.source,
+            FenceSource::Object {
+                name: "p-5".into(),
+                uid: "uid-p-5".into()
+            }
+        );
+        let pending: Vec<String> = ix.pending_fences().into_iter().map(|p| p.1.key).collect();
+        assert_eq!(pending, ["6"]);
+        let judged = ix.judge_all(&ReclaimConfig::default());
+        let decision = |key: &str| judged.iter().find(|j| j.entry.key == key).unwrap().decision;
+        assert_eq!(
+            decision("6"),
+            Decision::Keep(KeepReason::FencePending),
+            "a pending fence's entry is never the sweep's"
+        );
+        assert!(matches!(decision("7"), Decision::Candidate(_)));
+        let mut stale: Vec<String> = ix.stale_fence_objects().into_iter().map(|s| s.0).collect();
+        stale.sort();
+        assert_eq!(stale, ["p-7", "p-8"]);
+        assert!(ix.unrecorded_marks().is_empty());
+        assert!(ix.fenced_podrefs().contains("ns/db-0"));
+    }
+}
+
+#[test]
+fn records_of_a_pool_that_cannot_be_read_or_is_not_listed_yet_are_never_left_over() {
+    let mut ix = Index::default();
+    ix.upsert_fence_object("p", "5", object("p-5", "sb", "ns/web-0"));
+    assert!(ix.stale_fence_objects().is_empty(), "pools not listed yet");
+    ix.set_invalid(
+        InvalidKey {
+            kind: "IPPool".into(),
+            namespace: "ns".into(),
+            name: "p".into(),
+        },
+        "uid".into(),
+        "bad".into(),
+    );
+    ix.set_pools_listed();
+    assert!(ix.stale_fence_objects().is_empty(), "unreadable pool");
+    ix.clear_invalid(&InvalidKey {
+        kind: "IPPool".into(),
+        namespace: "ns".into(),
+        name: "p".into(),
+    });
+    assert_eq!(ix.stale_fence_objects().len(), 1, "a deleted pool's record");
+}
+
+#[test]
+fn a_record_of_an_earlier_fence_of_the_same_address_and_name_never_speaks_for_a_new_one() {
+    // web-0 fenced (sandbox sb-1), lifted, recreated, given the same address, fenced again
+    // (sb-2) while the watch still holds the first record and its agent's report.
+    let mut ix = Index::default();
+    ix.upsert_pool(&pool(&[("5", "sb-2", "ns/web-0:fenced")]));
+    let mut old = object("p-5", "sb-1", "ns/web-0");
+    old.evidence = Some(SandboxesGone {
+        node: "n".into(),
+        pod_uid: "uid".into(),
+        fence_uid: "uid-p-5".into(),
+        observed_at: "2026-11-23T10:00:00Z".into(),
+    });
+    ix.upsert_fence_object("p", "5", old);
+    ix.set_pools_listed();
+    assert!(
+        ix.fenced().is_empty(),
+        "the old record lifted the new fence"
+    );
+    assert_eq!(
+        ix.stale_fence_objects().len(),
+        1,
+        "the old record is left over"
+    );
+    assert!(ix.judge_all(&ReclaimConfig::default()).is_empty());
+}
+
+#[test]
+fn a_fenced_entry_without_a_record_is_reported_and_left_alone() {
+    let mut ix = Index::default();
+    ix.upsert_pool(&pool(&[("5", "sb", "ns/web-0:fenced")]));
+    assert!(ix.fenced().is_empty());
+    assert!(ix.judge_all(&ReclaimConfig::default()).is_empty());
+    assert_eq!(
+        ix.unrecorded_marks(),
+        [(
+            "p".to_string(),
+            "5".to_string(),
+            "ns/web-0:fenced".to_string()
+        )]
+    );
+}
+
+#[test]
+fn a_fenced_entry_is_kept_out_of_judgement_and_a_stale_fence_record_is_found() {
+    use crate::ipam::fence::{fence_annotation_key, fence_annotation_value};
+    let mut annotated = pool(&[
+        ("5", "sb", "ns/web-0:fenced"),
+        // Its fence record names another pod: a new allocation took the offset.
+        ("6", "sb", "ns/db-0"),
+    ]);
+    annotated.metadata.annotations = Some(BTreeMap::from([
+        (
+            fence_annotation_key("5"),
+            fence_annotation_value(&record("ns/web-0")),
+        ),
+        (
+            fence_annotation_key("6"),
+            fence_annotation_value(&record("ns/old-0")),
+        ),
+        (
+            fence_annotation_key("7"),
+            fence_annotation_value(&record("ns/gone-0")),
+        ),
+    ]));
+    let mut ix = Index::default();
+    ix.upsert_pool(&annotated);
+    let fenced = ix.fenced();
+    assert_eq!(fenced.len(), 1);
+    assert_eq!(fenced[0].1.record.podref, "ns/web-0");
+    assert_eq!(
+        ix.judge_all(&ReclaimConfig::default())
+            .iter()
+            .map(|j| j.entry.podref.as_str())
+            .collect::<Vec<_>>(),
+        ["ns/db-0"],
+        "the fenced entry is the fence's, not the sweep's"
+    );
+    assert_eq!(fenced[0].1.source, FenceSource::Annotation);
+    let stale = ix.stale_fence_annotations();
+    assert_eq!(
+        stale["p"]
+            .iter()
+            .map(|(k, _)| k.as_str())
+            .collect::<Vec<_>>(),
+        ["6", "7"]
+    );
+    assert!(
+        ix.pools()
+            .allocated_podrefs()
+            .iter()
+            .all(|p| p != "ns/web-0:fenced")
+    );
+}

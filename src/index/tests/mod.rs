@@ -1,0 +1,173 @@
+//! The index's tests, one file per kind, on one set of fixtures. Synchronous: the index is
+//! pure, so each test feeds it steps and reads what it decides.
+
+mod fences;
+mod networks;
+mod nodes;
+mod pods;
+mod relist;
+mod reservations;
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use k8s_openapi::api::core::v1::NodeCondition;
+
+use super::relist::{Kind, Relist, Step};
+use super::{FenceObject, Index, PodSeen};
+use crate::api::slim::{NodeReadyView, PodView};
+use crate::api::{
+    IPAllocation, IPPool, IPPoolSpec, NetworkAttachmentDefinition, NetworkAttachmentDefinitionSpec,
+    OverlappingRangeIPReservation, OverlappingRangeIPReservationSpec,
+};
+use crate::ipam::fence::FenceRecord;
+use crate::reclaim::{Decision, ReclaimConfig};
+
+/// The pool most tests use.
+const POOL: &str = "p";
+
+/// A NAD `ns/<name>` of the whereabouts plugin with the given IPAM fields.
+fn nad(name: &str, ipam: &str) -> NetworkAttachmentDefinition {
+    let mut nad = NetworkAttachmentDefinition::new(
+        name,
+        NetworkAttachmentDefinitionSpec {
+            config: Some(format!(
+                r#"{{"name":"{name}","type":"macvlan","ipam":{{"type":"whereabouts",{ipam}}}}}"#
+            )),
+        },
+    );
+    nad.metadata.namespace = Some("ns".into());
+    nad
+}
+
+/// An allocation of sandbox `id` to `podref` on `net1`.
+fn entry(id: &str, podref: &str) -> IPAllocation {
+    IPAllocation {
+        id: id.into(),
+        podref: podref.into(),
+        ifname: Some("net1".into()),
+        ipamclaimref: None,
+    }
+}
+
+/// Pool `name` on 192.0.2.0/24 with entries (key, sandbox, podref).
+fn pool_named(name: &str, allocations: &[(&str, &str, &str)]) -> IPPool {
+    IPPool::new(
+        name,
+        IPPoolSpec {
+            range: "192.0.2.0/24".into(),
+            allocations: allocations
+                .iter()
+                .map(|(k, id, podref)| (k.to_string(), entry(id, podref)))
+                .collect(),
+        },
+    )
+}
+
+/// Pool [`POOL`] with entries (key, sandbox, podref).
+fn pool(allocations: &[(&str, &str, &str)]) -> IPPool {
+    pool_named(POOL, allocations)
+}
+
+/// The network-status annotation listing `ip` on `ns/net`.
+fn status(ip: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([(
+        crate::ipam::NETWORK_STATUS_ANNOTATION.to_string(),
+        format!(r#"[{{"name":"ns/net","interface":"net1","ips":["{ip}"]}}]"#),
+    )])
+}
+
+/// Pod `ns/<name>` on node-a, listing `ip` when given.
+fn pod(name: &str, uid: &str, ip: Option<&str>) -> PodView {
+    let mut p = PodView {
+        node: Some("node-a".into()),
+        ..Default::default()
+    };
+    p.metadata.namespace = Some("ns".into());
+    p.metadata.name = Some(name.into());
+    p.metadata.uid = Some(uid.into());
+    p.metadata.annotations = ip.map(status);
+    p
+}
+
+/// A live pod listing `ip`, recorded directly.
+fn live(ix: &mut Index, podref: &str, uid: &str, ip: &str) {
+    let annotations = status(ip);
+    let seen = PodSeen {
+        annotations: Some(&annotations),
+        ..Default::default()
+    };
+    ix.upsert_pod(podref, uid, seen, Instant::now());
+}
+
+/// Reservation `name` of `podref`, uid `uid-<name>`.
+fn reservation(name: &str, podref: &str) -> OverlappingRangeIPReservation {
+    let mut r = OverlappingRangeIPReservation::new(
+        name,
+        OverlappingRangeIPReservationSpec {
+            containerid: None,
+            podref: podref.into(),
+            ifname: None,
+            ipamclaimref: None,
+        },
+    );
+    r.metadata.uid = Some(format!("uid-{name}"));
+    r
+}
+
+/// A fence record of `podref`.
+fn record(podref: &str) -> FenceRecord {
+    FenceRecord {
+        podref: podref.into(),
+        uid: "u".into(),
+        node: "n".into(),
+        why: "Ready=Unknown".into(),
+        network: "ns/net".into(),
+        since: "2026-11-23T10:00:00Z".parse().unwrap(),
+    }
+}
+
+/// An `IPFence` object `name` for sandbox `sandbox` of `podref`.
+fn object(name: &str, sandbox: &str, podref: &str) -> FenceObject {
+    FenceObject {
+        name: name.into(),
+        uid: format!("uid-{name}"),
+        sandbox: sandbox.into(),
+        record: record(podref),
+        evidence: None,
+    }
+}
+
+/// A Node with its Ready condition (`None`: none yet).
+fn node(name: &str, ready: Option<&str>) -> NodeReadyView {
+    let mut n = NodeReadyView::default();
+    n.metadata.name = Some(name.into());
+    n.ready = ready.map(|status| NodeCondition {
+        type_: "Ready".into(),
+        status: status.into(),
+        reason: Some("KubeletStopped".into()),
+        ..Default::default()
+    });
+    n
+}
+
+/// The decisions on `podref`'s allocations.
+fn decisions(ix: &Index, podref: &str) -> Vec<Decision> {
+    ix.judge_podref(podref, &ReclaimConfig::default())
+        .into_iter()
+        .map(|j| j.decision)
+        .collect()
+}
+
+/// Feeds `steps` to `store` through one driver; returns every effect.
+fn feed<K: Kind>(
+    relist: &mut Relist<K>,
+    store: &mut K::Store,
+    steps: impl IntoIterator<Item = Step<K::Object>>,
+) -> Vec<K::Effect> {
+    let now = Instant::now();
+    steps
+        .into_iter()
+        .flat_map(|s| relist.step(store, s, now).effects)
+        .collect()
+}

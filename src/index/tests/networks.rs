@@ -1,0 +1,119 @@
+//! NADs and the pools they map to, node-slice pools included.
+
+use super::*;
+use crate::reclaim::{KeepReason, Reason};
+
+const SLICE_POOL: &str = "slicenet-node-a-10.0.4.0-22";
+
+fn slice_nad() -> NetworkAttachmentDefinition {
+    nad(
+        "slicenet",
+        r#""range":"10.0.0.0/8","node_slice_size":"/22","network_name":"slicenet""#,
+    )
+}
+
+/// A node's slice pool with one entry of pod `ns/web` that records no interface.
+fn slice_pool() -> IPPool {
+    let mut e = entry("sb-1", "ns/web");
+    e.ifname = None;
+    IPPool::new(
+        SLICE_POOL,
+        IPPoolSpec {
+            range: "10.0.4.0/22".into(),
+            allocations: BTreeMap::from([("5".to_string(), e)]),
+        },
+    )
+}
+
+/// `ns/web` lives, listing another address on the slice network.
+fn live_web(ix: &mut Index) {
+    let status = r#"[{"name":"ns/slicenet","interface":"net1","ips":["10.0.4.9"]}]"#;
+    let annotations = BTreeMap::from([(
+        crate::ipam::NETWORK_STATUS_ANNOTATION.to_string(),
+        status.to_string(),
+    )]);
+    let seen = PodSeen {
+        annotations: Some(&annotations),
+        ..Default::default()
+    };
+    ix.upsert_pod("ns/web", "uid-web", seen, Instant::now());
+}
+
+fn decision(ix: &Index) -> (Decision, String) {
+    let judged = ix.judge_all(&ReclaimConfig::default());
+    assert_eq!(judged.len(), 1, "{judged:?}");
+    (judged[0].decision, judged[0].network.clone())
+}
+
+fn networks(ix: &Index, pool: &str) -> Option<Vec<String>> {
+    ix.networks().of_pool(pool).map(<[String]>::to_vec)
+}
+
+#[test]
+fn a_node_slice_pool_maps_to_its_network_whichever_comes_first() {
+    for nad_first in [true, false] {
+        let mut ix = Index::default();
+        live_web(&mut ix);
+        if nad_first {
+            ix.upsert_nad(&slice_nad());
+            ix.upsert_pool(&slice_pool());
+        } else {
+            ix.upsert_pool(&slice_pool());
+            ix.upsert_nad(&slice_nad());
+        }
+        assert_eq!(networks(&ix, SLICE_POOL), Some(vec!["ns/slicenet".into()]));
+        assert_eq!(
+            decision(&ix),
+            (
+                Decision::Candidate(Reason::IPNotOnPod),
+                "ns/slicenet".to_string()
+            ),
+            "nad first: {nad_first}"
+        );
+    }
+}
+
+#[test]
+fn a_removed_node_slice_nad_or_pool_forgets_the_mapping() {
+    let mut ix = Index::default();
+    live_web(&mut ix);
+    ix.upsert_nad(&slice_nad());
+    ix.upsert_pool(&slice_pool());
+    ix.remove_nad("ns/slicenet");
+    assert_eq!(networks(&ix, SLICE_POOL), None);
+    assert_eq!(
+        decision(&ix).0,
+        Decision::Keep(KeepReason::NoInformationForNetwork),
+        "without the mapping nothing says which network the entry is on"
+    );
+    ix.upsert_nad(&slice_nad());
+    ix.remove_pool(SLICE_POOL);
+    assert_eq!(networks(&ix, SLICE_POOL), None);
+}
+
+#[test]
+fn an_exact_pool_name_wins_over_a_node_slice_match() {
+    let mut ix = Index::default();
+    ix.upsert_nad(&slice_nad());
+    // A plain network whose pool name also reads as "slicenet-<node>-<slice>".
+    ix.upsert_nad(&nad(
+        "plain",
+        r#""range":"10.0.4.0/22","network_name":"slicenet-node-a""#,
+    ));
+    ix.upsert_pool(&slice_pool());
+    assert_eq!(networks(&ix, SLICE_POOL), Some(vec!["ns/plain".into()]));
+}
+
+#[test]
+fn a_nad_whose_config_cannot_be_used_is_reported_and_maps_nothing() {
+    let mut ix = Index::default();
+    let mut bad = nad("bad", r#""range":"not-a-cidr""#);
+    ix.upsert_nad(&bad);
+    assert!(ix.networks().errors().contains_key("ns/bad"));
+    assert!(ix.networks().keys().contains(&"ns/bad".to_string()));
+    // Fixed: the error goes, the mapping comes.
+    bad.spec.config = nad("bad", r#""range":"192.0.2.0/24""#).spec.config;
+    ix.upsert_nad(&bad);
+    assert!(ix.networks().errors().is_empty());
+    assert_eq!(networks(&ix, "192.0.2.0-24"), Some(vec!["ns/bad".into()]));
+}

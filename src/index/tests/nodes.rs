@@ -1,0 +1,112 @@
+//! Nodes' readiness through the re-list driver.
+
+use std::time::Duration;
+
+use super::*;
+use crate::index::NodeIndex;
+use crate::index::kinds::Nodes;
+use crate::index::nodes::Transition;
+use crate::reclaim::fence::{FencePolicy, Lift, Moment, lift};
+
+#[test]
+fn a_pod_of_a_node_that_is_not_ready_is_distrusted_from_the_moment_the_node_is_seen() {
+    let mut v = NodeIndex::default();
+    let mut r = Relist::<Nodes>::default();
+    let transitions = feed(
+        &mut r,
+        &mut v,
+        [
+            Step::Begin,
+            Step::Listed(node("a", Some("True"))),
+            Step::Listed(node("b", Some("Unknown"))),
+            Step::Listed(node("c", None)),
+            Step::Done,
+        ],
+    );
+    assert_eq!(transitions.len(), 2, "b and c are seen not Ready");
+    assert_eq!(v.distrust(Some("a")), None);
+    assert_eq!(
+        v.distrust(Some("b")).as_deref(),
+        Some("Ready=Unknown (KubeletStopped)")
+    );
+    assert_eq!(v.distrust(Some("c")).as_deref(), Some("Ready=missing"));
+    assert_eq!(
+        v.distrust(Some("gone")),
+        None,
+        "a deleted Node is declared dead"
+    );
+    assert_eq!(v.distrust(None), None, "never scheduled");
+    assert_eq!(v.unready(), 2);
+
+    let down = feed(&mut r, &mut v, [Step::Changed(node("a", Some("False")))]);
+    assert_eq!(
+        down,
+        [Transition::NotReady {
+            node: "a".into(),
+            status: "False".into()
+        }]
+    );
+    assert!(v.distrust(Some("a")).is_some());
+    feed(&mut r, &mut v, [Step::Deleted(node("b", Some("Unknown")))]);
+    assert_eq!(v.distrust(Some("b")), None);
+
+    // A re-list that no longer lists "c" forgets it; "a" is Ready again.
+    let back = feed(
+        &mut r,
+        &mut v,
+        [
+            Step::Begin,
+            Step::Listed(node("a", Some("True"))),
+            Step::Done,
+        ],
+    );
+    assert_eq!(back, [Transition::ReadyAgain { node: "a".into() }]);
+    assert_eq!((v.distrust(Some("c")), v.unready()), (None, 0));
+}
+
+#[test]
+fn ready_counts_from_our_observation_not_from_the_nodes_lagging_transition_time() {
+    let mut v = NodeIndex::default();
+    let mut r = Relist::<Nodes>::default();
+    let t0 = Instant::now();
+    let mut down = node("a", Some("Unknown"));
+    down.ready.as_mut().unwrap().last_transition_time = None;
+    r.step(&mut v, Step::Changed(down), t0);
+    assert_eq!(v.node("a").unwrap().ready_seen, None);
+    // The node comes back with a clock an hour behind: its transition reads an hour ago.
+    let mut up = node("a", Some("True"));
+    let hour_ago = jiff::Timestamp::now() - jiff::SignedDuration::from_hours(1);
+    up.ready.as_mut().unwrap().last_transition_time = Some(
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(hour_ago),
+    );
+    let t1 = t0 + Duration::from_secs(5);
+    r.step(&mut v, Step::Changed(up.clone()), t1);
+    assert_eq!(v.node("a").unwrap().ready_seen, Some(t1));
+    // Later heartbeats and a re-list keep the first observation.
+    r.step(
+        &mut v,
+        Step::Changed(up.clone()),
+        t1 + Duration::from_secs(10),
+    );
+    for s in [Step::Begin, Step::Listed(up), Step::Done] {
+        r.step(&mut v, s, t1 + Duration::from_secs(20));
+    }
+    assert_eq!(v.node("a").unwrap().ready_seen, Some(t1));
+    let policy = FencePolicy {
+        settle: Duration::from_secs(30),
+        timeout: None,
+    };
+    let fence = Moment {
+        wall: hour_ago,
+        mono: t0,
+    };
+    let at = |s| Moment {
+        wall: jiff::Timestamp::now(),
+        mono: t1 + Duration::from_secs(s),
+    };
+    assert_eq!(lift(fence, v.node("a"), at(29), &policy), None);
+    assert_eq!(
+        lift(fence, v.node("a"), at(30), &policy),
+        Some(Lift::NodeSettled)
+    );
+}

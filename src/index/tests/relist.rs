@@ -1,0 +1,188 @@
+//! The one re-list driver, over every kind the index holds: what a re-list does not list
+//! again is forgotten, usable or not; a `Done` without its `Begin` forgets nothing.
+
+use kube::api::ObjectMeta;
+
+use super::*;
+use crate::api::lenient::Lenient;
+use crate::api::{IPFence, IPFenceSpec};
+use crate::index::kinds::{Fences, Nads, Pods, Pools, Reservations};
+
+fn invalid<K>(namespace: &str, name: &str) -> Lenient<K> {
+    Lenient::Invalid {
+        metadata: Box::new(ObjectMeta {
+            namespace: Some(namespace.into()),
+            name: Some(name.into()),
+            uid: Some(format!("uid-{name}")),
+            ..Default::default()
+        }),
+        error: "spec.range: bad".into(),
+    }
+}
+
+fn in_ns<K: kube::Resource>(mut object: K) -> K {
+    object.meta_mut().namespace = Some("ns".into());
+    object
+}
+
+fn invalid_names(ix: &Index) -> Vec<String> {
+    ix.invalid().all().keys().map(|k| k.name.clone()).collect()
+}
+
+#[test]
+fn pools_not_listed_again_are_forgotten_with_their_podrefs_and_invalid_reports() {
+    let mut ix = Index::default();
+    let mut r = Relist::<Pools>::default();
+    feed(
+        &mut r,
+        &mut ix,
+        [
+            Step::Begin,
+            Step::Listed(Lenient::Valid(pool_named("a", &[("1", "sb", "ns/x")]))),
+            Step::Listed(Lenient::Valid(pool_named("b", &[("2", "sb", "ns/y")]))),
+            Step::Listed(invalid("ns", "bad")),
+            Step::Done,
+        ],
+    );
+    assert!(ix.pools().listed());
+    assert_eq!(invalid_names(&ix), ["bad"]);
+    assert!(ix.pools().has_allocations("ns/x"));
+    feed(
+        &mut r,
+        &mut ix,
+        [
+            Step::Begin,
+            Step::Listed(Lenient::Valid(pool_named("b", &[("2", "sb", "ns/y")]))),
+            Step::Done,
+        ],
+    );
+    let mut names: Vec<&String> = ix.pools().all().keys().collect();
+    names.sort();
+    assert_eq!(names, ["b"]);
+    assert!(!ix.pools().has_allocations("ns/x"), "a's podref index went");
+    assert!(invalid_names(&ix).is_empty(), "the invalid pool went too");
+}
+
+#[test]
+fn a_pool_that_stops_fitting_is_forgotten_and_reported_and_comes_back_when_it_fits() {
+    let mut ix = Index::default();
+    let mut r = Relist::<Pools>::default();
+    let good = || Lenient::Valid(in_ns(pool_named("a", &[("1", "sb", "ns/x")])));
+    feed(&mut r, &mut ix, [Step::Changed(good())]);
+    feed(&mut r, &mut ix, [Step::Changed(invalid("ns", "a"))]);
+    assert!(ix.pools().get("a").is_none());
+    assert_eq!(invalid_names(&ix), ["a"]);
+    feed(&mut r, &mut ix, [Step::Changed(good())]);
+    assert!(ix.pools().get("a").is_some());
+    assert!(invalid_names(&ix).is_empty());
+    feed(&mut r, &mut ix, [Step::Deleted(good())]);
+    assert!(ix.pools().get("a").is_none());
+}
+
+#[test]
+fn reservations_and_fences_not_listed_again_are_forgotten() {
+    let mut ix = Index::default();
+    let mut reservations = Relist::<Reservations>::default();
+    feed(
+        &mut reservations,
+        &mut ix,
+        [
+            Step::Begin,
+            Step::Listed(Lenient::Valid(reservation("192.0.2.1", "ns/a"))),
+            Step::Listed(Lenient::Valid(reservation("192.0.2.2", "ns/b"))),
+            Step::Listed(invalid("ns", "192.0.2.3")),
+            Step::Done,
+        ],
+    );
+    let vanished = reservations
+        .step(&mut ix, Step::Begin, Instant::now())
+        .vanished;
+    assert!(vanished.is_empty());
+    feed(
+        &mut reservations,
+        &mut ix,
+        [
+            Step::Listed(Lenient::Valid(reservation("192.0.2.2", "ns/b"))),
+            Step::Done,
+        ],
+    );
+    assert_eq!(ix.reservations().names(), ["192.0.2.2"]);
+    assert!(invalid_names(&ix).is_empty());
+
+    let fence = |name: &str, key: &str| {
+        let mut f = IPFence::new(
+            name,
+            IPFenceSpec {
+                pool: POOL.into(),
+                key: key.into(),
+                address: format!("192.0.2.{key}"),
+                sandbox: "sb".into(),
+                podref: "ns/web-0".into(),
+                uid: "u".into(),
+                node: "n".into(),
+                why: "Ready=Unknown".into(),
+                network: "ns/net".into(),
+                since: "2026-11-23T10:00:00Z".into(),
+            },
+        );
+        f.metadata.uid = Some(format!("uid-{name}"));
+        Lenient::Valid(f)
+    };
+    let mut fences = Relist::<Fences>::default();
+    feed(
+        &mut fences,
+        &mut ix,
+        [
+            Step::Begin,
+            Step::Listed(fence("p-5", "5")),
+            Step::Listed(fence("p-6", "6")),
+            Step::Done,
+        ],
+    );
+    assert_eq!(ix.fence_objects().names().len(), 2);
+    feed(
+        &mut fences,
+        &mut ix,
+        [Step::Begin, Step::Listed(fence("p-6", "6")), Step::Done],
+    );
+    assert_eq!(ix.fence_objects().names(), ["p-6"]);
+}
+
+#[test]
+fn nads_not_listed_again_are_forgotten_usable_or_not() {
+    let mut ix = Index::default();
+    let mut r = Relist::<Nads>::default();
+    feed(
+        &mut r,
+        &mut ix,
+        [
+            Step::Begin,
+            Step::Listed(Lenient::Valid(nad("a", r#""range":"192.0.2.0/24""#))),
+            Step::Listed(Lenient::Valid(nad("b", r#""range":"bad""#))),
+            Step::Listed(invalid("ns", "c")),
+            Step::Done,
+        ],
+    );
+    let mut keys = ix.networks().keys();
+    keys.sort();
+    assert_eq!(keys, ["ns/a", "ns/b"]);
+    assert_eq!(invalid_names(&ix), ["c"]);
+    feed(&mut r, &mut ix, [Step::Begin, Step::Done]);
+    assert!(ix.networks().keys().is_empty());
+    assert!(ix.networks().errors().is_empty());
+    assert!(invalid_names(&ix).is_empty());
+}
+
+#[test]
+fn a_done_without_its_begin_forgets_nothing() {
+    let mut ix = Index::default();
+    let mut r = Relist::<Pods>::default();
+    feed(
+        &mut r,
+        &mut ix,
+        [Step::Changed(pod("a", "uid-a", Some("192.0.2.10")))],
+    );
+    let done = r.step(&mut ix, Step::Done, Instant::now());
+    assert!(done.vanished.is_empty());
+    assert!(ix.pods().live("ns/a").is_some());
+}

@@ -1,0 +1,84 @@
+//! Reservations and their lookup by name.
+
+use super::*;
+
+#[test]
+fn reservations_are_found_by_name_bare_or_with_any_network_name_seen() {
+    let mut ix = Index::default();
+    for (name, podref) in [
+        ("10.0.0.5", "ns/a"),
+        ("blue-10.0.0.5", "ns/a"),
+        ("red-10.0.0.5", "ns/b"),
+        ("green-10.0.0.6", "ns/a"),
+        ("blue-fd00--5", "ns/a"),
+    ] {
+        ix.upsert_reservation(&reservation(name, podref));
+    }
+    let names = |ix: &Index, podref: &str, ip: &str| {
+        let mut v: Vec<String> = ix
+            .reservations()
+            .of(podref, ip.parse().unwrap())
+            .into_iter()
+            .map(|(n, uid)| {
+                assert_eq!(uid, format!("uid-{n}"));
+                n
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        names(&ix, "ns/a", "10.0.0.5"),
+        ["10.0.0.5", "blue-10.0.0.5"]
+    );
+    assert_eq!(names(&ix, "ns/b", "10.0.0.5"), ["red-10.0.0.5"]);
+    // "green" is known from another address's reservation.
+    assert_eq!(names(&ix, "ns/a", "10.0.0.6"), ["green-10.0.0.6"]);
+    assert_eq!(names(&ix, "ns/a", "fd00::5"), ["blue-fd00--5"]);
+    // A network name is forgotten with the last reservation that had it.
+    ix.remove_reservation("red-10.0.0.5");
+    assert_eq!(ix.reservations().prefix_count("red"), 0);
+    assert_eq!(ix.reservations().prefix_count("blue"), 2);
+    ix.remove_reservation("blue-10.0.0.5");
+    ix.remove_reservation("blue-fd00--5");
+    assert_eq!(ix.reservations().prefix_count("blue"), 0);
+    assert_eq!(names(&ix, "ns/a", "10.0.0.6"), ["green-10.0.0.6"]);
+}
+
+#[test]
+fn a_reservation_is_an_orphan_only_without_a_live_pod_an_allocation_or_a_fence() {
+    let mut ix = Index::default();
+    for (name, podref) in [
+        ("192.0.2.1", "ns/live"),
+        ("192.0.2.2", "ns/allocated"),
+        ("192.0.2.3", "ns/fenced"),
+        ("192.0.2.4", "ns/gone"),
+    ] {
+        ix.upsert_reservation(&reservation(name, podref));
+    }
+    live(&mut ix, "ns/live", "uid", "192.0.2.1");
+    ix.upsert_pool(&pool(&[("2", "sb-2", "ns/allocated")]));
+    ix.upsert_fence_object(POOL, "3", object("p-3", "sb-3", "ns/fenced"));
+    let orphans: Vec<String> = ix
+        .orphan_reservations()
+        .into_iter()
+        .map(|r| r.podref)
+        .collect();
+    assert_eq!(orphans, ["ns/gone"]);
+}
+
+#[test]
+fn a_release_forgets_its_entry_and_names_that_pods_reservations_for_that_address() {
+    let mut ix = Index::default();
+    ix.upsert_pool(&pool(&[("5", "sb", "ns/a")]));
+    ix.upsert_reservation(&reservation("192.0.2.5", "ns/a"));
+    ix.upsert_reservation(&reservation("net-192.0.2.5", "ns/other"));
+    let ip = "192.0.2.5".parse().unwrap();
+    let deletes = ix.released(POOL, "5", "ns/a", ip);
+    assert_eq!(
+        deletes,
+        [("192.0.2.5".to_string(), "uid-192.0.2.5".to_string())]
+    );
+    assert!(!ix.pools().has_allocations("ns/a"));
+    assert_eq!(ix.entry(POOL, "5"), None);
+}

@@ -1,0 +1,49 @@
+//! An allocation with its decision and the pod to name: what the judgement hands to the
+//! release path.
+
+use crate::ipam::PoolEntry;
+
+use super::Decision;
+
+/// A pod's identity for Events.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PodRef {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Uid (empty when unknown, e.g. a pod that vanished while the controller was down).
+    pub uid: String,
+}
+
+impl PodRef {
+    /// The pod of `podref` (`namespace/name`) with `uid`.
+    pub fn from_podref(podref: &str, uid: String) -> PodRef {
+        let (namespace, name) = podref.split_once('/').unwrap_or(("", podref));
+        PodRef {
+            namespace: namespace.into(),
+            name: name.into(),
+            uid,
+        }
+    }
+
+    /// `namespace/name`.
+    pub fn podref(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// One allocation with everything needed to decide and to release it.
+#[derive(Debug, Clone)]
+pub struct Judged {
+    /// Pool name.
+    pub pool: String,
+    /// The entry.
+    pub entry: PoolEntry,
+    /// The decision.
+    pub decision: Decision,
+    /// The network to name in Events.
+    pub network: String,
+    /// The pod to put Events on.
+    pub pod: PodRef,
+}

@@ -1,0 +1,164 @@
+//! The one builder of the JSON patches the writer sends to pools: each entry pinned by `test`s
+//! on its `id` and `podref`, then removed or fenced; fence annotations (earlier releases)
+//! removed pinned by their value. Pure.
+
+use serde_json::{Value, json};
+
+use crate::ipam::fence::{FenceSource, fence_annotation_key, fenced_podref};
+
+use super::types::{EntryWrite, ReleaseRequest};
+
+/// A JSON pointer token (RFC 6901).
+fn pointer_token(s: &str) -> String {
+    s.replace('~', "~0").replace('/', "~1")
+}
+
+/// The path of the fence annotation of the entry at `key`.
+fn annotation_path(key: &str) -> String {
+    format!(
+        "/metadata/annotations/{}",
+        pointer_token(&fence_annotation_key(key))
+    )
+}
+
+/// The JSON patch of one batch: each entry pinned by `test`s on its `id` and `podref`, then
+/// removed or fenced (its podref rewritten; the record is an object written before); a lifted
+/// fence whose record is a pool annotation (earlier releases) has that removed too.
+pub fn entries_patch(batch: &[&ReleaseRequest], has_annotations: bool) -> Value {
+    let mut ops = Vec::with_capacity(batch.len() * 4);
+    for r in batch {
+        let e = &r.judged.entry;
+        let path = format!("/spec/allocations/{}", pointer_token(&e.key));
+        ops.push(json!({"op": "test", "path": format!("{path}/id"), "value": e.id}));
+        ops.push(json!({"op": "test", "path": format!("{path}/podref"), "value": e.podref}));
+        match &r.write {
+            EntryWrite::Remove => ops.push(json!({"op": "remove", "path": path})),
+            EntryWrite::Fence(record) => {
+                ops.push(json!({"op": "replace", "path": format!("{path}/podref"), "value": fenced_podref(&record.podref)}));
+            }
+            EntryWrite::Unfence(_, source) => {
+                ops.push(json!({"op": "remove", "path": path}));
+                if *source == FenceSource::Annotation && has_annotations {
+                    ops.push(json!({"op": "remove", "path": annotation_path(&e.key)}));
+                }
+            }
+        }
+    }
+    Value::Array(ops)
+}
+
+/// The JSON patch removing fence annotations `(key, value)`, each pinned by a `test` of its
+/// value (a record rewritten meanwhile is not removed).
+pub fn annotations_patch(annotations: &[(String, String)]) -> Value {
+    let mut ops = Vec::with_capacity(annotations.len() * 2);
+    for (key, value) in annotations {
+        let path = annotation_path(key);
+        ops.push(json!({"op": "test", "path": path, "value": value}));
+        ops.push(json!({"op": "remove", "path": path}));
+    }
+    Value::Array(ops)
+}
+
+/// A patch built here as the typed patch kube sends.
+pub fn typed(patch: Value) -> Result<json_patch::Patch, serde_json::Error> {
+    serde_json::from_value(patch)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ipam::PoolEntry;
+    use crate::ipam::fence::FenceRecord;
+    use crate::reclaim::{Decision, Judged, PodRef, Reason};
+
+    pub(crate) fn request(key: &str, podref: &str, write: EntryWrite) -> ReleaseRequest {
+        ReleaseRequest {
+            judged: Judged {
+                pool: "p".into(),
+                entry: PoolEntry {
+                    key: key.into(),
+                    offset: key.parse().unwrap(),
+                    ip: "192.0.2.5".parse().unwrap(),
+                    id: "sb".into(),
+                    podref: podref.into(),
+                    ifname: None,
+                },
+                decision: Decision::Release(Reason::PodDeleted),
+                network: "ns/net".into(),
+                pod: PodRef::from_podref("ns/web-0", "u".into()),
+            },
+            reason: Reason::PodDeleted,
+            deleted_at: None,
+            write,
+        }
+    }
+
+    fn record() -> FenceRecord {
+        FenceRecord {
+            podref: "ns/web-0".into(),
+            uid: "u".into(),
+            node: "n".into(),
+            why: "Ready=Unknown".into(),
+            network: "ns/net".into(),
+            since: "2026-11-23T10:00:00Z".parse().unwrap(),
+        }
+    }
+
+    #[test]
+    fn a_fence_pins_the_entry_and_rewrites_its_podref_and_nothing_else() {
+        let fence = request("5", "ns/web-0", EntryWrite::Fence(record()));
+        // The record is an object written before: the pool itself does not grow.
+        for has_annotations in [false, true] {
+            assert_eq!(
+                entries_patch(&[&fence], has_annotations),
+                json!([
+                    {"op": "test", "path": "/spec/allocations/5/id", "value": "sb"},
+                    {"op": "test", "path": "/spec/allocations/5/podref", "value": "ns/web-0"},
+                    {"op": "replace", "path": "/spec/allocations/5/podref", "value": "ns/web-0:fenced"},
+                ])
+            );
+        }
+    }
+
+    #[test]
+    fn an_unfence_removes_the_marked_entry_and_an_annotation_record_of_earlier_releases() {
+        let object = FenceSource::Object {
+            name: "p-5".into(),
+            uid: "u".into(),
+        };
+        let lift = request(
+            "5",
+            "ns/web-0:fenced",
+            EntryWrite::Unfence(record(), object),
+        );
+        let entry_ops = json!([
+            {"op": "test", "path": "/spec/allocations/5/id", "value": "sb"},
+            {"op": "test", "path": "/spec/allocations/5/podref", "value": "ns/web-0:fenced"},
+            {"op": "remove", "path": "/spec/allocations/5"},
+        ]);
+        assert_eq!(entries_patch(&[&lift], true), entry_ops);
+        let legacy = request(
+            "5",
+            "ns/web-0:fenced",
+            EntryWrite::Unfence(record(), FenceSource::Annotation),
+        );
+        let mut with_annotation = entry_ops.as_array().unwrap().clone();
+        with_annotation
+            .push(json!({"op": "remove", "path": "/metadata/annotations/ipreclaim.io~1fence-5"}));
+        assert_eq!(entries_patch(&[&legacy], true), json!(with_annotation));
+    }
+
+    #[test]
+    fn annotation_records_are_removed_only_as_they_were_read() {
+        let patch = annotations_patch(&[("5".into(), "v5".into())]);
+        assert_eq!(
+            patch,
+            json!([
+                {"op": "test", "path": "/metadata/annotations/ipreclaim.io~1fence-5", "value": "v5"},
+                {"op": "remove", "path": "/metadata/annotations/ipreclaim.io~1fence-5"},
+            ])
+        );
+        assert!(typed(patch).is_ok());
+        assert_eq!(pointer_token("a/b~c"), "a~1b~0c");
+    }
+}
