@@ -496,14 +496,25 @@ async fn sweep_forever(
     }
 }
 
-/// Runs the controller until `shutdown` completes. Calls `on_start` once the metrics server
-/// is bound.
-pub async fn run(
-    client: Client,
-    args: ControllerArgs,
-    shutdown: impl Future<Output = ()>,
-    on_start: impl FnOnce(&Running),
-) -> anyhow::Result<()> {
+impl ControllerArgs {
+    /// The write budgets the flags set.
+    fn budgets(&self) -> BudgetConfig {
+        BudgetConfig {
+            pool_qps: self.pool_write_qps,
+            pool_burst: self.pool_write_burst,
+            reservation_qps: self.reservation_delete_qps,
+            reservation_burst: self.reservation_delete_burst,
+            write_qps: self.write_qps,
+            write_burst: self.write_burst,
+            max_in_flight: self.max_inflight_writes,
+        }
+    }
+}
+
+/// The controller's metrics, served with the probes on `addr`.
+async fn serve_metrics(
+    addr: SocketAddr,
+) -> anyhow::Result<(ControllerMetrics, Health, SocketAddr, JoinHandle<()>)> {
     let mut registry = Registry::default();
     let metrics = ControllerMetrics::new(&mut registry);
     for kind in report::KINDS {
@@ -512,10 +523,21 @@ pub async fn run(
             .get_or_create(&kind.to_string().into());
     }
     let health = Health::default();
-    let (metrics_addr, server) =
-        crate::telemetry::serve(args.metrics_addr, Arc::new(registry), health.clone())
-            .await
-            .with_context(|| format!("bind metrics address {}", args.metrics_addr))?;
+    let (bound, server) = crate::telemetry::serve(addr, Arc::new(registry), health.clone())
+        .await
+        .with_context(|| format!("bind metrics address {addr}"))?;
+    Ok((metrics, health, bound, server))
+}
+
+/// Runs the controller until `shutdown` completes. Calls `on_start` once the metrics server
+/// is bound.
+pub async fn run(
+    client: Client,
+    args: ControllerArgs,
+    shutdown: impl Future<Output = ()>,
+    on_start: impl FnOnce(&Running),
+) -> anyhow::Result<()> {
+    let (metrics, health, metrics_addr, server) = serve_metrics(args.metrics_addr).await?;
     let state = Arc::new(RwLock::new(Index::default()));
     on_start(&Running {
         health: health.clone(),
@@ -527,19 +549,7 @@ pub async fn run(
     let clock = RealClock::shared();
     let queue: Arc<WorkQueue<String>> = WorkQueue::new(clock.clone());
     let identity = identity();
-    let budgets = Budgets::new(
-        BudgetConfig {
-            pool_qps: args.pool_write_qps,
-            pool_burst: args.pool_write_burst,
-            reservation_qps: args.reservation_delete_qps,
-            reservation_burst: args.reservation_delete_burst,
-            write_qps: args.write_qps,
-            write_burst: args.write_burst,
-            max_in_flight: args.max_inflight_writes,
-        },
-        clock.clone(),
-        metrics.writes.clone(),
-    );
+    let budgets = Budgets::new(args.budgets(), clock.clone(), metrics.writes.clone());
     let events = Events::new(
         client.clone(),
         &identity,
@@ -591,15 +601,13 @@ pub async fn run(
         return_free_memory();
         // Many workers: each waits on the writer, which batches what they hand in together.
         for _ in 0..DELETION_WORKERS {
-            tasks.push(tokio::spawn(
-                deletion::Worker {
-                    ctx: ctx.clone(),
-                    reclaim,
-                    max_retries: args.max_retries,
-                    leader: leader.clone(),
-                }
-                .run(),
-            ));
+            let worker = deletion::Worker {
+                ctx: ctx.clone(),
+                reclaim,
+                max_retries: args.max_retries,
+                leader: leader.clone(),
+            };
+            tasks.push(tokio::spawn(worker.run()));
         }
         tasks.push(spawn_lifting(&ctx, &args, clock.clone(), leader.clone()));
         sweep_forever(&ctx, &args, reclaim, &leader).await;

@@ -12,6 +12,7 @@
 pub mod cri;
 pub mod evidence;
 pub mod fences;
+pub mod plan;
 pub mod release;
 pub mod witness;
 
@@ -179,6 +180,48 @@ struct Agent {
 type ReportDone = (String, String, Result<(), String>);
 
 impl Agent {
+    /// Reacts to the PLEG's events, releases dead sandboxes when their grace ends, and every
+    /// relist period refreshes its gauges and checks this node's fences; until the PLEG stops.
+    async fn run(
+        mut self,
+        mut events: tokio::sync::mpsc::Receiver<PodLifecycleEvent>,
+        relist_period: Duration,
+    ) {
+        let mut tasks: JoinSet<(DeadSandbox, Outcome)> = JoinSet::new();
+        let mut reports: JoinSet<ReportDone> = JoinSet::new();
+        let mut tick = tokio::time::interval(relist_period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let next_due = self.witness.next_due();
+            let clock = self.clock.clone();
+            let due = async {
+                match next_due {
+                    Some(at) => clock.sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                ev = events.recv() => match ev {
+                    Some(ev) => self.on_event(ev),
+                    None => return,
+                },
+                _ = due => self.start_due(&mut tasks),
+                Some(done) = tasks.join_next() => match done {
+                    Ok((sb, outcome)) => self.finished(sb, outcome).await,
+                    Err(e) => tracing::error!(error = %e, "release task failed"),
+                },
+                Some(done) = reports.join_next() => match done {
+                    Ok(done) => self.reported(done),
+                    Err(e) => tracing::error!(error = %e, "fence report task failed"),
+                },
+                _ = tick.tick() => {
+                    self.refresh();
+                    self.check_fences(&mut reports);
+                }
+            }
+        }
+    }
+
     fn on_event(&mut self, ev: PodLifecycleEvent) {
         self.metrics.pleg_event(ev.kind);
         let (EventKind::ContainerDied | EventKind::ContainerRemoved, Some(id)) =
@@ -351,6 +394,47 @@ impl Agent {
     }
 }
 
+/// The PLEG, its events, and the runtime view its source keeps.
+type PlegParts = (
+    Pleg<CriPodSource>,
+    tokio::sync::mpsc::Receiver<PodLifecycleEvent>,
+    Arc<Mutex<RuntimeView>>,
+);
+
+/// The PLEG over the node's runtime: relists throttled CRI calls into the pod status cache.
+fn start_pleg(
+    args: &NodeAgentArgs,
+    metrics: &NodeMetrics,
+    clock: SharedClock,
+) -> anyhow::Result<PlegParts> {
+    let client_cri = cri::connect_lazy(&args.cri_endpoint)
+        .with_context(|| format!("CRI endpoint {}", args.cri_endpoint))?;
+    let source = CriPodSource::new(client_cri)
+        .with_calls(CriCalls::in_family(&metrics.cri_calls))
+        .with_throttle(Throttle::new(
+            args.cri_qps,
+            args.cri_burst,
+            Parallelism::Parallel { max: None },
+            clock.clone(),
+        ));
+    let view = source.view();
+    let cache = Arc::new(PodStatusCache::new());
+    let (pleg, events) = Pleg::new(
+        source,
+        Some(cache),
+        clock.clone(),
+        PlegConfig {
+            relist_period: args.relist_period,
+            relist_threshold: args.relist_threshold,
+            // A pod whose status call fails is retried on the next relist, then less often.
+            inspect_backoff_initial: args.relist_period,
+            inspect_backoff_max: INSPECT_BACKOFF_MAX,
+            ..PlegConfig::default()
+        },
+    );
+    Ok((pleg, events, view))
+}
+
 /// Runs the node agent until `shutdown` completes. Calls `on_start` once the metrics server is
 /// bound.
 pub async fn run(
@@ -368,31 +452,7 @@ pub async fn run(
     metrics.zero_outcomes(&release::Outcome::LABELS);
     let writes = WriteMetrics::new(registry.sub_registry_with_prefix("ipreclaim"));
 
-    let client_cri = cri::connect_lazy(&args.cri_endpoint)
-        .with_context(|| format!("CRI endpoint {}", args.cri_endpoint))?;
-    let source = CriPodSource::new(client_cri)
-        .with_calls(CriCalls::in_family(&metrics.cri_calls))
-        .with_throttle(Throttle::new(
-            args.cri_qps,
-            args.cri_burst,
-            Parallelism::Parallel { max: None },
-            clock.clone(),
-        ));
-    let view = source.view();
-    let cache = Arc::new(PodStatusCache::new());
-    let (mut pleg, mut events) = Pleg::new(
-        source,
-        Some(cache),
-        clock.clone(),
-        PlegConfig {
-            relist_period: args.relist_period,
-            relist_threshold: args.relist_threshold,
-            // A pod whose status call fails is retried on the next relist, then less often.
-            inspect_backoff_initial: args.relist_period,
-            inspect_backoff_max: INSPECT_BACKOFF_MAX,
-            ..PlegConfig::default()
-        },
-    );
+    let (mut pleg, events, view) = start_pleg(&args, &metrics, clock.clone())?;
     let handle = pleg.handle();
     {
         let (m, h) = (metrics.clone(), handle.clone());
@@ -446,7 +506,7 @@ pub async fn run(
         let _ = stop_pleg_rx.await;
     }));
 
-    let mut agent = Agent {
+    let agent = Agent {
         clock: clock.clone(),
         view,
         pods: pods.clone(),
@@ -477,38 +537,7 @@ pub async fn run(
         }
         health.set_ready(true);
         tracing::info!("node pods synced; ready");
-        let mut tasks: JoinSet<(DeadSandbox, Outcome)> = JoinSet::new();
-        let mut reports: JoinSet<ReportDone> = JoinSet::new();
-        let mut tick = tokio::time::interval(args.relist_period);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            let next_due = agent.witness.next_due();
-            let due = async {
-                match next_due {
-                    Some(at) => clock.sleep_until(at).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                ev = events.recv() => match ev {
-                    Some(ev) => agent.on_event(ev),
-                    None => return,
-                },
-                _ = due => agent.start_due(&mut tasks),
-                Some(done) = tasks.join_next() => match done {
-                    Ok((sb, outcome)) => agent.finished(sb, outcome).await,
-                    Err(e) => tracing::error!(error = %e, "release task failed"),
-                },
-                Some(done) = reports.join_next() => match done {
-                    Ok(done) => agent.reported(done),
-                    Err(e) => tracing::error!(error = %e, "fence report task failed"),
-                },
-                _ = tick.tick() => {
-                    agent.refresh();
-                    agent.check_fences(&mut reports);
-                }
-            }
-        }
+        agent.run(events, args.relist_period).await;
     };
     tokio::select! {
         _ = shutdown => tracing::info!("shutting down"),

@@ -1,7 +1,7 @@
 //! Releasing what a dead sandbox held, with targeted GETs only: the pod, its networks' NADs,
 //! node slices and pools, and the reservations of the released addresses.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
@@ -9,22 +9,19 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::{Client, ResourceExt};
 
+use super::plan::{PoolTarget, Written, plan_pool, pod_networks};
 use super::witness::DeadSandbox;
 use crate::api::lenient::Lenient;
 use crate::api::{
     IPPool, NetworkAttachmentDefinition, NodeSlicePool, OverlappingRangeIPReservation,
 };
 use crate::ipam::{
-    IpamConfig, NETWORK_STATUS_ANNOTATION, NETWORKS_ANNOTATION, ippool_name, parse_nad_config,
-    parse_network_status, parse_networks, pool_allocations, reservation_name,
+    IpamConfig, PoolEntry, ippool_name, parse_nad_config, pool_allocations, reservation_name,
 };
-use crate::reclaim::{
-    self, Allocation, Decision, LivePod, PodKnowledge, PodPhase, PoolContext, Reason, ReclaimConfig,
-};
+use crate::reclaim::{LivePod, PodPhase, PodRef, ReclaimConfig};
 use crate::release::Events;
+use crate::release::WriterHandle;
 use crate::release::reservation::ReservationDelete;
-use crate::release::{Judged, PodRef};
-use crate::release::{ReleaseOutcome, ReleaseRequest, WriterHandle};
 use crate::telemetry::NodeMetrics;
 
 /// What became of a dead sandbox.
@@ -80,14 +77,6 @@ pub struct Releaser {
     pub(crate) metrics: NodeMetrics,
 }
 
-/// A pool to look in, for one network.
-struct PoolTarget {
-    pool: String,
-    network: String,
-    network_name: Option<String>,
-    reservations: bool,
-}
-
 fn failed(what: &str, e: kube::Error) -> Outcome {
     Outcome::Failed(format!("{what}: {e}"))
 }
@@ -96,39 +85,32 @@ impl Releaser {
     /// Handles one due sandbox. `pod` is the live API pod of its uid on this node, if any
     /// (namespace, name, being deleted).
     pub async fn release(&self, sb: &DeadSandbox, pod: Option<(String, String, bool)>) -> Outcome {
+        self.try_release(sb, pod).await.unwrap_or_else(|o| o)
+    }
+
+    /// [`Releaser::release`]; `Err` carries an outcome that ends it early.
+    async fn try_release(
+        &self,
+        sb: &DeadSandbox,
+        pod: Option<(String, String, bool)>,
+    ) -> Result<Outcome, Outcome> {
         let Some((namespace, name, false)) = pod else {
-            return Outcome::PodGone;
+            return Ok(Outcome::PodGone);
         };
         // The watch may lag: look at the pod itself.
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
         let pod = match pods.get_opt(&name).await {
             Ok(Some(p)) if p.metadata.uid.as_deref() == Some(sb.pod_uid.as_str()) => p,
-            Ok(Some(_)) | Ok(None) => return Outcome::PodGone,
-            Err(e) => return failed(&format!("get pod {namespace}/{name}"), e),
+            Ok(Some(_)) | Ok(None) => return Ok(Outcome::PodGone),
+            Err(e) => return Err(failed(&format!("get pod {namespace}/{name}"), e)),
         };
         if pod.metadata.deletion_timestamp.is_some() {
-            return Outcome::PodGone;
+            return Ok(Outcome::PodGone);
         }
-        let annotations = pod.annotations();
-        let attached = annotations
-            .get(NETWORK_STATUS_ANNOTATION)
-            .and_then(|a| match parse_network_status(a) {
-                Ok(n) => Some(n),
-                Err(e) => {
-                    tracing::warn!(pod = %format!("{namespace}/{name}"), error = %e, "ignoring network-status");
-                    None
-                }
-            });
-        let mut networks: BTreeSet<String> = BTreeSet::new();
-        if let Some(a) = annotations.get(NETWORKS_ANNOTATION) {
-            match parse_networks(a, &namespace) {
-                Ok(n) => networks.extend(n),
-                Err(e) => {
-                    tracing::warn!(pod = %format!("{namespace}/{name}"), error = %e, "ignoring networks annotation")
-                }
-            }
+        let networks = pod_networks(pod.annotations(), &namespace);
+        for why in &networks.ignored {
+            tracing::warn!(pod = %format!("{namespace}/{name}"), %why, "annotation ignored");
         }
-        networks.extend(attached.iter().flatten().map(|n| n.name.clone()));
         let podref = PodRef {
             namespace: namespace.clone(),
             name: name.clone(),
@@ -137,123 +119,75 @@ impl Releaser {
         let live = LivePod {
             uid: &sb.pod_uid,
             phase: PodPhase::parse(pod.status.as_ref().and_then(|s| s.phase.as_deref())),
-            networks: attached.as_deref(),
+            networks: networks.attached.as_deref(),
         };
-
         let mut targets: BTreeMap<String, PoolTarget> = BTreeMap::new();
-        for network in &networks {
-            match self.pools_of(network).await {
-                Ok(found) => {
-                    for t in found {
-                        targets.entry(t.pool.clone()).or_insert(t);
-                    }
-                }
-                Err(outcome) => return outcome,
+        for network in &networks.names {
+            for t in self.pools_of(network).await? {
+                targets.entry(t.pool.clone()).or_insert(t);
             }
         }
-
         let mut reqs = Vec::new();
-        let mut reservations: Vec<(IpAddr, &PoolTarget)> = Vec::new();
-        let mut seen_entries = 0;
-        let dead = [sb.id.clone()];
-        let api: Api<Lenient<IPPool>> = Api::namespaced(self.client.clone(), &self.namespace);
+        let mut kept = 0;
         for t in targets.values() {
-            let pool = match api.get_opt(&t.pool).await {
-                Ok(Some(Lenient::Valid(p))) => p,
-                Ok(Some(Lenient::Invalid { error, .. })) => {
-                    tracing::warn!(pool = %t.pool, %error, "pool skipped: it does not fit the schema");
-                    continue;
-                }
-                Ok(None) => continue,
-                Err(e) => return failed(&format!("get pool {}", t.pool), e),
+            let Some(entries) = self.entries_of(&t.pool).await? else {
+                continue;
             };
-            let allocations = match pool_allocations(&pool.spec) {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(pool = %t.pool, error = %e, "unreadable pool");
-                    continue;
-                }
-            };
-            let networks = [t.network.clone()];
-            for entry in allocations.entries.into_iter().filter(|e| e.id == sb.id) {
-                seen_entries += 1;
-                let decision = reclaim::decide(
-                    &Allocation {
-                        ip: entry.ip,
-                        sandbox_id: &entry.id,
-                        podref: &entry.podref,
-                        ifname: entry.ifname.as_deref(),
-                    },
-                    &PoolContext {
-                        networks: Some(&networks),
-                    },
-                    &PodKnowledge {
-                        live: Some(live),
-                        deleted: &[],
-                        dead_sandboxes: &dead,
-                    },
-                    &self.reclaim,
-                );
-                if decision != Decision::Release(Reason::SandboxGone) {
-                    tracing::info!(pool = %t.pool, ip = %entry.ip, ?decision, "dead sandbox's entry kept");
-                    continue;
-                }
-                if t.reservations {
-                    reservations.push((entry.ip, t));
-                }
-                reqs.push(ReleaseRequest {
-                    judged: Judged {
-                        pool: t.pool.clone(),
-                        entry,
-                        decision,
-                        network: t.network.clone(),
-                        pod: podref.clone(),
-                    },
-                    reason: Reason::SandboxGone,
-                    deleted_at: None,
-                    write: Default::default(),
-                });
+            let plan = plan_pool(&sb.id, &podref, live, t, entries, &self.reclaim);
+            for (entry, decision) in &plan.kept {
+                tracing::info!(pool = %t.pool, ip = %entry.ip, ?decision, "dead sandbox's entry kept");
             }
+            kept += plan.kept.len();
+            reqs.extend(plan.releases);
         }
         if reqs.is_empty() {
-            return if seen_entries == 0 {
+            return Ok(if kept == 0 {
                 Outcome::NoAllocation
             } else {
                 Outcome::Kept
-            };
+            });
         }
-
         let results = self.writer.release(reqs.clone()).await;
-        let mut released: BTreeMap<String, Vec<IpAddr>> = BTreeMap::new();
-        let mut dry_run = 0;
-        let mut error = None;
-        for (req, result) in reqs.iter().zip(&results) {
-            match result {
-                Ok(ReleaseOutcome::Released) => released
-                    .entry(req.judged.network.clone())
-                    .or_default()
-                    .push(req.judged.entry.ip),
-                Ok(ReleaseOutcome::DryRun) => dry_run += 1,
-                Ok(_) => {}
-                Err(e) => error = Some(e.to_string()),
-            }
-        }
-        for (network, ips) in &released {
+        let written = Written::tally(&reqs, &results);
+        for (network, ips) in &written.released {
             self.events
                 .released_sandbox_gone(&podref, ips, network, &sb.id)
                 .await;
         }
-        let released_ips: BTreeSet<IpAddr> = released.values().flatten().copied().collect();
-        for (ip, t) in reservations {
-            if released_ips.contains(&ip) {
-                self.delete_reservation(ip, t, &podref, &sb.id).await;
+        let released = written.addresses();
+        for r in &reqs {
+            let t = &targets[&r.judged.pool];
+            if t.reservations && released.contains(&r.judged.entry.ip) {
+                self.delete_reservation(r.judged.entry.ip, t, &podref, &sb.id)
+                    .await;
             }
         }
-        match error {
+        Ok(match written.error {
             // Entries already written stay released; the retry finds only what is left.
             Some(e) => Outcome::Failed(e),
-            None if dry_run > 0 => Outcome::DryRun(dry_run),
-            None => Outcome::Released(released_ips.len()),
+            None if written.dry_run > 0 => Outcome::DryRun(written.dry_run),
+            None => Outcome::Released(released.len()),
+        })
+    }
+
+    /// The entries of `pool`, read fresh (`None`: gone, or unreadable and skipped).
+    async fn entries_of(&self, pool: &str) -> Result<Option<Vec<PoolEntry>>, Outcome> {
+        let api: Api<Lenient<IPPool>> = Api::namespaced(self.client.clone(), &self.namespace);
+        let pool_object = match api.get_opt(pool).await {
+            Ok(Some(Lenient::Valid(p))) => p,
+            Ok(Some(Lenient::Invalid { error, .. })) => {
+                tracing::warn!(%pool, %error, "pool skipped: it does not fit the schema");
+                return Ok(None);
+            }
+            Ok(None) => return Ok(None),
+            Err(e) => return Err(failed(&format!("get pool {pool}"), e)),
+        };
+        match pool_allocations(&pool_object.spec) {
+            Ok(a) => Ok(Some(a.entries)),
+            Err(e) => {
+                tracing::warn!(%pool, error = %e, "unreadable pool");
+                Ok(None)
+            }
         }
     }
 

@@ -1,0 +1,287 @@
+//! The node agent's release plan, pure: which of a dead sandbox's pool entries go, given the
+//! pod as the API has it now, and what the writer's answers come to.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use crate::ipam::{
+    NETWORK_STATUS_ANNOTATION, NETWORKS_ANNOTATION, NetworkAttachment, PoolEntry,
+    parse_network_status, parse_networks,
+};
+use crate::reclaim::{
+    self, Allocation, Decision, Judged, LivePod, PodKnowledge, PodRef, PoolContext, Reason,
+    ReclaimConfig,
+};
+use crate::release::{ReleaseError, ReleaseOutcome, ReleaseRequest};
+
+/// A pool to look in, for one network.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolTarget {
+    /// The pool.
+    pub pool: String,
+    /// The network (`ns/nad`) that allocates from it.
+    pub network: String,
+    /// Its `network_name`, which prefixes its reservations' names.
+    pub network_name: Option<String>,
+    /// The network keeps reservations (not a node-slice network's own pools).
+    pub reservations: bool,
+}
+
+/// A pod's secondary networks: what its network-status lists (`None`: missing or malformed,
+/// with the error), and every network it asks for or lists (`ns/nad`).
+#[derive(Debug, Default)]
+pub struct PodNetworks {
+    /// Its network-status.
+    pub attached: Option<Vec<NetworkAttachment>>,
+    /// Every network it asks for (networks annotation) or lists.
+    pub names: BTreeSet<String>,
+    /// Why an annotation, present, was ignored.
+    pub ignored: Vec<String>,
+}
+
+/// Reads a pod's network annotations (a malformed one is ignored and said why).
+pub fn pod_networks(annotations: &BTreeMap<String, String>, namespace: &str) -> PodNetworks {
+    let mut out = PodNetworks::default();
+    if let Some(a) = annotations.get(NETWORK_STATUS_ANNOTATION) {
+        match parse_network_status(a) {
+            Ok(n) => out.attached = Some(n),
+            Err(e) => out.ignored.push(format!("network-status: {e}")),
+        }
+    }
+    if let Some(a) = annotations.get(NETWORKS_ANNOTATION) {
+        match parse_networks(a, namespace) {
+            Ok(n) => out.names.extend(n),
+            Err(e) => out.ignored.push(format!("networks annotation: {e}")),
+        }
+    }
+    let listed = out.attached.iter().flatten().map(|n| n.name.clone());
+    out.names.extend(listed);
+    out
+}
+
+/// What the plan for one pool comes to.
+#[derive(Debug, Default)]
+pub struct PoolPlan {
+    /// Releases to hand to the writer.
+    pub releases: Vec<ReleaseRequest>,
+    /// Entries of the dead sandbox the decision keeps, with the decision.
+    pub kept: Vec<(PoolEntry, Decision)>,
+}
+
+/// The releases of the dead sandbox `sandbox`'s entries in `target`'s pool: each judged with
+/// the pod as it lives now and the sandbox dead; only `SandboxGone` is released.
+pub fn plan_pool(
+    sandbox: &str,
+    pod: &PodRef,
+    live: LivePod<'_>,
+    target: &PoolTarget,
+    entries: Vec<PoolEntry>,
+    config: &ReclaimConfig,
+) -> PoolPlan {
+    let mut plan = PoolPlan::default();
+    let networks = [target.network.clone()];
+    let dead = [sandbox.to_owned()];
+    for entry in entries.into_iter().filter(|e| e.id == sandbox) {
+        let decision = reclaim::decide(
+            &Allocation {
+                ip: entry.ip,
+                sandbox_id: &entry.id,
+                podref: &entry.podref,
+                ifname: entry.ifname.as_deref(),
+            },
+            &PoolContext {
+                networks: Some(&networks),
+            },
+            &PodKnowledge {
+                live: Some(live),
+                deleted: &[],
+                dead_sandboxes: &dead,
+            },
+            config,
+        );
+        if decision != Decision::Release(Reason::SandboxGone) {
+            plan.kept.push((entry, decision));
+            continue;
+        }
+        plan.releases.push(ReleaseRequest {
+            judged: Judged {
+                pool: target.pool.clone(),
+                entry,
+                decision,
+                network: target.network.clone(),
+                pod: pod.clone(),
+            },
+            reason: Reason::SandboxGone,
+            deleted_at: None,
+            write: Default::default(),
+        });
+    }
+    plan
+}
+
+/// What the writer's answers come to.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Written {
+    /// Addresses released, by network.
+    pub released: BTreeMap<String, Vec<IpAddr>>,
+    /// Releases `--dry-run` only reported.
+    pub dry_run: usize,
+    /// The last failure, if any (what was written stays written; a retry finds the rest).
+    pub error: Option<String>,
+}
+
+impl Written {
+    /// Tallies the writer's answers to `reqs`.
+    pub fn tally(
+        reqs: &[ReleaseRequest],
+        results: &[Result<ReleaseOutcome, ReleaseError>],
+    ) -> Written {
+        let mut out = Written::default();
+        for (req, result) in reqs.iter().zip(results) {
+            match result {
+                Ok(ReleaseOutcome::Released) => out
+                    .released
+                    .entry(req.judged.network.clone())
+                    .or_default()
+                    .push(req.judged.entry.ip),
+                Ok(ReleaseOutcome::DryRun) => out.dry_run += 1,
+                Ok(_) => {}
+                Err(e) => out.error = Some(e.to_string()),
+            }
+        }
+        out
+    }
+
+    /// Every address released.
+    pub fn addresses(&self) -> BTreeSet<IpAddr> {
+        self.released.values().flatten().copied().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reclaim::{KeepReason, PodPhase};
+
+    fn entry(key: &str, id: &str, ifname: &str) -> PoolEntry {
+        PoolEntry {
+            key: key.into(),
+            offset: key.parse().unwrap(),
+            ip: format!("192.0.2.{key}").parse().unwrap(),
+            id: id.into(),
+            podref: "ns/web-0".into(),
+            ifname: Some(ifname.into()),
+        }
+    }
+
+    fn target() -> PoolTarget {
+        PoolTarget {
+            pool: "192.0.2.0-24".into(),
+            network: "ns/net".into(),
+            network_name: None,
+            reservations: true,
+        }
+    }
+
+    #[test]
+    fn only_the_dead_sandboxs_entries_the_pod_no_longer_lists_are_released() {
+        let annotations = BTreeMap::from([(
+            NETWORK_STATUS_ANNOTATION.to_string(),
+            r#"[{"name":"ns/net","interface":"net1","ips":["192.0.2.7"]}]"#.to_string(),
+        )]);
+        let networks = pod_networks(&annotations, "ns");
+        assert_eq!(networks.names, BTreeSet::from(["ns/net".to_string()]));
+        let live = LivePod {
+            uid: "u",
+            phase: PodPhase::Running,
+            networks: networks.attached.as_deref(),
+        };
+        let pod = PodRef::from_podref("ns/web-0", "u".into());
+        let entries = vec![
+            // The old sandbox's address: the pod lists another now.
+            entry("5", "sb-old", "net1"),
+            // The new sandbox's: not this plan's.
+            entry("7", "sb-new", "net1"),
+        ];
+        let plan = plan_pool(
+            "sb-old",
+            &pod,
+            live,
+            &target(),
+            entries,
+            &ReclaimConfig::default(),
+        );
+        let keys: Vec<&str> = plan
+            .releases
+            .iter()
+            .map(|r| r.judged.entry.key.as_str())
+            .collect();
+        assert_eq!(keys, ["5"]);
+        assert!(plan.kept.is_empty());
+
+        // The pod still lists the dead sandbox's address (the annotation lags): kept.
+        let entries = vec![entry("7", "sb-old", "net1")];
+        let plan = plan_pool(
+            "sb-old",
+            &pod,
+            live,
+            &target(),
+            entries,
+            &ReclaimConfig::default(),
+        );
+        assert!(plan.releases.is_empty());
+        assert_eq!(plan.kept[0].1, Decision::Keep(KeepReason::ListedOnPod));
+    }
+
+    #[test]
+    fn malformed_annotations_are_ignored_and_said_why() {
+        let annotations = BTreeMap::from([
+            (
+                NETWORK_STATUS_ANNOTATION.to_string(),
+                "not json".to_string(),
+            ),
+            (
+                NETWORKS_ANNOTATION.to_string(),
+                "net-a, other/net-b".to_string(),
+            ),
+        ]);
+        let n = pod_networks(&annotations, "ns");
+        assert!(n.attached.is_none());
+        assert_eq!(n.ignored.len(), 1, "{:?}", n.ignored);
+        assert_eq!(
+            n.names,
+            BTreeSet::from(["ns/net-a".to_string(), "other/net-b".to_string()])
+        );
+    }
+
+    #[test]
+    fn the_writers_answers_are_tallied_by_network_and_a_failure_is_kept() {
+        let pod = PodRef::from_podref("ns/web-0", "u".into());
+        let live = LivePod {
+            uid: "u",
+            phase: PodPhase::Running,
+            networks: Some(&[]),
+        };
+        let entries = vec![entry("5", "sb", "net1"), entry("6", "sb", "net2")];
+        let plan = plan_pool(
+            "sb",
+            &pod,
+            live,
+            &target(),
+            entries,
+            &ReclaimConfig::default(),
+        );
+        assert_eq!(plan.releases.len(), 2);
+        let answers = [
+            Ok(ReleaseOutcome::Released),
+            Err(ReleaseError::Conflict { pool: "p".into() }),
+        ];
+        let w = Written::tally(&plan.releases, &answers);
+        assert_eq!(
+            w.addresses(),
+            BTreeSet::from(["192.0.2.5".parse().unwrap()])
+        );
+        assert!(w.error.is_some());
+        assert_eq!(w.dry_run, 0);
+    }
+}
