@@ -174,6 +174,19 @@ mod tests {
         }
     }
 
+    /// The plan for `sandbox`'s entries among `entries` of pod `ns/web-0` living as `live`.
+    fn plan_for(sandbox: &str, live: LivePod<'_>, entries: Vec<PoolEntry>) -> PoolPlan {
+        let pod = PodRef::from_podref("ns/web-0", "u".into());
+        plan_pool(
+            sandbox,
+            &pod,
+            live,
+            &target(),
+            entries,
+            &ReclaimConfig::default(),
+        )
+    }
+
     fn target() -> PoolTarget {
         PoolTarget {
             pool: "192.0.2.0-24".into(),
@@ -196,21 +209,13 @@ mod tests {
             phase: PodPhase::Running,
             networks: networks.attached.as_deref(),
         };
-        let pod = PodRef::from_podref("ns/web-0", "u".into());
         let entries = vec![
             // The old sandbox's address: the pod lists another now.
             entry("5", "sb-old", "net1"),
             // The new sandbox's: not this plan's.
             entry("7", "sb-new", "net1"),
         ];
-        let plan = plan_pool(
-            "sb-old",
-            &pod,
-            live,
-            &target(),
-            entries,
-            &ReclaimConfig::default(),
-        );
+        let plan = plan_for("sb-old", live, entries);
         let keys: Vec<&str> = plan
             .releases
             .iter()
@@ -220,15 +225,7 @@ mod tests {
         assert!(plan.kept.is_empty());
 
         // The pod still lists the dead sandbox's address (the annotation lags): kept.
-        let entries = vec![entry("7", "sb-old", "net1")];
-        let plan = plan_pool(
-            "sb-old",
-            &pod,
-            live,
-            &target(),
-            entries,
-            &ReclaimConfig::default(),
-        );
+        let plan = plan_for("sb-old", live, vec![entry("7", "sb-old", "net1")]);
         assert!(plan.releases.is_empty());
         assert_eq!(plan.kept[0].1, Decision::Keep(KeepReason::ListedOnPod));
     }
@@ -256,21 +253,13 @@ mod tests {
 
     #[test]
     fn the_writers_answers_are_tallied_by_network_and_a_failure_is_kept() {
-        let pod = PodRef::from_podref("ns/web-0", "u".into());
         let live = LivePod {
             uid: "u",
             phase: PodPhase::Running,
             networks: Some(&[]),
         };
         let entries = vec![entry("5", "sb", "net1"), entry("6", "sb", "net2")];
-        let plan = plan_pool(
-            "sb",
-            &pod,
-            live,
-            &target(),
-            entries,
-            &ReclaimConfig::default(),
-        );
+        let plan = plan_for("sb", live, entries);
         assert_eq!(plan.releases.len(), 2);
         let answers = [
             Ok(ReleaseOutcome::Released),

@@ -3,6 +3,8 @@
 
 pub mod budget;
 pub mod events;
+#[cfg(test)]
+mod fixtures;
 pub mod patch;
 pub mod reservation;
 pub mod schedule;

@@ -67,42 +67,7 @@ pub fn typed(patch: Value) -> Result<json_patch::Patch, serde_json::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ipam::PoolEntry;
-    use crate::ipam::fence::FenceRecord;
-    use crate::reclaim::{Decision, Judged, PodRef, Reason};
-
-    pub(crate) fn request(key: &str, podref: &str, write: EntryWrite) -> ReleaseRequest {
-        ReleaseRequest {
-            judged: Judged {
-                pool: "p".into(),
-                entry: PoolEntry {
-                    key: key.into(),
-                    offset: key.parse().unwrap(),
-                    ip: "192.0.2.5".parse().unwrap(),
-                    id: "sb".into(),
-                    podref: podref.into(),
-                    ifname: None,
-                },
-                decision: Decision::Release(Reason::PodDeleted),
-                network: "ns/net".into(),
-                pod: PodRef::from_podref("ns/web-0", "u".into()),
-            },
-            reason: Reason::PodDeleted,
-            deleted_at: None,
-            write,
-        }
-    }
-
-    fn record() -> FenceRecord {
-        FenceRecord {
-            podref: "ns/web-0".into(),
-            uid: "u".into(),
-            node: "n".into(),
-            why: "Ready=Unknown".into(),
-            network: "ns/net".into(),
-            since: "2026-11-23T10:00:00Z".parse().unwrap(),
-        }
-    }
+    use crate::release::fixtures::{record, request};
 
     #[test]
     fn a_fence_pins_the_entry_and_rewrites_its_podref_and_nothing_else() {

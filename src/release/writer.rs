@@ -799,46 +799,7 @@ fn split(reqs: &[ReleaseRequest], group: Vec<usize>) -> Vec<Vec<usize>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ipam::PoolEntry;
-    use crate::reclaim::{Decision, Reason};
-    use crate::release::types::{Judged, PodRef};
-
-    fn request(key: &str, podref: &str, write: EntryWrite) -> ReleaseRequest {
-        ReleaseRequest {
-            judged: Judged {
-                pool: "p".into(),
-                entry: PoolEntry {
-                    key: key.into(),
-                    offset: key.parse().unwrap(),
-                    ip: "192.0.2.5".parse().unwrap(),
-                    id: "sb".into(),
-                    podref: podref.into(),
-                    ifname: None,
-                },
-                decision: Decision::Release(Reason::PodDeleted),
-                network: "ns/net".into(),
-                pod: PodRef {
-                    namespace: "ns".into(),
-                    name: "web-0".into(),
-                    uid: "u".into(),
-                },
-            },
-            reason: Reason::PodDeleted,
-            deleted_at: None,
-            write,
-        }
-    }
-
-    fn record() -> FenceRecord {
-        FenceRecord {
-            podref: "ns/web-0".into(),
-            uid: "u".into(),
-            node: "n".into(),
-            why: "Ready=Unknown".into(),
-            network: "ns/net".into(),
-            since: "2026-11-23T10:00:00Z".parse().unwrap(),
-        }
-    }
+    use crate::release::fixtures::{record, request};
 
     fn reply() -> Reply {
         oneshot::channel().0

@@ -1,0 +1,42 @@
+//! Test fixtures of the release path: a request and a fence record.
+
+use crate::ipam::PoolEntry;
+use crate::ipam::fence::FenceRecord;
+use crate::reclaim::{Decision, Judged, PodRef, Reason};
+
+use super::types::{EntryWrite, ReleaseRequest};
+
+/// A request about the entry at `key` (sandbox `sb`, 192.0.2.5) of pool `p` held by `podref`.
+pub fn request(key: &str, podref: &str, write: EntryWrite) -> ReleaseRequest {
+    ReleaseRequest {
+        judged: Judged {
+            pool: "p".into(),
+            entry: PoolEntry {
+                key: key.into(),
+                offset: key.parse().unwrap(),
+                ip: "192.0.2.5".parse().unwrap(),
+                id: "sb".into(),
+                podref: podref.into(),
+                ifname: None,
+            },
+            decision: Decision::Release(Reason::PodDeleted),
+            network: "ns/net".into(),
+            pod: PodRef::from_podref("ns/web-0", "u".into()),
+        },
+        reason: Reason::PodDeleted,
+        deleted_at: None,
+        write,
+    }
+}
+
+/// The fence record of `ns/web-0`.
+pub fn record() -> FenceRecord {
+    FenceRecord {
+        podref: "ns/web-0".into(),
+        uid: "u".into(),
+        node: "n".into(),
+        why: "Ready=Unknown".into(),
+        network: "ns/net".into(),
+        since: "2026-11-23T10:00:00Z".parse().unwrap(),
+    }
+}
