@@ -164,49 +164,16 @@ impl Worker {
 
     async fn process(&self, podref: &str) -> Result<Processed, Failure> {
         let started = Instant::now();
-        let blind = {
+        // One look at the index decides, unless the tombstone is blind.
+        let decided = {
             let st = self.ctx.state.read().expect("state lock");
-            st.pods().live(podref).is_none() && st.pods().blind_tombstone(podref)
+            let blind = st.pods().live(podref).is_none() && st.pods().blind_tombstone(podref);
+            (!blind).then(|| self.decide(&st, podref))
         };
-        if blind {
-            // Without network-status the tombstone would free every allocation of the name:
-            // make sure no pod of that name exists now (our cache may lag a recreation).
-            let (ns, name) = podref.split_once('/').unwrap_or(("", podref));
-            let found = Api::<PodView>::namespaced(self.ctx.client.clone(), ns)
-                .get_opt(name)
-                .await
-                .map_err(|e| Failure::new(format!("confirming pod {podref} is gone: {e}")))?;
-            if let Some(p) = found {
-                let mut st = self.ctx.state.write().expect("state lock");
-                if let Some(uid) = &p.metadata.uid {
-                    st.upsert_pod(podref, uid, crate::index::kinds::seen(&p), started);
-                }
-            }
-        }
-        let (judged, mut releases) = {
-            let st = self.ctx.state.read().expect("state lock");
-            let judged = st.judge_podref(podref, &self.reclaim);
-            tracing::debug!(
-                %podref,
-                judged = ?judged.iter().map(|j| (j.entry.ip, j.decision)).collect::<Vec<_>>(),
-                "deletion path"
-            );
-            let deleted_at = st.pods().first_deletion(podref);
-            let releases = judged
-                .iter()
-                .filter_map(|j| match j.decision {
-                    Decision::Release(reason) => Some(ReleaseRequest {
-                        judged: j.clone(),
-                        reason,
-                        deleted_at,
-                        write: Default::default(),
-                    }),
-                    _ => None,
-                })
-                .collect::<Vec<_>>();
-            (judged, releases)
+        let releases = match decided {
+            Some(releases) => releases,
+            None => self.decide_blind(podref, started).await?,
         };
-        self.fence(podref, &judged, &mut releases);
         if releases.is_empty() {
             self.ctx
                 .state
@@ -227,6 +194,55 @@ impl Worker {
             me.finish(&podref, processed).await;
         });
         Ok(Processed::Submitted)
+    }
+
+    /// The releases (and fences) of `podref`'s allocations, judged from `st`.
+    fn decide(&self, st: &Index, podref: &str) -> Vec<ReleaseRequest> {
+        let judged = st.judge_podref(podref, &self.reclaim);
+        tracing::debug!(
+            %podref,
+            judged = ?judged.iter().map(|j| (j.entry.ip, j.decision)).collect::<Vec<_>>(),
+            "deletion path"
+        );
+        let deleted_at = st.pods().first_deletion(podref);
+        let mut releases: Vec<ReleaseRequest> = judged
+            .iter()
+            .filter_map(|j| match j.decision {
+                Decision::Release(reason) => Some(ReleaseRequest {
+                    judged: j.clone(),
+                    reason,
+                    deleted_at,
+                    write: Default::default(),
+                }),
+                _ => None,
+            })
+            .collect();
+        if let Some(view) = &self.ctx.nodes {
+            let view = view.read().expect("node view lock");
+            plan_fences(st, &view, podref, &judged, &mut releases);
+        }
+        releases
+    }
+
+    /// Without network-status the tombstone would free every allocation of the name: makes
+    /// sure no pod of that name exists now (our cache may lag a recreation), then decides.
+    async fn decide_blind(
+        &self,
+        podref: &str,
+        started: Instant,
+    ) -> Result<Vec<ReleaseRequest>, Failure> {
+        let (ns, name) = podref.split_once('/').unwrap_or(("", podref));
+        let found = Api::<PodView>::namespaced(self.ctx.client.clone(), ns)
+            .get_opt(name)
+            .await
+            .map_err(|e| Failure::new(format!("confirming pod {podref} is gone: {e}")))?;
+        let mut st = self.ctx.state.write().expect("state lock");
+        if let Some(p) = &found
+            && let Some(uid) = &p.metadata.uid
+        {
+            st.upsert_pod(podref, uid, crate::index::kinds::seen(p), started);
+        }
+        Ok(self.decide(&st, podref))
     }
 
     /// What the outcomes of an item's releases make of it.
@@ -275,17 +291,6 @@ impl Worker {
             max_retries: self.max_retries,
             leader: self.leader.clone(),
         }
-    }
-
-    /// Turns the releases of pods deleted from a node that is not Ready into fences, and
-    /// fences what such a pod held even where the cache now judges it kept.
-    fn fence(&self, podref: &str, judged: &[Judged], releases: &mut Vec<ReleaseRequest>) {
-        let Some(view) = &self.ctx.nodes else {
-            return;
-        };
-        let st = self.ctx.state.read().expect("state lock");
-        let view = view.read().expect("node view lock");
-        plan_fences(&st, &view, podref, judged, releases);
     }
 }
 

@@ -1,11 +1,16 @@
 //! Between sweeps: the index forgets what no longer matters, and its gauges are exported (one
-//! series per pool, removed with its pool).
+//! series per pool, removed with its pool); its lock's acquisitions are read at each scrape.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+
 use super::report::pool_label;
-use crate::index::Index;
+use crate::index::{Index, SharedIndex};
 use crate::telemetry::ControllerMetrics;
 
 /// Tombstones without allocations are kept this long at least.
@@ -56,5 +61,27 @@ impl PoolSeries {
             metrics.breaker_holds.remove(&l);
         }
         self.labels = labels;
+    }
+}
+
+/// The index lock's acquisitions on /metrics (`ipreclaim_index_lock_acquisitions_total`),
+/// read at each scrape.
+#[derive(Debug)]
+pub struct IndexLockCollector(pub SharedIndex);
+
+impl Collector for IndexLockCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let a = self.0.acquisitions();
+        let mut family = encoder.encode_descriptor(
+            "ipreclaim_index_lock_acquisitions",
+            "Acquisitions of the controller's index lock, by mode (read, write)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (mode, n) in [("read", a.reads), ("write", a.writes)] {
+            let labels = [("mode", mode)];
+            ConstCounter::new(n).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
     }
 }

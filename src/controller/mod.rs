@@ -24,7 +24,7 @@ use tokio::sync::watch as tokio_watch;
 use tokio::task::JoinHandle;
 
 use crate::flags::parse_duration;
-use crate::index::{Index, NodeIndex};
+use crate::index::{NodeIndex, SharedIndex};
 use crate::reclaim::ReclaimConfig;
 use crate::reclaim::fence::FencePolicy;
 use crate::release::{BudgetConfig, Budgets, Events, writer};
@@ -148,7 +148,7 @@ pub struct ControllerArgs {
 #[derive(Clone)]
 pub struct Ctx {
     pub(crate) client: Client,
-    pub(crate) state: Arc<RwLock<Index>>,
+    pub(crate) state: SharedIndex,
     pub(crate) queue: Arc<WorkQueue<String>>,
     pub(crate) writer: writer::WriterHandle,
     pub(crate) events: Events,
@@ -164,7 +164,7 @@ pub struct Running {
     /// Where /metrics is served.
     pub metrics_addr: SocketAddr,
     /// The controller's state (read-only use).
-    pub state: Arc<RwLock<Index>>,
+    pub state: SharedIndex,
 }
 
 /// Two malloc arenas, not eight per core: the controller's threads mostly wait, and every
@@ -345,7 +345,7 @@ async fn leadership(
 fn follow_leadership(
     mut leads: tokio_watch::Receiver<bool>,
     gauge: prometheus_client::metrics::gauge::Gauge,
-    state: Arc<RwLock<Index>>,
+    state: SharedIndex,
     queue: Arc<WorkQueue<String>>,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
@@ -514,8 +514,10 @@ impl ControllerArgs {
 /// The controller's metrics, served with the probes on `addr`.
 async fn serve_metrics(
     addr: SocketAddr,
+    index: &SharedIndex,
 ) -> anyhow::Result<(ControllerMetrics, Health, SocketAddr, JoinHandle<()>)> {
     let mut registry = Registry::default();
+    registry.register_collector(Box::new(housekeeping::IndexLockCollector(index.clone())));
     let metrics = ControllerMetrics::new(&mut registry);
     for kind in report::KINDS {
         let _ = metrics
@@ -537,8 +539,8 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
     on_start: impl FnOnce(&Running),
 ) -> anyhow::Result<()> {
-    let (metrics, health, metrics_addr, server) = serve_metrics(args.metrics_addr).await?;
-    let state = Arc::new(RwLock::new(Index::default()));
+    let state = SharedIndex::default();
+    let (metrics, health, metrics_addr, server) = serve_metrics(args.metrics_addr, &state).await?;
     on_start(&Running {
         health: health.clone(),
         metrics_addr,

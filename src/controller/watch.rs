@@ -21,7 +21,7 @@ use crate::api::{IPFence, IPPool, NetworkAttachmentDefinition, OverlappingRangeI
 use crate::index::kinds::{Fences, Nads, Nodes, Pods, Pools, Reservations};
 use crate::index::nodes::Transition;
 use crate::index::relist::{Kind, Relist, Step};
-use crate::index::{Index, NodeIndex};
+use crate::index::{Index, NodeIndex, SharedIndex};
 use crate::telemetry::ControllerMetrics;
 use crate::watch_retry::retrying;
 
@@ -77,7 +77,7 @@ where
 /// still have and ten minutes of deletions.
 pub async fn pods(
     client: Client,
-    index: Arc<RwLock<Index>>,
+    index: SharedIndex,
     queue: Arc<WorkQueue<String>>,
     metrics: ControllerMetrics,
     leader: watch::Receiver<bool>,
@@ -118,7 +118,7 @@ async fn into_index<K>(
     client: Client,
     api: Api<K::Object>,
     config: watcher::Config,
-    index: Arc<RwLock<Index>>,
+    index: SharedIndex,
     synced: Synced,
 ) where
     K: Kind<Store = Index>,
@@ -143,33 +143,28 @@ async fn into_index<K>(
 
 /// Watches the pools in the whereabouts namespace. A pool that cannot be read is skipped and
 /// reported; it never stops the watch.
-pub async fn pools(client: Client, namespace: String, index: Arc<RwLock<Index>>, synced: Synced) {
+pub async fn pools(client: Client, namespace: String, index: SharedIndex, synced: Synced) {
     let api = Api::<Lenient<IPPool>>::namespaced(client.clone(), &namespace);
     let config = watcher::Config::default().page_size(POOL_PAGE);
     into_index::<Pools>("ippools", client, api, config, index, synced).await;
 }
 
 /// Watches reservations in the whereabouts namespace.
-pub async fn reservations(
-    client: Client,
-    namespace: String,
-    index: Arc<RwLock<Index>>,
-    synced: Synced,
-) {
+pub async fn reservations(client: Client, namespace: String, index: SharedIndex, synced: Synced) {
     let api = Api::<Lenient<OverlappingRangeIPReservation>>::namespaced(client.clone(), &namespace);
     let config = watcher::Config::default();
     into_index::<Reservations>("reservations", client, api, config, index, synced).await;
 }
 
 /// Watches the fence records (`IPFence`) in the whereabouts namespace.
-pub async fn fences(client: Client, namespace: String, index: Arc<RwLock<Index>>, synced: Synced) {
+pub async fn fences(client: Client, namespace: String, index: SharedIndex, synced: Synced) {
     let api = Api::<Lenient<IPFence>>::namespaced(client.clone(), &namespace);
     let config = watcher::Config::default();
     into_index::<Fences>("ipfences", client, api, config, index, synced).await;
 }
 
 /// Watches NADs in all namespaces.
-pub async fn nads(client: Client, index: Arc<RwLock<Index>>, synced: Synced) {
+pub async fn nads(client: Client, index: SharedIndex, synced: Synced) {
     let api = Api::<Lenient<NetworkAttachmentDefinition>>::all(client.clone());
     let config = watcher::Config::default();
     let name = "network-attachment-definitions";

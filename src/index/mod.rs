@@ -12,6 +12,7 @@ pub mod fences;
 pub mod invalid;
 mod judge;
 pub mod kinds;
+mod lock;
 pub mod networks;
 pub mod nodes;
 pub mod pods;
@@ -30,6 +31,7 @@ use crate::ipam::fence::{FenceRecord, fenced_podref};
 
 pub use fences::{FenceIndex, FenceObject, FenceSource, FencedEntry};
 pub use invalid::{InvalidIndex, InvalidKey, InvalidObject};
+pub use lock::{Acquisitions, IndexLock, SharedIndex};
 pub use networks::NetworkIndex;
 pub use nodes::NodeIndex;
 pub use pods::{HeldEntry, LiveInfo, PodIndex, PodSeen, TOMBSTONES_PER_PODREF, Tombstone};

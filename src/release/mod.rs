@@ -14,4 +14,4 @@ pub mod writer;
 pub use budget::{BudgetConfig, Budgets, WriteKind};
 pub use events::Events;
 pub use types::{EntryWrite, Judged, PodRef, ReleaseError, ReleaseOutcome, ReleaseRequest};
-pub use writer::{SharedIndex, Writer, WriterHandle};
+pub use writer::{Writer, WriterHandle};

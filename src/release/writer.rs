@@ -22,6 +22,7 @@ use super::schedule::{MAX_BATCH, PoolSchedule};
 use super::types::{Deleted, ReservationDelete};
 use super::types::{EntryWrite, ReleaseError, ReleaseOutcome, ReleaseRequest};
 use crate::api::{IPFence, IPPool};
+use crate::index::{Index, SharedIndex};
 use crate::ipam::fence::{FenceRecord, FenceSource, fence_object_name, fence_spec, fenced_podref};
 use crate::telemetry::WriteMetrics;
 
@@ -53,10 +54,6 @@ pub enum ObjectDelete {
     /// An `IPFence` record (name, uid) whose entry was released or is gone.
     Fence(String, String),
 }
-
-/// The controller's index, kept in step with what the writer writes (through its own
-/// methods `fence_written` and `released`).
-pub type SharedIndex = Arc<std::sync::RwLock<crate::index::Index>>;
 
 /// Everything the writer needs.
 pub struct Writer {
@@ -342,14 +339,19 @@ impl Writer {
         }
         let mut after = Vec::new();
         let mut answers: Vec<Outcome> = Vec::with_capacity(reqs.len());
+        // One write of the index for the whole patch.
+        let mut index = self.index.as_ref().map(|i| i.write().expect("index lock"));
         for (i, (req, outcome)) in reqs.iter().zip(outcomes).enumerate() {
             let mut outcome = outcome.unwrap_or(Err(ReleaseError::Stopped));
             match (&outcome, &records[i]) {
                 (Ok(ReleaseOutcome::Released), Some(Ok(object))) => {
-                    self.record_fence(req, (object.name.clone(), object.uid.clone()));
+                    let object = (object.name.clone(), object.uid.clone());
+                    self.record_fence(index.as_deref_mut(), req, object);
                     outcome = Ok(ReleaseOutcome::Fenced);
                 }
-                (Ok(ReleaseOutcome::Released), _) => after.extend(self.record_release(req)),
+                (Ok(ReleaseOutcome::Released), _) => {
+                    after.extend(self.record_release(index.as_deref_mut(), req))
+                }
                 // The entry went or changed before its fence: the record this write created is
                 // left over (one it found is another writer's, and the left-over check judges it).
                 (Ok(ReleaseOutcome::AlreadyGone | ReleaseOutcome::Changed), Some(Ok(o)))
@@ -362,6 +364,7 @@ impl Writer {
             }
             answers.push(outcome);
         }
+        drop(index);
         for (answer, reply) in replies {
             let outcome = match answer {
                 Answer::By(i) => answers[i].clone(),
@@ -615,13 +618,17 @@ impl Writer {
     }
 
     /// Updates the state for a written fence.
-    fn record_fence(&self, req: &ReleaseRequest, object: (String, String)) {
+    fn record_fence(
+        &self,
+        index: Option<&mut Index>,
+        req: &ReleaseRequest,
+        object: (String, String),
+    ) {
         let (j, EntryWrite::Fence(record)) = (&req.judged, &req.write) else {
             return;
         };
         self.metrics.fences.inc();
-        if let Some(index) = &self.index {
-            let mut index = index.write().expect("index lock");
+        if let Some(index) = index {
             index.fence_written(&j.pool, &j.entry.key, &j.entry.id, record, object);
         }
         tracing::info!(pool = %j.pool, ip = %j.entry.ip, podref = %record.podref, node = %record.node, why = %record.why, "fenced");
@@ -629,20 +636,15 @@ impl Writer {
 
     /// Updates the state and metrics for a written release; returns what to delete after it
     /// (its reservations, a lifted fence's record).
-    fn record_release(&self, req: &ReleaseRequest) -> Vec<ObjectDelete> {
+    fn record_release(&self, index: Option<&mut Index>, req: &ReleaseRequest) -> Vec<ObjectDelete> {
         let j = &req.judged;
         // A fenced entry's reservations still name the pod it was fenced for.
         let podref = match &req.write {
             EntryWrite::Unfence(record, _) => &record.podref,
             _ => &j.entry.podref,
         };
-        let mut after: Vec<ObjectDelete> = match &self.index {
-            Some(index) => index.write().expect("index lock").released(
-                &j.pool,
-                &j.entry.key,
-                podref,
-                j.entry.ip,
-            ),
+        let mut after: Vec<ObjectDelete> = match index {
+            Some(index) => index.released(&j.pool, &j.entry.key, podref, j.entry.ip),
             None => Vec::new(),
         }
         .into_iter()
