@@ -1,11 +1,12 @@
-//! Metrics registry, the /metrics /healthz /readyz server, and logging setup.
+//! Metrics registry, the /metrics /healthz /readyz server, logging setup.
 
 pub mod logging;
 pub mod metrics;
 pub mod node_metrics;
+pub mod repeats;
 pub mod server;
 
-pub use logging::{LogFormat, init_logging};
+pub use logging::{LogFormat, init_logging, init_logging_at};
 pub use metrics::{ControllerMetrics, WriteMetrics};
 pub use node_metrics::NodeMetrics;
 pub use server::{Health, serve};
