@@ -1,5 +1,6 @@
-//! Metrics registry, the /metrics /healthz /readyz server, logging setup.
+//! Metrics registry, the /metrics /healthz /readyz server, logging setup, the audit trail.
 
+pub mod audit;
 pub mod logging;
 pub mod metrics;
 pub mod node_metrics;
