@@ -136,8 +136,9 @@ pub struct ControllerArgs {
     /// Namespace of the Lease (default: $POD_NAMESPACE, else the whereabouts namespace).
     #[arg(long, env = "IPRECLAIM_LEASE_NAMESPACE")]
     pub lease_namespace: Option<String>,
-    /// Address of /metrics, /healthz and /readyz.
-    #[arg(long, env = "IPRECLAIM_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    /// Address of /metrics, /healthz and /readyz (`[::]`: every address of both families;
+    /// IPv4 only where the host has no IPv6).
+    #[arg(long, env = "IPRECLAIM_METRICS_ADDR", default_value = "[::]:8080")]
     pub metrics_addr: SocketAddr,
     /// Log format.
     #[arg(long, env = "IPRECLAIM_LOG_FORMAT", value_enum, default_value = "text")]

@@ -4,6 +4,7 @@ pub mod audit;
 pub mod logging;
 pub mod metrics;
 pub mod node_metrics;
+pub mod process;
 pub mod repeats;
 pub mod server;
 
