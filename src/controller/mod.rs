@@ -348,8 +348,10 @@ fn follow_leadership(
     gauge: prometheus_client::metrics::gauge::Gauge,
     state: Arc<RwLock<Index>>,
     queue: Arc<WorkQueue<String>>,
+    identity: String,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
+        let mut led = false;
         loop {
             let now = *leads.borrow_and_update();
             gauge.set(i64::from(now));
@@ -359,13 +361,16 @@ fn follow_leadership(
                     .expect("state lock")
                     .pods()
                     .tombstoned_podrefs();
-                tracing::info!(deletions = podrefs.len(), "leading: this replica writes");
+                tracing::info!(%identity, deletions = podrefs.len(), "leadership gained; leading: this replica writes");
                 for podref in podrefs {
                     queue.add(podref);
                 }
+            } else if led {
+                tracing::info!(%identity, "leadership lost; not leading: this replica does not write");
             } else {
-                tracing::info!("not leading: this replica does not write");
+                tracing::info!(%identity, "not leading: this replica does not write");
             }
+            led = now;
             if leads.changed().await.is_err() {
                 return;
             }
@@ -575,6 +580,7 @@ pub async fn run(
         metrics.leader.clone(),
         state.clone(),
         queue.clone(),
+        identity.clone(),
     ));
 
     let nodes = args
