@@ -344,3 +344,73 @@ async fn kubectl_runs_the_binary_as_its_ipreclaim_plugin() {
         explain(&out)
     );
 }
+
+/// The krew manifest template, rendered as krew-release-bot would (a tag, each archive's
+/// address and digest), is a Plugin whose every platform installs the binary as
+/// `kubectl-ipreclaim` (the name that selects plugin mode).
+#[test]
+fn the_krew_manifest_installs_the_binary_under_the_plugin_name() {
+    let path = testenv::procs::workspace_root().join("plugins/krew/ipreclaim.yaml");
+    let template = std::fs::read_to_string(&path).expect("plugins/krew/ipreclaim.yaml");
+    let tag = "v9.8.7";
+    let mut rendered = String::new();
+    for line in template.lines() {
+        let line = line.replace("{{ .TagName }}", tag);
+        match line.trim_start().strip_prefix("{{addURIAndSha \"") {
+            Some(rest) => {
+                let indent = &line[..line.len() - line.trim_start().len()];
+                let (uri, tail) = rest.split_once('"').expect("a quoted address");
+                assert_eq!(tail.trim(), ".TagName }}", "{line}");
+                rendered.push_str(&format!(
+                    "{indent}uri: {uri}\n{indent}sha256: {}\n",
+                    "0".repeat(64)
+                ));
+            }
+            None => {
+                assert!(
+                    !line.contains("{{"),
+                    "an unrendered template action: {line}"
+                );
+                rendered.push_str(&line);
+                rendered.push('\n');
+            }
+        }
+    }
+    let m: Value = serde_yaml::from_str(&rendered).unwrap_or_else(|e| panic!("{e}:\n{rendered}"));
+    assert_eq!(
+        m["apiVersion"],
+        "krew.googlecontainertools.github.com/v1alpha2"
+    );
+    assert_eq!(m["kind"], "Plugin");
+    assert_eq!(m["metadata"]["name"], "ipreclaim");
+    assert_eq!(m["spec"]["version"], tag);
+    let platforms = m["spec"]["platforms"].as_array().expect("platforms");
+    let mut arches = Vec::new();
+    for p in platforms {
+        let labels = &p["selector"]["matchLabels"];
+        assert_eq!(labels["os"], "linux", "{p}");
+        arches.push(labels["arch"].as_str().unwrap().to_string());
+        let uri = p["uri"].as_str().expect("uri");
+        assert!(uri.contains(tag) && uri.ends_with(".tar.gz"), "{uri}");
+        assert_eq!(p["bin"], "kubectl-ipreclaim", "{p}");
+        let files = p["files"].as_array().expect("files");
+        assert!(
+            files
+                .iter()
+                .any(|f| f["from"] == "ipreclaim" && f["to"] == "kubectl-ipreclaim"),
+            "the binary is installed under the plugin's name: {p}"
+        );
+    }
+    assert_eq!(arches, ["amd64", "arm64"]);
+    // The name krew links it under is the one the binary recognises.
+    assert!(ipreclaim_plugin_name_is("kubectl-ipreclaim"));
+}
+
+/// Whether the binary, run under `name`, shows kubectl-style usage.
+fn ipreclaim_plugin_name_is(name: &str) -> bool {
+    let dir = testenv::procs::run_dir("krew-name").expect("a run directory");
+    let link = dir.join(name);
+    std::os::unix::fs::symlink(BIN, &link).expect("symlink");
+    let out = Command::new(&link).arg("--help").output().expect("run it");
+    stdout(&out).contains("Usage: kubectl ipreclaim")
+}
