@@ -175,54 +175,291 @@ pub async fn scan(
     Ok(rows)
 }
 
-/// Renders rows as an aligned table.
+/// Rows of pods in `namespace` only (the namespace of each row's podref).
+pub fn in_namespace(rows: Vec<ScanRow>, namespace: &str) -> Vec<ScanRow> {
+    rows.into_iter()
+        .filter(|r| {
+            r.podref
+                .split_once('/')
+                .is_some_and(|(ns, _)| ns == namespace)
+        })
+        .collect()
+}
+
+/// Whether a row would be released (now, or after the leak grace): fenced rows are kept on
+/// purpose and do not count.
+pub fn would_release(row: &ScanRow) -> bool {
+    matches!(row.decision.as_str(), "release" | "candidate")
+}
+
+/// Renders rows as an aligned table: short sandbox ids and human ages, as kubectl shows them.
 pub fn table(rows: &[ScanRow]) -> String {
-    let header = [
+    render(rows, false, true)
+}
+
+/// Renders rows as a table with whole sandbox ids and why each fence was set (`-o wide`).
+pub fn wide(rows: &[ScanRow]) -> String {
+    render(rows, true, true)
+}
+
+/// The table or the wide table, with or without its header line.
+pub fn render(rows: &[ScanRow], wide: bool, headers: bool) -> String {
+    let mut header = vec![
         "POOL",
         "IP",
-        "PODREF",
+        "POD",
         "SANDBOX",
         "DECISION",
         "REASON",
         "POD AGE",
         "FENCED ON",
     ];
-    let cells: Vec<[String; 8]> = rows
+    if wide {
+        header.push("FENCED BECAUSE");
+    }
+    let none = || "<none>".to_string();
+    let cells: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
-            [
+            let sandbox = if r.sandbox.is_empty() {
+                none()
+            } else if wide {
+                r.sandbox.clone()
+            } else {
+                short_id(&r.sandbox).to_owned()
+            };
+            let mut row = vec![
                 r.pool.clone(),
                 r.ip.clone(),
                 r.podref.clone(),
-                r.sandbox.clone(),
+                sandbox,
                 r.decision.clone(),
                 r.reason.clone(),
-                r.pod_age_seconds.map_or("-".into(), |s| format!("{s}s")),
-                r.fence.as_ref().map_or("-".into(), |f| {
-                    format!("{} for {}s ({})", f.node, f.age_seconds, f.why)
+                r.pod_age_seconds
+                    .map_or_else(none, |s| human_duration(seconds(s))),
+                r.fence.as_ref().map_or_else(none, |f| {
+                    format!("{} for {}", f.node, human_duration(seconds(f.age_seconds)))
                 }),
-            ]
+            ];
+            if wide {
+                row.push(
+                    r.fence
+                        .as_ref()
+                        .map(|f| f.why.clone())
+                        .filter(|w| !w.is_empty())
+                        .unwrap_or_else(none),
+                );
+            }
+            row
         })
         .collect();
-    let mut widths = header.map(str::len);
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for row in &cells {
         for (w, c) in widths.iter_mut().zip(row) {
-            *w = (*w).max(c.len());
+            *w = (*w).max(c.chars().count());
         }
     }
     let mut out = String::new();
     let mut line = |cols: &[String]| {
         let parts: Vec<String> = cols
             .iter()
-            .zip(widths)
+            .zip(&widths)
             .map(|(c, w)| format!("{c:<w$}"))
             .collect();
-        out.push_str(parts.join("  ").trim_end());
+        out.push_str(parts.join("   ").trim_end());
         out.push('\n');
     };
-    line(&header.map(String::from));
+    if headers {
+        line(&header.iter().map(|h| h.to_string()).collect::<Vec<_>>());
+    }
     for row in &cells {
         line(row);
     }
     out
+}
+
+fn seconds(s: i64) -> jiff::SignedDuration {
+    jiff::SignedDuration::from_secs(s)
+}
+
+/// The first 12 characters of a sandbox id, as crictl and the Events show them.
+pub fn short_id(id: &str) -> &str {
+    id.char_indices().nth(12).map_or(id, |(i, _)| &id[..i])
+}
+
+/// A duration as kubectl shows ages (apimachinery's `duration.HumanDuration`): about two
+/// significant units, e.g. `70s`, `3m10s`, `70m`, `7h59m`, `47h`, `2d1h`, `367d`, `2y1d`;
+/// `<invalid>` for more than a second in the future (a clock ahead).
+pub fn human_duration(d: jiff::SignedDuration) -> String {
+    let seconds = d.as_secs();
+    if seconds < -1 {
+        return "<invalid>".into();
+    } else if seconds < 0 {
+        return "0s".into();
+    } else if seconds < 60 * 2 {
+        return format!("{seconds}s");
+    }
+    let minutes = seconds / 60;
+    if minutes < 10 {
+        let s = seconds % 60;
+        return if s == 0 {
+            format!("{minutes}m")
+        } else {
+            format!("{minutes}m{s}s")
+        };
+    } else if minutes < 60 * 3 {
+        return format!("{minutes}m");
+    }
+    let hours = seconds / 3600;
+    if hours < 8 {
+        let m = minutes % 60;
+        if m == 0 {
+            format!("{hours}h")
+        } else {
+            format!("{hours}h{m}m")
+        }
+    } else if hours < 48 {
+        format!("{hours}h")
+    } else if hours < 24 * 8 {
+        let h = hours % 24;
+        if h == 0 {
+            format!("{}d", hours / 24)
+        } else {
+            format!("{}d{h}h", hours / 24)
+        }
+    } else if hours < 24 * 365 * 2 {
+        format!("{}d", hours / 24)
+    } else if hours < 24 * 365 * 8 {
+        let dy = (hours / 24) % 365;
+        if dy == 0 {
+            format!("{}y", hours / 24 / 365)
+        } else {
+            format!("{}y{dy}d", hours / 24 / 365)
+        }
+    } else {
+        format!("{}y", hours / 24 / 365)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn d(ms: i64) -> jiff::SignedDuration {
+        jiff::SignedDuration::from_millis(ms)
+    }
+
+    const S: i64 = 1_000;
+    const M: i64 = 60 * S;
+    const H: i64 = 60 * M;
+    const DAY: i64 = 24 * H;
+    const Y: i64 = 365 * DAY;
+
+    /// apimachinery's TestHumanDuration and TestHumanDurationBoundaries, case by case.
+    #[test]
+    fn ages_read_as_kubectl_shows_them() {
+        let cases = [
+            (S, "1s"),
+            (70 * S, "70s"),
+            (190 * S, "3m10s"),
+            (70 * M, "70m"),
+            (47 * H, "47h"),
+            (49 * H, "2d1h"),
+            ((8 * 24 + 2) * H, "8d"),
+            (367 * DAY, "367d"),
+            ((365 * 2 * 24 + 25) * H, "2y1d"),
+            ((365 * 8 * 24 + 2) * H, "8y"),
+            (-2 * S, "<invalid>"),
+            (-2 * S + 1, "0s"),
+            (0, "0s"),
+            (S - 1, "0s"),
+            (2 * M - 1, "119s"),
+            (2 * M, "2m"),
+            (2 * M + S, "2m1s"),
+            (10 * M - 1, "9m59s"),
+            (10 * M, "10m"),
+            (10 * M + S, "10m"),
+            (3 * H - 1, "179m"),
+            (3 * H, "3h"),
+            (3 * H + M, "3h1m"),
+            (8 * H - 1, "7h59m"),
+            (8 * H, "8h"),
+            (8 * H + 59 * M, "8h"),
+            (2 * DAY - 1, "47h"),
+            (2 * DAY, "2d"),
+            (2 * DAY + H, "2d1h"),
+            (8 * DAY - 1, "7d23h"),
+            (8 * DAY, "8d"),
+            (8 * DAY + 23 * H, "8d"),
+            (2 * Y - 1, "729d"),
+            (2 * Y, "2y"),
+            (2 * Y + 23 * H, "2y"),
+            (2 * Y + 23 * H + 59 * M, "2y"),
+            (2 * Y + DAY - 1, "2y"),
+            (2 * Y + DAY, "2y1d"),
+            (3 * Y, "3y"),
+            (7 * Y, "7y"),
+            (8 * Y - 1, "7y364d"),
+            (8 * Y, "8y"),
+            (8 * Y + 364 * DAY, "8y"),
+            (9 * Y, "9y"),
+        ];
+        for (ms, want) in cases {
+            assert_eq!(human_duration(d(ms)), want, "{ms} ms");
+        }
+    }
+
+    fn row(podref: &str, decision: &str, fence: Option<ScanFence>) -> ScanRow {
+        ScanRow {
+            pool: "192.0.2.0-24".into(),
+            ip: "192.0.2.10".into(),
+            podref: podref.into(),
+            sandbox: "0123456789abcdef0123".into(),
+            decision: decision.into(),
+            reason: "PodMissing".into(),
+            pod_age_seconds: Some(190),
+            fence,
+        }
+    }
+
+    #[test]
+    fn tables_show_short_ids_and_ages_and_wide_the_whole_id_and_why() {
+        let fence = ScanFence {
+            node: "node-a".into(),
+            why: "Ready=Unknown".into(),
+            age_seconds: 49 * 3600,
+        };
+        let rows = [
+            row("ns/web-0", "candidate", None),
+            row("ns/db-0", "fenced", Some(fence)),
+        ];
+        let t = table(&rows);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 3, "{t}");
+        assert!(lines[0].starts_with("POOL "), "{t}");
+        assert!(lines[1].contains(" 0123456789ab "), "{t}");
+        assert!(!t.contains("0123456789abc"), "{t}");
+        assert!(lines[1].contains(" 3m10s "), "{t}");
+        assert!(lines[1].ends_with("<none>"), "{t}");
+        assert!(lines[2].contains("node-a for 2d1h"), "{t}");
+        let w = wide(&rows);
+        assert!(w.lines().next().unwrap().ends_with("FENCED BECAUSE"), "{w}");
+        assert!(w.contains("0123456789abcdef0123"), "{w}");
+        assert!(w.lines().nth(2).unwrap().ends_with("Ready=Unknown"), "{w}");
+        assert_eq!(render(&rows, false, false).lines().count(), 2);
+    }
+
+    #[test]
+    fn namespaces_filter_by_podref_and_fences_do_not_count_as_releases() {
+        let rows = vec![
+            row("a/web-0", "candidate", None),
+            row("b/web-0", "release", None),
+            row("ab/web-0", "fenced", None),
+        ];
+        let a = in_namespace(rows.clone(), "a");
+        assert_eq!(a.len(), 1);
+        assert_eq!(a[0].podref, "a/web-0");
+        assert!(rows[..2].iter().all(would_release));
+        assert!(!would_release(&rows[2]));
+    }
 }

@@ -130,7 +130,10 @@ impl Policy {
     }
 }
 
-/// `stream` (a [`watcher`] without backoff of its own) with the retry policy above.
+/// `stream` (a [`watcher`] without backoff of its own) with the retry policy above. Errors are
+/// logged here, once per [`LOG_EVERY`] with how many there were (an outage fails every retry),
+/// and a line says when the watch recovers; they are not passed on (the watch goes on by
+/// itself), so the stream yields only events.
 pub fn retrying<K, S>(
     client: Client,
     stream: S,
@@ -139,21 +142,101 @@ where
     S: Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
     K: Send + 'static,
 {
-    let state = (Box::pin(stream), client, Policy::default());
-    futures::stream::unfold(state, |(mut inner, client, mut policy)| async move {
-        match policy.next(rand::random::<f64>()) {
-            Wait::Now => {}
-            Wait::Sleep(d) => tokio::time::sleep(d).await,
-            Wait::UntilReachable(d) => {
-                if wait_until_reachable(&client, d).await {
-                    policy.resumed();
+    let log = ErrorLog::new(short_type_name(std::any::type_name::<K>()));
+    let state = (Box::pin(stream), client, Policy::default(), log);
+    futures::stream::unfold(
+        state,
+        |(mut inner, client, mut policy, mut log)| async move {
+            loop {
+                match policy.next(rand::random::<f64>()) {
+                    Wait::Now => {}
+                    Wait::Sleep(d) => tokio::time::sleep(d).await,
+                    Wait::UntilReachable(d) => {
+                        if wait_until_reachable(&client, d).await {
+                            policy.resumed();
+                        }
+                    }
+                }
+                let item = inner.next().await?;
+                policy.saw(&item);
+                if log.saw(&item, std::time::Instant::now()) {
+                    return Some((item, (inner, client, policy, log)));
                 }
             }
+        },
+    )
+}
+
+/// How often a watch that keeps failing logs its errors.
+pub const LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// A watch's error lines: the first error of a run, then one line per [`LOG_EVERY`] with the
+/// count; a line when it makes progress again.
+#[derive(Debug)]
+struct ErrorLog {
+    watch: String,
+    repeats: crate::telemetry::repeats::Repeats,
+}
+
+impl ErrorLog {
+    fn new(watch: String) -> Self {
+        ErrorLog {
+            watch,
+            repeats: crate::telemetry::repeats::Repeats::new(LOG_EVERY),
         }
-        let item = inner.next().await?;
-        policy.saw(&item);
-        Some((item, (inner, client, policy)))
-    })
+    }
+
+    /// Logs what is due for `item` at `now`; whether to pass the item on (events only).
+    fn saw<K>(&mut self, item: &Result<Event<K>, watcher::Error>, now: std::time::Instant) -> bool {
+        match item {
+            Err(e) => {
+                if let Some(errors) = self.repeats.occurred(now) {
+                    let hint = hint(e);
+                    tracing::warn!(watch = %self.watch, error = %e, errors, every = ?LOG_EVERY, hint, "watch error; retrying (repeats are counted and logged once per interval)");
+                }
+                false
+            }
+            Ok(Event::InitDone | Event::Apply(_) | Event::Delete(_)) => {
+                if let Some(r) = self.repeats.recovered(now) {
+                    tracing::info!(watch = %self.watch, errors = r.total, lasted = ?r.lasted, "watch recovered");
+                }
+                true
+            }
+            Ok(_) => true,
+        }
+    }
+}
+
+/// What an operator may check for an error (a resource the apiserver does not know).
+fn hint(e: &watcher::Error) -> Option<&'static str> {
+    let not_found = match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.code == 404,
+        watcher::Error::WatchError(s) => s.code == 404,
+        _ => false,
+    };
+    not_found.then_some("is its CustomResourceDefinition installed (the chart's crds/)?")
+}
+
+/// `a::b::Outer<c::Inner>` -> `Outer<Inner>`.
+fn short_type_name(full: &str) -> String {
+    let mut out = String::new();
+    let mut word = String::new();
+    let flush = |word: &mut String, out: &mut String| {
+        out.push_str(word.rsplit("::").next().unwrap_or(word));
+        word.clear();
+    };
+    for c in full.chars() {
+        if matches!(c, '<' | '>' | ',' | ' ' | '(' | ')' | '[' | ']' | '&') {
+            flush(&mut word, &mut out);
+            out.push(c);
+        } else {
+            word.push(c);
+        }
+    }
+    flush(&mut word, &mut out);
+    out
 }
 
 #[cfg(test)]
@@ -283,6 +366,36 @@ mod tests {
         p.saw(&Ok(Event::<()>::InitDone));
         p.saw(&unreachable());
         assert_eq!(p.next(0.0), Wait::UntilReachable(MIN_DELAY));
+    }
+
+    #[test]
+    fn errors_are_logged_once_per_interval_and_never_passed_on() {
+        let t0 = std::time::Instant::now();
+        let mut log = ErrorLog::new("pods".into());
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert!(!log.saw(&refused(), at(0)));
+        assert!(!log.saw(&unreachable(), at(1)));
+        assert_eq!(log.repeats.total(), 2);
+        assert!(
+            log.saw(&Ok(Event::<()>::Init), at(2)),
+            "a re-list beginning is passed on"
+        );
+        assert_eq!(log.repeats.total(), 2, "and is no recovery");
+        assert!(log.saw(&Ok(Event::<()>::InitDone), at(3)));
+        assert_eq!(log.repeats.total(), 0, "a completed re-list ends the run");
+    }
+
+    #[test]
+    fn watch_names_are_short_and_unknown_resources_hinted() {
+        assert_eq!(
+            short_type_name(
+                "kube_core::metadata::PartialObjectMeta<k8s_openapi::api::core::v1::pod::Pod>"
+            ),
+            "PartialObjectMeta<Pod>"
+        );
+        assert_eq!(short_type_name("ipreclaim::api::slim::PodView"), "PodView");
+        assert!(hint(&watcher::Error::InitialListFailed(api(404))).is_some());
+        assert!(hint(&watcher::Error::InitialListFailed(api(403))).is_none());
     }
 
     #[test]

@@ -136,8 +136,9 @@ pub struct ControllerArgs {
     /// Namespace of the Lease (default: $POD_NAMESPACE, else the whereabouts namespace).
     #[arg(long, env = "IPRECLAIM_LEASE_NAMESPACE")]
     pub lease_namespace: Option<String>,
-    /// Address of /metrics, /healthz and /readyz.
-    #[arg(long, env = "IPRECLAIM_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    /// Address of /metrics, /healthz and /readyz (`[::]`: every address of both families;
+    /// IPv4 only where the host has no IPv6).
+    #[arg(long, env = "IPRECLAIM_METRICS_ADDR", default_value = "[::]:8080")]
     pub metrics_addr: SocketAddr,
     /// Log format.
     #[arg(long, env = "IPRECLAIM_LOG_FORMAT", value_enum, default_value = "text")]
@@ -347,8 +348,10 @@ fn follow_leadership(
     gauge: prometheus_client::metrics::gauge::Gauge,
     state: SharedIndex,
     queue: Arc<WorkQueue<String>>,
+    identity: String,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
+        let mut led = false;
         loop {
             let now = *leads.borrow_and_update();
             gauge.set(i64::from(now));
@@ -358,13 +361,16 @@ fn follow_leadership(
                     .expect("state lock")
                     .pods()
                     .tombstoned_podrefs();
-                tracing::info!(deletions = podrefs.len(), "leading: this replica writes");
+                tracing::info!(%identity, deletions = podrefs.len(), "leadership gained; leading: this replica writes");
                 for podref in podrefs {
                     queue.add(podref);
                 }
+            } else if led {
+                tracing::info!(%identity, "leadership lost; not leading: this replica does not write");
             } else {
-                tracing::info!("not leading: this replica does not write");
+                tracing::info!(%identity, "not leading: this replica does not write");
             }
+            led = now;
             if leads.changed().await.is_err() {
                 return;
             }
@@ -576,6 +582,7 @@ pub async fn run(
         metrics.leader.clone(),
         state.clone(),
         queue.clone(),
+        identity.clone(),
     ));
 
     let nodes = args

@@ -65,7 +65,8 @@ where
                     synced.send_replace(true);
                 }
             }
-            // The watcher retries with backoff; the error is worth a line, not a crash.
+            // `retrying` logs errors itself (once per interval, with a hint for a missing CRD)
+            // and passes none on; a stream that did would be logged here.
             Err(e) => tracing::warn!(watch = name, error = %e, "watch error"),
         }
     }
@@ -122,17 +123,9 @@ async fn into_index<K>(
     synced: Synced,
 ) where
     K: Kind<Store = Index>,
-    K::Object: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + 'static,
+    K::Object: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
-    let crd = format!("{}.{}", K::Object::plural(&()), K::Object::group(&()));
     let stream = retrying(client, watcher::watcher(api, config));
-    let stream = stream.inspect(move |item| {
-        if let Err(watcher::Error::InitialListFailed(kube::Error::Api(s))) = item
-            && s.code == 404
-        {
-            tracing::error!(watch = name, %crd, "the CRD is not installed: the chart installs it unless --skip-crds; `ipreclaim crds --write-dir DIR` writes it for kubectl apply");
-        }
-    });
     let mut relist = Relist::<K>::default();
     feed(name, stream, synced, |step| {
         let mut ix = index.write().expect("index lock");

@@ -104,7 +104,7 @@ pub struct NodeAgentArgs {
     #[arg(long, env = "IPRECLAIM_CRI_BURST", default_value_t = 100)]
     pub cri_burst: u32,
     /// Address of /metrics, /healthz and /readyz.
-    #[arg(long, env = "IPRECLAIM_METRICS_ADDR", default_value = "0.0.0.0:8081")]
+    #[arg(long, env = "IPRECLAIM_METRICS_ADDR", default_value = "[::]:8081")]
     pub metrics_addr: SocketAddr,
     /// Log format.
     #[arg(long, env = "IPRECLAIM_LOG_FORMAT", value_enum, default_value = "text")]

@@ -225,6 +225,11 @@ impl Events {
             Default::default();
         let mut fenced = Vec::new();
         for (req, outcome) in results {
+            // The audit line of each address written, beside its Event.
+            let why = lifted.map(|(why, _)| why);
+            if let Some(audit) = crate::telemetry::audit::AuditRecord::of(req, outcome, why, None) {
+                audit.emit();
+            }
             if let (Ok(ReleaseOutcome::Fenced), EntryWrite::Fence(r)) = (outcome, &req.write) {
                 fenced.push((req.judged.pod.clone(), req.judged.entry.ip, r.clone()));
             }

@@ -286,8 +286,10 @@ pub struct ControllerMetrics {
 }
 
 impl ControllerMetrics {
-    /// Creates the metrics and registers them under `ipreclaim_`.
+    /// Creates the metrics and registers them under `ipreclaim_`, with `ipreclaim_build_info`
+    /// and the process metrics.
     pub fn new(registry: &mut Registry) -> Self {
+        super::process::register(registry);
         let r = registry.sub_registry_with_prefix("ipreclaim");
         let m = ControllerMetrics {
             writes: WriteMetrics::new(r),

@@ -1,11 +1,14 @@
-//! Metrics registry, the /metrics /healthz /readyz server, and logging setup.
+//! Metrics registry, the /metrics /healthz /readyz server, logging setup, the audit trail.
 
+pub mod audit;
 pub mod logging;
 pub mod metrics;
 pub mod node_metrics;
+pub mod process;
+pub mod repeats;
 pub mod server;
 
-pub use logging::{LogFormat, init_logging};
+pub use logging::{LogFormat, init_logging, init_logging_at};
 pub use metrics::{ControllerMetrics, WriteMetrics};
 pub use node_metrics::NodeMetrics;
 pub use server::{Health, serve};

@@ -69,7 +69,8 @@ pub struct NodeMetrics {
 }
 
 impl NodeMetrics {
-    /// Creates the metrics and registers them under `ipreclaim_node_`.
+    /// Creates the metrics and registers them under `ipreclaim_node_`, with
+    /// `ipreclaim_build_info` and the process metrics.
     pub fn new(registry: &mut Registry) -> Self {
         let buckets = [
             0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -89,6 +90,7 @@ impl NodeMetrics {
             fenced_pods: Family::default(),
             fence_reports: Family::default(),
         };
+        super::process::register(registry);
         let r = registry.sub_registry_with_prefix("ipreclaim_node");
         r.register(
             "relist_duration_seconds",
