@@ -1,8 +1,11 @@
 //! The release path, shared by the controller and the node agent: the batching pool writer
 //! (releases, fences, reservation deletes), the Event publisher, and the types they share.
 
+pub mod batch;
 pub mod budget;
+mod deletes;
 pub mod events;
+mod fence_records;
 #[cfg(test)]
 mod fixtures;
 pub mod patch;

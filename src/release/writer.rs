@@ -5,46 +5,36 @@
 //! `IPFence` object) before it rewrites the entry, and a lift removes the entry before the
 //! record (see `ipam::fence` for why that order is crash-safe).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::HashSet;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use kube::Client;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{Api, Patch, PatchParams};
 use tokio::sync::{mpsc, oneshot};
 
+use super::batch::{Answer, fenced_as, one_write_per_entry, split};
 use super::budget::{Budgets, WriteKind};
+use super::deletes;
 use super::events::Events;
 use super::patch;
 use super::schedule::{MAX_BATCH, PoolSchedule};
-use super::types::{Deleted, ReservationDelete};
+use super::types::ReservationDelete;
 use super::types::{EntryWrite, ReleaseError, ReleaseOutcome, ReleaseRequest};
-use crate::api::{IPFence, IPPool};
+use crate::api::IPPool;
 use crate::index::{Index, SharedIndex};
-use crate::ipam::fence::{FenceRecord, FenceSource, fence_object_name, fence_spec, fenced_podref};
+use crate::ipam::fence::FenceSource;
 use crate::telemetry::WriteMetrics;
 
 /// Patches one batch may take while refused writes are split apart (each refusal costs a
 /// patch and a read); what is left then is retried later, with backoff.
 const MAX_PATCHES_PER_BATCH: usize = 64;
 /// Reservation deletes sent at once at most (the shared in-flight cap may allow fewer).
-const RESERVATION_DELETERS: usize = 16;
+pub(super) const RESERVATION_DELETERS: usize = 16;
 
 type Outcome = Result<ReleaseOutcome, ReleaseError>;
 type Reply = oneshot::Sender<Outcome>;
-
-/// A fence record as a fence's write found or made it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FenceObjectWritten {
-    /// Its name.
-    pub name: String,
-    /// Its uid.
-    pub uid: String,
-    /// This write created it (else it was there: a retry, or another writer's).
-    pub created: bool,
-}
 
 /// An object to delete after the pool entries it belongs to, with its uid as precondition.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -211,7 +201,7 @@ pub fn spawn(writer: Arc<Writer>) -> WriterHandle {
         deletes: del_tx.clone(),
         writer: writer.clone(),
     };
-    tokio::spawn(delete_objects(writer.clone(), del_rx));
+    tokio::spawn(deletes::delete_objects(writer.clone(), del_rx));
     tokio::spawn(batch(writer, rx, del_tx));
     handle
 }
@@ -264,28 +254,6 @@ async fn batch(
             () = wake => {}
         }
     }
-}
-
-/// Deletes queued objects, as many at once as the budgets allow.
-async fn delete_objects(writer: Arc<Writer>, rx: mpsc::UnboundedReceiver<ObjectDelete>) {
-    let looks = writer.spawn_looks();
-    let queued =
-        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
-    queued
-        .for_each_concurrent(RESERVATION_DELETERS, |d| {
-            let (w, looks) = (writer.clone(), looks.clone());
-            async move {
-                match d {
-                    ObjectDelete::Reservation(d) => {
-                        if w.delete_reservation(d.clone()).await == Deleted::Deleted {
-                            let _ = looks.send(d);
-                        }
-                    }
-                    other => w.delete_object(other).await,
-                }
-            }
-        })
-        .await;
 }
 
 impl Writer {
@@ -376,109 +344,6 @@ impl Writer {
             let _ = reply.send(outcome);
         }
         after
-    }
-
-    /// Writes the `IPFence` record of each fence in `reqs` (`None` for other writes): its
-    /// (name, uid), or why it could not be written.
-    async fn write_fence_records(
-        &self,
-        pool: &str,
-        reqs: &[ReleaseRequest],
-    ) -> Vec<Option<Result<FenceObjectWritten, ReleaseError>>> {
-        let mut writes = Vec::with_capacity(reqs.len());
-        for r in reqs {
-            writes.push(self.fence_record_of(pool, r));
-        }
-        futures::stream::iter(writes)
-            .buffered(RESERVATION_DELETERS)
-            .collect()
-            .await
-    }
-
-    async fn fence_record_of(
-        &self,
-        pool: &str,
-        req: &ReleaseRequest,
-    ) -> Option<Result<FenceObjectWritten, ReleaseError>> {
-        let EntryWrite::Fence(record) = &req.write else {
-            return None;
-        };
-        Some(self.write_fence_record(pool, req, record).await)
-    }
-
-    /// Creates the `IPFence` record of one fence. One already there for the same entry (a
-    /// retry, or a pending fence being completed) is used; one left over from an earlier
-    /// fence of the same address is replaced.
-    async fn write_fence_record(
-        &self,
-        pool: &str,
-        req: &ReleaseRequest,
-        record: &FenceRecord,
-    ) -> Result<FenceObjectWritten, ReleaseError> {
-        let e = &req.judged.entry;
-        let name = fence_object_name(pool, &e.key);
-        let spec = fence_spec(pool, &e.key, e.ip, &e.id, record);
-        let api: Api<IPFence> = Api::namespaced(self.client.clone(), &self.namespace);
-        let refused = |err: &kube::Error| match err {
-            e if super::budget::is_not_leader(e) => ReleaseError::NotLeader,
-            kube::Error::Api(s) if (400..500).contains(&s.code) => ReleaseError::Refused {
-                pool: pool.into(),
-                message: format!("fence record {name}: {}", s.message),
-            },
-            other => api_error(pool, other),
-        };
-        let params = PostParams::default();
-        for _ in 0..2 {
-            let mut object = IPFence::new(&name, spec.clone());
-            object.metadata.labels = Some(BTreeMap::from([(
-                crate::ipam::fence::NODE_LABEL.to_owned(),
-                crate::ipam::fence::node_label_value(&spec.node),
-            )]));
-            let created = self
-                .budgets
-                .send(WriteKind::Reservation, || {
-                    self.metrics.write("create");
-                    api.create(&params, &object)
-                })
-                .await;
-            let existing = match created {
-                Ok(o) => {
-                    return Ok(FenceObjectWritten {
-                        name: name.clone(),
-                        uid: o.metadata.uid.unwrap_or_default(),
-                        created: true,
-                    });
-                }
-                Err(kube::Error::Api(s)) if s.code == 409 => self
-                    .budgets
-                    .send(WriteKind::Reservation, || api.get_opt(&name))
-                    .await
-                    .map_err(|err| refused(&err))?,
-                Err(err) => return Err(refused(&err)),
-            };
-            let Some(existing) = existing else {
-                continue; // deleted meanwhile: create again
-            };
-            let uid = existing.metadata.uid.clone().unwrap_or_default();
-            let same = (
-                &existing.spec.pool,
-                &existing.spec.key,
-                &existing.spec.sandbox,
-            ) == (&spec.pool, &spec.key, &spec.sandbox)
-                && existing.spec.podref == spec.podref;
-            if same {
-                return Ok(FenceObjectWritten {
-                    name: name.clone(),
-                    uid,
-                    created: false,
-                });
-            }
-            // Left over from an earlier fence of this address (its entry is another sandbox's
-            // now): replace it.
-            self.delete_object(ObjectDelete::Fence(name.clone(), uid))
-                .await;
-        }
-        Err(ReleaseError::Conflict { pool: pool.into() })
     }
 
     /// Whether this allocation's dry-run decision is new (and remembers it). Allocations gone
@@ -670,192 +535,14 @@ impl Writer {
         tracing::info!(pool = %j.pool, ip = %j.entry.ip, %podref, reason = %req.reason, "released");
         after
     }
-
-    /// Deletes one fence record with its uid as precondition (reservations go through
-    /// `delete_reservation`).
-    async fn delete_object(&self, object: ObjectDelete) {
-        let ObjectDelete::Fence(name, uid) = object else {
-            return;
-        };
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: Some(uid),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        let api: Api<IPFence> = Api::namespaced(self.client.clone(), &self.namespace);
-        let result = self
-            .budgets
-            .send(WriteKind::Reservation, || {
-                self.metrics.write("delete");
-                api.delete(&name, &params)
-            })
-            .await;
-        match result {
-            Ok(_) => {}
-            // Gone already, or replaced by a new record (uid changed): not ours.
-            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-            Err(e) => {
-                self.metrics.failed("reservation");
-                tracing::warn!(record = %name, error = %e, "could not delete fence record");
-            }
-        }
-    }
 }
 
-/// Whether `podref` is what `write`, a fence, makes of its entry.
-fn fenced_as(write: &EntryWrite, podref: &str) -> bool {
-    matches!(write, EntryWrite::Fence(r) if podref == fenced_podref(&r.podref))
-}
-
-fn api_error(pool: &str, e: &kube::Error) -> ReleaseError {
+pub(super) fn api_error(pool: &str, e: &kube::Error) -> ReleaseError {
     if super::budget::is_not_leader(e) {
         return ReleaseError::NotLeader;
     }
     ReleaseError::Api {
         pool: pool.into(),
         message: e.to_string(),
-    }
-}
-
-/// One write per entry, lowest address first, and for each request which write answers it.
-/// The sweep and the deletion path may hand in the same entry in one patch window: a second
-/// `remove` of it would fail the whole patch. A fence wins over a plain removal.
-fn one_write_per_entry(
-    items: Vec<(ReleaseRequest, Reply)>,
-) -> (Vec<ReleaseRequest>, Vec<(Answer, Reply)>) {
-    let mut reqs: Vec<ReleaseRequest> = Vec::with_capacity(items.len());
-    let mut by_key: HashMap<String, usize> = HashMap::with_capacity(items.len());
-    let mut replies = Vec::with_capacity(items.len());
-    for (req, reply) in items {
-        let answer = match by_key.get(&req.judged.entry.key) {
-            Some(&i) => {
-                let same = reqs[i].judged.entry.id == req.judged.entry.id
-                    && reqs[i].judged.entry.podref == req.judged.entry.podref;
-                if !same {
-                    // Two allocations seen at one key: at most one is there; the patch tests
-                    // the first, and the other was replaced (its owner looks again later).
-                    Answer::Other
-                } else {
-                    if matches!(req.write, EntryWrite::Fence(_)) {
-                        reqs[i] = req;
-                    }
-                    Answer::By(i)
-                }
-            }
-            None => {
-                by_key.insert(req.judged.entry.key.clone(), reqs.len());
-                reqs.push(req);
-                Answer::By(reqs.len() - 1)
-            }
-        };
-        replies.push((answer, reply));
-    }
-    // whereabouts hands out the lowest free address that has no reservation, so the
-    // reservations go lowest address first: those addresses are reused first.
-    let mut order: Vec<usize> = (0..reqs.len()).collect();
-    order.sort_by_key(|&i| reqs[i].judged.entry.ip);
-    let mut at = vec![0; reqs.len()];
-    for (new, &old) in order.iter().enumerate() {
-        at[old] = new;
-    }
-    let mut slots: Vec<Option<ReleaseRequest>> = reqs.into_iter().map(Some).collect();
-    let reqs = order
-        .iter()
-        .map(|&i| slots[i].take().expect("each index once"))
-        .collect();
-    let replies = replies
-        .into_iter()
-        .map(|(a, r)| match a {
-            Answer::By(i) => (Answer::By(at[i]), r),
-            other => (other, r),
-        })
-        .collect();
-    (reqs, replies)
-}
-
-/// Which write answers a request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Answer {
-    /// The write at this index.
-    By(usize),
-    /// None: another allocation at the same key is written instead.
-    Other,
-}
-
-/// A refused group split in two: fences apart from the rest first (a fence grows the pool;
-/// a removal never does), else halves.
-fn split(reqs: &[ReleaseRequest], group: Vec<usize>) -> Vec<Vec<usize>> {
-    let (fences, rest): (Vec<usize>, Vec<usize>) = group
-        .iter()
-        .partition(|&&i| matches!(reqs[i].write, EntryWrite::Fence(_)));
-    if !fences.is_empty() && !rest.is_empty() {
-        return vec![fences, rest];
-    }
-    let mut first = group;
-    let second = first.split_off(first.len() / 2);
-    vec![first, second]
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::release::fixtures::{record, request};
-
-    fn reply() -> Reply {
-        oneshot::channel().0
-    }
-
-    #[test]
-    fn each_entry_is_written_once_a_fence_wins_and_another_allocation_at_the_key_is_answered_apart()
-    {
-        let mut other = request("5", "ns/db-0", EntryWrite::Remove);
-        other.judged.entry.id = "sb-other".into();
-        let mut low = request("3", "ns/a-0", EntryWrite::Remove);
-        low.judged.entry.ip = "192.0.2.3".parse().unwrap();
-        let items = vec![
-            (request("5", "ns/web-0", EntryWrite::Remove), reply()),
-            (
-                request("5", "ns/web-0", EntryWrite::Fence(record())),
-                reply(),
-            ),
-            (other, reply()),
-            (low, reply()),
-        ];
-        let (reqs, replies) = one_write_per_entry(items);
-        let keys: Vec<&str> = reqs.iter().map(|r| r.judged.entry.key.as_str()).collect();
-        assert_eq!(keys, ["3", "5"], "lowest address first, one write per key");
-        assert!(
-            matches!(reqs[1].write, EntryWrite::Fence(_)),
-            "the fence wins"
-        );
-        let answers: Vec<Answer> = replies.into_iter().map(|(a, _)| a).collect();
-        assert_eq!(
-            answers,
-            [Answer::By(1), Answer::By(1), Answer::Other, Answer::By(0)]
-        );
-    }
-
-    #[test]
-    fn an_entry_already_marked_for_the_fence_counts_as_fenced_on_a_re_read() {
-        let fence = EntryWrite::Fence(record());
-        assert!(fenced_as(&fence, "ns/web-0:fenced"));
-        assert!(!fenced_as(&fence, "ns/web-0"));
-        assert!(!fenced_as(&fence, "ns/db-0:fenced"));
-        assert!(!fenced_as(&EntryWrite::Remove, "ns/web-0:fenced"));
-    }
-
-    #[test]
-    fn a_refused_group_splits_fences_from_removals_then_in_halves() {
-        let reqs = vec![
-            request("1", "ns/a", EntryWrite::Remove),
-            request("2", "ns/b", EntryWrite::Fence(record())),
-            request("3", "ns/c", EntryWrite::Remove),
-            request("4", "ns/d", EntryWrite::Fence(record())),
-        ];
-        assert_eq!(split(&reqs, vec![0, 1, 2, 3]), [vec![1, 3], vec![0, 2]]);
-        assert_eq!(split(&reqs, vec![1, 3]), [vec![1], vec![3]]);
-        assert_eq!(split(&reqs, vec![0, 2]), [vec![0], vec![2]]);
     }
 }

@@ -1,0 +1,134 @@
+//! Flags of `ipreclaim controller`.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::flags::parse_duration;
+use crate::release::BudgetConfig;
+use crate::telemetry::LogFormat;
+
+fn parse_ratio(s: &str) -> Result<f64, String> {
+    let r: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if (0.0..=1.0).contains(&r) {
+        Ok(r)
+    } else {
+        Err(format!("{r} is not between 0 and 1"))
+    }
+}
+
+/// Flags of `ipreclaim controller` (each also read from the environment variable shown).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ControllerArgs {
+    /// Namespace of the IPPools and reservations (where the whereabouts CNI writes them).
+    #[arg(long, env = "WHEREABOUTS_NAMESPACE", default_value = "kube-system")]
+    pub whereabouts_namespace: String,
+    /// Time between leak sweeps.
+    #[arg(long, env = "IPRECLAIM_SWEEP_INTERVAL", default_value = "60s", value_parser = parse_duration)]
+    pub sweep_interval: Duration,
+    /// How long an allocation must look leaked before the sweep releases it.
+    #[arg(long, env = "IPRECLAIM_LEAK_GRACE", default_value = "2m", value_parser = parse_duration)]
+    pub leak_grace: Duration,
+    /// The leak grace for an allocation whose pod does not exist at all (no annotation can lag
+    /// behind it; e.g. deleted while no replica ran); at most --leak-grace.
+    #[arg(long, env = "IPRECLAIM_MISSING_POD_GRACE", default_value = "5s", value_parser = parse_duration)]
+    pub missing_pod_grace: Duration,
+    /// Release the addresses of Succeeded/Failed pods.
+    #[arg(long, env = "IPRECLAIM_RELEASE_TERMINAL_PODS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub release_terminal_pods: bool,
+    /// Decide and report (logs, Events, metrics) but write nothing.
+    #[arg(long, env = "IPRECLAIM_DRY_RUN")]
+    pub dry_run: bool,
+    /// Largest share of a pool (over 10 allocations) one sweep may release; more is held.
+    #[arg(long, env = "IPRECLAIM_MAX_RELEASE_RATIO", default_value = "0.5", value_parser = parse_ratio)]
+    pub max_release_ratio: f64,
+    /// Keep the addresses of pods deleted while their node was not Ready (the sandbox may still
+    /// run there) until the node is Ready again and settled, its Node is deleted, or
+    /// --fence-timeout passes.
+    #[arg(long, env = "IPRECLAIM_FENCE_UNREADY_NODES", default_value_t = true, action = clap::ArgAction::Set)]
+    pub fence_unready_nodes: bool,
+    /// How long a node must be Ready again before its fences lift (time to kill what it should
+    /// no longer run), unless the node agent there reports the pod's sandboxes gone first.
+    #[arg(long, env = "IPRECLAIM_FENCE_SETTLE", default_value = "30s", value_parser = parse_duration)]
+    pub fence_settle: Duration,
+    /// Lift a fence after this long even if its node never comes back (default: never).
+    #[arg(long, env = "IPRECLAIM_FENCE_TIMEOUT", value_parser = parse_duration)]
+    pub fence_timeout: Option<Duration>,
+    /// Retries of a failed release before a Warning Event (the sweep still owns the leak).
+    #[arg(long, env = "IPRECLAIM_MAX_RETRIES", default_value_t = 5)]
+    pub max_retries: u32,
+    /// Pool patches per second (each patch releases everything pending for its pool).
+    #[arg(long, env = "IPRECLAIM_POOL_WRITE_QPS", default_value_t = 20.0)]
+    pub pool_write_qps: f64,
+    /// Pool patch burst.
+    #[arg(long, env = "IPRECLAIM_POOL_WRITE_BURST", default_value_t = 40)]
+    pub pool_write_burst: u32,
+    /// Least time between two patches of one pool (longer for a pool whose patches take
+    /// long: four times what they take, averaged, up to 1s); releases arriving meanwhile join
+    /// the next.
+    #[arg(long, env = "IPRECLAIM_POOL_PATCH_INTERVAL", default_value = "100ms", value_parser = parse_duration)]
+    pub pool_patch_interval: Duration,
+    /// Reservation deletes per second (one request per address; after the pool entries).
+    #[arg(
+        long,
+        env = "IPRECLAIM_RESERVATION_DELETE_QPS",
+        default_value_t = 500.0
+    )]
+    pub reservation_delete_qps: f64,
+    /// Reservation delete burst.
+    #[arg(
+        long,
+        env = "IPRECLAIM_RESERVATION_DELETE_BURST",
+        default_value_t = 1000
+    )]
+    pub reservation_delete_burst: u32,
+    /// All API writes per second together (pool patches, reservation deletes, Events), pool
+    /// patches first; 0 for no limit.
+    #[arg(long, env = "IPRECLAIM_WRITE_QPS", default_value_t = 600.0)]
+    pub write_qps: f64,
+    /// Burst of all API writes together.
+    #[arg(long, env = "IPRECLAIM_WRITE_BURST", default_value_t = 1200)]
+    pub write_burst: u32,
+    /// API writes in flight at once.
+    #[arg(long, env = "IPRECLAIM_MAX_INFLIGHT_WRITES", default_value_t = 8)]
+    pub max_inflight_writes: usize,
+    /// Elect a leader with a Lease; only the leader writes.
+    #[arg(long, env = "IPRECLAIM_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_election: bool,
+    /// Name of the leader-election Lease.
+    #[arg(
+        long,
+        env = "IPRECLAIM_LEASE_NAME",
+        default_value = "ipreclaim-controller"
+    )]
+    pub lease_name: String,
+    /// How long a Lease holds without renewal; a standby takes over after it. The holder stops
+    /// writing two thirds of it after its last renewal; a replica that starts while another
+    /// held it lately stands for it after one and a half of it (a running standby goes first).
+    #[arg(long, env = "IPRECLAIM_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub lease_duration: Duration,
+    /// Namespace of the Lease (default: $POD_NAMESPACE, else the whereabouts namespace).
+    #[arg(long, env = "IPRECLAIM_LEASE_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+    /// Address of /metrics, /healthz and /readyz (`[::]`: every address of both families;
+    /// IPv4 only where the host has no IPv6).
+    #[arg(long, env = "IPRECLAIM_METRICS_ADDR", default_value = "[::]:8080")]
+    pub metrics_addr: SocketAddr,
+    /// Log format.
+    #[arg(long, env = "IPRECLAIM_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+impl ControllerArgs {
+    /// The write budgets the flags set.
+    pub(crate) fn budgets(&self) -> BudgetConfig {
+        BudgetConfig {
+            pool_qps: self.pool_write_qps,
+            pool_burst: self.pool_write_burst,
+            reservation_qps: self.reservation_delete_qps,
+            reservation_burst: self.reservation_delete_burst,
+            write_qps: self.write_qps,
+            write_burst: self.write_burst,
+            max_in_flight: self.max_inflight_writes,
+        }
+    }
+}

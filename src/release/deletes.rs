@@ -1,0 +1,70 @@
+//! What goes after a pool's entries: their reservations (each guarded, see `reservation`) and
+//! the fence records of lifted fences, each deleted with its uid as precondition, as many at
+//! once as the budgets allow.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use kube::api::{Api, DeleteParams, Preconditions};
+use tokio::sync::mpsc;
+
+use super::budget::WriteKind;
+use super::types::Deleted;
+use super::writer::{ObjectDelete, RESERVATION_DELETERS, Writer};
+use crate::api::IPFence;
+
+/// Deletes queued objects, as many at once as the budgets allow.
+pub(super) async fn delete_objects(writer: Arc<Writer>, rx: mpsc::UnboundedReceiver<ObjectDelete>) {
+    let looks = writer.spawn_looks();
+    let queued =
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
+    queued
+        .for_each_concurrent(RESERVATION_DELETERS, |d| {
+            let (w, looks) = (writer.clone(), looks.clone());
+            async move {
+                match d {
+                    ObjectDelete::Reservation(d) => {
+                        if w.delete_reservation(d.clone()).await == Deleted::Deleted {
+                            let _ = looks.send(d);
+                        }
+                    }
+                    other => w.delete_object(other).await,
+                }
+            }
+        })
+        .await;
+}
+
+impl Writer {
+    /// Deletes one fence record with its uid as precondition (reservations go through
+    /// `delete_reservation`).
+    pub(super) async fn delete_object(&self, object: ObjectDelete) {
+        let ObjectDelete::Fence(name, uid) = object else {
+            return;
+        };
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        let api: Api<IPFence> = Api::namespaced(self.client.clone(), &self.namespace);
+        let result = self
+            .budgets
+            .send(WriteKind::Reservation, || {
+                self.metrics.write("delete");
+                api.delete(&name, &params)
+            })
+            .await;
+        match result {
+            Ok(_) => {}
+            // Gone already, or replaced by a new record (uid changed): not ours.
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            Err(e) => {
+                self.metrics.failed("reservation");
+                tracing::warn!(record = %name, error = %e, "could not delete fence record");
+            }
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! Fence records: the `IPFence` object of each fence, written before its entry's rewrite (a
+//! crash in between leaves a pending fence, which the lifter completes).
+
+use std::collections::BTreeMap;
+
+use futures::StreamExt;
+use kube::api::{Api, PostParams};
+
+use super::budget::WriteKind;
+use super::types::{EntryWrite, ReleaseError, ReleaseRequest};
+use super::writer::{ObjectDelete, RESERVATION_DELETERS, Writer, api_error};
+use crate::api::IPFence;
+use crate::ipam::fence::{FenceRecord, fence_object_name, fence_spec};
+
+/// A fence record as a fence's write found or made it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FenceObjectWritten {
+    /// Its name.
+    pub name: String,
+    /// Its uid.
+    pub uid: String,
+    /// This write created it (else it was there: a retry, or another writer's).
+    pub created: bool,
+}
+
+impl Writer {
+    /// Writes the `IPFence` record of each fence in `reqs` (`None` for other writes): its
+    /// (name, uid), or why it could not be written.
+    pub(super) async fn write_fence_records(
+        &self,
+        pool: &str,
+        reqs: &[ReleaseRequest],
+    ) -> Vec<Option<Result<FenceObjectWritten, ReleaseError>>> {
+        let mut writes = Vec::with_capacity(reqs.len());
+        for r in reqs {
+            writes.push(self.fence_record_of(pool, r));
+        }
+        futures::stream::iter(writes)
+            .buffered(RESERVATION_DELETERS)
+            .collect()
+            .await
+    }
+
+    async fn fence_record_of(
+        &self,
+        pool: &str,
+        req: &ReleaseRequest,
+    ) -> Option<Result<FenceObjectWritten, ReleaseError>> {
+        let EntryWrite::Fence(record) = &req.write else {
+            return None;
+        };
+        Some(self.write_fence_record(pool, req, record).await)
+    }
+
+    /// Creates the `IPFence` record of one fence. One already there for the same entry (a
+    /// retry, or a pending fence being completed) is used; one left over from an earlier
+    /// fence of the same address is replaced.
+    async fn write_fence_record(
+        &self,
+        pool: &str,
+        req: &ReleaseRequest,
+        record: &FenceRecord,
+    ) -> Result<FenceObjectWritten, ReleaseError> {
+        let e = &req.judged.entry;
+        let name = fence_object_name(pool, &e.key);
+        let spec = fence_spec(pool, &e.key, e.ip, &e.id, record);
+        let api: Api<IPFence> = Api::namespaced(self.client.clone(), &self.namespace);
+        let refused = |err: &kube::Error| match err {
+            e if super::budget::is_not_leader(e) => ReleaseError::NotLeader,
+            kube::Error::Api(s) if (400..500).contains(&s.code) => ReleaseError::Refused {
+                pool: pool.into(),
+                message: format!("fence record {name}: {}", s.message),
+            },
+            other => api_error(pool, other),
+        };
+        let params = PostParams::default();
+        for _ in 0..2 {
+            let mut object = IPFence::new(&name, spec.clone());
+            object.metadata.labels = Some(BTreeMap::from([(
+                crate::ipam::fence::NODE_LABEL.to_owned(),
+                crate::ipam::fence::node_label_value(&spec.node),
+            )]));
+            let created = self
+                .budgets
+                .send(WriteKind::Reservation, || {
+                    self.metrics.write("create");
+                    api.create(&params, &object)
+                })
+                .await;
+            let existing = match created {
+                Ok(o) => {
+                    return Ok(FenceObjectWritten {
+                        name: name.clone(),
+                        uid: o.metadata.uid.unwrap_or_default(),
+                        created: true,
+                    });
+                }
+                Err(kube::Error::Api(s)) if s.code == 409 => self
+                    .budgets
+                    .send(WriteKind::Reservation, || api.get_opt(&name))
+                    .await
+                    .map_err(|err| refused(&err))?,
+                Err(err) => return Err(refused(&err)),
+            };
+            let Some(existing) = existing else {
+                continue; // deleted meanwhile: create again
+            };
+            let uid = existing.metadata.uid.clone().unwrap_or_default();
+            let same = (
+                &existing.spec.pool,
+                &existing.spec.key,
+                &existing.spec.sandbox,
+            ) == (&spec.pool, &spec.key, &spec.sandbox)
+                && existing.spec.podref == spec.podref;
+            if same {
+                return Ok(FenceObjectWritten {
+                    name: name.clone(),
+                    uid,
+                    created: false,
+                });
+            }
+            // Left over from an earlier fence of this address (its entry is another sandbox's
+            // now): replace it.
+            self.delete_object(ObjectDelete::Fence(name.clone(), uid))
+                .await;
+        }
+        Err(ReleaseError::Conflict { pool: pool.into() })
+    }
+}
