@@ -91,6 +91,19 @@ struct Found {
     stale_annotations: std::collections::BTreeMap<String, Vec<(String, String)>>,
 }
 
+/// What one pass makes of the fences.
+#[derive(Default)]
+struct Lifts {
+    /// Lifts to write.
+    lifted: Vec<ReleaseRequest>,
+    /// Of those, the ones the node agent's report lifted (their Events say so).
+    by_agent: HashSet<(String, String)>,
+    /// Fences (and pending fences) that stay.
+    held: i64,
+    /// The age of the oldest fence that stays.
+    oldest: Duration,
+}
+
 impl Lifter {
     /// One pass: updates the fence gauges and, on the leader, releases what lifts, completes
     /// pending fences and clears records whose entry the node's own CNI DEL freed.
@@ -108,108 +121,133 @@ impl Lifter {
                 stale_annotations: st.stale_fence_annotations(),
             }
         };
-        let mut lifted = Vec::new();
-        let mut by_agent: HashSet<(String, String)> = HashSet::new();
-        let mut oldest = Duration::ZERO;
-        let mut held = found.pending.len() as i64;
-        {
-            let mut first_seen = self.first_seen.lock().expect("fence clock lock");
-            let keys: HashSet<(String, String, String)> = found
-                .fenced
-                .iter()
-                .map(|(pool, f)| (pool.clone(), f.entry.key.clone(), f.record.uid.clone()))
-                .collect();
-            first_seen.retain(|k, _| keys.contains(k));
-            let uids: HashSet<&str> = found
-                .fenced
-                .iter()
-                .filter_map(|(_, f)| match &f.source {
-                    FenceSource::Object { uid, .. } => Some(uid.as_str()),
-                    FenceSource::Annotation => None,
-                })
-                .collect();
-            self.rejected
-                .lock()
-                .expect("fence evidence lock")
-                .retain(|(uid, _)| uids.contains(uid.as_str()));
-            let v = self.view.read().expect("node view lock");
-            self.ctx.metrics.unready_nodes.set(v.unready() as i64);
-            for (pool, f) in &found.fenced {
-                let node = v.node(&f.record.node);
-                let key = (pool.clone(), f.entry.key.clone(), f.record.uid.clone());
-                let fence = Moment {
-                    wall: f.record.since,
-                    mono: *first_seen.entry(key).or_insert(now.mono),
-                };
-                let lifts = match &self.policy {
-                    Some(policy) => self.lift(f, fence, node, now, policy),
-                    None => Some(Lift::FencingOff),
-                };
-                match lifts {
-                    Some(_) if !leader => held += 1,
-                    Some(why) => {
-                        tracing::info!(%pool, ip = %f.entry.ip, podref = %f.record.podref, node = %f.record.node, lifted = why.as_str(), "fence lifts");
-                        let write = EntryWrite::Unfence(f.record.clone(), f.source.clone());
-                        if why == Lift::SandboxesGone {
-                            by_agent.insert((pool.clone(), f.entry.key.clone()));
-                        }
-                        lifted.push(fence_request(pool, &f.entry, &f.record, write));
-                    }
-                    None => {
-                        held += 1;
-                        let age = now.wall.duration_since(f.record.since);
-                        oldest = oldest.max(Duration::try_from(age).unwrap_or_default());
-                    }
-                }
-            }
-        }
-        self.ctx.metrics.fenced_addresses.set(held);
-        self.ctx
-            .metrics
-            .oldest_fence_seconds
-            .set(oldest.as_secs() as i64);
+        let lifts = self.lifts(&found, leader, now);
+        self.ctx.metrics.fenced_addresses.set(lifts.held);
+        let oldest = lifts.oldest.as_secs() as i64;
+        self.ctx.metrics.oldest_fence_seconds.set(oldest);
         let (complete, stale) = self.due_records(&found, now.mono);
         if !leader {
             return;
         }
-        let mut writes = lifted;
+        let mut writes = lifts.lifted;
         writes.extend(complete);
-        let key = |r: &ReleaseRequest| (r.judged.pool.clone(), r.judged.entry.key.clone());
-        writes.retain(|r| !self.backoff.is_in_backoff_since(&key(r), now.mono));
-        if !writes.is_empty() {
-            let outcomes = self.ctx.writer.release(writes.clone()).await;
-            let (agent, rest): (Vec<_>, Vec<_>) = writes
-                .iter()
-                .zip(&outcomes)
-                .partition(|(r, _)| by_agent.contains(&key(r)));
-            self.ctx.events.released_all(rest).await;
-            let why = (Lift::SandboxesGone.as_str(), "SandboxesGone");
-            self.ctx.events.released_all_because(agent, Some(why)).await;
-            for (r, o) in writes.iter().zip(&outcomes) {
-                match o {
-                    Err(e) => {
-                        self.backoff
-                            .next(&key(r), Instant::now(), Some(e.to_string()));
-                        if matches!(r.write, EntryWrite::Fence(_)) {
-                            self.ctx.metrics.writes.fence_failures.inc();
-                        }
-                        tracing::warn!(ip = %r.judged.entry.ip, error = %e, retry_in = ?self.backoff.get(&key(r)), "writing a fence's entry failed; retried after a backoff")
+        self.write(writes, &lifts.by_agent, now.mono).await;
+        self.backoff.gc();
+        self.clean(stale, found.stale_annotations).await;
+    }
+
+    /// Which fences lift now (on the leader), how many stay, and the oldest's age.
+    fn lifts(&self, found: &Found, leader: bool, now: Moment) -> Lifts {
+        let mut out = Lifts {
+            held: found.pending.len() as i64,
+            ..Default::default()
+        };
+        let mut first_seen = self.first_seen.lock().expect("fence clock lock");
+        let keys: HashSet<(String, String, String)> = found
+            .fenced
+            .iter()
+            .map(|(pool, f)| (pool.clone(), f.entry.key.clone(), f.record.uid.clone()))
+            .collect();
+        first_seen.retain(|k, _| keys.contains(k));
+        let uids: HashSet<&str> = found
+            .fenced
+            .iter()
+            .filter_map(|(_, f)| match &f.source {
+                FenceSource::Object { uid, .. } => Some(uid.as_str()),
+                FenceSource::Annotation => None,
+            })
+            .collect();
+        self.rejected
+            .lock()
+            .expect("fence evidence lock")
+            .retain(|(uid, _)| uids.contains(uid.as_str()));
+        let v = self.view.read().expect("node view lock");
+        self.ctx.metrics.unready_nodes.set(v.unready() as i64);
+        for (pool, f) in &found.fenced {
+            let node = v.node(&f.record.node);
+            let key = (pool.clone(), f.entry.key.clone(), f.record.uid.clone());
+            let fence = Moment {
+                wall: f.record.since,
+                mono: *first_seen.entry(key).or_insert(now.mono),
+            };
+            let lifts = match &self.policy {
+                Some(policy) => self.lift(f, fence, node, now, policy),
+                None => Some(Lift::FencingOff),
+            };
+            match lifts {
+                Some(_) if !leader => out.held += 1,
+                Some(why) => {
+                    tracing::info!(%pool, ip = %f.entry.ip, podref = %f.record.podref, node = %f.record.node, lifted = why.as_str(), "fence lifts");
+                    let write = EntryWrite::Unfence(f.record.clone(), f.source.clone());
+                    if why == Lift::SandboxesGone {
+                        out.by_agent.insert((pool.clone(), f.entry.key.clone()));
                     }
-                    Ok(ReleaseOutcome::AlreadyGone | ReleaseOutcome::Changed) => {
-                        tracing::info!(ip = %r.judged.entry.ip, "a fence's entry was already freed or replaced")
-                    }
-                    Ok(_) => self.backoff.reset(&key(r)),
+                    out.lifted
+                        .push(fence_request(pool, &f.entry, &f.record, write));
+                }
+                None => {
+                    out.held += 1;
+                    let age = now.wall.duration_since(f.record.since);
+                    let age = Duration::try_from(age).unwrap_or_default();
+                    out.oldest = out.oldest.max(age);
                 }
             }
         }
-        self.backoff.gc();
+        out
+    }
+
+    /// Writes lifts and completions not in backoff, reports them, and backs off what failed.
+    async fn write(
+        &self,
+        mut writes: Vec<ReleaseRequest>,
+        by_agent: &HashSet<(String, String)>,
+        now: Instant,
+    ) {
+        let key = |r: &ReleaseRequest| (r.judged.pool.clone(), r.judged.entry.key.clone());
+        writes.retain(|r| !self.backoff.is_in_backoff_since(&key(r), now));
+        if writes.is_empty() {
+            return;
+        }
+        let outcomes = self.ctx.writer.release(writes.clone()).await;
+        let (agent, rest): (Vec<_>, Vec<_>) = writes
+            .iter()
+            .zip(&outcomes)
+            .partition(|(r, _)| by_agent.contains(&key(r)));
+        self.ctx.events.released_all(rest).await;
+        let why = (Lift::SandboxesGone.as_str(), "SandboxesGone");
+        self.ctx.events.released_all_because(agent, Some(why)).await;
+        for (r, o) in writes.iter().zip(&outcomes) {
+            match o {
+                Err(e) => {
+                    self.backoff
+                        .next(&key(r), Instant::now(), Some(e.to_string()));
+                    if matches!(r.write, EntryWrite::Fence(_)) {
+                        self.ctx.metrics.writes.fence_failures.inc();
+                    }
+                    tracing::warn!(ip = %r.judged.entry.ip, error = %e, retry_in = ?self.backoff.get(&key(r)), "writing a fence's entry failed; retried after a backoff")
+                }
+                Ok(ReleaseOutcome::AlreadyGone | ReleaseOutcome::Changed) => {
+                    tracing::info!(ip = %r.judged.entry.ip, "a fence's entry was already freed or replaced")
+                }
+                Ok(_) => self.backoff.reset(&key(r)),
+            }
+        }
+    }
+
+    /// Deletes the records left over, and clears fence annotations (earlier releases) whose
+    /// entry is no longer fenced.
+    async fn clean(
+        &self,
+        stale: Vec<(String, String)>,
+        stale_annotations: std::collections::BTreeMap<String, Vec<(String, String)>>,
+    ) {
         if !stale.is_empty() {
             for (name, _) in &stale {
                 tracing::info!(record = %name, "fence record left over (its entry was freed by its node's CNI DEL, or replaced); deleting it");
             }
             self.ctx.writer.delete_fence_records(stale);
         }
-        for (pool, annotations) in found.stale_annotations {
+        for (pool, annotations) in stale_annotations {
             for (key, _) in &annotations {
                 tracing::info!(%pool, %key, "fenced entry freed by its node (CNI DEL) or replaced; clearing its fence annotation");
             }

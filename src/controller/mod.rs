@@ -170,6 +170,27 @@ fn spawn_watches(
     synced
 }
 
+/// The deletion-path workers. Many: each waits on the writer, which batches what they hand
+/// in together.
+fn spawn_workers(
+    ctx: &Ctx,
+    args: &ControllerArgs,
+    reclaim: ReclaimConfig,
+    leader: &tokio_watch::Receiver<bool>,
+) -> Vec<JoinHandle<()>> {
+    (0..DELETION_WORKERS)
+        .map(|_| {
+            let worker = deletion::Worker {
+                ctx: ctx.clone(),
+                reclaim,
+                max_retries: args.max_retries,
+                leader: leader.clone(),
+            };
+            tokio::spawn(worker.run())
+        })
+        .collect()
+}
+
 /// Every second: lifts the fences that may lift (leader only) and reports bad input.
 fn spawn_lifting(
     ctx: &Ctx,
@@ -255,6 +276,24 @@ async fn sweep_forever(
     }
 }
 
+/// The pool writer, keeping the index in step with what it writes.
+fn spawn_writer(
+    client: &Client,
+    args: &ControllerArgs,
+    budgets: &Budgets,
+    events: &Events,
+    metrics: &ControllerMetrics,
+    index: &SharedIndex,
+) -> writer::WriterHandle {
+    let ns = &args.whereabouts_namespace;
+    let writes = metrics.writes.clone();
+    let writer = writer::Writer::new(client.clone(), ns, budgets.clone(), events.clone(), writes)
+        .patch_interval(args.pool_patch_interval)
+        .dry_run(args.dry_run)
+        .index(index.clone());
+    writer::spawn(Arc::new(writer))
+}
+
 /// The controller's metrics, served with the probes on `addr`.
 async fn serve_metrics(
     addr: SocketAddr,
@@ -296,22 +335,12 @@ pub async fn run(
     let queue: Arc<WorkQueue<String>> = WorkQueue::new(clock.clone());
     let identity = identity();
     let budgets = Budgets::new(args.budgets(), clock.clone(), metrics.writes.clone());
-    let events = Events::new(
-        client.clone(),
-        &identity,
-        budgets.clone(),
-        metrics.writes.clone(),
-    );
+    let writes = metrics.writes.clone();
+    let events = Events::new(client.clone(), &identity, budgets.clone(), writes);
     let reclaim = ReclaimConfig {
         release_terminal_pods: args.release_terminal_pods,
     };
-    let ns = &args.whereabouts_namespace;
-    let writes = metrics.writes.clone();
-    let writer = writer::Writer::new(client.clone(), ns, budgets.clone(), events.clone(), writes)
-        .patch_interval(args.pool_patch_interval)
-        .dry_run(args.dry_run)
-        .index(state.clone());
-    let writer = writer::spawn(Arc::new(writer));
+    let writer = spawn_writer(&client, &args, &budgets, &events, &metrics, &state);
     let (leader, gate, mut tasks) = election::leadership(client.clone(), &args, &identity).await?;
     // Every write passes the gate right before it goes: a demoted leader's queue is refused.
     budgets.set_gate(Arc::new(move || gate.open(Instant::now())));
@@ -346,16 +375,7 @@ pub async fn run(
         health.set_ready(true);
         tracing::info!("caches synced; ready");
         return_free_memory();
-        // Many workers: each waits on the writer, which batches what they hand in together.
-        for _ in 0..DELETION_WORKERS {
-            let worker = deletion::Worker {
-                ctx: ctx.clone(),
-                reclaim,
-                max_retries: args.max_retries,
-                leader: leader.clone(),
-            };
-            tasks.push(tokio::spawn(worker.run()));
-        }
+        tasks.extend(spawn_workers(&ctx, &args, reclaim, &leader));
         tasks.push(spawn_lifting(&ctx, &args, clock.clone(), leader.clone()));
         sweep_forever(&ctx, &args, reclaim, &leader).await;
     };

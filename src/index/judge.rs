@@ -2,6 +2,7 @@
 //! the index knows of its pod, its pool's networks and its fence.
 
 use super::Index;
+use super::pods::{LiveInfo, Tombstone};
 use crate::ipam::PoolEntry;
 use crate::reclaim::{
     self, Allocation, Decision, DeletedPod, Judged, LivePod, PodKnowledge, PodPhase, PodRef,
@@ -97,27 +98,11 @@ impl Index {
             config,
         );
         // Name the network the pod itself recorded for this address, else the pool's NAD.
-        let listed = tombstones
-            .iter()
-            .filter_map(|t| t.networks.as_deref())
-            .chain(live.and_then(|l| l.networks.as_deref()))
-            .flatten()
-            .find(|n| n.ips.contains(&entry.ip))
-            .map(|n| n.name.clone());
-        let network = listed
+        let network = listed_network(tombstones, live, entry)
             .or_else(|| pool_networks.and_then(|n| n.first().cloned()))
             .unwrap_or_else(|| pool.to_owned());
-        let (namespace, name) = entry.podref.split_once('/').unwrap_or(("", &entry.podref));
         let uid = match decision {
-            Decision::Release(reclaim::Reason::PodDeleted) => tombstones
-                .iter()
-                .rev()
-                .find(|t| {
-                    t.networks
-                        .as_deref()
-                        .is_none_or(|n| n.iter().any(|a| a.ips.contains(&entry.ip)))
-                })
-                .map(|t| t.uid.clone()),
+            Decision::Release(reclaim::Reason::PodDeleted) => deleted_uid(tombstones, entry),
             _ => live.map(|l| l.uid.clone()),
         };
         Judged {
@@ -125,11 +110,35 @@ impl Index {
             entry: entry.clone(),
             decision,
             network,
-            pod: PodRef {
-                namespace: namespace.to_owned(),
-                name: name.to_owned(),
-                uid: uid.unwrap_or_default(),
-            },
+            pod: PodRef::from_podref(&entry.podref, uid.unwrap_or_default()),
         }
     }
+}
+
+/// The network a pod of the entry's podref (deleted or live) recorded for its address.
+fn listed_network(
+    tombstones: &[Tombstone],
+    live: Option<&LiveInfo>,
+    entry: &PoolEntry,
+) -> Option<String> {
+    tombstones
+        .iter()
+        .filter_map(|t| t.networks.as_deref())
+        .chain(live.and_then(|l| l.networks.as_deref()))
+        .flatten()
+        .find(|n| n.ips.contains(&entry.ip))
+        .map(|n| n.name.clone())
+}
+
+/// The uid of the newest deleted pod that held the entry's address (or listed nothing).
+fn deleted_uid(tombstones: &[Tombstone], entry: &PoolEntry) -> Option<String> {
+    tombstones
+        .iter()
+        .rev()
+        .find(|t| {
+            t.networks
+                .as_deref()
+                .is_none_or(|n| n.iter().any(|a| a.ips.contains(&entry.ip)))
+        })
+        .map(|t| t.uid.clone())
 }
