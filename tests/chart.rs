@@ -41,7 +41,7 @@ fn long_flags(cmd: clap::Command) -> BTreeSet<String> {
 }
 
 fn documents(yaml: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(yaml)
+    serde_norway::Deserializer::from_str(yaml)
         .filter_map(|d| {
             let v = Value::deserialize(d).expect("valid YAML from helm");
             (!v.is_null()).then_some(v)
