@@ -57,6 +57,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 
 /// Flags of `ipreclaim node-agent` (each also read from the environment variable shown).
 #[derive(Debug, Clone, clap::Args)]
+#[command(args_override_self = true)] // a repeated flag takes its last value (the chart's extraArgs)
 pub struct NodeAgentArgs {
     /// The container runtime's CRI socket.
     #[arg(
