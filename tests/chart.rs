@@ -41,7 +41,7 @@ fn long_flags(cmd: clap::Command) -> BTreeSet<String> {
 }
 
 fn documents(yaml: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(yaml)
+    serde_norway::Deserializer::from_str(yaml)
         .filter_map(|d| {
             let v = Value::deserialize(d).expect("valid YAML from helm");
             (!v.is_null()).then_some(v)
@@ -60,19 +60,32 @@ fn find<'a>(docs: &'a [Value], kind: &str, name_suffix: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {kind} *{name_suffix} in the chart's output"))
 }
 
-fn template(sets: &[&str]) -> Vec<Value> {
+/// The Kubernetes version `helm template` renders for: a helm built with `go install` assumes
+/// v1.20, below the chart's `kubeVersion`.
+fn kube_version() -> String {
+    testenv::procs::pinned_version("KUBERNETES_VERSION").expect("e2e/controlplane/versions.env")
+}
+
+/// `helm template` of the chart with `args` (e.g. `--set k=v`, `-f file`) after its own.
+fn template_with(args: &[&str]) -> Result<String, anyhow::Error> {
     let chart = chart_dir();
-    let mut args = vec![
+    let kube = kube_version();
+    let mut all = vec![
         "template",
         "rel",
         chart.to_str().unwrap(),
         "--namespace",
         "ipr",
+        "--kube-version",
+        &kube,
     ];
-    for s in sets {
-        args.extend(["--set", s]);
-    }
-    documents(&helm(None, &args).expect("helm template"))
+    all.extend(args);
+    helm(None, &all)
+}
+
+fn template(sets: &[&str]) -> Vec<Value> {
+    let args: Vec<&str> = sets.iter().flat_map(|s| ["--set", s]).collect();
+    documents(&template_with(&args).expect("helm template"))
 }
 
 fn args_of(workload: &Value) -> Vec<String> {
@@ -148,9 +161,14 @@ fn helm_lint_and_template_pass_and_every_flag_is_reachable() {
     assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
     assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
     assert!(c["resources"]["limits"]["memory"].is_string());
+    // maxUnavailable, never minAvailable: with one replica a drain can still evict it.
+    let pdb = &find(&docs, "PodDisruptionBudget", "-controller")["spec"];
+    assert_eq!(pdb["maxUnavailable"], 1, "{pdb}");
+    assert!(pdb.get("minAvailable").is_none(), "{pdb}");
+    assert_eq!(pdb["unhealthyPodEvictionPolicy"], "AlwaysAllow");
     assert_eq!(
-        find(&docs, "PodDisruptionBudget", "-controller")["spec"]["minAvailable"],
-        1
+        deployment["spec"]["template"]["spec"]["priorityClassName"],
+        "system-cluster-critical"
     );
 
     let daemonset = find(&docs, "DaemonSet", "-node-agent");
@@ -198,7 +216,13 @@ fn helm_lint_and_template_pass_and_every_flag_is_reachable() {
     assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
     assert_eq!(c["securityContext"]["capabilities"]["drop"], json!(["ALL"]));
     assert_eq!(pod["tolerations"], json!([{"operator": "Exists"}]));
-    assert!(!docs.iter().any(|d| d["kind"] == "ServiceMonitor"));
+    assert_eq!(pod["priorityClassName"], "system-node-critical");
+    assert_eq!(pod["securityContext"]["runAsUser"], 0);
+    assert!(
+        !docs
+            .iter()
+            .any(|d| d["kind"] == "ServiceMonitor" || d["kind"] == "PodMonitor")
+    );
 
     // Values reach the flags.
     let docs = template(&[
@@ -207,7 +231,8 @@ fn helm_lint_and_template_pass_and_every_flag_is_reachable() {
         "controller.fence.timeout=10m",
         "nodeAgent.criSocket=/run/crio/crio.sock",
         "nodeAgent.dryRun=true",
-        "serviceMonitor.enabled=true",
+        "controller.serviceMonitor.enabled=true",
+        "nodeAgent.podMonitor.enabled=true",
         "whereaboutsNamespace=ipam",
     ]);
     let controller_args = args_of(find(&docs, "Deployment", "-controller"));
@@ -229,11 +254,17 @@ fn helm_lint_and_template_pass_and_every_flag_is_reachable() {
             "{want} in {agent_args:?}"
         );
     }
+    let monitors: Vec<_> = docs
+        .iter()
+        .filter(|d| d["kind"] == "ServiceMonitor" || d["kind"] == "PodMonitor")
+        .map(|d| format!("{} {}", d["kind"], d["metadata"]["name"]))
+        .collect();
     assert_eq!(
-        docs.iter()
-            .filter(|d| d["kind"] == "ServiceMonitor")
-            .count(),
-        2
+        monitors.iter().map(String::as_str).collect::<BTreeSet<_>>(),
+        BTreeSet::from([
+            r#""ServiceMonitor" "rel-ipreclaim-controller""#,
+            r#""PodMonitor" "rel-ipreclaim-node-agent""#
+        ])
     );
     assert_eq!(
         find(&docs, "Role", "-controller-pools")["metadata"]["namespace"],
@@ -362,6 +393,30 @@ async fn helm_install_creates_what_the_chart_says() {
         get_dynamic(&it.client, deployment).await["spec"]["replicas"],
         2
     );
+    // The notes say what to check first, with this release's names.
+    let notes = helm(
+        Some(ControlPlane::shared()),
+        &["get", "notes", &it.ns, "--namespace", &it.ns],
+    )
+    .expect("helm get notes");
+    for want in [
+        format!(
+            "kubectl -n {} get pods -l app.kubernetes.io/instance={}",
+            it.ns, it.ns
+        ),
+        format!("kubectl -n {} logs deploy/{}-controller", it.ns, it.prefix),
+        "kubectl get crd ipfences.ipreclaim.io".to_string(),
+        format!(
+            "kubectl label namespace {} pod-security.kubernetes.io/enforce=privileged",
+            it.ns
+        ),
+        format!("helm test {} -n {}", it.ns, it.ns),
+        "get lease ipreclaim-controller".to_string(),
+        "kubectl get events -A --field-selector reason=IPAddressGarbageCollected".to_string(),
+    ] {
+        assert!(notes.contains(&want), "{want:?} in the notes:\n{notes}");
+    }
+    assert!(!notes.contains("DRY RUN"), "{notes}");
 }
 
 /// Asserts that `result` is a 403.
@@ -495,4 +550,834 @@ async fn the_charts_service_accounts_are_denied_what_the_programs_must_not_do() 
         .patch_status("f", &PatchParams::default(), &Patch::Merge(&status))
         .await
         .expect("node-agent patches a fence's status");
+}
+
+/// Runs helm (no cluster) and returns whether it succeeded and its stdout and stderr together:
+/// `helm lint` prints its findings on stdout.
+fn helm_outcome(args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(testenv::procs::binary("helm").expect("helm"))
+        .args(args)
+        .output()
+        .expect("run helm");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+fn lint(args: &[&str]) -> (bool, String) {
+    let chart = chart_dir();
+    let mut all = vec!["lint", "--strict", chart.to_str().unwrap()];
+    all.extend(args);
+    helm_outcome(&all)
+}
+
+/// A value set to something other than its default for every value the chart has beyond the
+/// programs' flags (ServiceAccounts, security contexts, scheduling, monitors, the test image).
+const EVERY_NEW_VALUE: &str = r#"
+controller:
+  replicas: 3
+  serviceAccount:
+    create: false
+    name: existing-controller-sa
+  podDisruptionBudget:
+    maxUnavailable: 2
+  priorityClassName: ""
+  podSecurityContext:
+    runAsNonRoot: true
+    runAsUser: 1001
+    runAsGroup: 1001
+    fsGroup: 1001
+    seccompProfile:
+      type: RuntimeDefault
+  securityContext:
+    allowPrivilegeEscalation: false
+    readOnlyRootFilesystem: true
+    runAsNonRoot: true
+    capabilities:
+      drop: ["ALL"]
+  nodeSelector:
+    kubernetes.io/os: linux
+  tolerations:
+    - key: dedicated
+      operator: Equal
+      value: infra
+      effect: NoSchedule
+  affinity:
+    nodeAffinity:
+      requiredDuringSchedulingIgnoredDuringExecution:
+        nodeSelectorTerms:
+          - matchExpressions:
+              - key: node-role.example/infra
+                operator: Exists
+  topologySpreadConstraints:
+    - maxSkew: 1
+      topologyKey: topology.kubernetes.io/zone
+      whenUnsatisfiable: DoNotSchedule
+    - maxSkew: 2
+      topologyKey: kubernetes.io/hostname
+      whenUnsatisfiable: ScheduleAnyway
+      labelSelector:
+        matchLabels:
+          team: net
+  serviceMonitor:
+    enabled: true
+    interval: 15s
+    labels:
+      release: prom
+nodeAgent:
+  serviceAccount:
+    name: agent-sa
+    annotations:
+      iam.example/role: ipreclaim-agent
+  priorityClassName: ""
+  podSecurityContext:
+    runAsUser: 0
+    supplementalGroups: [1234]
+    seccompProfile:
+      type: RuntimeDefault
+  securityContext:
+    allowPrivilegeEscalation: false
+    readOnlyRootFilesystem: true
+    privileged: false
+    capabilities:
+      drop: ["ALL"]
+  nodeSelector:
+    ipreclaim.example/agent: "true"
+  tolerations:
+    - key: node.kubernetes.io/not-ready
+      operator: Exists
+      effect: NoExecute
+  affinity:
+    nodeAffinity:
+      requiredDuringSchedulingIgnoredDuringExecution:
+        nodeSelectorTerms:
+          - matchExpressions:
+              - key: kubernetes.io/os
+                operator: In
+                values: [linux]
+  podMonitor:
+    enabled: true
+    interval: 10s
+    labels:
+      release: prom
+tests:
+  image:
+    repository: registry.example/mirror/busybox
+    tag: "1.36"
+    pullPolicy: Never
+"#;
+
+/// Writes `text` to a file under target/testenv and returns its path.
+fn values_file(name: &str, text: &str) -> String {
+    let dir = testenv::procs::workspace_root().join("target/testenv");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("chart-values-{name}-{}.yaml", std::process::id()));
+    std::fs::write(&path, text).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+#[test]
+fn the_values_schema_refuses_unknown_keys_and_wrong_types() {
+    let (ok, out) = lint(&[]);
+    assert!(ok, "helm lint --strict with the chart's own values:\n{out}");
+    let every = values_file("every", EVERY_NEW_VALUE);
+    let (ok, out) = lint(&["-f", &every]);
+    assert!(ok, "helm lint --strict with every new value set:\n{out}");
+    for (set, want) in [
+        ("bogus=1", "additional properties 'bogus' not allowed"),
+        (
+            "controller.sweepIntervall=1m",
+            "at '/controller': additional properties 'sweepIntervall' not allowed",
+        ),
+        // Where the ServiceMonitor switch and the PDB's minAvailable were before.
+        (
+            "serviceMonitor.enabled=true",
+            "additional properties 'serviceMonitor' not allowed",
+        ),
+        (
+            "controller.podDisruptionBudget.minAvailable=1",
+            "additional properties 'minAvailable' not allowed",
+        ),
+        (
+            "nodeAgent.serviceAccount.bogus=x",
+            "at '/nodeAgent/serviceAccount': additional properties 'bogus' not allowed",
+        ),
+        (
+            "controller.replicas=two",
+            "at '/controller/replicas': got string, want integer",
+        ),
+        (
+            "controller.sweepInterval=60",
+            "at '/controller/sweepInterval': got number, want string",
+        ),
+        (
+            "nodeAgent.tolerations=none",
+            "at '/nodeAgent/tolerations': got string, want array",
+        ),
+        (
+            "controller.extraArgs[0]=1",
+            "at '/controller/extraArgs/0': got number, want string",
+        ),
+        (
+            "controller.podDisruptionBudget.maxUnavailable=0",
+            "at '/controller/podDisruptionBudget/maxUnavailable': minimum",
+        ),
+        (
+            "controller.maxReleaseRatio=2",
+            "at '/controller/maxReleaseRatio': maximum",
+        ),
+        ("logFormat=xml", "at '/logFormat'"),
+        ("image.pullPolicy=Sometimes", "at '/image/pullPolicy'"),
+        (
+            "nodeAgent.criSocket=run/crio.sock",
+            "at '/nodeAgent/criSocket'",
+        ),
+    ] {
+        let (ok, out) = lint(&["--set", set]);
+        assert!(!ok, "helm lint passed with --set {set}:\n{out}");
+        assert!(
+            out.contains(want),
+            "helm lint --set {set} should say {want:?}:\n{out}"
+        );
+        // install, upgrade and template validate the same way.
+        let err = template_with(&["--set", set]).expect_err(set);
+        assert!(format!("{err:#}").contains(want), "helm template: {err:#}");
+    }
+}
+
+/// `over` merged into `base` as Helm merges values: maps key by key, anything else replaced.
+fn merged(base: &Value, over: &Value) -> Value {
+    match (base, over) {
+        (Value::Object(b), Value::Object(o)) => {
+            let mut out = b.clone();
+            for (k, v) in o {
+                let m = b.get(k).map_or_else(|| v.clone(), |bv| merged(bv, v));
+                out.insert(k.clone(), m);
+            }
+            Value::Object(out)
+        }
+        _ => over.clone(),
+    }
+}
+
+#[test]
+fn every_new_value_reaches_its_place() {
+    let every = values_file("every", EVERY_NEW_VALUE);
+    let defaults: Value =
+        serde_norway::from_str(&std::fs::read_to_string(chart_dir().join("values.yaml")).unwrap())
+            .unwrap();
+    // What the chart gets: its defaults with these values merged in (a default field such as
+    // the containers' seccompProfile stays unless set to null).
+    let want = merged(
+        &defaults,
+        &serde_norway::from_str::<Value>(EVERY_NEW_VALUE).unwrap(),
+    );
+    let docs = documents(&template_with(&["-f", &every]).expect("helm template -f"));
+    let (c, n) = (&want["controller"], &want["nodeAgent"]);
+
+    let deployment = find(&docs, "Deployment", "-controller");
+    assert_eq!(deployment["spec"]["replicas"], 3);
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "existing-controller-sa");
+    assert!(
+        pod.get("priorityClassName").is_none(),
+        "an empty priorityClassName is left out: {pod}"
+    );
+    assert_eq!(pod["securityContext"], c["podSecurityContext"]);
+    assert_eq!(
+        pod["containers"][0]["securityContext"],
+        c["securityContext"]
+    );
+    assert_eq!(pod["nodeSelector"], c["nodeSelector"]);
+    assert_eq!(pod["tolerations"], c["tolerations"]);
+    assert_eq!(pod["affinity"], c["affinity"]);
+    // A constraint without a labelSelector gets the controller pods' own; a given one is kept.
+    let own = json!({"matchLabels": {
+        "app.kubernetes.io/name": "ipreclaim",
+        "app.kubernetes.io/instance": "rel",
+        "app.kubernetes.io/component": "controller",
+    }});
+    let mut spread = c["topologySpreadConstraints"].clone();
+    spread[0]["labelSelector"] = own.clone();
+    assert_eq!(pod["topologySpreadConstraints"], spread);
+    assert_eq!(
+        deployment["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"],
+        "controller",
+        "the default labelSelector selects the controller's pods"
+    );
+    assert!(
+        !docs.iter().any(|d| d["kind"] == "ServiceAccount"
+            && d["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| n.contains("controller"))),
+        "serviceAccount.create=false renders no controller ServiceAccount"
+    );
+    let subjects_of = |kind: &str, suffix: &str| find(&docs, kind, suffix)["subjects"].clone();
+    for (kind, suffix) in [
+        ("ClusterRoleBinding", "-controller-ipr"),
+        ("RoleBinding", "-controller-pools"),
+        ("RoleBinding", "-controller-lease"),
+    ] {
+        assert_eq!(
+            subjects_of(kind, suffix),
+            json!([{"kind": "ServiceAccount", "name": "existing-controller-sa", "namespace": "ipr"}]),
+            "{kind} *{suffix}"
+        );
+    }
+    let pdb = &find(&docs, "PodDisruptionBudget", "-controller")["spec"];
+    assert_eq!(pdb["maxUnavailable"], 2);
+    let sm = find(&docs, "ServiceMonitor", "-controller");
+    assert_eq!(sm["metadata"]["labels"]["release"], "prom");
+    assert_eq!(
+        sm["spec"]["endpoints"],
+        json!([{"port": "metrics", "path": "/metrics", "interval": "15s"}])
+    );
+    assert_eq!(
+        sm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"],
+        "controller"
+    );
+
+    let daemonset = find(&docs, "DaemonSet", "-node-agent");
+    let pod = &daemonset["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "agent-sa");
+    assert!(pod.get("priorityClassName").is_none(), "{pod}");
+    assert_eq!(pod["securityContext"], n["podSecurityContext"]);
+    assert_eq!(
+        pod["containers"][0]["securityContext"],
+        n["securityContext"]
+    );
+    assert_eq!(pod["nodeSelector"], n["nodeSelector"]);
+    assert_eq!(pod["tolerations"], n["tolerations"]);
+    assert_eq!(pod["affinity"], n["affinity"]);
+    let sa = find(&docs, "ServiceAccount", "agent-sa");
+    assert_eq!(
+        sa["metadata"]["annotations"],
+        json!({"iam.example/role": "ipreclaim-agent"})
+    );
+    assert_eq!(
+        subjects_of("ClusterRoleBinding", "-node-agent-ipr"),
+        json!([{"kind": "ServiceAccount", "name": "agent-sa", "namespace": "ipr"}])
+    );
+    assert_eq!(
+        subjects_of("RoleBinding", "-node-agent-pools"),
+        json!([{"kind": "ServiceAccount", "name": "agent-sa", "namespace": "ipr"}])
+    );
+    let pm = find(&docs, "PodMonitor", "-node-agent");
+    assert_eq!(pm["metadata"]["labels"]["release"], "prom");
+    assert_eq!(
+        pm["spec"]["podMetricsEndpoints"],
+        json!([{"port": "metrics", "path": "/metrics", "interval": "10s"}])
+    );
+    assert_eq!(
+        pm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"],
+        "node-agent"
+    );
+    // The node agent's pods carry the metrics port the PodMonitor names.
+    assert_eq!(pod["containers"][0]["ports"][0]["name"], "metrics");
+
+    let test = find(&docs, "Pod", "-test-readyz");
+    assert_eq!(
+        test["spec"]["containers"][0]["image"],
+        "registry.example/mirror/busybox:1.36"
+    );
+    assert_eq!(test["spec"]["containers"][0]["imagePullPolicy"], "Never");
+
+    // PDB off, and monitors off by default.
+    let docs = template(&["controller.podDisruptionBudget.enabled=false"]);
+    assert!(!docs.iter().any(|d| d["kind"] == "PodDisruptionBudget"));
+}
+
+#[test]
+fn helm_test_asks_the_controllers_service_for_readyz() {
+    let docs = template(&["controller.metricsPort=9090"]);
+    let test = find(&docs, "Pod", "-test-readyz");
+    assert_eq!(test["metadata"]["annotations"]["helm.sh/hook"], "test");
+    let c = &test["spec"]["containers"][0];
+    assert_eq!(
+        c["command"],
+        json!([
+            "wget",
+            "-q",
+            "-O-",
+            "-T",
+            "5",
+            "http://rel-ipreclaim-controller.ipr.svc:9090/readyz"
+        ])
+    );
+    // That Service exists, serves that port and selects the controller's pods.
+    let svc = find(&docs, "Service", "-controller");
+    assert_eq!(svc["metadata"]["name"], "rel-ipreclaim-controller");
+    assert_eq!(svc["spec"]["ports"][0]["port"], 9090);
+    assert_eq!(
+        svc["spec"]["selector"]["app.kubernetes.io/component"],
+        "controller"
+    );
+    let deployment = find(&docs, "Deployment", "-controller");
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert!(args_of(deployment).contains(&"--metrics-addr=0.0.0.0:9090".to_string()));
+    assert_eq!(c["image"], "docker.io/library/busybox:1.37");
+    // No controller, no test.
+    let docs = template(&["controller.enabled=false"]);
+    assert!(!docs.iter().any(|d| d["kind"] == "Pod"));
+}
+
+/// `extraArgs` come after the chart's own flags, and a repeated flag takes its last value, so
+/// `extraArgs` overrides any flag the chart sets: the rendered args, parsed by the programs'
+/// own argument structs, carry the extra values.
+#[test]
+fn extra_args_come_last_and_override_the_charts_flags() {
+    let docs = template(&[
+        "controller.extraArgs={--sweep-interval=2m,--lease-name=other,--dry-run}",
+        "nodeAgent.extraArgs={--relist-period=5s,--sandbox-grace=1m}",
+    ]);
+    let args = args_of(find(&docs, "Deployment", "-controller"));
+    let n = args.len();
+    assert_eq!(
+        args[n - 3..],
+        ["--sweep-interval=2m", "--lease-name=other", "--dry-run"]
+    );
+    assert!(
+        args[..n - 3].contains(&"--sweep-interval=60s".to_string()),
+        "the chart's own flag is still there, before: {args:?}"
+    );
+    let parsed = ControllerCli::try_parse_from(&args).expect("the rendered controller args parse");
+    assert_eq!(
+        parsed.args.sweep_interval,
+        std::time::Duration::from_secs(120)
+    );
+    assert_eq!(parsed.args.lease_name, "other");
+    assert!(parsed.args.dry_run);
+
+    let mut args = args_of(find(&docs, "DaemonSet", "-node-agent"));
+    let n = args.len();
+    assert_eq!(args[n - 2..], ["--relist-period=5s", "--sandbox-grace=1m"]);
+    assert!(args[..n - 2].contains(&"--relist-period=1s".to_string()));
+    args.push("--node-name=n".into()); // the downward API's in the pod
+    let parsed = NodeCli::try_parse_from(&args).expect("the rendered node-agent args parse");
+    assert_eq!(parsed.args.relist_period, std::time::Duration::from_secs(5));
+    assert_eq!(
+        parsed.args.sandbox_grace,
+        std::time::Duration::from_secs(60)
+    );
+}
+
+/// The README's values table: one row per key of values.yaml (objects that are Kubernetes
+/// fields, like `resources`, as one row), each with values.yaml's default; no row for a key
+/// values.yaml does not have; every flag named is one of the program's, with the same default.
+#[test]
+fn the_chart_readme_lists_every_value_with_its_default() {
+    let readme = std::fs::read_to_string(chart_dir().join("README.md")).unwrap();
+    let values: Value =
+        serde_norway::from_str(&std::fs::read_to_string(chart_dir().join("values.yaml")).unwrap())
+            .unwrap();
+    let section = readme
+        .split("\n## Values\n")
+        .nth(1)
+        .expect("a '## Values' section in the chart README");
+    let strip = |cell: &str| -> String {
+        let cell = cell.trim();
+        cell.strip_prefix('`')
+            .and_then(|c| c.strip_suffix('`'))
+            .unwrap_or_else(|| panic!("not one `code` span: {cell:?}"))
+            .to_string()
+    };
+    // key -> (default as written, flag)
+    let mut rows = std::collections::BTreeMap::new();
+    for line in section.lines().filter(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = line.split('|').collect();
+        assert!(cells.len() >= 6, "a row of 4 cells: {line}");
+        let key = strip(cells[1]);
+        let default: Value = serde_norway::from_str(&strip(cells[2]))
+            .unwrap_or_else(|e| panic!("default of {key} is not YAML: {e}"));
+        let flag = (!cells[3].trim().is_empty()).then(|| strip(cells[3]));
+        assert!(
+            rows.insert(key.clone(), (default, flag)).is_none(),
+            "{key} listed twice"
+        );
+    }
+    assert!(rows.len() > 50, "the table was read: {} rows", rows.len());
+
+    fn walk(
+        path: &str,
+        v: &Value,
+        rows: &std::collections::BTreeMap<String, (Value, Option<String>)>,
+        out: &mut Vec<(String, Value)>,
+    ) {
+        match v.as_object() {
+            Some(map) if !map.is_empty() && !rows.contains_key(path) => {
+                for (k, v) in map {
+                    let p = if path.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{path}.{k}")
+                    };
+                    walk(&p, v, rows, out);
+                }
+            }
+            _ => out.push((path.to_string(), v.clone())),
+        }
+    }
+    let mut keys = Vec::new();
+    walk("", &values, &rows, &mut keys);
+
+    let mut problems = Vec::new();
+    let in_values: BTreeSet<&str> = keys.iter().map(|(k, _)| k.as_str()).collect();
+    for (key, value) in &keys {
+        match rows.get(key) {
+            None => problems.push(format!("{key} (default {value}) is not in the README")),
+            Some((documented, _)) if documented != value => problems.push(format!(
+                "{key}: the README says {documented}, values.yaml has {value}"
+            )),
+            _ => {}
+        }
+    }
+    for key in rows.keys() {
+        if !in_values.contains(key.as_str()) {
+            problems.push(format!("{key} is in the README but not in values.yaml"));
+        }
+    }
+
+    // Flags: the program's own, and its default is the chart's.
+    let defaults = |cmd: clap::Command| -> std::collections::BTreeMap<String, Option<String>> {
+        cmd.get_arguments()
+            .filter_map(|a| {
+                let d = a.get_default_values();
+                Some((
+                    format!("--{}", a.get_long()?),
+                    d.first().map(|v| v.to_string_lossy().into_owned()),
+                ))
+            })
+            .collect()
+    };
+    let (controller, agent) = (
+        defaults(ControllerCli::command()),
+        defaults(NodeCli::command()),
+    );
+    for (key, (default, flag)) in &rows {
+        let Some(flag) = flag else { continue };
+        let programs: Vec<_> = match key.split('.').next().unwrap() {
+            "controller" => vec![&controller],
+            "nodeAgent" => vec![&agent],
+            _ => vec![&controller, &agent],
+        };
+        // How the chart turns the value into the flag's value.
+        let as_flag = match (key.as_str(), default) {
+            (k, Value::Number(p)) if k.ends_with(".metricsPort") => format!("0.0.0.0:{p}"),
+            ("nodeAgent.criSocket", Value::String(p)) => format!("unix://{p}"),
+            (_, Value::String(s)) => s.clone(),
+            (_, v) => v.to_string(),
+        };
+        for flags in programs {
+            match flags.get(flag) {
+                None => problems.push(format!("{key}: {flag} is not a flag of the program")),
+                Some(clap_default) => {
+                    // A switch (--dry-run) has no default: off, the chart's `false`.
+                    let clap_default = clap_default.clone().unwrap_or_else(|| {
+                        if default == &Value::Bool(false) {
+                            "false".into()
+                        } else {
+                            String::new()
+                        }
+                    });
+                    if clap_default != as_flag {
+                        problems.push(format!(
+                            "{key}: the chart's default {as_flag:?} is not {flag}'s {clap_default:?}"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "charts/ipreclaim/README.md and values.yaml disagree:\n{}",
+        problems.join("\n")
+    );
+}
+
+/// The Pod Security levels the chart README states, checked by the PodSecurity admission of a
+/// real apiserver: the pods as the chart renders them are created (dry run) in namespaces that
+/// enforce each level.
+#[tokio::test]
+async fn the_pods_meet_the_pod_security_levels_the_readme_states() {
+    let cp = ControlPlane::shared();
+    let client = cp.client().await;
+    let docs = template(&[]);
+    let pod_of = |doc: &Value, name: &str| -> Pod {
+        let spec = if doc["kind"] == "Pod" {
+            doc["spec"].clone()
+        } else {
+            doc["spec"]["template"]["spec"].clone()
+        };
+        serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec})).unwrap()
+    };
+    let pods = [
+        (
+            "controller",
+            pod_of(find(&docs, "Deployment", "-controller"), "controller"),
+        ),
+        (
+            "node-agent",
+            pod_of(find(&docs, "DaemonSet", "-node-agent"), "node-agent"),
+        ),
+        ("test", pod_of(find(&docs, "Pod", "-test-readyz"), "test")),
+    ];
+    // level -> which of them it admits
+    let levels: [(&str, &[&str]); 3] = [
+        ("restricted", &["controller", "test"]),
+        ("baseline", &["controller", "test"]),
+        ("privileged", &["controller", "node-agent", "test"]),
+    ];
+    for (level, admitted) in levels {
+        let ns = cp.namespace(&client, &format!("chart-pss-{level}")).await;
+        let label = json!({"metadata": {"labels": {"pod-security.kubernetes.io/enforce": level}}});
+        Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+            .patch(&ns, &PatchParams::default(), &Patch::Merge(&label))
+            .await
+            .unwrap();
+        let api = Api::<Pod>::namespaced(client.clone(), &ns);
+        let dry = PostParams {
+            dry_run: true,
+            ..Default::default()
+        };
+        for (who, pod) in &pods {
+            let result = api.create(&dry, pod).await;
+            match (admitted.contains(who), result) {
+                (true, Ok(_)) => {}
+                (true, Err(e)) => panic!("{who} refused at {level}: {e}"),
+                (false, Ok(_)) => panic!("{who} admitted at {level}"),
+                (false, Err(kube::Error::Api(s))) => {
+                    // Refused for its hostPath volume (and, at restricted, running as root).
+                    assert_eq!(s.code, 403, "{who} at {level}: {s:?}");
+                    assert!(
+                        s.message
+                            .contains(&format!("violates PodSecurity \"{level}:latest\""))
+                            && s.message.contains("hostPath"),
+                        "{who} at {level}: {}",
+                        s.message
+                    );
+                }
+                (false, Err(e)) => panic!("{who} at {level}: {e}"),
+            }
+        }
+    }
+}
+
+/// A pinned prometheus-operator release: its CRDs (fetched through the Go module proxy, like the
+/// control plane's sources) check the chart's ServiceMonitor and PodMonitor.
+const PROMETHEUS_OPERATOR: &str = "github.com/prometheus-operator/prometheus-operator@v0.85.0";
+
+fn prometheus_operator_crds() -> Vec<std::path::PathBuf> {
+    let out = std::process::Command::new("go")
+        .args(["mod", "download", "-json", PROMETHEUS_OPERATOR])
+        .env("GOTOOLCHAIN", "local")
+        .env("GOFLAGS", "-mod=mod")
+        .current_dir(std::env::temp_dir())
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("run go (install Go, as scripts/setup.sh needs it; the Go module proxy must answer): {e}")
+        });
+    assert!(
+        out.status.success(),
+        "go mod download {PROMETHEUS_OPERATOR} (the Go module proxy must answer): {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let info: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let dir = std::path::PathBuf::from(info["Dir"].as_str().expect("Dir"));
+    ["servicemonitors", "podmonitors"]
+        .iter()
+        .map(|k| {
+            dir.join(format!(
+                "example/prometheus-operator-crd/monitoring.coreos.com_{k}.yaml"
+            ))
+        })
+        .collect()
+}
+
+/// Every new value, installed into the real apiserver with prometheus-operator's own
+/// ServiceMonitor and PodMonitor CRDs: the apiserver accepts every object (its schemas check
+/// the monitors), and what it stores is what the chart rendered.
+#[tokio::test]
+async fn the_chart_with_every_new_value_installs_with_the_real_monitor_crds() {
+    let cp = ControlPlane::shared();
+    let client = cp.client().await;
+    cp.install_crds(&client).await.expect("install crds/");
+    let files = tokio::task::spawn_blocking(prometheus_operator_crds)
+        .await
+        .unwrap();
+    testenv::controlplane::install_crd_files(&client, &files)
+        .await
+        .expect("install prometheus-operator's ServiceMonitor and PodMonitor CRDs");
+    let ns = cp.namespace(&client, "chart-every").await;
+    let every = values_file("every", EVERY_NEW_VALUE);
+    let chart = chart_dir();
+    let wns = format!("whereaboutsNamespace={ns}");
+    helm(
+        Some(cp),
+        &[
+            "install",
+            &ns,
+            chart.to_str().unwrap(),
+            "--namespace",
+            &ns,
+            "--skip-crds",
+            "-f",
+            &every,
+            "--set",
+            &wns,
+        ],
+    )
+    .expect("helm install with every new value");
+    let manifest = documents(
+        &helm(Some(cp), &["get", "manifest", &ns, "--namespace", &ns]).expect("manifest"),
+    );
+    let kinds: BTreeSet<&str> = manifest
+        .iter()
+        .map(|d| d["kind"].as_str().unwrap())
+        .collect();
+    assert!(
+        kinds.contains("ServiceMonitor") && kinds.contains("PodMonitor"),
+        "{kinds:?}"
+    );
+    for doc in &manifest {
+        let live = get_dynamic(&client, doc).await;
+        match doc["kind"].as_str().unwrap() {
+            "ServiceMonitor" | "PodMonitor" => assert_eq!(live["spec"], doc["spec"]),
+            "Deployment" | "DaemonSet" => {
+                let (l, d) = (
+                    &live["spec"]["template"]["spec"],
+                    &doc["spec"]["template"]["spec"],
+                );
+                for field in ["securityContext", "affinity", "nodeSelector", "tolerations"] {
+                    assert_eq!(l[field], d[field], "{} {field}", doc["kind"]);
+                }
+                assert_eq!(
+                    l["containers"][0]["securityContext"],
+                    d["containers"][0]["securityContext"]
+                );
+                assert_eq!(l["serviceAccountName"], d["serviceAccountName"]);
+            }
+            _ => {}
+        }
+    }
+    // A ServiceMonitor the CRD's schema refuses is refused: the check above can fail.
+    let bad = json!({
+        "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
+        "metadata": {"name": "bad", "namespace": ns},
+        "spec": {"selector": {}, "endpoints": [{"port": "metrics", "interval": "soon"}]},
+    });
+    let gvk = GroupVersionKind::gvk("monitoring.coreos.com", "v1", "ServiceMonitor");
+    let (resource, _) = pinned_kind(&client, &gvk).await.unwrap();
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &resource);
+    let obj: DynamicObject = serde_json::from_value(bad).unwrap();
+    match api.create(&PostParams::default(), &obj).await {
+        Err(kube::Error::Api(s)) if s.code == 422 => {}
+        other => panic!("an interval of 'soon' should be refused: {other:?}"),
+    }
+}
+
+/// whereabouts' and Multus's own CRDs already in the cluster (the usual case) stay exactly as
+/// they are, whether the chart is installed with `--skip-crds` or without it (Helm skips a CRD
+/// that exists); the chart's own versions differ from them, so a write would show.
+#[tokio::test]
+async fn upstreams_crds_stay_as_they_are_with_and_without_skip_crds() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use testenv::procs::{pinned_version, unpacked_source};
+    let cp = tokio::task::spawn_blocking(ControlPlane::start)
+        .await
+        .unwrap()
+        .expect("private control plane");
+    let client = cp.client().await;
+    let source = |name: &str, pin: &str| {
+        unpacked_source(&format!("{name}-{}", pinned_version(pin).unwrap()))
+            .unwrap_or_else(|e| panic!("{e:#}"))
+    };
+    let wb = source("whereabouts", "WHEREABOUTS_VERSION").join("doc/crds");
+    let files = vec![
+        wb.join("whereabouts.cni.cncf.io_ippools.yaml"),
+        wb.join("whereabouts.cni.cncf.io_overlappingrangeipreservations.yaml"),
+        wb.join("whereabouts.cni.cncf.io_nodeslicepools.yaml"),
+        source("multus-cni", "MULTUS_VERSION").join("deployments/multus-daemonset.yml"),
+    ];
+    let names = testenv::controlplane::install_crd_files(&client, &files)
+        .await
+        .expect("apply whereabouts' and Multus's CRDs");
+    assert_eq!(names.len(), 4, "{names:?}");
+    let crds = Api::<CustomResourceDefinition>::all(client.clone());
+    let snapshot = || async {
+        let mut out = Vec::new();
+        for name in &names {
+            let crd = crds.get(name).await.unwrap();
+            out.push((
+                name.clone(),
+                crd.metadata.resource_version.clone(),
+                crd.metadata.generation,
+                serde_json::to_value(&crd.spec).unwrap(),
+            ));
+        }
+        out
+    };
+    let before = snapshot().await;
+    // The chart's own version of each differs: had Helm written one, the snapshot would differ.
+    for (name, _, _, spec) in &before {
+        let ours: Value = serde_norway::from_str(
+            &std::fs::read_to_string(chart_dir().join(format!("crds/{name}.yaml"))).unwrap(),
+        )
+        .unwrap();
+        assert_ne!(&ours["spec"], spec, "the chart's {name} is upstream's");
+    }
+
+    let chart = chart_dir();
+    for (release, skip) in [("skip", true), ("plain", false)] {
+        let ns = cp
+            .namespace(&client, &format!("chart-crds-{release}"))
+            .await;
+        let wns = format!("whereaboutsNamespace={ns}");
+        let mut args = vec![
+            "install",
+            release,
+            chart.to_str().unwrap(),
+            "--namespace",
+            &ns,
+            "--set",
+            &wns,
+        ];
+        if skip {
+            args.push("--skip-crds");
+        }
+        helm(Some(&cp), &args).unwrap_or_else(|e| panic!("helm {args:?}: {e:#}"));
+        assert_eq!(
+            snapshot().await,
+            before,
+            "helm install {release}: upstream's CRDs changed"
+        );
+        let ipfences = crds.get_opt("ipfences.ipreclaim.io").await.unwrap();
+        if skip {
+            assert!(ipfences.is_none(), "--skip-crds created the IPFence CRD");
+        } else {
+            // The missing one is created, as the chart has it.
+            let ours: Value = serde_norway::from_str(
+                &std::fs::read_to_string(chart_dir().join("crds/ipfences.ipreclaim.io.yaml"))
+                    .unwrap(),
+            )
+            .unwrap();
+            let live = serde_json::to_value(
+                ipfences
+                    .expect("plain install creates the IPFence CRD")
+                    .spec,
+            )
+            .unwrap();
+            assert_eq!(
+                live["versions"][0]["schema"],
+                ours["spec"]["versions"][0]["schema"]
+            );
+        }
+    }
 }

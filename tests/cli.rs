@@ -194,7 +194,7 @@ async fn scan_prints_each_format_and_exits_like_kubectl_diff() {
     assert_eq!(json[1]["sandbox"], LONG_ID, "JSON keeps the whole id");
     let out = scan(&["--output=yaml"]);
     assert_eq!(code(&out), 1, "{}", explain(&out));
-    let yaml: Value = serde_yaml::from_str(&stdout(&out)).expect("YAML");
+    let yaml: Value = serde_norway::from_str(&stdout(&out)).expect("YAML");
     assert_eq!(yaml, json);
 
     // -n filters by the pods' namespace: nothing of another namespace, exit 0.
@@ -376,7 +376,7 @@ fn the_krew_manifest_installs_the_binary_under_the_plugin_name() {
             }
         }
     }
-    let m: Value = serde_yaml::from_str(&rendered).unwrap_or_else(|e| panic!("{e}:\n{rendered}"));
+    let m: Value = serde_norway::from_str(&rendered).unwrap_or_else(|e| panic!("{e}:\n{rendered}"));
     assert_eq!(
         m["apiVersion"],
         "krew.googlecontainertools.github.com/v1alpha2"

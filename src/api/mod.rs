@@ -278,22 +278,22 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
 }
 
 /// Every CRD as one multi-document YAML stream (what `ipreclaim crds` prints and `crds/` holds).
-pub fn crds_yaml() -> Result<String, serde_yaml::Error> {
+pub fn crds_yaml() -> Result<String, serde_norway::Error> {
     let mut out = String::new();
     for crd in crds() {
         out.push_str("---\n");
-        out.push_str(&serde_yaml::to_string(&crd)?);
+        out.push_str(&serde_norway::to_string(&crd)?);
     }
     Ok(out)
 }
 
 /// File name under `crds/` for each CRD, with its YAML.
-pub fn crd_files() -> Result<Vec<(String, String)>, serde_yaml::Error> {
+pub fn crd_files() -> Result<Vec<(String, String)>, serde_norway::Error> {
     crds()
         .into_iter()
         .map(|crd| {
             let name = crd.metadata.name.clone().unwrap_or_default();
-            Ok((format!("{name}.yaml"), serde_yaml::to_string(&crd)?))
+            Ok((format!("{name}.yaml"), serde_norway::to_string(&crd)?))
         })
         .collect()
 }

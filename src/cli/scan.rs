@@ -103,7 +103,7 @@ fn render(rows: &[ScanRow], output: Output, headers: bool) -> anyhow::Result<Str
         Output::Table => ipreclaim::scan::render(rows, false, headers),
         Output::Wide => ipreclaim::scan::render(rows, true, headers),
         Output::Json => serde_json::to_string_pretty(rows)? + "\n",
-        Output::Yaml => serde_yaml::to_string(rows)?,
+        Output::Yaml => serde_norway::to_string(rows)?,
     })
 }
 
@@ -147,7 +147,7 @@ mod tests {
         let json: serde_json::Value =
             serde_json::from_str(&render(&rows, Output::Json, true).unwrap()).unwrap();
         let yaml: serde_json::Value =
-            serde_yaml::from_str(&render(&rows, Output::Yaml, true).unwrap()).unwrap();
+            serde_norway::from_str(&render(&rows, Output::Yaml, true).unwrap()).unwrap();
         assert_eq!(json, yaml);
         assert_eq!(json[0]["decision"], "release");
         assert_eq!(render(&[], Output::Json, true).unwrap(), "[]\n");

@@ -18,6 +18,7 @@ fn parse_ratio(s: &str) -> Result<f64, String> {
 
 /// Flags of `ipreclaim controller` (each also read from the environment variable shown).
 #[derive(Debug, Clone, clap::Args)]
+#[command(args_override_self = true)] // a repeated flag takes its last value (the chart's extraArgs)
 pub struct ControllerArgs {
     /// Namespace of the IPPools and reservations (where the whereabouts CNI writes them).
     #[arg(long, env = "WHEREABOUTS_NAMESPACE", default_value = "kube-system")]

@@ -71,6 +71,7 @@ const WITNESS_MAX_RECHECK: Duration = Duration::from_secs(60);
 
 /// Flags of `ipreclaim node-agent` (each also read from the environment variable shown).
 #[derive(Debug, Clone, clap::Args)]
+#[command(args_override_self = true)] // a repeated flag takes its last value (the chart's extraArgs)
 pub struct NodeAgentArgs {
     /// The container runtime's CRI socket.
     #[arg(

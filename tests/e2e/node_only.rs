@@ -451,7 +451,7 @@ async fn start_whereabouts_control_loop(node: &'static Node, client: &Client) {
     ))
     .unwrap();
     let text = std::fs::read_to_string(wb.join("doc/crds/daemonset-install.yaml")).unwrap();
-    for doc in serde_yaml::Deserializer::from_str(&text) {
+    for doc in serde_norway::Deserializer::from_str(&text) {
         let obj: kube::api::DynamicObject = serde::Deserialize::deserialize(doc).unwrap();
         let kind = obj
             .types

@@ -30,11 +30,20 @@ app.kubernetes.io/component: {{ .component }}
 {{- if ne .root.Release.Namespace "default" }}-{{ .root.Release.Namespace }}{{ end -}}
 {{- end -}}
 
-{{- define "ipreclaim.containerSecurity" -}}
-allowPrivilegeEscalation: false
-readOnlyRootFilesystem: true
-capabilities:
-  drop: ["ALL"]
-seccompProfile:
-  type: RuntimeDefault
+{{/* The ServiceAccount name of a component: .root, .component ("controller" or "node-agent"), .values. */}}
+{{- define "ipreclaim.serviceAccountName" -}}
+{{- .values.serviceAccount.name | default (printf "%s-%s" (include "ipreclaim.fullname" .root) .component) -}}
+{{- end -}}
+
+{{/* topologySpreadConstraints with the component's own pods as labelSelector where none is given. */}}
+{{- define "ipreclaim.topologySpread" -}}
+{{- $out := list }}
+{{- range .constraints }}
+{{- $c := deepCopy . }}
+{{- if not (hasKey $c "labelSelector") }}
+{{- $_ := set $c "labelSelector" (dict "matchLabels" (include "ipreclaim.selector" (dict "root" $.root "component" $.component) | fromYaml)) }}
+{{- end }}
+{{- $out = append $out $c }}
+{{- end }}
+{{- toYaml $out }}
 {{- end -}}

@@ -670,12 +670,12 @@ pub async fn install_crd_files(client: &Client, files: &[PathBuf]) -> Result<Vec
     for path in files {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let value: serde_yaml::Value = serde::Deserialize::deserialize(doc)?;
+        for doc in serde_norway::Deserializer::from_str(&text) {
+            let value: serde_norway::Value = serde::Deserialize::deserialize(doc)?;
             if value.get("kind").and_then(|k| k.as_str()) != Some("CustomResourceDefinition") {
                 continue;
             }
-            let crd: CustomResourceDefinition = serde_yaml::from_value(value)
+            let crd: CustomResourceDefinition = serde_norway::from_value(value)
                 .with_context(|| format!("parse {}", path.display()))?;
             let name = crd.metadata.name.clone().context("CRD without a name")?;
             api.patch(

@@ -1,0 +1,93 @@
+//! Both programs take the last value of a flag given more than once (clap's
+//! `args_override_self`), so the chart's `extraArgs`, which come after its own flags, override
+//! them. (That the chart renders `extraArgs` last is tested in `chart.rs`.)
+
+use clap::Parser;
+use ipreclaim::controller::ControllerArgs;
+use ipreclaim::node::NodeAgentArgs;
+
+#[derive(Parser)]
+struct ControllerCli {
+    #[command(flatten)]
+    args: ControllerArgs,
+}
+
+#[derive(Parser)]
+struct NodeCli {
+    #[command(flatten)]
+    args: NodeAgentArgs,
+}
+
+/// A flag given twice takes the last value (clap's `args_override_self`), for every kind of
+/// flag: durations, numbers, strings, optional values, `=BOOL` and plain switches.
+#[test]
+fn a_repeated_flag_takes_its_last_value() {
+    let parsed = ControllerCli::try_parse_from([
+        "controller",
+        "--sweep-interval",
+        "1m",
+        "--sweep-interval",
+        "2m",
+        "--max-release-ratio=0.1",
+        "--max-release-ratio=0.2",
+        "--lease-name=a",
+        "--lease-name=b",
+        "--fence-timeout=1m",
+        "--fence-timeout=5m",
+        "--release-terminal-pods=false",
+        "--release-terminal-pods=true",
+        "--max-retries=1",
+        "--max-retries=9",
+        "--dry-run",
+        "--dry-run",
+    ])
+    .unwrap_or_else(|e| panic!("repeated controller flags: {e}"));
+    let a = parsed.args;
+    assert_eq!(a.sweep_interval, std::time::Duration::from_secs(120));
+    assert_eq!(a.max_release_ratio, 0.2);
+    assert_eq!(a.lease_name, "b");
+    assert_eq!(a.fence_timeout, Some(std::time::Duration::from_secs(300)));
+    assert!(a.release_terminal_pods);
+    assert_eq!(a.max_retries, 9);
+    assert!(a.dry_run);
+
+    let parsed = NodeCli::try_parse_from([
+        "node-agent",
+        "--node-name=a",
+        "--node-name=b",
+        "--cri-endpoint=unix:///a.sock",
+        "--cri-endpoint=unix:///b.sock",
+        "--sandbox-grace=1s",
+        "--sandbox-grace=7s",
+    ])
+    .unwrap_or_else(|e| panic!("repeated node-agent flags: {e}"));
+    assert_eq!(parsed.args.node_name, "b");
+    assert_eq!(parsed.args.cri_endpoint, "unix:///b.sock");
+    assert_eq!(parsed.args.sandbox_grace, std::time::Duration::from_secs(7));
+
+    // The binary's own subcommands (built from the same structs) accept them too.
+    for args in [
+        [
+            "controller",
+            "--sweep-interval=1m",
+            "--sweep-interval=2m",
+            "--help",
+        ],
+        [
+            "node-agent",
+            "--relist-period=1s",
+            "--relist-period=2s",
+            "--help",
+        ],
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ipreclaim"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "ipreclaim {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
