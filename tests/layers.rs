@@ -1,5 +1,5 @@
-//! Modules only import downwards: the resource types (`api`), the watch retry and the flags <
-//! the pure domain (`ipam` < `reclaim` < `index`) < `telemetry` < `release` < the programs
+//! Modules only import downwards: the resource types (`api`) and the flags < the pure domain
+//! (`ipam` < `reclaim` < `index`) < `telemetry` < the watch retry < `release` < the programs
 //! (`controller`, `node`) < `scan`, and the programs not from each other. The pure modules use no async
 //! runtime and no API client; `podlife` knows nothing of Kubernetes.
 
@@ -8,11 +8,12 @@ use std::path::{Path, PathBuf};
 /// The layers, from the ground up: a module imports only from the layers below its own, never
 /// from a module beside it in its layer or above it.
 const LAYERS: &[&[&str]] = &[
-    &["api", "watch_retry", "flags"],
+    &["api", "flags"],
     &["ipam"],
     &["reclaim"],
     &["index"],
     &["telemetry"],
+    &["watch_retry"],
     &["release"],
     &["controller", "node"],
     &["scan"],

@@ -149,7 +149,7 @@ impl Releaser {
         }
         let results = self.writer.release(reqs.clone()).await;
         let written = Written::tally(&reqs, &results);
-        crate::telemetry::audit::emit_all(reqs.iter().zip(&results), None, Some(&self.node));
+        crate::release::audit::emit_all(reqs.iter().zip(&results), None, Some(&self.node));
         for (network, ips) in &written.released {
             self.events
                 .released_sandbox_gone(&podref, ips, network, &sb.id)

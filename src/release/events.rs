@@ -227,7 +227,7 @@ impl Events {
         for (req, outcome) in results {
             // The audit line of each address written, beside its Event.
             let why = lifted.map(|(why, _)| why);
-            if let Some(audit) = crate::telemetry::audit::AuditRecord::of(req, outcome, why, None) {
+            if let Some(audit) = crate::release::audit::AuditRecord::of(req, outcome, why, None) {
                 audit.emit();
             }
             if let (Ok(ReleaseOutcome::Fenced), EntryWrite::Fence(r)) = (outcome, &req.write) {

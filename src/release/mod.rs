@@ -1,6 +1,7 @@
 //! The release path, shared by the controller and the node agent: the batching pool writer
 //! (releases, fences, reservation deletes), the Event publisher, and the types they share.
 
+pub mod audit;
 pub mod batch;
 pub mod budget;
 mod deletes;

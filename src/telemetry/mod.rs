@@ -1,6 +1,5 @@
-//! Metrics registry, the /metrics /healthz /readyz server, logging setup, the audit trail.
+//! Metrics registry, the /metrics /healthz /readyz server, logging setup.
 
-pub mod audit;
 pub mod logging;
 pub mod metrics;
 pub mod node_metrics;
