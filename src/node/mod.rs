@@ -395,6 +395,62 @@ impl Agent {
     }
 }
 
+/// The releaser of dead sandboxes: its own writer (no index: it reads pools fresh) and
+/// Events as `node-agent/<node>`.
+fn releaser(
+    client: &Client,
+    args: &NodeAgentArgs,
+    budgets: &Budgets,
+    writes: WriteMetrics,
+    metrics: &NodeMetrics,
+) -> Releaser {
+    let component = format!("node-agent/{}", args.node_name);
+    let events = Events::new(client.clone(), &component, budgets.clone(), writes.clone());
+    let ns = &args.whereabouts_namespace;
+    let writer = writer::Writer::new(client.clone(), ns, budgets.clone(), events.clone(), writes)
+        .patch_interval(POOL_PATCH_INTERVAL)
+        .dry_run(args.dry_run);
+    Releaser {
+        client: client.clone(),
+        namespace: args.whereabouts_namespace.clone(),
+        node: args.node_name.clone(),
+        writer: writer::spawn(Arc::new(writer)),
+        events,
+        reclaim: ReclaimConfig::default(),
+        metrics: metrics.clone(),
+    }
+}
+
+/// Serves /metrics and the probes on `addr`; live while the PLEG is healthy.
+async fn serve(
+    addr: SocketAddr,
+    registry: Registry,
+    pleg: &PlegHandle,
+) -> anyhow::Result<(Health, SocketAddr, tokio::task::JoinHandle<()>)> {
+    let live = pleg.clone();
+    let health = Health::with_liveness(move || live.healthy().map_err(|e| e.to_string()));
+    let (bound, server) = crate::telemetry::serve(addr, Arc::new(registry), health.clone())
+        .await
+        .with_context(|| format!("bind metrics address {addr}"))?;
+    Ok((health, bound, server))
+}
+
+/// The first wait before a dead sandbox's failed release is tried again.
+fn witness_recheck(args: &NodeAgentArgs) -> Duration {
+    args.relist_period.max(WITNESS_MIN_RECHECK)
+}
+
+/// The writer of this node's fence reports.
+fn reporter(client: &Client, args: &NodeAgentArgs, budgets: &Budgets) -> fences::Reporter {
+    fences::Reporter {
+        client: client.clone(),
+        namespace: args.whereabouts_namespace.clone(),
+        node: args.node_name.clone(),
+        dry_run: args.dry_run,
+        budgets: budgets.clone(),
+    }
+}
+
 /// The PLEG, its events, and the runtime view its source keeps.
 type PlegParts = (
     Pleg<CriPodSource>,
@@ -459,12 +515,7 @@ pub async fn run(
         let (m, h) = (metrics.clone(), handle.clone());
         pleg.set_observer(move |stats| m.observe_relist(&stats, &h));
     }
-    let live = handle.clone();
-    let health = Health::with_liveness(move || live.healthy().map_err(|e| e.to_string()));
-    let (metrics_addr, server) =
-        crate::telemetry::serve(args.metrics_addr, Arc::new(registry), health.clone())
-            .await
-            .with_context(|| format!("bind metrics address {}", args.metrics_addr))?;
+    let (health, metrics_addr, server) = serve(args.metrics_addr, registry, &handle).await?;
     on_start(&NodeRunning {
         health: health.clone(),
         metrics_addr,
@@ -476,32 +527,7 @@ pub async fn run(
     let (fence_map, fence_task) =
         fences::watch(client.clone(), &args.whereabouts_namespace, &args.node_name);
     let budgets = Budgets::new(NODE_BUDGETS, clock.clone(), writes.clone());
-    let events_pub = Events::new(
-        client.clone(),
-        &format!("node-agent/{}", args.node_name),
-        budgets.clone(),
-        writes.clone(),
-    );
-    let ns = &args.whereabouts_namespace;
-    let writer = writer::Writer::new(
-        client.clone(),
-        ns,
-        budgets.clone(),
-        events_pub.clone(),
-        writes,
-    )
-    .patch_interval(POOL_PATCH_INTERVAL)
-    .dry_run(args.dry_run);
-    let writer = writer::spawn(Arc::new(writer));
-    let releaser = Arc::new(Releaser {
-        client: client.clone(),
-        namespace: args.whereabouts_namespace.clone(),
-        node: args.node_name.clone(),
-        writer,
-        events: events_pub,
-        reclaim: ReclaimConfig::default(),
-        metrics: metrics.clone(),
-    });
+    let releaser = Arc::new(releaser(&client, &args, &budgets, writes, &metrics));
     let (stop_pleg_tx, stop_pleg_rx) = tokio::sync::oneshot::channel::<()>();
     let pleg_task = tokio::spawn(pleg.run(async {
         let _ = stop_pleg_rx.await;
@@ -513,7 +539,7 @@ pub async fn run(
         pods: pods.clone(),
         witness: Witness::new(
             args.sandbox_grace,
-            args.relist_period.max(WITNESS_MIN_RECHECK),
+            witness_recheck(&args),
             WITNESS_MAX_RECHECK,
         ),
         metrics,
@@ -522,13 +548,7 @@ pub async fn run(
         pleg: handle.clone(),
         fences: fence_map,
         evidence: evidence::Evidence::new(&args.node_name),
-        reporter: Arc::new(fences::Reporter {
-            client: client.clone(),
-            namespace: args.whereabouts_namespace.clone(),
-            node: args.node_name.clone(),
-            dry_run: args.dry_run,
-            budgets: budgets.clone(),
-        }),
+        reporter: Arc::new(reporter(&client, &args, &budgets)),
         evidence_listing: 0,
     };
     let main = async {

@@ -97,25 +97,14 @@ impl Releaser {
         let Some((namespace, name, false)) = pod else {
             return Ok(Outcome::PodGone);
         };
-        // The watch may lag: look at the pod itself.
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
-        let pod = match pods.get_opt(&name).await {
-            Ok(Some(p)) if p.metadata.uid.as_deref() == Some(sb.pod_uid.as_str()) => p,
-            Ok(Some(_)) | Ok(None) => return Ok(Outcome::PodGone),
-            Err(e) => return Err(failed(&format!("get pod {namespace}/{name}"), e)),
-        };
-        if pod.metadata.deletion_timestamp.is_some() {
+        let Some(pod) = self.live_pod(&namespace, &name, &sb.pod_uid).await? else {
             return Ok(Outcome::PodGone);
-        }
+        };
         let networks = pod_networks(pod.annotations(), &namespace);
         for why in &networks.ignored {
             tracing::warn!(pod = %format!("{namespace}/{name}"), %why, "annotation ignored");
         }
-        let podref = PodRef {
-            namespace: namespace.clone(),
-            name: name.clone(),
-            uid: sb.pod_uid.clone(),
-        };
+        let podref = PodRef::from_podref(&format!("{namespace}/{name}"), sb.pod_uid.clone());
         let live = LivePod {
             uid: &sb.pod_uid,
             phase: PodPhase::parse(pod.status.as_ref().and_then(|s| s.phase.as_deref())),
@@ -169,6 +158,27 @@ impl Releaser {
             None if written.dry_run > 0 => Outcome::DryRun(written.dry_run),
             None => Outcome::Released(released.len()),
         })
+    }
+
+    /// The pod `namespace/name` if it is still the live pod of `uid` (the watch may lag: the
+    /// pod itself is read); `None` when it is gone, replaced or being deleted.
+    async fn live_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> Result<Option<Pod>, Outcome> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        match pods.get_opt(name).await {
+            Ok(Some(p))
+                if p.metadata.uid.as_deref() == Some(uid)
+                    && p.metadata.deletion_timestamp.is_none() =>
+            {
+                Ok(Some(p))
+            }
+            Ok(_) => Ok(None),
+            Err(e) => Err(failed(&format!("get pod {namespace}/{name}"), e)),
+        }
     }
 
     /// The entries of `pool`, read fresh (`None`: gone, or unreadable and skipped).

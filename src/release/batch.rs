@@ -2,14 +2,15 @@
 //! first, each request told which write answers it; a refused group split until the refused
 //! entry is alone.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::ipam::fence::fenced_podref;
 
-use super::types::{EntryWrite, ReleaseRequest};
+use super::types::{EntryWrite, ReleaseError, ReleaseOutcome, ReleaseRequest};
+use crate::api::IPAllocation;
 
 /// Whether `podref` is what `write`, a fence, makes of its entry.
-pub fn fenced_as(write: &EntryWrite, podref: &str) -> bool {
+fn fenced_as(write: &EntryWrite, podref: &str) -> bool {
     matches!(write, EntryWrite::Fence(r) if podref == fenced_podref(&r.podref))
 }
 
@@ -76,6 +77,31 @@ pub enum Answer {
     By(usize),
     /// None: another allocation at the same key is written instead.
     Other,
+}
+
+/// What a fresh read of the pool (`allocations`) says of a refused `group`: each request's
+/// entry gone, changed, or written already (fenced: a first patch that answered late, or
+/// another writer completing the same fence) gets its outcome; those still as they were are
+/// returned, to be written again.
+pub fn settle_against(
+    reqs: &[ReleaseRequest],
+    group: &[usize],
+    allocations: &BTreeMap<String, IPAllocation>,
+    outcomes: &mut [Option<Result<ReleaseOutcome, ReleaseError>>],
+) -> Vec<usize> {
+    let mut still = Vec::with_capacity(group.len());
+    for &i in group {
+        let e = &reqs[i].judged.entry;
+        match allocations.get(&e.key) {
+            None => outcomes[i] = Some(Ok(ReleaseOutcome::AlreadyGone)),
+            Some(a) if a.id == e.id && a.podref == e.podref => still.push(i),
+            Some(a) if a.id == e.id && fenced_as(&reqs[i].write, &a.podref) => {
+                outcomes[i] = Some(Ok(ReleaseOutcome::Released))
+            }
+            Some(_) => outcomes[i] = Some(Ok(ReleaseOutcome::Changed)),
+        }
+    }
+    still
 }
 
 /// A refused group split in two: fences apart from the rest first (a fence grows the pool;
@@ -150,5 +176,39 @@ mod tests {
         assert_eq!(split(&reqs, vec![0, 1, 2, 3]), [vec![1, 3], vec![0, 2]]);
         assert_eq!(split(&reqs, vec![1, 3]), [vec![1], vec![3]]);
         assert_eq!(split(&reqs, vec![0, 2]), [vec![0], vec![2]]);
+    }
+
+    #[test]
+    fn a_fresh_read_settles_what_changed_and_keeps_what_did_not() {
+        let reqs = vec![
+            request("1", "ns/a", EntryWrite::Remove),
+            request("2", "ns/b", EntryWrite::Fence(record())),
+            request("3", "ns/c", EntryWrite::Remove),
+            request("4", "ns/d", EntryWrite::Remove),
+        ];
+        let alloc = |id: &str, podref: &str| IPAllocation {
+            id: id.into(),
+            podref: podref.into(),
+            ifname: None,
+            ipamclaimref: None,
+        };
+        let allocations = BTreeMap::from([
+            // 1 is gone; 2 is fenced already; 3 is another sandbox's now; 4 is as it was.
+            ("2".to_string(), alloc("sb", "ns/web-0:fenced")),
+            ("3".to_string(), alloc("sb-new", "ns/c")),
+            ("4".to_string(), alloc("sb", "ns/d")),
+        ]);
+        let mut outcomes = vec![None; 4];
+        let still = settle_against(&reqs, &[0, 1, 2, 3], &allocations, &mut outcomes);
+        assert_eq!(still, [3]);
+        assert_eq!(
+            outcomes,
+            [
+                Some(Ok(ReleaseOutcome::AlreadyGone)),
+                Some(Ok(ReleaseOutcome::Released)),
+                Some(Ok(ReleaseOutcome::Changed)),
+                None
+            ]
+        );
     }
 }

@@ -14,7 +14,7 @@ use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
 use tokio::sync::{mpsc, oneshot};
 
-use super::batch::{Answer, fenced_as, one_write_per_entry, split};
+use super::batch::{Answer, one_write_per_entry, settle_against, split};
 use super::budget::{Budgets, WriteKind};
 use super::deletes;
 use super::events::Events;
@@ -269,23 +269,7 @@ impl Writer {
         items: Vec<(ReleaseRequest, Reply)>,
     ) -> Vec<ObjectDelete> {
         if self.dry_run {
-            for (req, reply) in items {
-                let j = &req.judged;
-                if let EntryWrite::Fence(record) = &req.write {
-                    if self.first_dry_run_report(pool, &j.entry.key, &j.entry.id) {
-                        self.events.fenced(&j.pod, j.entry.ip, record, true).await;
-                    }
-                } else if self.first_dry_run_report(pool, &j.entry.key, &j.entry.id) {
-                    self.events
-                        .dry_run(&j.pod, j.entry.ip, &j.network, req.reason)
-                        .await;
-                    self.metrics
-                        .dry_run_releases
-                        .get_or_create(&req.reason.as_str().to_string().into())
-                        .inc();
-                }
-                let _ = reply.send(Ok(ReleaseOutcome::DryRun));
-            }
+            self.report_dry_run(pool, items).await;
             return Vec::new();
         }
         let (reqs, replies) = one_write_per_entry(items);
@@ -344,6 +328,27 @@ impl Writer {
             let _ = reply.send(outcome);
         }
         after
+    }
+
+    /// `--dry-run`: reports each decision once (Event, metric) and writes nothing.
+    async fn report_dry_run(&self, pool: &str, items: Vec<(ReleaseRequest, Reply)>) {
+        for (req, reply) in items {
+            let j = &req.judged;
+            if let EntryWrite::Fence(record) = &req.write {
+                if self.first_dry_run_report(pool, &j.entry.key, &j.entry.id) {
+                    self.events.fenced(&j.pod, j.entry.ip, record, true).await;
+                }
+            } else if self.first_dry_run_report(pool, &j.entry.key, &j.entry.id) {
+                self.events
+                    .dry_run(&j.pod, j.entry.ip, &j.network, req.reason)
+                    .await;
+                self.metrics
+                    .dry_run_releases
+                    .get_or_create(&req.reason.as_str().to_string().into())
+                    .inc();
+            }
+            let _ = reply.send(Ok(ReleaseOutcome::DryRun));
+        }
     }
 
     /// Whether this allocation's dry-run decision is new (and remembers it). Allocations gone
@@ -414,20 +419,7 @@ impl Writer {
                     .is_some_and(|p| p.metadata.annotations.is_some()),
             );
             let allocations = current.map(|p| p.spec.allocations).unwrap_or_default();
-            let mut still = Vec::with_capacity(group.len());
-            for &i in &group {
-                let e = &reqs[i].judged.entry;
-                match allocations.get(&e.key) {
-                    None => outcomes[i] = Some(Ok(ReleaseOutcome::AlreadyGone)),
-                    Some(a) if a.id == e.id && a.podref == e.podref => still.push(i),
-                    // Fenced already (a first patch that answered late, or another writer
-                    // completing the same fence): written.
-                    Some(a) if a.id == e.id && fenced_as(&reqs[i].write, &a.podref) => {
-                        outcomes[i] = Some(Ok(ReleaseOutcome::Released))
-                    }
-                    Some(_) => outcomes[i] = Some(Ok(ReleaseOutcome::Changed)),
-                }
-            }
+            let still = settle_against(reqs, &group, &allocations, &mut outcomes);
             match (still.len() == group.len(), still.len()) {
                 (_, 0) => {}
                 // Something changed: the rest goes again, as it is.
