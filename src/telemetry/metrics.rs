@@ -141,76 +141,6 @@ impl WriteMetrics {
             pool_patch_seconds: Histogram::new(LATENCY_BUCKETS),
             pool_patch_entries: Histogram::new(BATCH_BUCKETS),
         };
-        r.register(
-            "events_published",
-            "Kubernetes Events published",
-            m.events_published.clone(),
-        );
-        r.register(
-            "events_dropped",
-            "Kubernetes Events dropped: queue full, or refused or failing for two minutes",
-            m.events_dropped.clone(),
-        );
-        r.register(
-            "pool_patch_duration_seconds",
-            "Time of one pool patch request (the apiserver's cost grows with the pool's size)",
-            m.pool_patch_seconds.clone(),
-        );
-        r.register(
-            "pool_patch_entries",
-            "Entries released or fenced by one pool patch",
-            m.pool_patch_entries.clone(),
-        );
-        r.register(
-            "api_throttled",
-            "Writes the apiserver answered 429 Too Many Requests; every write then paused for its Retry-After",
-            m.throttled.clone(),
-        );
-        r.register(
-            "fences",
-            "Addresses fenced: kept allocated because the deleted pod's node was not Ready",
-            m.fences.clone(),
-        );
-        r.register(
-            "fence_write_failures",
-            "Fence writes that failed: the address is kept and the fence retried with backoff, never released instead",
-            m.fence_failures.clone(),
-        );
-        r.register(
-            "reservations_kept",
-            "Reservation deletes not sent because a live allocation of the pod holds the address",
-            m.reservations_kept.clone(),
-        );
-        r.register(
-            "reservations_restored",
-            "Reservations put back because an allocation for the pod and address appeared as they were deleted",
-            m.reservations_restored.clone(),
-        );
-        r.register(
-            "releases",
-            "Addresses released, by reason",
-            m.releases.clone(),
-        );
-        r.register(
-            "dry_run_releases",
-            "Releases decided but not written (dry-run), by reason",
-            m.dry_run_releases.clone(),
-        );
-        r.register(
-            "release_failures",
-            "Release failures, by cause",
-            m.failures.clone(),
-        );
-        r.register(
-            "deletion_to_release_seconds",
-            "Time from seeing a pod deletion to its addresses being released",
-            m.deletion_to_release_seconds.clone(),
-        );
-        r.register(
-            "api_writes",
-            "API write requests, by verb",
-            m.api_writes.clone(),
-        );
         // Every known series from the start at 0: a family without series is not on /metrics
         // at all, and rate() and alerts need the zero.
         for reason in crate::reclaim::Reason::ALL {
@@ -223,7 +153,87 @@ impl WriteMetrics {
         for verb in ["patch", "delete"] {
             let _ = m.api_writes.get_or_create(&labels(verb));
         }
+        m.register_releases(r);
+        m.register_writes(r);
         m
+    }
+
+    /// Releases, fences and reservations: what was written and why.
+    fn register_releases(&self, r: &mut Registry) {
+        r.register(
+            "releases",
+            "Addresses released, by reason",
+            self.releases.clone(),
+        );
+        r.register(
+            "dry_run_releases",
+            "Releases decided but not written (dry-run), by reason",
+            self.dry_run_releases.clone(),
+        );
+        r.register(
+            "release_failures",
+            "Release failures, by cause",
+            self.failures.clone(),
+        );
+        r.register(
+            "deletion_to_release_seconds",
+            "Time from seeing a pod deletion to its addresses being released",
+            self.deletion_to_release_seconds.clone(),
+        );
+        r.register(
+            "fences",
+            "Addresses fenced: kept allocated because the deleted pod's node was not Ready",
+            self.fences.clone(),
+        );
+        r.register(
+            "fence_write_failures",
+            "Fence writes that failed: the address is kept and the fence retried with backoff, never released instead",
+            self.fence_failures.clone(),
+        );
+        r.register(
+            "reservations_kept",
+            "Reservation deletes not sent because a live allocation of the pod holds the address",
+            self.reservations_kept.clone(),
+        );
+        r.register(
+            "reservations_restored",
+            "Reservations put back because an allocation for the pod and address appeared as they were deleted",
+            self.reservations_restored.clone(),
+        );
+    }
+
+    /// The API writes themselves: patches, throttling, Events.
+    fn register_writes(&self, r: &mut Registry) {
+        r.register(
+            "api_writes",
+            "API write requests, by verb",
+            self.api_writes.clone(),
+        );
+        r.register(
+            "api_throttled",
+            "Writes the apiserver answered 429 Too Many Requests; every write then paused for its Retry-After",
+            self.throttled.clone(),
+        );
+        r.register(
+            "pool_patch_duration_seconds",
+            "Time of one pool patch request (the apiserver's cost grows with the pool's size)",
+            self.pool_patch_seconds.clone(),
+        );
+        r.register(
+            "pool_patch_entries",
+            "Entries released or fenced by one pool patch",
+            self.pool_patch_entries.clone(),
+        );
+        r.register(
+            "events_published",
+            "Kubernetes Events published",
+            self.events_published.clone(),
+        );
+        r.register(
+            "events_dropped",
+            "Kubernetes Events dropped: queue full, or refused or failing for two minutes",
+            self.events_dropped.clone(),
+        );
     }
 
     /// Counts a release.
@@ -312,30 +322,33 @@ impl ControllerMetrics {
             leader: Gauge::default(),
             invalid_objects: Family::default(),
         };
-        r.register(
-            "invalid_objects",
-            "Objects skipped because they do not fit their schema, by kind",
-            m.invalid_objects.clone(),
-        );
+        m.register_fencing(r);
+        m.register_sweep(r);
+        m.register_cache(r);
+        m
+    }
+
+    /// Fences: held, their age, unready nodes, rejected node-agent reports.
+    fn register_fencing(&self, r: &mut Registry) {
         r.register(
             "fenced_addresses",
             "Addresses held by a fence now",
-            m.fenced_addresses.clone(),
+            self.fenced_addresses.clone(),
         );
         r.register(
             "fence_oldest_age_seconds",
             "Age of the oldest fence held",
-            m.oldest_fence_seconds.clone(),
+            self.oldest_fence_seconds.clone(),
         );
         r.register(
             "unready_nodes",
             "Nodes not Ready now: their pods' addresses are fenced when the pods are deleted",
-            m.unready_nodes.clone(),
+            self.unready_nodes.clone(),
         );
         r.register(
             "fence_evidence_rejected",
             "Node agent reports on fences that did not count (another node, pod or fence; malformed), by reason",
-            m.fence_evidence_rejected.clone(),
+            self.fence_evidence_rejected.clone(),
         );
         for reason in [
             "unbound",
@@ -344,75 +357,87 @@ impl ControllerMetrics {
             "wrong_pod",
             "other_fence",
         ] {
-            let _ = m.fence_evidence_rejected.get_or_create(&ReasonLabel {
+            let _ = self.fence_evidence_rejected.get_or_create(&ReasonLabel {
                 reason: reason.into(),
             });
         }
-        r.register(
-            "leader",
-            "1 while this replica leads and may write (it holds the Lease and renewed it within the renew deadline), else 0",
-            m.leader.clone(),
-        );
+    }
+
+    /// Pools and the sweep: allocations, unreadable entries, candidates, holds.
+    fn register_sweep(&self, r: &mut Registry) {
         r.register(
             "allocations",
             "Allocations per IP pool",
-            m.allocations.clone(),
+            self.allocations.clone(),
         );
         r.register(
             "pool_problem_entries",
             "Pool entries that cannot be read",
-            m.pool_problems.clone(),
+            self.pool_problems.clone(),
         );
         r.register(
             "gc_candidates",
             "Allocations seen as garbage, waiting for the grace period",
-            m.candidates.clone(),
+            self.candidates.clone(),
         );
         r.register(
             "gc_candidate_oldest_age_seconds",
             "Age of the oldest candidate",
-            m.oldest_candidate_seconds.clone(),
-        );
-        r.register(
-            "queue_depth",
-            "Items waiting in the work queue",
-            m.queue_depth.clone(),
-        );
-        r.register(
-            "queue_retries",
-            "Items re-queued after a failure",
-            m.retries.clone(),
+            self.oldest_candidate_seconds.clone(),
         );
         r.register(
             "sweep_duration_seconds",
             "Duration of a leak sweep",
-            m.sweep_duration_seconds.clone(),
+            self.sweep_duration_seconds.clone(),
         );
         r.register(
             "breaker_holds",
             "Sweeps held by the blast-radius breaker",
-            m.breaker_holds.clone(),
+            self.breaker_holds.clone(),
+        );
+    }
+
+    /// The cache and the queue: watches, bad input, leadership.
+    fn register_cache(&self, r: &mut Registry) {
+        r.register(
+            "invalid_objects",
+            "Objects skipped because they do not fit their schema, by kind",
+            self.invalid_objects.clone(),
+        );
+        r.register(
+            "leader",
+            "1 while this replica leads and may write (it holds the Lease and renewed it within the renew deadline), else 0",
+            self.leader.clone(),
+        );
+        r.register(
+            "queue_depth",
+            "Items waiting in the work queue",
+            self.queue_depth.clone(),
+        );
+        r.register(
+            "queue_retries",
+            "Items re-queued after a failure",
+            self.retries.clone(),
         );
         r.register(
             "watch_gap_deletions",
             "Pods found deleted by a re-list (no Delete event was seen)",
-            m.watch_gap_deletions.clone(),
+            self.watch_gap_deletions.clone(),
         );
         r.register(
             "nad_config_errors",
             "NetworkAttachmentDefinitions whose config cannot be used",
-            m.nad_config_errors.clone(),
+            self.nad_config_errors.clone(),
         );
         r.register(
             "malformed_network_status_pods",
             "Pods whose network-status annotation is malformed",
-            m.malformed_network_status.clone(),
+            self.malformed_network_status.clone(),
         );
         r.register(
             "cached_pods",
             "Live pods in the controller's cache",
-            m.cached_pods.clone(),
+            self.cached_pods.clone(),
         );
-        m
     }
 }

@@ -92,67 +92,7 @@ impl NodeMetrics {
         };
         super::process::register(registry);
         let r = registry.sub_registry_with_prefix("ipreclaim_node");
-        r.register(
-            "relist_duration_seconds",
-            "Duration of a CRI relist",
-            m.relist_duration_seconds.clone(),
-        );
-        r.register(
-            "relist_interval_seconds",
-            "Time between the starts of two relists",
-            m.relist_interval_seconds.clone(),
-        );
-        r.register(
-            "relist_failures",
-            "Relists whose listing failed",
-            m.relist_failures.clone(),
-        );
         r.register("cri_calls", "CRI calls, by method", m.cri_calls.clone());
-        r.register(
-            "pleg_events",
-            "PLEG events handled, by kind",
-            m.pleg_events.clone(),
-        );
-        r.register(
-            "pleg_dropped_events",
-            "PLEG events dropped (channel full)",
-            m.pleg_dropped_events.clone(),
-        );
-        r.register(
-            "pleg_healthy",
-            "1 while the PLEG relists within its threshold",
-            m.pleg_healthy.clone(),
-        );
-        r.register(
-            "orphaned_runtime_pods",
-            "Runtime pods with no pod in the API (not acted on)",
-            m.orphaned_runtime_pods.clone(),
-        );
-        r.register(
-            "dead_sandboxes_pending",
-            "Dead sandboxes waiting for the grace or a retry",
-            m.dead_sandboxes_pending.clone(),
-        );
-        r.register(
-            "dead_sandboxes",
-            "Dead sandboxes handled, by outcome",
-            m.dead_sandboxes.clone(),
-        );
-        r.register(
-            "config_errors",
-            "NADs or node slices that could not be used",
-            m.config_errors.clone(),
-        );
-        r.register(
-            "fenced_pods",
-            "Pods of this node's fences, by lifecycle state (terminating: a sandbox runs; terminated: stopped, not removed; finished: none left)",
-            m.fenced_pods.clone(),
-        );
-        r.register(
-            "fence_reports",
-            "Reports that a fenced pod's sandboxes are gone from this node, by outcome",
-            m.fence_reports.clone(),
-        );
         for state in ["terminating", "terminated", "finished"] {
             let _ = m.fenced_pods.get_or_create(&StateLabel {
                 state: state.into(),
@@ -169,7 +109,77 @@ impl NodeMetrics {
                 kind: kind.as_str().into(),
             });
         }
+        m.register_pleg(r);
+        m.register_sandboxes(r);
         m
+    }
+
+    /// The PLEG: relists, their failures, events, health.
+    fn register_pleg(&self, r: &mut Registry) {
+        r.register(
+            "relist_duration_seconds",
+            "Duration of a CRI relist",
+            self.relist_duration_seconds.clone(),
+        );
+        r.register(
+            "relist_interval_seconds",
+            "Time between the starts of two relists",
+            self.relist_interval_seconds.clone(),
+        );
+        r.register(
+            "relist_failures",
+            "Relists whose listing failed",
+            self.relist_failures.clone(),
+        );
+        r.register(
+            "pleg_events",
+            "PLEG events handled, by kind",
+            self.pleg_events.clone(),
+        );
+        r.register(
+            "pleg_dropped_events",
+            "PLEG events dropped (channel full)",
+            self.pleg_dropped_events.clone(),
+        );
+        r.register(
+            "pleg_healthy",
+            "1 while the PLEG relists within its threshold",
+            self.pleg_healthy.clone(),
+        );
+    }
+
+    /// Dead sandboxes, orphaned runtime pods, fence reports.
+    fn register_sandboxes(&self, r: &mut Registry) {
+        r.register(
+            "orphaned_runtime_pods",
+            "Runtime pods with no pod in the API (not acted on)",
+            self.orphaned_runtime_pods.clone(),
+        );
+        r.register(
+            "dead_sandboxes_pending",
+            "Dead sandboxes waiting for the grace or a retry",
+            self.dead_sandboxes_pending.clone(),
+        );
+        r.register(
+            "dead_sandboxes",
+            "Dead sandboxes handled, by outcome",
+            self.dead_sandboxes.clone(),
+        );
+        r.register(
+            "config_errors",
+            "NADs or node slices that could not be used",
+            self.config_errors.clone(),
+        );
+        r.register(
+            "fenced_pods",
+            "Pods of this node's fences, by lifecycle state (terminating: a sandbox runs; terminated: stopped, not removed; finished: none left)",
+            self.fenced_pods.clone(),
+        );
+        r.register(
+            "fence_reports",
+            "Reports that a fenced pod's sandboxes are gone from this node, by outcome",
+            self.fence_reports.clone(),
+        );
     }
 
     /// Creates the dead-sandbox outcome series at 0 (the labels are the node agent's).
