@@ -14,7 +14,8 @@ use crate::api::slim::PodView;
 use crate::api::{IPFence, IPPool, NetworkAttachmentDefinition};
 use crate::controller::watch::POD_PAGE;
 use crate::index::Index;
-use crate::index::kinds::seen;
+use crate::index::kinds::{Fences, Nads, Pods, Pools};
+use crate::index::relist::{Kind, Relist, Step};
 use crate::reclaim::{Decision, ReclaimConfig};
 
 /// One reported allocation.
@@ -56,86 +57,9 @@ pub async fn scan(
     namespace: &str,
     reclaim: ReclaimConfig,
 ) -> anyhow::Result<Vec<ScanRow>> {
-    let pods = Api::<PodView>::all(client.clone());
-    let mut state = Index::default();
-    let now = std::time::Instant::now();
-    let mut created: BTreeMap<String, i64> = BTreeMap::new();
     let wall = jiff::Timestamp::now();
-    // Paged: a page of full pods is read, stripped and dropped before the next.
-    for_each_listed(
-        POD_PAGE,
-        |page| {
-            let pods = pods.clone();
-            async move { pods.list(&page).await }
-        },
-        |p| {
-            let (Some(ns), Some(name), Some(uid)) =
-                (&p.metadata.namespace, &p.metadata.name, &p.metadata.uid)
-            else {
-                return;
-            };
-            let podref = format!("{ns}/{name}");
-            if let Some(t) = &p.metadata.creation_timestamp {
-                created.insert(podref.clone(), wall.duration_since(t.0).as_secs());
-            }
-            state.upsert_pod(&podref, uid, seen(&p), now);
-        },
-    )
-    .await
-    .context("list pods")?;
-    let pools = Api::<Lenient<IPPool>>::namespaced(client.clone(), namespace)
-        .list(&ListParams::default())
-        .await
-        .with_context(|| format!("list IPPools in {namespace}"))?;
-    for pool in &pools {
-        match pool {
-            Lenient::Valid(pool) => state.upsert_pool(pool),
-            Lenient::Invalid { metadata, error } => {
-                tracing::warn!(pool = ?metadata.name, %error, "IPPool skipped: it does not fit the schema")
-            }
-        }
-    }
-    state.set_pools_listed();
-    // Fence records: without them fenced entries show as unrecorded, pending ones as leaks.
-    match Api::<Lenient<IPFence>>::namespaced(client.clone(), namespace)
-        .list(&ListParams::default())
-        .await
-    {
-        Ok(fences) => {
-            for f in fences.iter().filter_map(Lenient::valid) {
-                let name = f.metadata.name.clone().unwrap_or_default();
-                match crate::ipam::fence::fence_record(&f.spec) {
-                    Ok(record) => state.upsert_fence_object(
-                        &f.spec.pool,
-                        &f.spec.key,
-                        crate::index::FenceObject {
-                            name,
-                            uid: f.metadata.uid.clone().unwrap_or_default(),
-                            sandbox: f.spec.sandbox.clone(),
-                            record,
-                            evidence: None,
-                        },
-                    ),
-                    Err(error) => tracing::warn!(fence = %name, %error, "IPFence skipped"),
-                }
-            }
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot list IPFences: fenced addresses are not shown")
-        }
-    }
-    match Api::<Lenient<NetworkAttachmentDefinition>>::all(client)
-        .list(&ListParams::default())
-        .await
-    {
-        Ok(nads) => nads
-            .iter()
-            .filter_map(Lenient::valid)
-            .for_each(|n| state.upsert_nad(n)),
-        // Without NADs the rules fall back to interface names: still a useful report.
-        Err(e) => tracing::warn!(error = %e, "cannot list NetworkAttachmentDefinitions"),
-    }
-    let mut rows: Vec<ScanRow> = state
+    let (index, created) = index_cluster(client, namespace, wall).await?;
+    let mut rows: Vec<ScanRow> = index
         .judge_leaks(&reclaim)
         .into_iter()
         .filter_map(|j| {
@@ -157,7 +81,7 @@ pub async fn scan(
         })
         .collect();
     // Fenced addresses: a deleted pod's, kept until its node is trusted again.
-    rows.extend(state.fenced().into_iter().map(|(pool, f)| ScanRow {
+    rows.extend(index.fenced().into_iter().map(|(pool, f)| ScanRow {
         pool,
         ip: f.entry.ip.to_string(),
         pod_age_seconds: None,
@@ -173,6 +97,92 @@ pub async fn scan(
     }));
     rows.sort_by(|a, b| (&a.pool, &a.ip).cmp(&(&b.pool, &b.ip)));
     Ok(rows)
+}
+
+/// Feeds one complete listing of kind `K` to the index, by the controller's own rules.
+fn listed<K: Kind<Store = Index>>(index: &mut Index, objects: impl IntoIterator<Item = K::Object>) {
+    let now = std::time::Instant::now();
+    let mut relist = Relist::<K>::default();
+    relist.step(index, Step::Begin, now);
+    for o in objects {
+        relist.step(index, Step::Listed(o), now);
+    }
+    relist.step(index, Step::Done, now);
+}
+
+/// The index of what the cluster holds now (pods, pools, fence records, NADs), and each pod's
+/// age in seconds by podref. Fence records and NADs that cannot be listed are said and done
+/// without: fewer rows, not a failed scan.
+async fn index_cluster(
+    client: Client,
+    namespace: &str,
+    wall: jiff::Timestamp,
+) -> anyhow::Result<(Index, BTreeMap<String, i64>)> {
+    let mut index = Index::default();
+    let mut created: BTreeMap<String, i64> = BTreeMap::new();
+    let pods = Api::<PodView>::all(client.clone());
+    let now = std::time::Instant::now();
+    let mut relist = Relist::<Pods>::default();
+    relist.step(&mut index, Step::Begin, now);
+    // Paged: a page of full pods is read, stripped and dropped before the next.
+    for_each_listed(
+        POD_PAGE,
+        |page| {
+            let pods = pods.clone();
+            async move { pods.list(&page).await }
+        },
+        |p| {
+            if let (Some(ns), Some(name), Some(t)) = (
+                &p.metadata.namespace,
+                &p.metadata.name,
+                &p.metadata.creation_timestamp,
+            ) {
+                let age = wall.duration_since(t.0).as_secs();
+                created.insert(format!("{ns}/{name}"), age);
+            }
+            relist.step(&mut index, Step::Listed(p), now);
+        },
+    )
+    .await
+    .context("list pods")?;
+    relist.step(&mut index, Step::Done, now);
+    let pools = Api::<Lenient<IPPool>>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default())
+        .await
+        .with_context(|| format!("list IPPools in {namespace}"))?;
+    for (name, error) in pools.iter().filter_map(invalid) {
+        tracing::warn!(pool = %name, %error, "IPPool skipped: it does not fit the schema");
+    }
+    listed::<Pools>(&mut index, pools);
+    // Fence records: without them fenced entries show as unrecorded, pending ones as leaks.
+    match Api::<Lenient<IPFence>>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(fences) => listed::<Fences>(&mut index, fences),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list IPFences: fenced addresses are not shown")
+        }
+    }
+    match Api::<Lenient<NetworkAttachmentDefinition>>::all(client)
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(nads) => listed::<Nads>(&mut index, nads),
+        // Without NADs the rules fall back to interface names: still a useful report.
+        Err(e) => tracing::warn!(error = %e, "cannot list NetworkAttachmentDefinitions"),
+    }
+    Ok((index, created))
+}
+
+/// An object that does not fit its schema: its name and what is wrong.
+fn invalid<K>(object: &Lenient<K>) -> Option<(String, String)> {
+    match object {
+        Lenient::Valid(_) => None,
+        Lenient::Invalid { metadata, error } => {
+            Some((metadata.name.clone().unwrap_or_default(), error.clone()))
+        }
+    }
 }
 
 /// Rows of pods in `namespace` only (the namespace of each row's podref).
