@@ -517,6 +517,28 @@ async fn breaker_holds_a_sweep_that_would_free_most_of_a_pool(mut env: Env) {
         env.ns
     );
     assert_eq!(metric_value(&text, &series), 1.0, "{text}");
+    let held = format!(r#"ipreclaim_pool_held{{pool="{}/192.0.2.0-24"}} 1"#, env.ns);
+    env.wait_metric(&held).await;
+
+    // An operator approves the hold once, with the command an operator would run.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ipreclaim"))
+        .args(["approve-hold", "--pool", "192.0.2.0-24"])
+        .arg(format!("--whereabouts-namespace={}", env.ns))
+        .env("KUBECONFIG", ControlPlane::shared().kubeconfig_path())
+        .output()
+        .expect("run ipreclaim approve-hold");
+    assert!(out.status.success(), "{out:?}");
+    let approved = env
+        .wait_events("IPAddressGarbageCollectionHoldApproved")
+        .await;
+    assert!(approved[0].2.contains("releasing 12"), "{approved:?}");
+    env.wait_keys("192.0.2.0-24", &[]).await;
+    wait_for("the used approval removed from the pool", || async {
+        let pool = env.pools().get("192.0.2.0-24").await.unwrap();
+        let annotations = pool.metadata.annotations.unwrap_or_default();
+        !annotations.contains_key("ipreclaim.io/approve-hold")
+    })
+    .await;
     env.stop().await;
 }
 

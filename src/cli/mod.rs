@@ -7,6 +7,7 @@
 //! terminal take [`kube::KubeArgs`] (flattened) for `--kubeconfig` and `--context`, and list
 //! themselves in [`plugin::PLUGIN_COMMANDS`] to be shown in kubectl plugin mode.
 
+mod approve;
 mod daemon;
 pub mod kube;
 pub mod plugin;
@@ -51,6 +52,9 @@ enum Command {
     ///
     /// Exit code: 0 nothing would be released, 1 something would, 2 an error.
     Scan(scan::ScanArgs),
+    /// Let the breaker release a pool's held sweep once (an annotation the controller honours
+    /// at its next sweep and removes).
+    ApproveHold(approve::ApproveArgs),
     /// Print the CRDs ipreclaim works with (whereabouts' and the NetworkAttachmentDefinition) as YAML.
     Crds {
         /// Write one file per CRD into this directory instead of printing.
@@ -82,6 +86,7 @@ fn dispatch(command: Command) -> ExitCode {
         Command::Controller(cmd) => daemon::controller(*cmd),
         Command::NodeAgent(cmd) => daemon::node_agent(*cmd),
         Command::Scan(args) => scan::run(args),
+        Command::ApproveHold(args) => approve::run(args),
         Command::Crds { write_dir } => match crds(write_dir) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -10,7 +10,7 @@ use std::path::Path;
 pub const PLUGIN_EXECUTABLE: &str = "kubectl-ipreclaim";
 
 /// Subcommands shown in plugin mode; the daemons stay runnable but hidden.
-pub const PLUGIN_COMMANDS: &[&str] = &["scan", "crds"];
+pub const PLUGIN_COMMANDS: &[&str] = &["scan", "approve-hold", "crds"];
 
 /// How the binary was invoked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

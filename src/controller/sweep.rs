@@ -2,14 +2,14 @@
 //! and survive a fresh GET of its pod before it is released, and a sweep that would free too
 //! much of a pool is held for an operator.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 
 use crate::api::paged::for_each_listed;
-use crate::index::NamedReservation;
+use crate::index::{APPROVE_HOLD_ANNOTATION, NamedReservation};
 use crate::ipam::{NETWORK_STATUS_ANNOTATION, parse_network_status};
 use crate::reclaim::breaker::{Breaker, NewHold};
 use crate::reclaim::grace::{Candidate, GraceClock, Graces, Tally};
@@ -47,6 +47,19 @@ pub struct Sweeper {
     /// Orphaned reservations by (name, uid), with when they were first seen.
     orphan_reservations_seen: HashMap<(String, String), Instant>,
     breaker: Breaker,
+    /// Pools whose hold an operator approved, acted on by this sweep.
+    approved: BTreeSet<String>,
+}
+
+/// What the sweep needs of a pool.
+#[derive(Debug, Clone)]
+struct PoolFacts {
+    /// Its allocations (the breaker's base).
+    size: usize,
+    /// Its uid (for Events on it).
+    uid: String,
+    /// An operator's approval of its hold, if any.
+    approval: Option<String>,
 }
 
 /// What one sweep did.
@@ -73,6 +86,7 @@ impl Sweeper {
             clock: GraceClock::default(),
             orphan_reservations_seen: HashMap::new(),
             breaker: Breaker::default(),
+            approved: BTreeSet::new(),
         }
     }
 
@@ -98,6 +112,7 @@ impl Sweeper {
         self.export_pools(&pool_sizes, &per_pool);
         report.released = confirmed.len();
         self.release(confirmed).await;
+        self.use_approvals(&pool_sizes).await;
         report.reservations_deleted = self.sweep_reservations(started).await;
         self.ctx
             .metrics
@@ -108,13 +123,20 @@ impl Sweeper {
 
     /// Every leak candidate under one short lock, with the pools' sizes and uids; direct
     /// evidence the deletion path has not handled yet is queued for it instead.
-    fn candidates(&self) -> (Vec<Candidate>, HashMap<String, (usize, String)>) {
+    fn candidates(&self) -> (Vec<Candidate>, HashMap<String, PoolFacts>) {
         let st = self.ctx.state.read().expect("state lock");
         let sizes = st
             .pools()
             .all()
             .iter()
-            .map(|(n, p)| (n.clone(), (p.entries.len(), p.uid.clone())))
+            .map(|(n, p)| {
+                let facts = PoolFacts {
+                    size: p.entries.len(),
+                    uid: p.uid.clone(),
+                    approval: p.approval.clone(),
+                };
+                (n.clone(), facts)
+            })
             .collect();
         let mut candidates = Vec::new();
         for j in st.judge_leaks(&self.config.reclaim) {
@@ -149,11 +171,7 @@ impl Sweeper {
 
     /// Per pool: candidates, and whether the breaker holds it (every pool's series, so a pool
     /// whose candidates went reads 0).
-    fn export_pools(
-        &self,
-        pools: &HashMap<String, (usize, String)>,
-        candidates: &HashMap<String, i64>,
-    ) {
+    fn export_pools(&self, pools: &HashMap<String, PoolFacts>, candidates: &HashMap<String, i64>) {
         let m = &self.ctx.metrics;
         for pool in pools.keys() {
             let l = super::report::pool_label(&self.config.namespace, pool).into();
@@ -216,7 +234,7 @@ impl Sweeper {
     async fn hold(
         &mut self,
         mut confirmed: Vec<ReleaseRequest>,
-        pool_sizes: &HashMap<String, (usize, String)>,
+        pool_sizes: &HashMap<String, PoolFacts>,
         unconfirmed: &HashSet<String>,
         report: &mut SweepReport,
     ) -> Vec<ReleaseRequest> {
@@ -224,9 +242,16 @@ impl Sweeper {
         for r in &confirmed {
             *per_pool.entry(r.judged.pool.clone()).or_default() += 1;
         }
-        let size = |pool: &str| pool_sizes.get(pool).map_or(0, |s| s.0);
+        let size = |pool: &str| pool_sizes.get(pool).map_or(0, |s| s.size);
         let ratio = self.config.max_release_ratio;
-        let verdict = self.breaker.judge(&per_pool, size, ratio, unconfirmed);
+        let approved: HashSet<String> = pool_sizes
+            .iter()
+            .filter(|(_, f)| f.approval.is_some())
+            .map(|(p, _)| p.clone())
+            .collect();
+        let verdict = self
+            .breaker
+            .judge(&per_pool, size, ratio, unconfirmed, &approved);
         for hold in verdict.new {
             let NewHold {
                 pool,
@@ -235,7 +260,7 @@ impl Sweeper {
             } = hold;
             let note = format!(
                 "sweep would release {releases} of {size} allocations (more than --max-release-ratio {ratio}); \
-                 held until an operator raises the ratio"
+                 held until an operator approves it once (ipreclaim approve-hold --pool {pool}) or raises the ratio"
             );
             tracing::warn!(%pool, n = releases, size, "breaker holds the sweep of this pool");
             let label = super::report::pool_label(&self.config.namespace, &pool);
@@ -243,7 +268,7 @@ impl Sweeper {
             holds.get_or_create(&label.into()).inc();
             let uid = pool_sizes
                 .get(&pool)
-                .map(|s| s.1.clone())
+                .map(|s| s.uid.clone())
                 .unwrap_or_default();
             let events = &self.ctx.events;
             events
@@ -252,7 +277,37 @@ impl Sweeper {
         }
         confirmed.retain(|r| !verdict.held.contains(&r.judged.pool));
         report.held_pools = verdict.held.into_iter().collect();
+        for pool in &verdict.approved {
+            let n = per_pool.get(pool).copied().unwrap_or(0);
+            tracing::warn!(%pool, releases = n, "an operator approved the breaker's hold: releasing once");
+            let uid = pool_sizes
+                .get(pool)
+                .map(|s| s.uid.clone())
+                .unwrap_or_default();
+            let note = format!(
+                "an operator approved the held sweep: releasing {n} allocations once (the next sweep over --max-release-ratio {ratio} is held again)"
+            );
+            let events = &self.ctx.events;
+            events
+                .hold_approved(&self.config.namespace, pool, &uid, note)
+                .await;
+        }
+        self.approved = verdict.approved;
         confirmed
+    }
+
+    /// Uses up the approvals this sweep acted on: removes each pool's approval annotation
+    /// (pinned by its value: an approval given again meanwhile stays for the next sweep).
+    async fn use_approvals(&mut self, pools: &HashMap<String, PoolFacts>) {
+        for pool in std::mem::take(&mut self.approved) {
+            let Some(value) = pools.get(&pool).and_then(|f| f.approval.clone()) else {
+                continue;
+            };
+            let annotation = vec![(APPROVE_HOLD_ANNOTATION.to_string(), value)];
+            if let Err(e) = self.ctx.writer.remove_annotations(&pool, annotation).await {
+                tracing::warn!(%pool, error = %e, "could not remove the used approval; the next sweep over the ratio releases again");
+            }
+        }
     }
 
     /// Hands the confirmed releases to the writer and reports them.

@@ -35,7 +35,7 @@ pub use lock::{Acquisitions, IndexLock, SharedIndex};
 pub use networks::NetworkIndex;
 pub use nodes::NodeIndex;
 pub use pods::{HeldEntry, LiveInfo, PodIndex, PodSeen, TOMBSTONES_PER_PODREF, Tombstone};
-pub use pools::{PoolIndex, PoolInfo, Slot};
+pub use pools::{APPROVE_HOLD_ANNOTATION, PoolIndex, PoolInfo, Slot};
 pub use reservations::{NamedReservation, ReservationIndex};
 
 /// How full a pool is.

@@ -39,7 +39,14 @@ pub struct PoolInfo {
     pub bad_fences: Vec<BadFence>,
     /// The pool has an annotations map.
     pub has_annotations: bool,
+    /// An operator's approval of the breaker's hold ([`APPROVE_HOLD_ANNOTATION`]'s value).
+    pub approval: Option<String>,
 }
+
+/// The annotation on an IPPool with which an operator lets the breaker release the held set
+/// of its sweep once (the controller removes it after that sweep; `ipreclaim approve-hold`
+/// sets it).
+pub const APPROVE_HOLD_ANNOTATION: &str = "ipreclaim.io/approve-hold";
 
 impl PoolInfo {
     /// Parses a pool.
@@ -81,6 +88,7 @@ impl PoolInfo {
             annotation_values,
             bad_fences,
             has_annotations: annotations.is_some(),
+            approval: annotations.and_then(|a| a.get(APPROVE_HOLD_ANNOTATION).cloned()),
         }
     }
 }

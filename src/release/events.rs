@@ -24,6 +24,8 @@ pub const GC_DRY_RUN: &str = "IPAddressGarbageCollectionDryRun";
 pub const GC_FENCED: &str = "IPAddressGarbageCollectionFenced";
 /// ipreclaim's reason for a sweep held by the blast-radius breaker.
 pub const BREAKER_HOLD: &str = "IPAddressGarbageCollectionHeld";
+/// ipreclaim's reason for a held sweep an operator approved once.
+pub const HOLD_APPROVED: &str = "IPAddressGarbageCollectionHoldApproved";
 
 /// Events waiting to be published at most; beyond that new ones are dropped (and counted).
 const QUEUE: usize = 10_000;
@@ -319,6 +321,25 @@ impl Events {
 
     /// The breaker held a pool's sweep.
     pub async fn breaker_hold(&self, namespace: &str, pool: &str, uid: &str, note: String) {
+        self.on_pool(EventType::Warning, BREAKER_HOLD, namespace, pool, uid, note)
+            .await;
+    }
+
+    /// A Normal Event on a pool whose held sweep an operator approved once.
+    pub async fn hold_approved(&self, namespace: &str, pool: &str, uid: &str, note: String) {
+        self.on_pool(EventType::Normal, HOLD_APPROVED, namespace, pool, uid, note)
+            .await;
+    }
+
+    async fn on_pool(
+        &self,
+        kind: EventType,
+        reason: &'static str,
+        namespace: &str,
+        pool: &str,
+        uid: &str,
+        note: String,
+    ) {
         let reference = ObjectReference {
             api_version: Some("whereabouts.cni.cncf.io/v1alpha1".into()),
             kind: Some("IPPool".into()),
@@ -327,13 +348,7 @@ impl Events {
             uid: (!uid.is_empty()).then(|| uid.into()),
             ..Default::default()
         };
-        self.publish(
-            EventType::Warning,
-            BREAKER_HOLD,
-            "Sweep".into(),
-            note,
-            &reference,
-        )
-        .await;
+        self.publish(kind, reason, "Sweep".into(), note, &reference)
+            .await;
     }
 }

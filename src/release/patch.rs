@@ -13,12 +13,9 @@ fn pointer_token(s: &str) -> String {
     s.replace('~', "~0").replace('/', "~1")
 }
 
-/// The path of the fence annotation of the entry at `key`.
-fn annotation_path(key: &str) -> String {
-    format!(
-        "/metadata/annotations/{}",
-        pointer_token(&fence_annotation_key(key))
-    )
+/// The path of the annotation `name`.
+fn annotation_path(name: &str) -> String {
+    format!("/metadata/annotations/{}", pointer_token(name))
 }
 
 /// The JSON patch of one batch: each entry pinned by `test`s on its `id` and `podref`, then
@@ -39,7 +36,8 @@ pub fn entries_patch(batch: &[&ReleaseRequest], has_annotations: bool) -> Value 
             EntryWrite::Unfence(_, source) => {
                 ops.push(json!({"op": "remove", "path": path}));
                 if *source == FenceSource::Annotation && has_annotations {
-                    ops.push(json!({"op": "remove", "path": annotation_path(&e.key)}));
+                    let path = annotation_path(&fence_annotation_key(&e.key));
+                    ops.push(json!({"op": "remove", "path": path}));
                 }
             }
         }
@@ -47,12 +45,12 @@ pub fn entries_patch(batch: &[&ReleaseRequest], has_annotations: bool) -> Value 
     Value::Array(ops)
 }
 
-/// The JSON patch removing fence annotations `(key, value)`, each pinned by a `test` of its
-/// value (a record rewritten meanwhile is not removed).
+/// The JSON patch removing annotations `(name, value)`, each pinned by a `test` of its
+/// value (one rewritten meanwhile is not removed).
 pub fn annotations_patch(annotations: &[(String, String)]) -> Value {
     let mut ops = Vec::with_capacity(annotations.len() * 2);
-    for (key, value) in annotations {
-        let path = annotation_path(key);
+    for (name, value) in annotations {
+        let path = annotation_path(name);
         ops.push(json!({"op": "test", "path": path, "value": value}));
         ops.push(json!({"op": "remove", "path": path}));
     }
@@ -115,7 +113,7 @@ mod tests {
 
     #[test]
     fn annotation_records_are_removed_only_as_they_were_read() {
-        let patch = annotations_patch(&[("5".into(), "v5".into())]);
+        let patch = annotations_patch(&[(fence_annotation_key("5"), "v5".into())]);
         assert_eq!(
             patch,
             json!([

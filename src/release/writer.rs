@@ -24,7 +24,7 @@ use super::types::ReservationDelete;
 use super::types::{EntryWrite, ReleaseError, ReleaseOutcome, ReleaseRequest};
 use crate::api::IPPool;
 use crate::index::{Index, SharedIndex};
-use crate::ipam::fence::FenceSource;
+use crate::ipam::fence::{FenceSource, fence_annotation_key};
 use crate::telemetry::WriteMetrics;
 
 /// Patches one batch may take while refused writes are split apart (each refusal costs a
@@ -139,13 +139,29 @@ impl WriterHandle {
     /// Removes fence annotations `(key, value)` of `pool` whose entry is no longer fenced,
     /// each pinned by a `test` of its value (nothing under `--dry-run`).
     pub async fn clear_fences(&self, pool: &str, annotations: Vec<(String, String)>) {
+        let named = annotations
+            .into_iter()
+            .map(|(key, value)| (fence_annotation_key(&key), value))
+            .collect();
+        if let Err(e) = self.remove_annotations(pool, named).await {
+            // Changed or gone meanwhile: the next pass sees the pool as it is now.
+            tracing::debug!(%pool, error = %e, "could not clear fence records");
+        }
+    }
+
+    /// Removes annotations `(name, value)` of `pool`, each pinned by a `test` of its value, as
+    /// a pool write (nothing under `--dry-run`).
+    pub async fn remove_annotations(
+        &self,
+        pool: &str,
+        annotations: Vec<(String, String)>,
+    ) -> Result<(), kube::Error> {
         if self.writer.dry_run || annotations.is_empty() {
-            return;
+            return Ok(());
         }
         let patch = patch::typed(patch::annotations_patch(&annotations)).expect("a JSON patch");
         let pools = self.writer.pools();
-        let result = self
-            .writer
+        self.writer
             .budgets
             .send(WriteKind::Pool, || {
                 self.writer.metrics.write("patch");
@@ -153,11 +169,8 @@ impl WriterHandle {
                 let pools = pools.clone();
                 async move { pools.patch(pool, &PatchParams::default(), &patch).await }
             })
-            .await;
-        if let Err(e) = result {
-            // Changed or gone meanwhile: the next pass sees the pool as it is now.
-            tracing::debug!(%pool, error = %e, "could not clear fence records");
-        }
+            .await
+            .map(|_| ())
     }
 
     /// Hands `reqs` to the writer (batched with whatever else is pending) and returns a future

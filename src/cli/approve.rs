@@ -1,0 +1,83 @@
+//! `ipreclaim approve-hold --pool POOL` (`kubectl ipreclaim approve-hold`): lets the breaker
+//! release the held set of a pool's sweep once, without a restart or a global ratio change.
+//! It sets an annotation on the IPPool that the leading controller honours at its next sweep
+//! (the releases still pass the grace and a fresh confirmation) and then removes.
+
+use std::process::ExitCode;
+
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+
+use ipreclaim::api::IPPool;
+use ipreclaim::index::APPROVE_HOLD_ANNOTATION;
+
+use super::exit;
+use super::kube::KubeArgs;
+
+/// `approve-hold`'s flags.
+#[derive(Debug, clap::Args)]
+#[command(after_help = "\
+The controller releases the held set at its next sweep (each address still after its grace and \
+a fresh look at its pod), emits an Event on the pool, and removes the annotation \
+(ipreclaim.io/approve-hold); a later sweep over the ratio is held again. The same as: \
+kubectl annotate ippool POOL ipreclaim.io/approve-hold=<anything>.
+
+Exit status: 0 approved (or would be, with --dry-run), 2 on an error (no such pool, no access).")]
+pub struct ApproveArgs {
+    /// The IPPool whose held sweep may release once.
+    #[arg(long)]
+    pub pool: String,
+    /// Namespace of the IPPools.
+    #[arg(long, env = "WHEREABOUTS_NAMESPACE", default_value = "kube-system")]
+    pub whereabouts_namespace: String,
+    /// Say what would be done; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    #[command(flatten)]
+    pub kube: KubeArgs,
+}
+
+/// Runs `approve-hold`.
+pub fn run(args: ApproveArgs) -> ExitCode {
+    ipreclaim::telemetry::init_logging(ipreclaim::telemetry::LogFormat::Text);
+    let done = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(anyhow::Error::from)
+        .and_then(|rt| rt.block_on(approve(&args)));
+    match done {
+        Ok(message) => {
+            println!("{message}");
+            ExitCode::from(exit::OK)
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(exit::ERROR)
+        }
+    }
+}
+
+async fn approve(args: &ApproveArgs) -> anyhow::Result<String> {
+    let client = args.kube.client(true).await?;
+    let pools: Api<IPPool> = Api::namespaced(client, &args.whereabouts_namespace);
+    let (ns, pool) = (&args.whereabouts_namespace, &args.pool);
+    // The pool must exist: an annotation on nothing would approve nothing, silently.
+    pools
+        .get_metadata(pool)
+        .await
+        .map_err(|e| anyhow::anyhow!("IPPool {ns}/{pool}: {e}"))?;
+    if args.dry_run {
+        return Ok(format!(
+            "ippool {ns}/{pool}: hold would be approved (dry run)"
+        ));
+    }
+    let value = jiff::Timestamp::now().to_string();
+    let patch = json!({"metadata": {"annotations": {APPROVE_HOLD_ANNOTATION: value}}});
+    pools
+        .patch(pool, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(|e| anyhow::anyhow!("annotating IPPool {ns}/{pool}: {e}"))?;
+    Ok(format!(
+        "ippool {ns}/{pool}: hold approved once ({APPROVE_HOLD_ANNOTATION}={value}); the controller releases at its next sweep"
+    ))
+}
