@@ -920,7 +920,7 @@ fn helm_test_asks_the_controllers_service_for_readyz() {
     let deployment = find(&docs, "Deployment", "-controller");
     let container = &deployment["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
-    assert!(args_of(deployment).contains(&"--metrics-addr=0.0.0.0:9090".to_string()));
+    assert!(args_of(deployment).contains(&"--metrics-addr=[::]:9090".to_string()));
     assert_eq!(c["image"], "docker.io/library/busybox:1.37");
     // No controller, no test.
     let docs = template(&["controller.enabled=false"]);
@@ -1068,7 +1068,7 @@ fn the_chart_readme_lists_every_value_with_its_default() {
         };
         // How the chart turns the value into the flag's value.
         let as_flag = match (key.as_str(), default) {
-            (k, Value::Number(p)) if k.ends_with(".metricsPort") => format!("0.0.0.0:{p}"),
+            (k, Value::Number(p)) if k.ends_with(".metricsPort") => format!("[::]:{p}"),
             ("nodeAgent.criSocket", Value::String(p)) => format!("unix://{p}"),
             (_, Value::String(s)) => s.clone(),
             (_, v) => v.to_string(),
