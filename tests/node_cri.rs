@@ -5,7 +5,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use ipreclaim::node::cri::{CriPodSource, connect};
-use k8s_cri::v1::{RunPodSandboxRequest, StopPodSandboxRequest};
 use podlife::clock::{FakeClock, RealClock};
 use podlife::pleg::{EventKind, Pleg, PlegConfig, PodLifecycleEvent, PodSource};
 use podlife::{PodStatus, PodStatusCache, RuntimePod, SandboxState, SourceError};
@@ -22,22 +21,12 @@ fn drain(rx: &mut tokio::sync::mpsc::Receiver<PodLifecycleEvent>) -> Vec<PodLife
 #[tokio::test]
 async fn relist_inspects_only_changed_pods_and_keeps_a_stopped_sandboxs_ip() {
     let containerd = Containerd::start_for_test().await;
-    let mut cri = containerd.client().await.expect("CRI client");
     let mut ids = Vec::new();
     for i in 0..50 {
-        let id = cri
-            .run_pod_sandbox(RunPodSandboxRequest {
-                config: Some(containerd.sandbox_config(
-                    &format!("p{i}"),
-                    &format!("uid-{i:03}"),
-                    "node-test",
-                )),
-                runtime_handler: String::new(),
-            })
+        let id = containerd
+            .run_sandbox(&format!("p{i}"), &format!("uid-{i:03}"), "node-test")
             .await
-            .expect("RunPodSandbox")
-            .into_inner()
-            .pod_sandbox_id;
+            .expect("RunPodSandbox");
         ids.push(id);
     }
 
@@ -73,11 +62,10 @@ async fn relist_inspects_only_changed_pods_and_keeps_a_stopped_sandboxs_ip() {
 
     // One sandbox stops: exactly one status call, one death, and its IP stays in the cache
     // although CRI no longer reports it.
-    cri.stop_pod_sandbox(StopPodSandboxRequest {
-        pod_sandbox_id: ids[7].clone(),
-    })
-    .await
-    .expect("StopPodSandbox");
+    containerd
+        .stop_sandbox(&ids[7])
+        .await
+        .expect("StopPodSandbox");
     pleg.relist().await;
     assert_eq!(calls.pod_sandbox_status.get(), 51);
     assert_eq!(
@@ -141,18 +129,12 @@ impl PodSource for StatusFailsFor {
 #[tokio::test]
 async fn a_failing_status_call_is_retried_with_backoff_and_other_pods_are_unaffected() {
     let containerd = Containerd::start_for_test().await;
-    let mut cri = containerd.client().await.expect("CRI client");
     let mut ids = Vec::new();
     for uid in ["uid-a", "uid-b", "uid-c"] {
-        let id = cri
-            .run_pod_sandbox(RunPodSandboxRequest {
-                config: Some(containerd.sandbox_config(uid, uid, "node-test")),
-                runtime_handler: String::new(),
-            })
+        let id = containerd
+            .run_sandbox(uid, uid, "node-test")
             .await
-            .expect("RunPodSandbox")
-            .into_inner()
-            .pod_sandbox_id;
+            .expect("RunPodSandbox");
         ids.push(id);
     }
     let source = CriPodSource::new(
@@ -201,11 +183,10 @@ async fn a_failing_status_call_is_retried_with_backoff_and_other_pods_are_unaffe
 
     // Meanwhile another pod's sandbox stops: reported at once, one status call.
     let status_calls = calls.pod_sandbox_status.get();
-    cri.stop_pod_sandbox(StopPodSandboxRequest {
-        pod_sandbox_id: ids[2].clone(),
-    })
-    .await
-    .expect("StopPodSandbox");
+    containerd
+        .stop_sandbox(&ids[2])
+        .await
+        .expect("StopPodSandbox");
     clock.step(Duration::from_secs(1));
     pleg.relist().await;
     assert_eq!(
