@@ -17,7 +17,8 @@ async fn main() -> anyhow::Result<()> {
         .find_map(|a| a.parse().ok())
         .unwrap_or(2000);
     let cluster = common::cluster(n).await?;
-    let addr = cluster.start_controller().await?;
+    let controller = cluster.start_controller().await;
+    let addr = controller.metrics;
     let writes_before = common::metric(
         &common::metrics_text(addr).await,
         "ipreclaim_api_writes_total",

@@ -4,18 +4,16 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use clap::Parser;
 use ipreclaim::api::{IPAllocation, IPPool, IPPoolSpec, NetworkAttachmentDefinition};
-use ipreclaim::controller::{self, ControllerArgs};
-use ipreclaim::ipam::ip_at;
+use ipreclaim::ipam::{NETWORK_STATUS_ANNOTATION, NETWORKS_ANNOTATION, ip_at};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use testenv::ControlPlane;
-use testenv::program::InProcess;
 
-use crate::{NETWORK, NETWORKS, Platform, RANGE, STATUS, live_addresses};
+use crate::support::{self, Program, TEST_TIMINGS};
+use crate::{NETWORK, Platform, RANGE, live_addresses};
 
 const POOL: &str = "192.0.2.0-24";
 
@@ -49,14 +47,8 @@ pub struct Local {
     client: Client,
     ns: String,
     controller_client: Client,
-    controller: Option<InProcess>,
+    controller: Option<Program>,
     sandboxes: u64,
-}
-
-#[derive(Parser)]
-struct Cli {
-    #[command(flatten)]
-    args: ControllerArgs,
 }
 
 impl Local {
@@ -124,7 +116,8 @@ impl Local {
             }
         };
         let status = json!([{"name": format!("{}/{NETWORK}", self.ns), "interface": "net1", "ips": [ip.to_string()]}]);
-        let patch = json!({"metadata": {"annotations": {STATUS: status.to_string()}}});
+        let patch =
+            json!({"metadata": {"annotations": {NETWORK_STATUS_ANNOTATION: status.to_string()}}});
         Api::<Pod>::namespaced(self.client.clone(), &self.ns)
             .patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
             .await
@@ -150,7 +143,7 @@ impl Platform for Local {
     }
 
     async fn create_pod(&mut self, name: &str) {
-        let annotations = BTreeMap::from([(NETWORKS.to_string(), NETWORK.to_string())]);
+        let annotations = BTreeMap::from([(NETWORKS_ANNOTATION.to_string(), NETWORK.to_string())]);
         let pod = testenv::fixtures::pod(name, Some(annotations));
         Api::<Pod>::namespaced(self.client.clone(), &self.ns)
             .create(&PostParams::default(), &pod)
@@ -191,29 +184,10 @@ impl Platform for Local {
             (0, Some(mut running)) => running.stop().await,
             (1, None) => {
                 let lease_ns = format!("--lease-namespace={}", self.ns);
-                let wns = format!("--whereabouts-namespace={}", self.ns);
-                let args = Cli::try_parse_from([
-                    "controller",
-                    &wns,
-                    "--sweep-interval=200ms",
-                    "--leak-grace=0s",
-                    "--lease-name=ipreclaim-controller",
-                    &lease_ns,
-                    "--metrics-addr=127.0.0.1:0",
-                ])
-                .expect("flags")
-                .args;
+                let mut flags = TEST_TIMINGS.to_vec();
+                flags.extend(["--lease-name=ipreclaim-controller", &lease_ns]);
                 let client = self.controller_client.clone();
-                let (running, _) = InProcess::start(
-                    "controller",
-                    |shutdown, started| {
-                        controller::run(client, args, shutdown, move |r| {
-                            let _ = started.send(r.health.clone());
-                        })
-                    },
-                    |health| health.is_ready(),
-                )
-                .await;
+                let running = support::controller(client, &self.ns, &flags).await;
                 self.controller = Some(running);
             }
             (_, running) => self.controller = running,
