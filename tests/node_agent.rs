@@ -8,14 +8,12 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 use ipreclaim::api::{
-    IPAllocation, IPPool, IPPoolSpec, NetworkAttachmentDefinition, NetworkAttachmentDefinitionSpec,
-    NodeSliceAllocation, NodeSlicePool, NodeSlicePoolSpec, NodeSlicePoolStatus,
-    OverlappingRangeIPReservation, OverlappingRangeIPReservationSpec,
+    IPPool, NodeSliceAllocation, NodeSlicePool, NodeSlicePoolSpec, NodeSlicePoolStatus,
 };
 use ipreclaim::ipam::{NETWORK_STATUS_ANNOTATION, NETWORKS_ANNOTATION};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use testenv::poll::{http_get, metric_sum, metric_value, wait_for};
 use testenv::{Containerd, ControlPlane};
 
@@ -141,32 +139,14 @@ impl NodeEnv {
     }
 
     async fn create_nad(&self, ipam_fields: &str) {
-        let nad = NetworkAttachmentDefinition::new(
-            "macvlan",
-            NetworkAttachmentDefinitionSpec {
-                config: Some(format!(
-                    r#"{{"cniVersion":"0.3.1","name":"slicenet","type":"macvlan","master":"eth0","ipam":{{"type":"whereabouts",{ipam_fields}}}}}"#
-                )),
-            },
+        let config = format!(
+            r#"{{"cniVersion":"0.3.1","name":"slicenet","type":"macvlan","master":"eth0","ipam":{{"type":"whereabouts",{ipam_fields}}}}}"#
         );
-        Api::<NetworkAttachmentDefinition>::namespaced(self.client.clone(), &self.ns)
-            .create(&PostParams::default(), &nad)
-            .await
-            .unwrap();
+        support::create_nad(&self.client, &self.ns, "macvlan", &config).await;
     }
 
     async fn create_pool(&self, range: &str) {
-        let pool = IPPool::new(
-            &self.pool,
-            IPPoolSpec {
-                range: range.into(),
-                allocations: BTreeMap::new(),
-            },
-        );
-        self.pools()
-            .create(&PostParams::default(), &pool)
-            .await
-            .unwrap();
+        support::create_pool(&self.client, &self.ns, &self.pool, range, BTreeMap::new()).await;
     }
 
     /// An API pod on this node asking for the macvlan network; returns its uid.
@@ -186,11 +166,9 @@ impl NodeEnv {
 
     /// Multus's network-status for `name`: `ip` on the macvlan network.
     async fn set_network_status(&self, name: &str, ip: &str) {
-        let status = serde_json::json!([
-            {"name": "cbr0", "interface": "eth0", "ips": ["10.244.0.5"], "default": true},
-            {"name": format!("{}/macvlan", self.ns), "interface": "net1", "ips": [ip]},
-        ]);
-        let patch = serde_json::json!({"metadata": {"annotations": {NETWORK_STATUS_ANNOTATION: status.to_string()}}});
+        let status = support::network_status(&self.ns, "macvlan", &[ip]);
+        let patch =
+            serde_json::json!({"metadata": {"annotations": {NETWORK_STATUS_ANNOTATION: status}}});
         self.pods()
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
@@ -236,12 +214,7 @@ impl NodeEnv {
 
     /// Adds a pool entry the way the whereabouts CNI does.
     async fn allocate(&self, offset: u32, sandbox: &str, pod: &str) {
-        let alloc = IPAllocation {
-            id: sandbox.into(),
-            podref: format!("{}/{pod}", self.ns),
-            ifname: Some("net1".into()),
-            ipamclaimref: None,
-        };
+        let alloc = support::allocation(&self.ns, pod, sandbox);
         let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
             {"op": "add", "path": format!("/spec/allocations/{offset}"), "value": alloc}
         ]))
@@ -257,30 +230,11 @@ impl NodeEnv {
     }
 
     async fn reserve(&self, ip: &str, sandbox: &str, pod: &str) {
-        let r = OverlappingRangeIPReservation::new(
-            ip,
-            OverlappingRangeIPReservationSpec {
-                containerid: Some(sandbox.into()),
-                podref: format!("{}/{pod}", self.ns),
-                ifname: Some("net1".into()),
-                ipamclaimref: None,
-            },
-        );
-        Api::<OverlappingRangeIPReservation>::namespaced(self.client.clone(), &self.ns)
-            .create(&PostParams::default(), &r)
-            .await
-            .unwrap();
+        support::create_reservation(&self.client, &self.ns, ip, sandbox, pod).await;
     }
 
     async fn reservations(&self) -> Vec<String> {
-        Api::<OverlappingRangeIPReservation>::namespaced(self.client.clone(), &self.ns)
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .filter_map(|r| r.metadata.name)
-            .collect()
+        support::reservation_names(&self.client, &self.ns).await
     }
 
     async fn keys(&self) -> Vec<String> {

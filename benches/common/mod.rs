@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::Instant;
 
 use futures::{StreamExt, stream};
-use ipreclaim::api::{IPAllocation, IPPool, IPPoolSpec};
+use ipreclaim::api::IPPool;
 use ipreclaim::ipam::NETWORK_STATUS_ANNOTATION;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
@@ -43,22 +43,11 @@ pub async fn cluster(n: usize) -> anyhow::Result<Cluster> {
     let ns = cp.namespace(&client, "bench").await;
     let allocations = (0..n)
         .map(|i| {
-            let alloc = IPAllocation {
-                id: format!("sandbox-{i}"),
-                podref: format!("{ns}/p{i}"),
-                ifname: Some("net1".into()),
-                ipamclaimref: None,
-            };
+            let alloc = support::allocation(&ns, &format!("p{i}"), &format!("sandbox-{i}"));
             (i.to_string(), alloc)
         })
         .collect();
-    let spec = IPPoolSpec {
-        range: "198.18.0.0/16".into(),
-        allocations,
-    };
-    Api::<IPPool>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &IPPool::new(POOL, spec))
-        .await?;
+    support::create_pool(&client, &ns, POOL, "198.18.0.0/16", allocations).await;
     let cluster = Cluster {
         _control_plane: cp,
         client,

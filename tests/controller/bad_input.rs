@@ -3,41 +3,26 @@
 
 use std::collections::BTreeMap;
 
-use ipreclaim::api::{IPPool, NetworkAttachmentDefinition, NetworkAttachmentDefinitionSpec};
+use ipreclaim::api::{IPPool, NetworkAttachmentDefinition};
 use ipreclaim::ipam::NETWORK_STATUS_ANNOTATION;
-use kube::api::{Api, PostParams};
-use testenv::poll::wait_for;
+use kube::api::PostParams;
+use testenv::poll::{wait_for, wait_seen};
 
-use crate::harness::{Env, create_raw, warnings};
+use crate::harness::{Env, create_raw, one_bad_input_test_at_a_time, warnings};
 
 #[tokio::test]
 async fn bad_input_is_reported_not_fatal() {
+    let _alone = one_bad_input_test_at_a_time().await;
     let mut env = Env::new("ctl-bad").await;
     // A NAD that is not JSON, a pool with malformed keys, a pod with a malformed annotation.
-    let nad = NetworkAttachmentDefinition::new(
-        "broken",
-        NetworkAttachmentDefinitionSpec {
-            config: Some("this is not json".into()),
-        },
-    );
-    Api::<NetworkAttachmentDefinition>::namespaced(env.client.clone(), &env.ns)
-        .create(&PostParams::default(), &nad)
-        .await
-        .unwrap();
+    env.nad_config("broken", "this is not json").await;
     env.pool("192.0.2.0-24", "192.0.2.0/24", &[(10, "sb-a", "odd-0")])
         .await;
     let patch = serde_json::json!({"spec": {"allocations": {
         "not-a-number": {"id": "sb-x", "podref": format!("{}/gone", env.ns)},
         "999": {"id": "sb-y", "podref": format!("{}/gone", env.ns)},
     }}});
-    env.pools()
-        .patch(
-            "192.0.2.0-24",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(patch),
-        )
-        .await
-        .unwrap();
+    env.merge_pool("192.0.2.0-24", patch).await;
     let mut pod = testenv::fixtures::annotated_pod("odd-0", NETWORK_STATUS_ANNOTATION, "{not json");
     pod = env
         .pods()
@@ -46,12 +31,27 @@ async fn bad_input_is_reported_not_fatal() {
         .unwrap();
     assert!(pod.metadata.uid.is_some());
     env.start(&[]).await;
-    wait_for("metrics for the bad input", || async {
-        let m = env.metrics_text().await;
-        m.contains("ipreclaim_nad_config_errors 1")
-            && m.contains("ipreclaim_malformed_network_status_pods 1")
-            && m.contains("ipreclaim_pool_problem_entries{pool=")
-    })
+    wait_seen(
+        "metrics for the bad input",
+        || env.metrics_text(),
+        |m| {
+            m.contains("ipreclaim_nad_config_errors 1")
+                && m.contains("ipreclaim_malformed_network_status_pods 1")
+                && m.contains("ipreclaim_pool_problem_entries{pool=")
+        },
+        |m| {
+            let wanted = [
+                "nad_config_errors",
+                "malformed_network_status",
+                "pool_problem",
+            ];
+            let lines = m.lines().filter(|l| !l.starts_with('#'));
+            let seen: Vec<&str> = lines
+                .filter(|l| wanted.iter().any(|w| l.contains(w)))
+                .collect();
+            seen.join("\n")
+        },
+    )
     .await;
     // Malformed entries are never touched; the pod with a malformed annotation keeps its address.
     let mut keys = env.keys("192.0.2.0-24").await;
@@ -64,10 +64,13 @@ async fn bad_input_is_reported_not_fatal() {
     env.delete_pod("ok-0").await;
     env.wait_keys("198.18.0.0-24", &[]).await;
     env.stop().await;
+    env.delete_nad("broken").await;
+    env.delete_pod("odd-0").await;
 }
 
 #[tokio::test]
 async fn objects_that_do_not_fit_are_skipped_and_reported_once_and_the_rest_goes_on() {
+    let _alone = one_bad_input_test_at_a_time().await;
     let mut env = Env::new("ctl-unfit").await;
     let ns = env.ns.clone();
     // Upstream's schemas accept all of these.
@@ -83,16 +86,7 @@ async fn objects_that_do_not_fit_are_skipped_and_reported_once_and_the_rest_goes
             "metadata": {"name": "config-on-the-node"}}),
     )
     .await;
-    let broken = NetworkAttachmentDefinition::new(
-        "broken",
-        NetworkAttachmentDefinitionSpec {
-            config: Some("this is not json".into()),
-        },
-    );
-    Api::<NetworkAttachmentDefinition>::namespaced(env.client.clone(), &ns)
-        .create(&PostParams::default(), &broken)
-        .await
-        .unwrap();
+    env.nad_config("broken", "this is not json").await;
     env.nad("macvlan", "192.0.2.0/24").await;
     create_raw::<IPPool>(
         &env,
@@ -186,4 +180,6 @@ async fn objects_that_do_not_fit_are_skipped_and_reported_once_and_the_rest_goes
         .expect("scan despite the objects that do not fit");
     assert!(rows.is_empty(), "nothing to release: {rows:?}");
     env.stop().await;
+    env.delete_nad("broken").await;
+    env.delete_pod("odd-0").await;
 }

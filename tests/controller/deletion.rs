@@ -2,12 +2,12 @@
 //! deleted while the controller was down, on two networks at once, beside a concurrent
 //! allocator; a release that keeps failing; dry-run.
 
-use ipreclaim::api::{IPAllocation, NetworkAttachmentDefinition, NetworkAttachmentDefinitionSpec};
-use kube::api::{Api, ListParams, ObjectMeta, PostParams};
+use kube::api::{Api, ObjectMeta, PostParams};
 use testenv::ControlPlane;
 use testenv::poll::{metric_sum, wait_for};
 
 use crate::harness::Env;
+use crate::support::allocation;
 
 testenv::as_admin_and_as_the_chart!(
     Env,
@@ -15,15 +15,7 @@ testenv::as_admin_and_as_the_chart!(
     "ctl-delete"
 );
 async fn deleted_pod_is_released_with_an_event_and_the_live_pod_is_untouched(mut env: Env) {
-    env.nad("macvlan", "192.0.2.0/24").await;
-    env.pool(
-        "192.0.2.0-24",
-        "192.0.2.0/24",
-        &[(10, "sb-web", "web-0"), (11, "sb-db", "db-0")],
-    )
-    .await;
-    let web_uid = env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
-    env.pod("db-0", "macvlan", Some(&["192.0.2.11"])).await;
+    let web_uid = env.web_0_and_db_0().await;
     env.start(&[]).await;
 
     env.delete_pod("web-0").await;
@@ -57,26 +49,9 @@ async fn statefulset_pod_recreated_keeps_its_new_ip(mut env: Env) {
     // Deleted and recreated under the same name with a new address before anything else.
     env.delete_pod("web-0").await;
     let new_uid = env.pod("web-0", "macvlan", Some(&["192.0.2.20"])).await;
-    let pool = env.pools().get("192.0.2.0-24").await.unwrap();
-    let mut spec = pool.spec.clone();
-    spec.allocations.insert(
-        "20".into(),
-        IPAllocation {
-            id: "sb-new".into(),
-            podref: format!("{}/web-0", env.ns),
-            ifname: Some("net1".into()),
-            ipamclaimref: None,
-        },
-    );
-    let patch = serde_json::json!({"spec": {"allocations": {"20": spec.allocations["20"]}}});
-    env.pools()
-        .patch(
-            "192.0.2.0-24",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(patch),
-        )
-        .await
-        .unwrap();
+    let entry = allocation(&env.ns, "web-0", "sb-new");
+    let patch = serde_json::json!({"spec": {"allocations": {"20": entry}}});
+    env.merge_pool("192.0.2.0-24", patch).await;
 
     env.wait_keys("192.0.2.0-24", &["20"]).await;
     // Several sweeps later the new pod's address is still there.
@@ -127,39 +102,17 @@ testenv::as_admin_and_as_the_chart!(
     "ctl-ds"
 );
 async fn dual_stack_release_deletes_reservations_with_one_event_per_network(mut env: Env) {
-    use ipreclaim::api::{OverlappingRangeIPReservation, OverlappingRangeIPReservationSpec};
-    let nad = NetworkAttachmentDefinition::new(
+    env.nad_config(
         "macvlan",
-        NetworkAttachmentDefinitionSpec {
-            config: Some(
-                r#"{"type":"macvlan","ipam":{"type":"whereabouts","ipRanges":[{"range":"192.0.2.0/24"},{"range":"2001:db8::/64"}]}}"#.into(),
-            ),
-        },
-    );
-    Api::<NetworkAttachmentDefinition>::namespaced(env.client.clone(), &env.ns)
-        .create(&PostParams::default(), &nad)
-        .await
-        .unwrap();
+        r#"{"type":"macvlan","ipam":{"type":"whereabouts","ipRanges":[{"range":"192.0.2.0/24"},{"range":"2001:db8::/64"}]}}"#,
+    )
+    .await;
     env.pool("192.0.2.0-24", "192.0.2.0/24", &[(10, "sb-web", "web-0")])
         .await;
     env.pool("2001-db8---64", "2001:db8::/64", &[(5, "sb-web", "web-0")])
         .await;
-    let reservations =
-        Api::<OverlappingRangeIPReservation>::namespaced(env.client.clone(), &env.ns);
     for name in ["192.0.2.10", "2001-db8--5"] {
-        let r = OverlappingRangeIPReservation::new(
-            name,
-            OverlappingRangeIPReservationSpec {
-                containerid: Some("sb-web".into()),
-                podref: format!("{}/web-0", env.ns),
-                ifname: Some("net1".into()),
-                ipamclaimref: None,
-            },
-        );
-        reservations
-            .create(&PostParams::default(), &r)
-            .await
-            .unwrap();
+        env.reservation_of(name, "sb-web", "web-0").await;
     }
     env.pod("web-0", "macvlan", Some(&["192.0.2.10", "2001:db8::5"]))
         .await;
@@ -168,12 +121,7 @@ async fn dual_stack_release_deletes_reservations_with_one_event_per_network(mut 
     env.wait_keys("192.0.2.0-24", &[]).await;
     env.wait_keys("2001-db8---64", &[]).await;
     wait_for("reservations deleted", || async {
-        reservations
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .is_empty()
+        env.reservation_names().await.is_empty()
     })
     .await;
     let events = env.wait_events("IPAddressGarbageCollected").await;

@@ -6,18 +6,16 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
-use ipreclaim::api::{
-    IPAllocation, IPPool, IPPoolSpec, NetworkAttachmentDefinition, NetworkAttachmentDefinitionSpec,
-};
+use ipreclaim::api::{IPPool, NetworkAttachmentDefinition};
 use ipreclaim::ipam::NETWORK_STATUS_ANNOTATION;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::Client;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use testenv::ControlPlane;
 use testenv::poll::{http_get, metric_value, wait_for, wait_metric_line};
 use testenv::procs::ChildGuard;
 
-use crate::support::{self, Program, TEST_TIMINGS};
+use crate::support::{self, Program, TEST_TIMINGS, allocation};
 
 /// The reason of the Event a fenced release publishes.
 pub const FENCED: &str = "IPAddressGarbageCollectionFenced";
@@ -122,17 +120,22 @@ impl Env {
         Api::namespaced(self.client.clone(), &self.ns)
     }
 
+    /// A macvlan NAD `name` with whereabouts IPAM over `range`.
     pub async fn nad(&self, name: &str, range: &str) {
-        let nad = NetworkAttachmentDefinition::new(
-            name,
-            NetworkAttachmentDefinitionSpec {
-                config: Some(format!(
-                    r#"{{"cniVersion":"0.3.1","type":"macvlan","master":"eth0","ipam":{{"type":"whereabouts","range":"{range}"}}}}"#
-                )),
-            },
-        );
+        self.nad_config(name, &format!(
+            r#"{{"cniVersion":"0.3.1","type":"macvlan","master":"eth0","ipam":{{"type":"whereabouts","range":"{range}"}}}}"#
+        ))
+        .await;
+    }
+
+    /// A NAD `name` with CNI config `config` (any text).
+    pub async fn nad_config(&self, name: &str, config: &str) {
+        support::create_nad(&self.client, &self.ns, name, config).await;
+    }
+
+    pub async fn delete_nad(&self, name: &str) {
         Api::<NetworkAttachmentDefinition>::namespaced(self.client.clone(), &self.ns)
-            .create(&PostParams::default(), &nad)
+            .delete(name, &DeleteParams::default())
             .await
             .unwrap();
     }
@@ -141,29 +144,36 @@ impl Env {
     pub async fn pool(&self, name: &str, range: &str, allocations: &[(u32, &str, &str)]) {
         let allocations = allocations
             .iter()
-            .map(|(offset, id, pod)| {
-                (
-                    offset.to_string(),
-                    IPAllocation {
-                        id: id.to_string(),
-                        podref: format!("{}/{}", self.ns, pod),
-                        ifname: Some("net1".into()),
-                        ipamclaimref: None,
-                    },
-                )
-            })
+            .map(|(offset, id, pod)| (offset.to_string(), allocation(&self.ns, pod, id)))
             .collect();
-        let pool = IPPool::new(
-            name,
-            IPPoolSpec {
-                range: range.into(),
-                allocations,
-            },
-        );
+        support::create_pool(&self.client, &self.ns, name, range, allocations).await;
+    }
+
+    /// Merge-patches pool `pool` with `patch` (entries written as the CNI or a person would).
+    pub async fn merge_pool(&self, pool: &str, patch: serde_json::Value) {
         self.pools()
-            .create(&PostParams::default(), &pool)
+            .patch(
+                pool,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(patch),
+            )
             .await
             .unwrap();
+    }
+
+    /// The usual pair: the macvlan NAD over 192.0.2.0/24, web-0 (192.0.2.10, sandbox sb-web)
+    /// and db-0 (192.0.2.11, sb-db) with their entries in pool 192.0.2.0-24. Returns web-0's uid.
+    pub async fn web_0_and_db_0(&self) -> String {
+        self.nad("macvlan", "192.0.2.0/24").await;
+        self.pool(
+            "192.0.2.0-24",
+            "192.0.2.0/24",
+            &[(10, "sb-web", "web-0"), (11, "sb-db", "db-0")],
+        )
+        .await;
+        let web_uid = self.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
+        self.pod("db-0", "macvlan", Some(&["192.0.2.11"])).await;
+        web_uid
     }
 
     /// A pool with one allocation per pod of `names`: offsets 10, 11, ..., sandboxes sb-0, sb-1, ...
@@ -192,11 +202,8 @@ impl Env {
         node: Option<&str>,
     ) -> String {
         let annotations = ips.map(|ips| {
-            let status = serde_json::json!([
-                {"name": "cbr0", "interface": "eth0", "ips": ["10.244.0.5"], "default": true},
-                {"name": format!("{}/{nad}", self.ns), "interface": "net1", "ips": ips},
-            ]);
-            BTreeMap::from([(NETWORK_STATUS_ANNOTATION.to_string(), status.to_string())])
+            let status = support::network_status(&self.ns, nad, ips);
+            BTreeMap::from([(NETWORK_STATUS_ANNOTATION.to_string(), status)])
         });
         let mut pod = testenv::fixtures::pod(name, annotations);
         if let (Some(spec), Some(node)) = (pod.spec.as_mut(), node) {
@@ -240,32 +247,14 @@ impl Env {
 
     /// Events with `reason` in the test namespace, as (object name, uid, message).
     pub async fn events(&self, reason: &str) -> Vec<(String, String, String)> {
-        testenv::events::with_reason(&self.client, &self.ns, reason, None)
-            .await
-            .into_iter()
-            .map(|e| {
-                (
-                    e.involved_object.name.unwrap_or_default(),
-                    e.involved_object.uid.unwrap_or_default(),
-                    e.message.unwrap_or_default(),
-                )
-            })
-            .collect()
+        let events = testenv::events::with_reason(&self.client, &self.ns, reason, None).await;
+        events.into_iter().map(name_uid_message).collect()
     }
 
     /// Waits until at least one Event with `reason` exists and returns them.
     pub async fn wait_events(&self, reason: &str) -> Vec<(String, String, String)> {
-        testenv::events::wait_with_reason(&self.client, &self.ns, reason)
-            .await
-            .into_iter()
-            .map(|e| {
-                (
-                    e.involved_object.name.unwrap_or_default(),
-                    e.involved_object.uid.unwrap_or_default(),
-                    e.message.unwrap_or_default(),
-                )
-            })
-            .collect()
+        let events = testenv::events::wait_with_reason(&self.client, &self.ns, reason).await;
+        events.into_iter().map(name_uid_message).collect()
     }
 
     /// Sweeps done so far.
@@ -298,6 +287,24 @@ impl Env {
     }
 }
 
+/// Held by the tests that count malformed objects (NADs, pods' network-status) on /metrics:
+/// the controller watches them in every namespace, so each test would count the other's. Each
+/// removes its malformed objects before it lets go (namespaces stay: no namespace controller
+/// runs here).
+pub async fn one_bad_input_test_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
+    static BAD_INPUT: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    BAD_INPUT.lock().await
+}
+
+/// An Event as (object name, uid, message).
+fn name_uid_message(e: Event) -> (String, String, String) {
+    (
+        e.involved_object.name.unwrap_or_default(),
+        e.involved_object.uid.unwrap_or_default(),
+        e.message.unwrap_or_default(),
+    )
+}
+
 // Fencing against the real apiserver. The Nodes here are stand-ins (Node objects whose Ready
 // condition the test sets; no kubelet): the real node's own CNI DEL frees a fenced entry as
 // soon as its kubelet tears the sandbox down, so only a stand-in lets the settle period, a
@@ -308,19 +315,24 @@ impl Env {
     /// A Node named after the test's namespace, with its Ready condition `status`.
     pub async fn fence_node(&self, status: &str) -> String {
         let name = format!("{}-node", self.ns);
-        let node = k8s_openapi::api::core::v1::Node {
+        self.create_node(&name, status).await;
+        name
+    }
+
+    /// A stand-in Node `name` with its Ready condition `status`.
+    pub async fn create_node(&self, name: &str, status: &str) {
+        let node = Node {
             metadata: ObjectMeta {
-                name: Some(name.clone()),
+                name: Some(name.into()),
                 ..Default::default()
             },
             ..Default::default()
         };
-        Api::<k8s_openapi::api::core::v1::Node>::all(self.client.clone())
+        Api::<Node>::all(self.client.clone())
             .create(&PostParams::default(), &node)
             .await
             .unwrap();
-        self.set_ready(&name, status).await;
-        name
+        self.set_ready(name, status).await;
     }
 
     /// Sets a Node's Ready condition, its transition now.
@@ -336,7 +348,7 @@ impl Env {
             "type": "Ready", "status": status, "reason": "SetByTest",
             "lastHeartbeatTime": now, "lastTransitionTime": now,
         }]}});
-        Api::<k8s_openapi::api::core::v1::Node>::all(self.client.clone())
+        Api::<Node>::all(self.client.clone())
             .patch_status(
                 node,
                 &kube::api::PatchParams::default(),
@@ -347,41 +359,24 @@ impl Env {
     }
 
     pub async fn delete_node(&self, node: &str) {
-        Api::<k8s_openapi::api::core::v1::Node>::all(self.client.clone())
+        Api::<Node>::all(self.client.clone())
             .delete(node, &DeleteParams::default())
             .await
             .unwrap();
     }
 
+    /// The reservation of `ip` for pod `pod`'s sandbox `sb-<pod>`.
     pub async fn reservation(&self, ip: &str, pod: &str) {
-        use ipreclaim::api::{OverlappingRangeIPReservation, OverlappingRangeIPReservationSpec};
-        let r = OverlappingRangeIPReservation::new(
-            ip,
-            OverlappingRangeIPReservationSpec {
-                containerid: Some(format!("sb-{pod}")),
-                podref: format!("{}/{pod}", self.ns),
-                ifname: Some("net1".into()),
-                ipamclaimref: None,
-            },
-        );
-        Api::<OverlappingRangeIPReservation>::namespaced(self.client.clone(), &self.ns)
-            .create(&PostParams::default(), &r)
-            .await
-            .unwrap();
+        self.reservation_of(ip, &format!("sb-{pod}"), pod).await;
+    }
+
+    /// The reservation of `ip` for sandbox `sandbox` of pod `pod`.
+    pub async fn reservation_of(&self, ip: &str, sandbox: &str, pod: &str) {
+        support::create_reservation(&self.client, &self.ns, ip, sandbox, pod).await;
     }
 
     pub async fn reservation_names(&self) -> Vec<String> {
-        Api::<ipreclaim::api::OverlappingRangeIPReservation>::namespaced(
-            self.client.clone(),
-            &self.ns,
-        )
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter_map(|r| r.metadata.name)
-        .collect()
+        support::reservation_names(&self.client, &self.ns).await
     }
 
     /// (podref, fence record's spec as JSON) of `key` in `pool`.

@@ -11,16 +11,7 @@ use crate::harness::{Env, controller_process, controller_process_logging, holder
 #[tokio::test]
 async fn with_two_replicas_only_the_lease_holder_writes() {
     let mut first = Env::new("ctl-ha").await;
-    first.nad("macvlan", "192.0.2.0/24").await;
-    first
-        .pool(
-            "192.0.2.0-24",
-            "192.0.2.0/24",
-            &[(10, "sb-web", "web-0"), (11, "sb-db", "db-0")],
-        )
-        .await;
-    first.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
-    first.pod("db-0", "macvlan", Some(&["192.0.2.11"])).await;
+    first.web_0_and_db_0().await;
     let lease = [
         "--leader-election=true".to_string(),
         format!("--lease-namespace={}", first.ns),
@@ -109,15 +100,7 @@ async fn when_the_leader_stops_the_standby_takes_over_and_nothing_is_released_tw
 async fn a_leader_cut_off_from_the_apiserver_stops_writing_before_a_standby_takes_over() {
     let cp = ControlPlane::shared();
     let mut a = Env::new("ctl-partition").await;
-    a.nad("macvlan", "192.0.2.0/24").await;
-    a.pool(
-        "192.0.2.0-24",
-        "192.0.2.0/24",
-        &[(10, "sb-web", "web-0"), (11, "sb-db", "db-0")],
-    )
-    .await;
-    a.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
-    a.pod("db-0", "macvlan", Some(&["192.0.2.11"])).await;
+    a.web_0_and_db_0().await;
     let flags = [
         "--leader-election=true".to_string(),
         format!("--lease-namespace={}", a.ns),

@@ -17,15 +17,7 @@ async fn web_0_deleted_while_the_watched_apiserver_is_down(
 ) -> (ControlPlane, Env, testenv::controlplane::SecondApiServer) {
     let (cp, mut env) = Env::private(prefix).await;
     let ns = env.ns.clone();
-    env.nad("macvlan", "192.0.2.0/24").await;
-    env.pool(
-        "192.0.2.0-24",
-        "192.0.2.0/24",
-        &[(10, "sb-web", "web-0"), (11, "sb-db", "db-0")],
-    )
-    .await;
-    env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
-    env.pod("db-0", "macvlan", Some(&["192.0.2.11"])).await;
+    env.web_0_and_db_0().await;
     env.start(&[]).await;
 
     let (second, other) = cp.start_second_apiserver().await.expect("second apiserver");

@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use kube::api::{Api, ListParams, PostParams};
 use testenv::ControlPlane;
 use testenv::poll::wait_for;
 
@@ -15,39 +14,16 @@ testenv::as_admin_and_as_the_chart!(
     "ctl-orip"
 );
 async fn orphaned_reservations_are_swept_and_live_ones_kept(mut env: Env) {
-    use ipreclaim::api::{OverlappingRangeIPReservation, OverlappingRangeIPReservationSpec};
     env.nad("macvlan", "192.0.2.0/24").await;
     env.pool("192.0.2.0-24", "192.0.2.0/24", &[(10, "sb-web", "web-0")])
         .await;
     env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
-    let reservations =
-        Api::<OverlappingRangeIPReservation>::namespaced(env.client.clone(), &env.ns);
     for (name, pod) in [("192.0.2.10", "web-0"), ("192.0.2.99", "ghost-0")] {
-        let r = OverlappingRangeIPReservation::new(
-            name,
-            OverlappingRangeIPReservationSpec {
-                containerid: Some("sb".into()),
-                podref: format!("{}/{pod}", env.ns),
-                ifname: Some("net1".into()),
-                ipamclaimref: None,
-            },
-        );
-        reservations
-            .create(&PostParams::default(), &r)
-            .await
-            .unwrap();
+        env.reservation_of(name, "sb", pod).await;
     }
     env.start(&[]).await;
     wait_for("the orphaned reservation deleted", || async {
-        let names: Vec<String> = reservations
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .filter_map(|r| r.metadata.name)
-            .collect();
-        names == ["192.0.2.10"]
+        env.reservation_names().await == ["192.0.2.10"]
     })
     .await;
     env.wait_metric(r#"ipreclaim_api_writes_total{verb="delete"} 1"#)
@@ -62,14 +38,7 @@ async fn web_0_recreated_with_its_address(env: &Env) {
     let patch = serde_json::json!({"spec": {"allocations": {"10": {
         "id": "sb-web-0-new", "podref": format!("{}/web-0", env.ns), "ifname": "net1",
     }}}});
-    env.pools()
-        .patch(
-            "192.0.2.0-24",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(patch),
-        )
-        .await
-        .unwrap();
+    env.merge_pool("192.0.2.0-24", patch).await;
 }
 
 /// web-0 is deleted and its entry released; its reservation delete waits for its budget (here:

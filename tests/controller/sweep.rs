@@ -68,14 +68,7 @@ async fn a_succeeded_pod_is_released_and_a_late_orphan_waits_for_the_grace(mut e
     // An allocation for a pod that never existed appears after start: only the sweep, after
     // the grace period, may release it.
     let patch = serde_json::json!({"spec": {"allocations": {"12": {"id": "sb-x", "podref": format!("{}/ghost", env.ns)}}}});
-    env.pools()
-        .patch(
-            "192.0.2.0-24",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(patch),
-        )
-        .await
-        .unwrap();
+    env.merge_pool("192.0.2.0-24", patch).await;
     let appeared = std::time::Instant::now();
     let sweeps = env.sweeps().await;
     wait_for("two sweeps that see the orphan", || async {

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use kube::api::{Api, ListParams, ObjectMeta, PostParams};
+use kube::api::{Api, ListParams};
 use testenv::poll::{metric_value, wait_for};
 
 use crate::harness::Env;
@@ -25,18 +25,7 @@ async fn a_zone_outage_fences_thousands_in_one_pool_and_frees_them_when_the_zone
     let mut zone = Vec::new();
     for i in 0..ZONE_NODES {
         let node = format!("{ns}-zone-{i}");
-        let object = k8s_openapi::api::core::v1::Node {
-            metadata: ObjectMeta {
-                name: Some(node.clone()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        Api::<k8s_openapi::api::core::v1::Node>::all(env.client.clone())
-            .create(&PostParams::default(), &object)
-            .await
-            .unwrap();
-        env.set_ready(&node, "True").await;
+        env.create_node(&node, "True").await;
         zone.push(node);
     }
     let ready = env.fence_node("True").await;

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use ipreclaim::api::{IPAllocation, IPPool, IPPoolSpec, NetworkAttachmentDefinition};
+use ipreclaim::api::IPPool;
 use ipreclaim::ipam::{NETWORK_STATUS_ANNOTATION, NETWORKS_ANNOTATION, ip_at};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
@@ -28,17 +28,7 @@ pub fn macvlan_config() -> String {
 
 /// Creates the test network's NAD with `config`.
 pub async fn create_nad(client: &Client, ns: &str, config: &str) {
-    let nad: NetworkAttachmentDefinition = serde_json::from_value(json!({
-        "apiVersion": "k8s.cni.cncf.io/v1",
-        "kind": "NetworkAttachmentDefinition",
-        "metadata": {"name": NETWORK},
-        "spec": {"config": config}
-    }))
-    .unwrap();
-    Api::<NetworkAttachmentDefinition>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &nad)
-        .await
-        .unwrap();
+    support::create_nad(client, ns, NETWORK, config).await;
 }
 
 /// The local control plane, with the controller in process as the chart's ServiceAccount and
@@ -62,17 +52,7 @@ impl Local {
         let controller_client =
             testenv::helm::service_account_client(cp, &client, &ns, "controller").await;
         create_nad(&client, &ns, &macvlan_config()).await;
-        let pool = IPPool::new(
-            POOL,
-            IPPoolSpec {
-                range: RANGE.into(),
-                allocations: BTreeMap::new(),
-            },
-        );
-        Api::<IPPool>::namespaced(client.clone(), &ns)
-            .create(&PostParams::default(), &pool)
-            .await
-            .unwrap();
+        support::create_pool(&client, &ns, POOL, RANGE, BTreeMap::new()).await;
         let mut local = Local {
             client,
             ns,
@@ -95,12 +75,7 @@ impl Local {
             let offset = (1u32..255)
                 .find(|o| !current.spec.allocations.contains_key(&o.to_string()))
                 .expect("a free address");
-            let alloc = IPAllocation {
-                id: sandbox.clone(),
-                podref: format!("{}/{pod}", self.ns),
-                ifname: Some("net1".into()),
-                ipamclaimref: None,
-            };
+            let alloc = support::allocation(&self.ns, pod, &sandbox);
             let patch: json_patch::Patch = serde_json::from_value(json!([
                 {"op": "test", "path": "/metadata/resourceVersion", "value": current.metadata.resource_version},
                 {"op": "add", "path": format!("/spec/allocations/{offset}"), "value": alloc},

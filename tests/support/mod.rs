@@ -6,15 +6,22 @@
 //! `testenv::events::wait_with_reason`).
 //!
 //! Here: starting `ipreclaim controller` or `ipreclaim node-agent` inside the test process, with
-//! its flags parsed as the binary parses them.
+//! its flags parsed as the binary parses them; creating the objects whereabouts and Multus
+//! write (NADs, pools and their entries, reservations).
 #![allow(dead_code)] // each test binary uses a part of this module
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 use clap::Parser;
+use ipreclaim::api::{
+    IPAllocation, IPPool, IPPoolSpec, NetworkAttachmentDefinition, NetworkAttachmentDefinitionSpec,
+    OverlappingRangeIPReservation, OverlappingRangeIPReservationSpec,
+};
 use ipreclaim::controller::{self, ControllerArgs};
 use ipreclaim::node::{self, NodeAgentArgs};
 use kube::Client;
+use kube::api::{Api, ListParams, PostParams};
 use testenv::poll::{http_get, metric_value};
 use testenv::program::InProcess;
 
@@ -110,4 +117,90 @@ impl Program {
     pub async fn wait_metric(&self, series: &str, want: f64) {
         testenv::poll::wait_metric(self.metrics, series, want).await;
     }
+}
+
+/// Multus's network-status for a pod: its default network, and `ips` on network `ns/nad`
+/// (interface `net1`).
+pub fn network_status(ns: &str, nad: &str, ips: &[&str]) -> String {
+    serde_json::json!([
+        {"name": "cbr0", "interface": "eth0", "ips": ["10.244.0.5"], "default": true},
+        {"name": format!("{ns}/{nad}"), "interface": "net1", "ips": ips},
+    ])
+    .to_string()
+}
+
+/// Creates NetworkAttachmentDefinition `name` in `ns` with CNI config `config` (any text: a
+/// test may give one that is not JSON).
+pub async fn create_nad(client: &Client, ns: &str, name: &str, config: &str) {
+    let nad = NetworkAttachmentDefinition::new(
+        name,
+        NetworkAttachmentDefinitionSpec {
+            config: Some(config.into()),
+        },
+    );
+    Api::<NetworkAttachmentDefinition>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &nad)
+        .await
+        .unwrap_or_else(|e| panic!("create NAD {ns}/{name}: {e}"));
+}
+
+/// A pool entry as the whereabouts CNI writes it: sandbox `sandbox` of pod `ns/pod` on `net1`.
+pub fn allocation(ns: &str, pod: &str, sandbox: &str) -> IPAllocation {
+    IPAllocation {
+        id: sandbox.into(),
+        podref: format!("{ns}/{pod}"),
+        ifname: Some("net1".into()),
+        ipamclaimref: None,
+    }
+}
+
+/// Creates IPPool `name` over `range` in `ns` with `allocations` (offset -> entry).
+pub async fn create_pool(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    range: &str,
+    allocations: BTreeMap<String, IPAllocation>,
+) {
+    let pool = IPPool::new(
+        name,
+        IPPoolSpec {
+            range: range.into(),
+            allocations,
+        },
+    );
+    Api::<IPPool>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &pool)
+        .await
+        .unwrap_or_else(|e| panic!("create pool {ns}/{name}: {e}"));
+}
+
+/// Creates the OverlappingRangeIPReservation of `ip` (its name) for sandbox `sandbox` of pod
+/// `ns/pod`, as the whereabouts CNI writes it beside a pool entry.
+pub async fn create_reservation(client: &Client, ns: &str, ip: &str, sandbox: &str, pod: &str) {
+    let r = OverlappingRangeIPReservation::new(
+        ip,
+        OverlappingRangeIPReservationSpec {
+            containerid: Some(sandbox.into()),
+            podref: format!("{ns}/{pod}"),
+            ifname: Some("net1".into()),
+            ipamclaimref: None,
+        },
+    );
+    Api::<OverlappingRangeIPReservation>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &r)
+        .await
+        .unwrap_or_else(|e| panic!("create reservation {ns}/{ip}: {e}"));
+}
+
+/// The names of the reservations in `ns`.
+pub async fn reservation_names(client: &Client, ns: &str) -> Vec<String> {
+    Api::<OverlappingRangeIPReservation>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("list reservations in {ns}: {e}"))
+        .items
+        .into_iter()
+        .filter_map(|r| r.metadata.name)
+        .collect()
 }
