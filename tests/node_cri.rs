@@ -18,23 +18,30 @@ fn drain(rx: &mut tokio::sync::mpsc::Receiver<PodLifecycleEvent>) -> Vec<PodLife
     out
 }
 
-#[tokio::test]
-async fn relist_inspects_only_changed_pods_and_keeps_a_stopped_sandboxs_ip() {
-    let containerd = Containerd::start_for_test().await;
+/// Runs a sandbox for each (name, uid) and returns their ids, with the node agent's CRI pod
+/// source on the same containerd.
+async fn sandboxes_and_source(
+    containerd: &Containerd,
+    pods: impl IntoIterator<Item = (String, String)>,
+) -> (Vec<String>, CriPodSource) {
     let mut ids = Vec::new();
-    for i in 0..50 {
+    for (name, uid) in pods {
         let id = containerd
-            .run_sandbox(&format!("p{i}"), &format!("uid-{i:03}"), "node-test")
+            .run_sandbox(&name, &uid, "node-test")
             .await
             .expect("RunPodSandbox");
         ids.push(id);
     }
+    let socket = containerd.socket.to_str().unwrap();
+    let source = CriPodSource::new(connect(socket).await.expect("connect"));
+    (ids, source)
+}
 
-    let source = CriPodSource::new(
-        connect(containerd.socket.to_str().unwrap())
-            .await
-            .expect("connect"),
-    );
+#[tokio::test]
+async fn relist_inspects_only_changed_pods_and_keeps_a_stopped_sandboxs_ip() {
+    let containerd = Containerd::start_for_test().await;
+    let pods = (0..50).map(|i| (format!("p{i}"), format!("uid-{i:03}")));
+    let (ids, source) = sandboxes_and_source(&containerd, pods).await;
     let calls = source.calls();
     let cache = Arc::new(PodStatusCache::new());
     let (mut pleg, mut events) = Pleg::new(
@@ -129,19 +136,8 @@ impl PodSource for StatusFailsFor {
 #[tokio::test]
 async fn a_failing_status_call_is_retried_with_backoff_and_other_pods_are_unaffected() {
     let containerd = Containerd::start_for_test().await;
-    let mut ids = Vec::new();
-    for uid in ["uid-a", "uid-b", "uid-c"] {
-        let id = containerd
-            .run_sandbox(uid, uid, "node-test")
-            .await
-            .expect("RunPodSandbox");
-        ids.push(id);
-    }
-    let source = CriPodSource::new(
-        connect(containerd.socket.to_str().unwrap())
-            .await
-            .expect("connect"),
-    );
+    let pods = ["uid-a", "uid-b", "uid-c"].map(|uid| (uid.to_string(), uid.to_string()));
+    let (ids, source) = sandboxes_and_source(&containerd, pods).await;
     let calls = source.calls();
     let faulty = StatusFailsFor {
         inner: source,
