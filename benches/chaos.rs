@@ -35,6 +35,7 @@ use ipreclaim::api::{
     IPPool, NetworkAttachmentDefinition, NetworkAttachmentDefinitionSpec,
     OverlappingRangeIPReservation,
 };
+use ipreclaim::ipam::NETWORK_STATUS_ANNOTATION;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
@@ -221,7 +222,7 @@ impl Trial<'_> {
     async fn set_status(&self, name: &str, ip: Ipv4Addr) -> anyhow::Result<()> {
         let status = json!([{"name": format!("{}/net", self.ns), "interface": "net1", "ips": [ip.to_string()]}]);
         let patch = json!({"metadata": {"annotations": {
-            "k8s.v1.cni.cncf.io/network-status": status.to_string()}}});
+            NETWORK_STATUS_ANNOTATION: status.to_string()}}});
         self.pods()
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
@@ -1008,7 +1009,7 @@ async fn run_trial(cp: &ControlPlane, kind: Kind, seed: u64) -> anyhow::Result<O
                         };
                         let status = json!([{"name": format!("{ns}/net"), "interface": "net1", "ips": [ip]}]);
                         let patch = json!({"metadata": {"annotations": {
-                            "k8s.v1.cni.cncf.io/network-status": status.to_string()}}});
+                            NETWORK_STATUS_ANNOTATION: status.to_string()}}});
                         let _ = pods
                             .patch(&f.name, &PatchParams::default(), &Patch::Merge(&patch))
                             .await;

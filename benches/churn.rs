@@ -21,7 +21,7 @@ async fn main() -> anyhow::Result<()> {
     let seconds = nums.get(1).copied().unwrap_or(20);
     let n = (rate * seconds) as usize;
     let cluster = common::cluster(n).await?;
-    cluster.start_controller().await?;
+    let _controller = cluster.start_controller().await;
 
     // Entry removals as the pool watch sees them.
     let config = watcher::Config::default().fields(&format!("metadata.name={}", common::POOL));

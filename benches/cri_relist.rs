@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ipreclaim::node::cri::{CriPodSource, connect};
-use k8s_cri::v1::{RunPodSandboxRequest, StopPodSandboxRequest};
 use podlife::PodStatusCache;
 use podlife::clock::RealClock;
 use podlife::pleg::{Pleg, PlegConfig};
@@ -29,17 +28,14 @@ fn process_cpu() -> Duration {
 
 async fn measure(containerd: &Containerd, sandboxes: usize) -> anyhow::Result<()> {
     containerd.remove_all_sandboxes().await?;
-    let mut cri = containerd.client().await?;
     let mut ids = Vec::with_capacity(sandboxes);
     for i in 0..sandboxes {
         let uid = format!("bench-uid-{i:04}");
-        let resp = cri
-            .run_pod_sandbox(RunPodSandboxRequest {
-                config: Some(containerd.sandbox_config(&format!("p{i}"), &uid, "bench")),
-                runtime_handler: String::new(),
-            })
-            .await?;
-        ids.push(resp.into_inner().pod_sandbox_id);
+        ids.push(
+            containerd
+                .run_sandbox(&format!("p{i}"), &uid, "bench")
+                .await?,
+        );
     }
     let source = CriPodSource::new(connect(containerd.socket.to_str().unwrap()).await?);
     let calls = source.calls();
@@ -72,10 +68,7 @@ async fn measure(containerd: &Containerd, sandboxes: usize) -> anyhow::Result<()
         statuses as f64 / f64::from(RELISTS),
     );
 
-    cri.stop_pod_sandbox(StopPodSandboxRequest {
-        pod_sandbox_id: ids[0].clone(),
-    })
-    .await?;
+    containerd.stop_sandbox(&ids[0]).await?;
     let s0 = calls.pod_sandbox_status.get();
     let (cpu0, wall0) = (process_cpu(), Instant::now());
     pleg.relist().await;

@@ -8,6 +8,8 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use testenv::procs::ChildGuard;
+
 fn rss_kib(pid: u32) -> anyhow::Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     status
@@ -33,18 +35,19 @@ async fn main() -> anyhow::Result<()> {
     let kubeconfig = cluster.kubeconfig();
     let port = testenv::procs::free_port()?;
     let addr = format!("127.0.0.1:{port}");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ipreclaim"))
-        .args([
-            "controller",
-            &format!("--whereabouts-namespace={}", cluster.ns),
-            "--leader-election=false",
-            "--sweep-interval=1s",
-            &format!("--metrics-addr={addr}"),
-        ])
-        .env("KUBECONFIG", &kubeconfig)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .spawn()?;
+    let child = ChildGuard::spawn(
+        Command::new(env!("CARGO_BIN_EXE_ipreclaim"))
+            .args([
+                "controller",
+                &format!("--whereabouts-namespace={}", cluster.ns),
+                "--leader-election=false",
+                "--sweep-interval=1s",
+                &format!("--metrics-addr={addr}"),
+            ])
+            .env("KUBECONFIG", &kubeconfig)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null()),
+    )?;
     let pid = child.id();
     let sock = addr.parse()?;
     while !common::get(sock, "/readyz")
@@ -68,7 +71,6 @@ async fn main() -> anyhow::Result<()> {
         "footprint: controller RSS with {n} pods cached {:.1} MiB, {per_pod:.0} bytes per pod",
         loaded as f64 / 1024.0
     );
-    child.kill()?;
-    child.wait()?;
+    drop(child);
     Ok(())
 }

@@ -50,7 +50,8 @@ async fn main() -> anyhow::Result<()> {
         .find_map(|a| a.parse().ok())
         .unwrap_or(2000);
     let cluster = common::cluster(n).await?;
-    let addr = cluster.start_controller().await?;
+    let controller = cluster.start_controller().await;
+    let addr = controller.metrics;
     let text = common::metrics_text(addr).await;
     let writes_before = common::metric(&text, "ipreclaim_api_writes_total");
     let locks_before = common::metric(&text, "ipreclaim_index_lock_acquisitions_total");

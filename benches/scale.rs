@@ -34,6 +34,7 @@ use ipreclaim::api::{
     IPAllocation, IPPool, IPPoolSpec, NetworkAttachmentDefinition, NetworkAttachmentDefinitionSpec,
     OverlappingRangeIPReservation, OverlappingRangeIPReservationSpec,
 };
+use ipreclaim::ipam::{NETWORK_STATUS_ANNOTATION, NETWORKS_ANNOTATION};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
@@ -678,8 +679,8 @@ fn pod(ns: &str, a: &Alloc) -> Pod {
             "name": a.pod,
             "labels": {"app.kubernetes.io/name": "app", "app.kubernetes.io/instance": "bench", "pod-template-hash": "5d9c7b8f4"},
             "annotations": {
-                "k8s.v1.cni.cncf.io/network-status": status.to_string(),
-                "k8s.v1.cni.cncf.io/networks": network(a.pool),
+                NETWORK_STATUS_ANNOTATION: status.to_string(),
+                NETWORKS_ANNOTATION: network(a.pool),
             },
             "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "app-5d9c7b8f4",
                 "uid": "6f1c9d2e-8a4b-4c3d-9e2f-1a2b3c4d5e6f", "controller": true}],

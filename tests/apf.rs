@@ -12,6 +12,7 @@ use ipreclaim::api::{
     IPAllocation, IPPool, IPPoolSpec, OverlappingRangeIPReservation,
     OverlappingRangeIPReservationSpec,
 };
+use ipreclaim::ipam::NETWORK_STATUS_ANNOTATION;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::flowcontrol::v1::{FlowSchema, PriorityLevelConfiguration};
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
@@ -19,6 +20,7 @@ use kube::api::{Api, DeleteParams, PostParams};
 use kube::{Client, ResourceExt};
 use testenv::controlplane::Options;
 use testenv::poll::{http_get, metric_sum, metric_value, wait_for_within};
+use testenv::procs::ChildGuard;
 use testenv::{ControlPlane, fixtures};
 
 const PODS: usize = 24;
@@ -84,7 +86,7 @@ fn pod(ns: &str, i: usize) -> Pod {
         r#"[{{"name":"{ns}/net","interface":"net1","ips":["192.0.2.{}"]}}]"#,
         i + 1
     );
-    fixtures::pod_with_network_status(&format!("p{i}"), &status)
+    fixtures::annotated_pod(&format!("p{i}"), NETWORK_STATUS_ANNOTATION, &status)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -169,18 +171,19 @@ async fn squeezed_by_priority_and_fairness_every_release_lands_after_waiting_out
     cp.write_kubeconfig_for_token(&token, &kubeconfig).unwrap();
     let port = testenv::procs::free_port().unwrap();
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ipreclaim"))
-        .args([
-            "controller",
-            &format!("--whereabouts-namespace={ns}"),
-            "--leader-election=false",
-            "--fence-unready-nodes=false",
-            &format!("--metrics-addr={addr}"),
-        ])
-        .env("KUBECONFIG", &kubeconfig)
-        .env("RUST_LOG", "warn")
-        .spawn()
-        .expect("start the ipreclaim binary");
+    let controller = ChildGuard::spawn(
+        std::process::Command::new(env!("CARGO_BIN_EXE_ipreclaim"))
+            .args([
+                "controller",
+                &format!("--whereabouts-namespace={ns}"),
+                "--leader-election=false",
+                "--fence-unready-nodes=false",
+                &format!("--metrics-addr={addr}"),
+            ])
+            .env("KUBECONFIG", &kubeconfig)
+            .env("RUST_LOG", "warn"),
+    )
+    .expect("start the ipreclaim binary");
     // The binary binds its metrics address a moment after it starts.
     let metrics = || async move {
         tokio::net::TcpStream::connect(addr).await.ok()?;
@@ -223,8 +226,7 @@ async fn squeezed_by_priority_and_fairness_every_release_lands_after_waiting_out
     )
     .await;
     let text = metrics().await.expect("the controller's metrics");
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(controller);
     let throttled = metric_sum(&text, "ipreclaim_api_throttled_total");
     eprintln!(
         "apf: {throttled} writes answered 429 and sent again; {} pool patches, {} deletes",

@@ -66,7 +66,11 @@ async fn leaky_namespace(prefix: &str) -> (Client, String) {
         {"name": "cbr0", "interface": "eth0", "ips": ["10.244.0.5"], "default": true},
         {"name": format!("{ns}/macvlan"), "interface": "net1", "ips": ["192.0.2.21"]},
     ]);
-    let pod = testenv::fixtures::pod_with_network_status("web-0", &status.to_string());
+    let pod = testenv::fixtures::annotated_pod(
+        "web-0",
+        ipreclaim::ipam::NETWORK_STATUS_ANNOTATION,
+        &status.to_string(),
+    );
     Api::<Pod>::namespaced(client.clone(), &ns)
         .create(&PostParams::default(), &pod)
         .await

@@ -5,25 +5,17 @@ use std::net::IpAddr;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
     ContainerConfig, ContainerMetadata, ContainerState, CreateContainerRequest, ImageSpec,
-    ListContainersRequest, ListPodSandboxRequest, PodSandboxState, PodSandboxStatusRequest,
-    RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StopPodSandboxRequest,
+    ListContainersRequest, ListPodSandboxRequest, PodSandboxState, StartContainerRequest,
 };
 use testenv::Containerd;
 use testenv::containerd::SANDBOX_IMAGE;
 use tonic::transport::Channel;
 
-async fn sandbox_state_and_ip(
-    client: &mut RuntimeServiceClient<Channel>,
-    id: &str,
-) -> (i32, String) {
-    let status = client
-        .pod_sandbox_status(PodSandboxStatusRequest {
-            pod_sandbox_id: id.into(),
-            verbose: false,
-        })
+async fn sandbox_state_and_ip(containerd: &Containerd, id: &str) -> (i32, String) {
+    let status = containerd
+        .sandbox_status(id, false)
         .await
         .expect("PodSandboxStatus")
-        .into_inner()
         .status
         .expect("a sandbox status");
     let ip = status.network.map(|n| n.ip).unwrap_or_default();
@@ -61,21 +53,11 @@ async fn sandbox_lifecycle_with_an_ip_through_cri() {
     let config = containerd.sandbox_config("web-0", "uid-web-0", "cri-test");
 
     // Run: READY, with an address from the test CNI plugin.
-    let id = client
-        .run_pod_sandbox(RunPodSandboxRequest {
-            config: Some(config.clone()),
-            runtime_handler: String::new(),
-        })
+    let id = containerd
+        .run_sandbox("web-0", "uid-web-0", "cri-test")
         .await
-        .unwrap_or_else(|e| {
-            panic!(
-                "RunPodSandbox: {e}; see {}",
-                containerd.log_path().display()
-            )
-        })
-        .into_inner()
-        .pod_sandbox_id;
-    let (state, ip) = sandbox_state_and_ip(&mut client, &id).await;
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let (state, ip) = sandbox_state_and_ip(&containerd, &id).await;
     assert_eq!(state, PodSandboxState::SandboxReady as i32);
     let ip: IpAddr = ip
         .parse()
@@ -125,13 +107,8 @@ async fn sandbox_lifecycle_with_an_ip_through_cri() {
     );
 
     // Stop: NOTREADY and no IP any more; its container exited.
-    client
-        .stop_pod_sandbox(StopPodSandboxRequest {
-            pod_sandbox_id: id.clone(),
-        })
-        .await
-        .expect("StopPodSandbox");
-    let (state, ip) = sandbox_state_and_ip(&mut client, &id).await;
+    containerd.stop_sandbox(&id).await.expect("StopPodSandbox");
+    let (state, ip) = sandbox_state_and_ip(&containerd, &id).await;
     assert_eq!(state, PodSandboxState::SandboxNotready as i32);
     assert_eq!(ip, "", "a stopped sandbox reports no IP");
     assert_eq!(
@@ -144,19 +121,14 @@ async fn sandbox_lifecycle_with_an_ip_through_cri() {
     );
 
     // Remove: gone from both listings.
-    client
-        .remove_pod_sandbox(RemovePodSandboxRequest {
-            pod_sandbox_id: id.clone(),
-        })
+    containerd
+        .remove_sandbox(&id)
         .await
         .expect("RemovePodSandbox");
     assert_eq!(sandbox_ids(&mut client).await, []);
     assert_eq!(container_states(&mut client).await, []);
-    let gone = client
-        .pod_sandbox_status(PodSandboxStatusRequest {
-            pod_sandbox_id: id,
-            verbose: false,
-        })
+    let gone = containerd
+        .sandbox_status(&id, false)
         .await
         .expect_err("status of a removed sandbox");
     assert_eq!(gone.code(), tonic::Code::NotFound);
@@ -165,20 +137,13 @@ async fn sandbox_lifecycle_with_an_ip_through_cri() {
 #[tokio::test]
 async fn each_sandbox_gets_its_own_ip() {
     let containerd = Containerd::start_for_test().await;
-    let mut client = containerd.client().await.expect("CRI client");
     let mut ips = Vec::new();
     for i in 0..3 {
-        let config = containerd.sandbox_config(&format!("p{i}"), &format!("uid-{i}"), "cri-test");
-        let id = client
-            .run_pod_sandbox(RunPodSandboxRequest {
-                config: Some(config),
-                runtime_handler: String::new(),
-            })
+        let id = containerd
+            .run_sandbox(&format!("p{i}"), &format!("uid-{i}"), "cri-test")
             .await
-            .expect("RunPodSandbox")
-            .into_inner()
-            .pod_sandbox_id;
-        ips.push(sandbox_state_and_ip(&mut client, &id).await.1);
+            .expect("RunPodSandbox");
+        ips.push(sandbox_state_and_ip(&containerd, &id).await.1);
     }
     let mut unique = ips.clone();
     unique.sort();

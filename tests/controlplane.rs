@@ -5,17 +5,17 @@ use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
 use ipreclaim::api::{IPAllocation, IPPool, IPPoolSpec};
+use ipreclaim::ipam::NETWORK_STATUS_ANNOTATION;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use testenv::ControlPlane;
 
-const NETWORK_STATUS: &str = "k8s.v1.cni.cncf.io/network-status";
 const WAIT: Duration = Duration::from_secs(30);
 
 fn pod(name: &str, network_status: &str) -> Pod {
-    testenv::fixtures::pod_with_network_status(name, network_status)
+    testenv::fixtures::annotated_pod(name, NETWORK_STATUS_ANNOTATION, network_status)
 }
 
 const STATUS_JSON: &str = r#"[{"name":"default/net1","interface":"net1","ips":["192.0.2.10"],"mac":"02:00:00:00:00:01","default":false}]"#;
@@ -64,7 +64,7 @@ async fn pod_with_network_status_is_created_watched_and_deleted() {
         unreachable!()
     };
     let annotations = seen.metadata.annotations.unwrap();
-    assert_eq!(annotations[NETWORK_STATUS], STATUS_JSON);
+    assert_eq!(annotations[NETWORK_STATUS_ANNOTATION], STATUS_JSON);
     let uid = seen.metadata.uid.unwrap();
 
     // No kubelet runs here: only a zero-grace delete removes the pod at once.

@@ -2,43 +2,28 @@
 //! starts its own containerd and uses its own namespace (also its whereabouts namespace) and
 //! node name.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
-use clap::Parser;
 use ipreclaim::api::{
-    IPAllocation, IPPool, IPPoolSpec, NetworkAttachmentDefinition, NetworkAttachmentDefinitionSpec,
-    NodeSliceAllocation, NodeSlicePool, NodeSlicePoolSpec, NodeSlicePoolStatus,
-    OverlappingRangeIPReservation, OverlappingRangeIPReservationSpec,
+    IPPool, NodeSliceAllocation, NodeSlicePool, NodeSlicePoolSpec, NodeSlicePoolStatus,
 };
-use ipreclaim::node::{self, NodeAgentArgs};
-use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
-use k8s_cri::v1::{
-    PodSandboxStatusRequest, RemovePodSandboxRequest, RunPodSandboxRequest, StopPodSandboxRequest,
-};
+use ipreclaim::ipam::{NETWORK_STATUS_ANNOTATION, NETWORKS_ANNOTATION};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use testenv::poll::{http_get, metric_sum, metric_value, wait_for};
-use testenv::program::InProcess;
 use testenv::{Containerd, ControlPlane};
-use tonic::transport::Channel;
 
-const STATUS: &str = "k8s.v1.cni.cncf.io/network-status";
-const NETWORKS: &str = "k8s.v1.cni.cncf.io/networks";
+use crate::support::Program;
+
 const RANGE: &str = "192.0.2.0/24";
 const POOL: &str = "192.0.2.0-24";
 
-#[derive(Parser)]
-#[command(args_override_self = true)]
-struct Cli {
-    #[command(flatten)]
-    args: NodeAgentArgs,
-}
-
 struct NodeEnv {
     containerd: Containerd,
-    cri: RuntimeServiceClient<Channel>,
     client: Client,
     /// The chart's node-agent ServiceAccount client, when the chart is installed.
     chart: Option<Client>,
@@ -47,7 +32,7 @@ struct NodeEnv {
     /// The IPPool the macvlan network allocates from on this node.
     pool: String,
     metrics: SocketAddr,
-    program: Option<InProcess>,
+    program: Option<Program>,
 }
 
 impl NodeEnv {
@@ -57,11 +42,9 @@ impl NodeEnv {
         cp.install_crds(&client).await.expect("install crds/");
         let ns = cp.namespace(&client, prefix).await;
         let containerd = Containerd::start_for_test().await;
-        let cri = containerd.client().await.expect("CRI client");
         NodeEnv {
             node: format!("node-{ns}"),
             containerd,
-            cri,
             client,
             chart: None,
             ns,
@@ -85,28 +68,13 @@ impl NodeEnv {
 
     /// Starts the agent with test timings plus `extra` flags; waits until it is ready.
     async fn start(&mut self, extra: &[&str]) {
-        let mut argv = vec![
-            "node-agent".to_string(),
-            format!("--cri-endpoint=unix://{}", self.containerd.socket.display()),
-            format!("--node-name={}", self.node),
-            format!("--whereabouts-namespace={}", self.ns),
-            "--relist-period=100ms".into(),
-            "--metrics-addr=127.0.0.1:0".into(),
-        ];
-        argv.extend(extra.iter().map(|s| s.to_string()));
-        let args = Cli::try_parse_from(argv).expect("node-agent flags").args;
+        let cri = format!("--cri-endpoint=unix://{}", self.containerd.socket.display());
+        let node = format!("--node-name={}", self.node);
+        let mut flags = vec![cri.as_str(), node.as_str(), "--relist-period=100ms"];
+        flags.extend_from_slice(extra);
         let client = self.chart.clone().unwrap_or_else(|| self.client.clone());
-        let (program, (_, addr)) = InProcess::start(
-            "node agent",
-            |shutdown, started| {
-                node::run(client, args, shutdown, move |running| {
-                    let _ = started.send((running.health.clone(), running.metrics_addr));
-                })
-            },
-            |(health, _)| health.is_ready(),
-        )
-        .await;
-        self.metrics = addr;
+        let program = support::node_agent(client, &self.ns, &flags).await;
+        self.metrics = program.metrics;
         self.program = Some(program);
     }
 
@@ -121,10 +89,7 @@ impl NodeEnv {
     }
 
     async fn wait_metric(&self, line: &str, want: f64) {
-        wait_for(&format!("{line} = {want}"), || async move {
-            self.metric(line).await == want
-        })
-        .await;
+        testenv::poll::wait_metric(self.metrics, line, want).await;
     }
 
     fn pools(&self) -> Api<IPPool> {
@@ -174,37 +139,20 @@ impl NodeEnv {
     }
 
     async fn create_nad(&self, ipam_fields: &str) {
-        let nad = NetworkAttachmentDefinition::new(
-            "macvlan",
-            NetworkAttachmentDefinitionSpec {
-                config: Some(format!(
-                    r#"{{"cniVersion":"0.3.1","name":"slicenet","type":"macvlan","master":"eth0","ipam":{{"type":"whereabouts",{ipam_fields}}}}}"#
-                )),
-            },
+        let config = format!(
+            r#"{{"cniVersion":"0.3.1","name":"slicenet","type":"macvlan","master":"eth0","ipam":{{"type":"whereabouts",{ipam_fields}}}}}"#
         );
-        Api::<NetworkAttachmentDefinition>::namespaced(self.client.clone(), &self.ns)
-            .create(&PostParams::default(), &nad)
-            .await
-            .unwrap();
+        support::create_nad(&self.client, &self.ns, "macvlan", &config).await;
     }
 
     async fn create_pool(&self, range: &str) {
-        let pool = IPPool::new(
-            &self.pool,
-            IPPoolSpec {
-                range: range.into(),
-                allocations: BTreeMap::new(),
-            },
-        );
-        self.pools()
-            .create(&PostParams::default(), &pool)
-            .await
-            .unwrap();
+        support::create_pool(&self.client, &self.ns, &self.pool, range, BTreeMap::new()).await;
     }
 
     /// An API pod on this node asking for the macvlan network; returns its uid.
     async fn pod(&self, name: &str) -> String {
-        let annotations = BTreeMap::from([(NETWORKS.to_string(), "macvlan".to_string())]);
+        let annotations =
+            BTreeMap::from([(NETWORKS_ANNOTATION.to_string(), "macvlan".to_string())]);
         let mut pod = testenv::fixtures::pod(name, Some(annotations));
         pod.spec.as_mut().unwrap().node_name = Some(self.node.clone());
         self.pods()
@@ -218,39 +166,25 @@ impl NodeEnv {
 
     /// Multus's network-status for `name`: `ip` on the macvlan network.
     async fn set_network_status(&self, name: &str, ip: &str) {
-        let status = serde_json::json!([
-            {"name": "cbr0", "interface": "eth0", "ips": ["10.244.0.5"], "default": true},
-            {"name": format!("{}/macvlan", self.ns), "interface": "net1", "ips": [ip]},
-        ]);
-        let patch = serde_json::json!({"metadata": {"annotations": {STATUS: status.to_string()}}});
+        let status = support::network_status(&self.ns, "macvlan", &[ip]);
+        let patch =
+            serde_json::json!({"metadata": {"annotations": {NETWORK_STATUS_ANNOTATION: status}}});
         self.pods()
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .unwrap();
     }
 
-    async fn run_sandbox(&mut self, name: &str, uid: &str) -> String {
-        let config = self.containerd.sandbox_config(name, uid, &self.ns);
-        self.cri
-            .run_pod_sandbox(RunPodSandboxRequest {
-                config: Some(config),
-                runtime_handler: String::new(),
-            })
+    async fn run_sandbox(&self, name: &str, uid: &str) -> String {
+        self.containerd
+            .run_sandbox(name, uid, &self.ns)
             .await
             .expect("RunPodSandbox")
-            .into_inner()
-            .pod_sandbox_id
     }
 
     /// A sandbox of pod `name` that got `ip` (at `offset` of the pool) the way whereabouts and
     /// Multus record it: pool entry, reservation, network-status. Returns the sandbox id.
-    async fn sandbox_with_address(
-        &mut self,
-        name: &str,
-        uid: &str,
-        offset: u32,
-        ip: &str,
-    ) -> String {
+    async fn sandbox_with_address(&self, name: &str, uid: &str, offset: u32, ip: &str) -> String {
         let id = self.run_sandbox(name, uid).await;
         self.allocate(offset, &id, name).await;
         self.reserve(ip, &id, name).await;
@@ -259,37 +193,28 @@ impl NodeEnv {
     }
 
     /// Stops and removes a sandbox the way a crashed node loses it: no CNI DEL reaches the pool.
-    async fn remove_sandbox(&mut self, id: &str) {
+    async fn remove_sandbox(&self, id: &str) {
         self.stop_sandbox(id).await;
         self.delete_sandbox(id).await;
     }
 
-    async fn stop_sandbox(&mut self, id: &str) {
-        self.cri
-            .stop_pod_sandbox(StopPodSandboxRequest {
-                pod_sandbox_id: id.into(),
-            })
+    async fn stop_sandbox(&self, id: &str) {
+        self.containerd
+            .stop_sandbox(id)
             .await
             .expect("StopPodSandbox");
     }
 
-    async fn delete_sandbox(&mut self, id: &str) {
-        self.cri
-            .remove_pod_sandbox(RemovePodSandboxRequest {
-                pod_sandbox_id: id.into(),
-            })
+    async fn delete_sandbox(&self, id: &str) {
+        self.containerd
+            .remove_sandbox(id)
             .await
             .expect("RemovePodSandbox");
     }
 
     /// Adds a pool entry the way the whereabouts CNI does.
     async fn allocate(&self, offset: u32, sandbox: &str, pod: &str) {
-        let alloc = IPAllocation {
-            id: sandbox.into(),
-            podref: format!("{}/{pod}", self.ns),
-            ifname: Some("net1".into()),
-            ipamclaimref: None,
-        };
+        let alloc = support::allocation(&self.ns, pod, sandbox);
         let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
             {"op": "add", "path": format!("/spec/allocations/{offset}"), "value": alloc}
         ]))
@@ -305,30 +230,11 @@ impl NodeEnv {
     }
 
     async fn reserve(&self, ip: &str, sandbox: &str, pod: &str) {
-        let r = OverlappingRangeIPReservation::new(
-            ip,
-            OverlappingRangeIPReservationSpec {
-                containerid: Some(sandbox.into()),
-                podref: format!("{}/{pod}", self.ns),
-                ifname: Some("net1".into()),
-                ipamclaimref: None,
-            },
-        );
-        Api::<OverlappingRangeIPReservation>::namespaced(self.client.clone(), &self.ns)
-            .create(&PostParams::default(), &r)
-            .await
-            .unwrap();
+        support::create_reservation(&self.client, &self.ns, ip, sandbox, pod).await;
     }
 
     async fn reservations(&self) -> Vec<String> {
-        Api::<OverlappingRangeIPReservation>::namespaced(self.client.clone(), &self.ns)
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .filter_map(|r| r.metadata.name)
-            .collect()
+        support::reservation_names(&self.client, &self.ns).await
     }
 
     async fn keys(&self) -> Vec<String> {
@@ -338,25 +244,22 @@ impl NodeEnv {
 
     /// The Events with `reason` once there is one (Events are published after the release).
     async fn wait_events(&self, reason: &str) -> Vec<(String, String)> {
-        wait_for(&format!("a {reason} Event"), || async {
-            !self.events(reason).await.is_empty()
-        })
-        .await;
-        self.events(reason).await
+        let events = testenv::events::wait_with_reason(&self.client, &self.ns, reason).await;
+        events.into_iter().map(name_and_message).collect()
     }
 
     async fn events(&self, reason: &str) -> Vec<(String, String)> {
-        testenv::events::with_reason(&self.client, &self.ns, reason, None)
-            .await
-            .into_iter()
-            .map(|e| {
-                (
-                    e.involved_object.name.unwrap_or_default(),
-                    e.message.unwrap_or_default(),
-                )
-            })
-            .collect()
+        let events = testenv::events::with_reason(&self.client, &self.ns, reason, None).await;
+        events.into_iter().map(name_and_message).collect()
     }
+}
+
+/// An Event as (object name, message).
+fn name_and_message(e: k8s_openapi::api::core::v1::Event) -> (String, String) {
+    (
+        e.involved_object.name.unwrap_or_default(),
+        e.message.unwrap_or_default(),
+    )
 }
 
 const DIED: &str = r#"ipreclaim_node_pleg_events_total{kind="ContainerDied"}"#;
@@ -720,15 +623,11 @@ async fn a_runtime_that_does_not_answer_is_no_evidence() {
 }
 
 /// The pid of a sandbox's pause process, from containerd's verbose status.
-async fn sandbox_pid(cri: &mut RuntimeServiceClient<Channel>, id: &str) -> i32 {
-    let status = cri
-        .pod_sandbox_status(PodSandboxStatusRequest {
-            pod_sandbox_id: id.into(),
-            verbose: true,
-        })
+async fn sandbox_pid(containerd: &Containerd, id: &str) -> i32 {
+    let status = containerd
+        .sandbox_status(id, true)
         .await
-        .expect("PodSandboxStatus")
-        .into_inner();
+        .expect("PodSandboxStatus");
     let info: serde_json::Value =
         serde_json::from_str(status.info.get("info").expect("verbose info")).unwrap();
     info["pid"].as_i64().expect("pid in verbose info") as i32
@@ -745,8 +644,8 @@ async fn a_runtime_outage_fails_healthz_and_recovers_without_lost_or_duplicated_
         http_get(env.metrics, "/healthz").await.0 == 200
     })
     .await;
-    let pid_b = sandbox_pid(&mut env.cri, &b).await;
-    assert_ne!(pid_b, sandbox_pid(&mut env.cri, &a).await);
+    let pid_b = sandbox_pid(&env.containerd, &b).await;
+    assert_ne!(pid_b, sandbox_pid(&env.containerd, &a).await);
 
     env.containerd.stop().expect("stop containerd");
     wait_for("healthz failing while containerd is down", || async {

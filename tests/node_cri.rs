@@ -5,7 +5,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use ipreclaim::node::cri::{CriPodSource, connect};
-use k8s_cri::v1::{RunPodSandboxRequest, StopPodSandboxRequest};
 use podlife::clock::{FakeClock, RealClock};
 use podlife::pleg::{EventKind, Pleg, PlegConfig, PodLifecycleEvent, PodSource};
 use podlife::{PodStatus, PodStatusCache, RuntimePod, SandboxState, SourceError};
@@ -19,33 +18,30 @@ fn drain(rx: &mut tokio::sync::mpsc::Receiver<PodLifecycleEvent>) -> Vec<PodLife
     out
 }
 
+/// Runs a sandbox for each (name, uid) and returns their ids, with the node agent's CRI pod
+/// source on the same containerd.
+async fn sandboxes_and_source(
+    containerd: &Containerd,
+    pods: impl IntoIterator<Item = (String, String)>,
+) -> (Vec<String>, CriPodSource) {
+    let mut ids = Vec::new();
+    for (name, uid) in pods {
+        let id = containerd
+            .run_sandbox(&name, &uid, "node-test")
+            .await
+            .expect("RunPodSandbox");
+        ids.push(id);
+    }
+    let socket = containerd.socket.to_str().unwrap();
+    let source = CriPodSource::new(connect(socket).await.expect("connect"));
+    (ids, source)
+}
+
 #[tokio::test]
 async fn relist_inspects_only_changed_pods_and_keeps_a_stopped_sandboxs_ip() {
     let containerd = Containerd::start_for_test().await;
-    let mut cri = containerd.client().await.expect("CRI client");
-    let mut ids = Vec::new();
-    for i in 0..50 {
-        let id = cri
-            .run_pod_sandbox(RunPodSandboxRequest {
-                config: Some(containerd.sandbox_config(
-                    &format!("p{i}"),
-                    &format!("uid-{i:03}"),
-                    "node-test",
-                )),
-                runtime_handler: String::new(),
-            })
-            .await
-            .expect("RunPodSandbox")
-            .into_inner()
-            .pod_sandbox_id;
-        ids.push(id);
-    }
-
-    let source = CriPodSource::new(
-        connect(containerd.socket.to_str().unwrap())
-            .await
-            .expect("connect"),
-    );
+    let pods = (0..50).map(|i| (format!("p{i}"), format!("uid-{i:03}")));
+    let (ids, source) = sandboxes_and_source(&containerd, pods).await;
     let calls = source.calls();
     let cache = Arc::new(PodStatusCache::new());
     let (mut pleg, mut events) = Pleg::new(
@@ -73,11 +69,10 @@ async fn relist_inspects_only_changed_pods_and_keeps_a_stopped_sandboxs_ip() {
 
     // One sandbox stops: exactly one status call, one death, and its IP stays in the cache
     // although CRI no longer reports it.
-    cri.stop_pod_sandbox(StopPodSandboxRequest {
-        pod_sandbox_id: ids[7].clone(),
-    })
-    .await
-    .expect("StopPodSandbox");
+    containerd
+        .stop_sandbox(&ids[7])
+        .await
+        .expect("StopPodSandbox");
     pleg.relist().await;
     assert_eq!(calls.pod_sandbox_status.get(), 51);
     assert_eq!(
@@ -141,25 +136,8 @@ impl PodSource for StatusFailsFor {
 #[tokio::test]
 async fn a_failing_status_call_is_retried_with_backoff_and_other_pods_are_unaffected() {
     let containerd = Containerd::start_for_test().await;
-    let mut cri = containerd.client().await.expect("CRI client");
-    let mut ids = Vec::new();
-    for uid in ["uid-a", "uid-b", "uid-c"] {
-        let id = cri
-            .run_pod_sandbox(RunPodSandboxRequest {
-                config: Some(containerd.sandbox_config(uid, uid, "node-test")),
-                runtime_handler: String::new(),
-            })
-            .await
-            .expect("RunPodSandbox")
-            .into_inner()
-            .pod_sandbox_id;
-        ids.push(id);
-    }
-    let source = CriPodSource::new(
-        connect(containerd.socket.to_str().unwrap())
-            .await
-            .expect("connect"),
-    );
+    let pods = ["uid-a", "uid-b", "uid-c"].map(|uid| (uid.to_string(), uid.to_string()));
+    let (ids, source) = sandboxes_and_source(&containerd, pods).await;
     let calls = source.calls();
     let faulty = StatusFailsFor {
         inner: source,
@@ -201,11 +179,10 @@ async fn a_failing_status_call_is_retried_with_backoff_and_other_pods_are_unaffe
 
     // Meanwhile another pod's sandbox stops: reported at once, one status call.
     let status_calls = calls.pod_sandbox_status.get();
-    cri.stop_pod_sandbox(StopPodSandboxRequest {
-        pod_sandbox_id: ids[2].clone(),
-    })
-    .await
-    .expect("StopPodSandbox");
+    containerd
+        .stop_sandbox(&ids[2])
+        .await
+        .expect("StopPodSandbox");
     clock.step(Duration::from_secs(1));
     pleg.relist().await;
     assert_eq!(

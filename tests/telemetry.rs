@@ -21,7 +21,7 @@ use testenv::poll::{http_get, metric_value, wait_for};
 use tokio::io::AsyncBufReadExt;
 
 const BIN: &str = env!("CARGO_BIN_EXE_ipreclaim");
-const STATUS: &str = "k8s.v1.cni.cncf.io/network-status";
+const STATUS: &str = ipreclaim::ipam::NETWORK_STATUS_ANNOTATION;
 
 /// A running binary whose stderr lines are collected.
 struct Proc {

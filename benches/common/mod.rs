@@ -3,25 +3,21 @@
 //! per pod, the pods themselves, and an in-process controller.
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use clap::Parser;
 use futures::{StreamExt, stream};
-use ipreclaim::api::{IPAllocation, IPPool, IPPoolSpec};
-use ipreclaim::controller::{self, ControllerArgs};
+use ipreclaim::api::IPPool;
+use ipreclaim::ipam::NETWORK_STATUS_ANNOTATION;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, PostParams};
 use testenv::ControlPlane;
 
+#[path = "../../tests/support/mod.rs"]
+mod support;
+
 /// The pool every benchmark uses.
 pub const POOL: &str = "198.18.0.0-16";
-
-#[derive(Parser)]
-struct Cli {
-    #[command(flatten)]
-    args: ControllerArgs,
-}
 
 /// A private control plane with the CRDs, a namespace, `n` pods and their allocations.
 pub struct Cluster {
@@ -36,7 +32,7 @@ pub struct Cluster {
 fn pod(ns: &str, i: usize) -> Pod {
     let ip = format!("198.18.{}.{}", i / 256, i % 256);
     let status = format!(r#"[{{"name":"{ns}/macvlan","interface":"net1","ips":["{ip}"]}}]"#);
-    testenv::fixtures::pod_with_network_status(&format!("p{i}"), &status)
+    testenv::fixtures::annotated_pod(&format!("p{i}"), NETWORK_STATUS_ANNOTATION, &status)
 }
 
 /// Starts a control plane and creates `n` pods with one allocation each.
@@ -47,22 +43,11 @@ pub async fn cluster(n: usize) -> anyhow::Result<Cluster> {
     let ns = cp.namespace(&client, "bench").await;
     let allocations = (0..n)
         .map(|i| {
-            let alloc = IPAllocation {
-                id: format!("sandbox-{i}"),
-                podref: format!("{ns}/p{i}"),
-                ifname: Some("net1".into()),
-                ipamclaimref: None,
-            };
+            let alloc = support::allocation(&ns, &format!("p{i}"), &format!("sandbox-{i}"));
             (i.to_string(), alloc)
         })
         .collect();
-    let spec = IPPoolSpec {
-        range: "198.18.0.0/16".into(),
-        allocations,
-    };
-    Api::<IPPool>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &IPPool::new(POOL, spec))
-        .await?;
+    support::create_pool(&client, &ns, POOL, "198.18.0.0/16", allocations).await;
     let cluster = Cluster {
         _control_plane: cp,
         client,
@@ -104,28 +89,9 @@ impl Cluster {
     }
 
     /// Runs the controller in this process with default flags (no leader election) and waits
-    /// until it is ready; returns its metrics address.
-    pub async fn start_controller(&self) -> anyhow::Result<SocketAddr> {
-        let args = Cli::try_parse_from([
-            "controller".to_string(),
-            format!("--whereabouts-namespace={}", self.ns),
-            "--leader-election=false".into(),
-            "--metrics-addr=127.0.0.1:0".into(),
-        ])?
-        .args;
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let client = self.client.clone();
-        tokio::spawn(async move {
-            controller::run(client, args, std::future::pending(), move |r| {
-                let _ = tx.send((r.metrics_addr, r.health.clone()));
-            })
-            .await
-        });
-        let (addr, health) = rx.await?;
-        while !health.is_ready() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Ok(addr)
+    /// until it is ready; it runs until the returned handle is dropped or stopped.
+    pub async fn start_controller(&self) -> support::Program {
+        support::controller(self.client.clone(), &self.ns, &["--leader-election=false"]).await
     }
 
     /// The pods API of the namespace.

@@ -10,6 +10,7 @@
 
 use std::time::Duration;
 
+use ipreclaim::ipam::NETWORKS_ANNOTATION;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::Client;
@@ -20,7 +21,7 @@ use testenv::poll::wait_for_within;
 use tokio::sync::{Mutex, MutexGuard, OnceCell};
 
 use crate::local::{create_nad, macvlan_config};
-use crate::{NETWORK, NETWORKS, Platform, RANGE, network, test_network_ips};
+use crate::{NETWORK, Platform, RANGE, network, test_network_ips};
 
 /// How long a real pod may take to run with an address, or a scale to settle.
 const WAIT: Duration = Duration::from_secs(120);
@@ -193,7 +194,7 @@ impl Cluster {
                     "podManagementPolicy": "Parallel",
                     "selector": {"matchLabels": {"app": "web"}},
                     "template": {
-                        "metadata": {"labels": {"app": "web"}, "annotations": {NETWORKS: NETWORK}},
+                        "metadata": {"labels": {"app": "web"}, "annotations": {NETWORKS_ANNOTATION: NETWORK}},
                         "spec": self.pod_spec(),
                     }
                 }
@@ -225,7 +226,7 @@ impl Platform for Cluster {
 
     async fn create_pod(&mut self, name: &str) {
         let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": name, "annotations": {NETWORKS: NETWORK}},
+            "metadata": {"name": name, "annotations": {NETWORKS_ANNOTATION: NETWORK}},
             "spec": self.pod_spec(),
         }))
         .unwrap();

@@ -4,18 +4,16 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use clap::Parser;
-use ipreclaim::api::{IPAllocation, IPPool, IPPoolSpec, NetworkAttachmentDefinition};
-use ipreclaim::controller::{self, ControllerArgs};
-use ipreclaim::ipam::ip_at;
+use ipreclaim::api::IPPool;
+use ipreclaim::ipam::{NETWORK_STATUS_ANNOTATION, NETWORKS_ANNOTATION, ip_at};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use testenv::ControlPlane;
-use testenv::program::InProcess;
 
-use crate::{NETWORK, NETWORKS, Platform, RANGE, STATUS, live_addresses};
+use crate::support::{self, Program, TEST_TIMINGS};
+use crate::{NETWORK, Platform, RANGE, live_addresses};
 
 const POOL: &str = "192.0.2.0-24";
 
@@ -30,17 +28,7 @@ pub fn macvlan_config() -> String {
 
 /// Creates the test network's NAD with `config`.
 pub async fn create_nad(client: &Client, ns: &str, config: &str) {
-    let nad: NetworkAttachmentDefinition = serde_json::from_value(json!({
-        "apiVersion": "k8s.cni.cncf.io/v1",
-        "kind": "NetworkAttachmentDefinition",
-        "metadata": {"name": NETWORK},
-        "spec": {"config": config}
-    }))
-    .unwrap();
-    Api::<NetworkAttachmentDefinition>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &nad)
-        .await
-        .unwrap();
+    support::create_nad(client, ns, NETWORK, config).await;
 }
 
 /// The local control plane, with the controller in process as the chart's ServiceAccount and
@@ -49,14 +37,8 @@ pub struct Local {
     client: Client,
     ns: String,
     controller_client: Client,
-    controller: Option<InProcess>,
+    controller: Option<Program>,
     sandboxes: u64,
-}
-
-#[derive(Parser)]
-struct Cli {
-    #[command(flatten)]
-    args: ControllerArgs,
 }
 
 impl Local {
@@ -70,17 +52,7 @@ impl Local {
         let controller_client =
             testenv::helm::service_account_client(cp, &client, &ns, "controller").await;
         create_nad(&client, &ns, &macvlan_config()).await;
-        let pool = IPPool::new(
-            POOL,
-            IPPoolSpec {
-                range: RANGE.into(),
-                allocations: BTreeMap::new(),
-            },
-        );
-        Api::<IPPool>::namespaced(client.clone(), &ns)
-            .create(&PostParams::default(), &pool)
-            .await
-            .unwrap();
+        support::create_pool(&client, &ns, POOL, RANGE, BTreeMap::new()).await;
         let mut local = Local {
             client,
             ns,
@@ -103,12 +75,7 @@ impl Local {
             let offset = (1u32..255)
                 .find(|o| !current.spec.allocations.contains_key(&o.to_string()))
                 .expect("a free address");
-            let alloc = IPAllocation {
-                id: sandbox.clone(),
-                podref: format!("{}/{pod}", self.ns),
-                ifname: Some("net1".into()),
-                ipamclaimref: None,
-            };
+            let alloc = support::allocation(&self.ns, pod, &sandbox);
             let patch: json_patch::Patch = serde_json::from_value(json!([
                 {"op": "test", "path": "/metadata/resourceVersion", "value": current.metadata.resource_version},
                 {"op": "add", "path": format!("/spec/allocations/{offset}"), "value": alloc},
@@ -124,7 +91,8 @@ impl Local {
             }
         };
         let status = json!([{"name": format!("{}/{NETWORK}", self.ns), "interface": "net1", "ips": [ip.to_string()]}]);
-        let patch = json!({"metadata": {"annotations": {STATUS: status.to_string()}}});
+        let patch =
+            json!({"metadata": {"annotations": {NETWORK_STATUS_ANNOTATION: status.to_string()}}});
         Api::<Pod>::namespaced(self.client.clone(), &self.ns)
             .patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
             .await
@@ -150,7 +118,7 @@ impl Platform for Local {
     }
 
     async fn create_pod(&mut self, name: &str) {
-        let annotations = BTreeMap::from([(NETWORKS.to_string(), NETWORK.to_string())]);
+        let annotations = BTreeMap::from([(NETWORKS_ANNOTATION.to_string(), NETWORK.to_string())]);
         let pod = testenv::fixtures::pod(name, Some(annotations));
         Api::<Pod>::namespaced(self.client.clone(), &self.ns)
             .create(&PostParams::default(), &pod)
@@ -191,29 +159,10 @@ impl Platform for Local {
             (0, Some(mut running)) => running.stop().await,
             (1, None) => {
                 let lease_ns = format!("--lease-namespace={}", self.ns);
-                let wns = format!("--whereabouts-namespace={}", self.ns);
-                let args = Cli::try_parse_from([
-                    "controller",
-                    &wns,
-                    "--sweep-interval=200ms",
-                    "--leak-grace=0s",
-                    "--lease-name=ipreclaim-controller",
-                    &lease_ns,
-                    "--metrics-addr=127.0.0.1:0",
-                ])
-                .expect("flags")
-                .args;
+                let mut flags = TEST_TIMINGS.to_vec();
+                flags.extend(["--lease-name=ipreclaim-controller", &lease_ns]);
                 let client = self.controller_client.clone();
-                let (running, _) = InProcess::start(
-                    "controller",
-                    |shutdown, started| {
-                        controller::run(client, args, shutdown, move |r| {
-                            let _ = started.send(r.health.clone());
-                        })
-                    },
-                    |health| health.is_ready(),
-                )
-                .await;
+                let running = support::controller(client, &self.ns, &flags).await;
                 self.controller = Some(running);
             }
             (_, running) => self.controller = running,

@@ -12,6 +12,9 @@
 //! The node-only scenarios (`node_only::`) crash and reboot the node.
 //! Each scenario ends by checking the pools (only live pods hold addresses) and the Events.
 
+#[path = "../support/mod.rs"]
+mod support;
+
 mod cluster;
 mod fencing;
 mod local;
@@ -20,7 +23,7 @@ mod node_only;
 use std::collections::{BTreeMap, BTreeSet};
 
 use ipreclaim::api::IPPool;
-use ipreclaim::ipam::{ip_at, parse_network_status};
+use ipreclaim::ipam::{NETWORK_STATUS_ANNOTATION, ip_at, parse_network_status};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, ListParams};
@@ -28,8 +31,6 @@ use testenv::poll::wait_for;
 
 const NETWORK: &str = "macvlan";
 const RANGE: &str = "192.0.2.0/24";
-const STATUS: &str = "k8s.v1.cni.cncf.io/network-status";
-const NETWORKS: &str = "k8s.v1.cni.cncf.io/networks";
 const GC_DONE: &str = "IPAddressGarbageCollected";
 const GC_FAILED: &str = "IPAddressGarbageCollectionFailed";
 
@@ -68,7 +69,7 @@ fn test_network_ips(pod: &Pod, network: &str) -> BTreeSet<String> {
     pod.metadata
         .annotations
         .as_ref()
-        .and_then(|a| a.get(STATUS))
+        .and_then(|a| a.get(NETWORK_STATUS_ANNOTATION))
         .and_then(|s| parse_network_status(s).ok())
         .unwrap_or_default()
         .into_iter()

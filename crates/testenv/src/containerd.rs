@@ -14,7 +14,8 @@ use hyper_util::rt::TokioIo;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
     LinuxPodSandboxConfig, ListPodSandboxRequest, PodSandboxConfig, PodSandboxMetadata,
-    RemovePodSandboxRequest, StopPodSandboxRequest, VersionRequest,
+    PodSandboxStatusRequest, PodSandboxStatusResponse, RemovePodSandboxRequest,
+    RunPodSandboxRequest, StopPodSandboxRequest, VersionRequest,
 };
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -299,6 +300,73 @@ impl Containerd {
         }
     }
 
+    /// Runs a pod sandbox for `namespace/name` with `uid` (CRI RunPodSandbox with
+    /// [`sandbox_config`](Self::sandbox_config)) and returns its id.
+    pub async fn run_sandbox(&self, name: &str, uid: &str, namespace: &str) -> Result<String> {
+        let config = self.sandbox_config(name, uid, namespace);
+        let id = self
+            .client()
+            .await?
+            .run_pod_sandbox(RunPodSandboxRequest {
+                config: Some(config),
+                runtime_handler: String::new(),
+            })
+            .await
+            .with_context(|| {
+                format!(
+                    "RunPodSandbox {namespace}/{name}; see {}",
+                    self.log_path().display()
+                )
+            })?
+            .into_inner()
+            .pod_sandbox_id;
+        Ok(id)
+    }
+
+    /// Stops sandbox `id` (CRI StopPodSandbox): NOTREADY, its network torn down.
+    pub async fn stop_sandbox(&self, id: &str) -> Result<()> {
+        self.client()
+            .await?
+            .stop_pod_sandbox(StopPodSandboxRequest {
+                pod_sandbox_id: id.into(),
+            })
+            .await
+            .with_context(|| format!("StopPodSandbox {id}"))?;
+        Ok(())
+    }
+
+    /// Removes sandbox `id` (CRI RemovePodSandbox; stopped first when it runs).
+    pub async fn remove_sandbox(&self, id: &str) -> Result<()> {
+        self.client()
+            .await?
+            .remove_pod_sandbox(RemovePodSandboxRequest {
+                pod_sandbox_id: id.into(),
+            })
+            .await
+            .with_context(|| format!("RemovePodSandbox {id}"))?;
+        Ok(())
+    }
+
+    /// Sandbox `id`'s status (CRI PodSandboxStatus, `verbose` adds containerd's info); the
+    /// error is the CRI's status (NotFound for a removed sandbox).
+    pub async fn sandbox_status(
+        &self,
+        id: &str,
+        verbose: bool,
+    ) -> Result<PodSandboxStatusResponse, tonic::Status> {
+        let mut client = self
+            .client()
+            .await
+            .map_err(|e| tonic::Status::unavailable(format!("{e:#}")))?;
+        Ok(client
+            .pod_sandbox_status(PodSandboxStatusRequest {
+                pod_sandbox_id: id.into(),
+                verbose,
+            })
+            .await?
+            .into_inner())
+    }
+
     fn wait_ready_blocking(&self) -> Result<()> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -359,15 +427,8 @@ impl Containerd {
             .into_inner()
             .items;
         for sb in sandboxes {
-            let id = sb.id;
-            client
-                .stop_pod_sandbox(StopPodSandboxRequest {
-                    pod_sandbox_id: id.clone(),
-                })
-                .await?;
-            client
-                .remove_pod_sandbox(RemovePodSandboxRequest { pod_sandbox_id: id })
-                .await?;
+            self.stop_sandbox(&sb.id).await?;
+            self.remove_sandbox(&sb.id).await?;
         }
         Ok(())
     }

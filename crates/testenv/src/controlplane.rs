@@ -21,7 +21,9 @@ use rcgen::{
     KeyUsagePurpose,
 };
 
-use crate::procs::{binary, free_port, run_dir, spawn_supervised, workspace_root, write_file};
+use crate::procs::{
+    ChildGuard, binary, free_port, run_dir, spawn_supervised, workspace_root, write_file,
+};
 
 /// How long to wait for etcd or kube-apiserver to become ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
@@ -516,7 +518,9 @@ impl ControlPlane {
         let mut c = Command::new(&cmd[0]);
         c.args(&cmd[1..]);
         let child = spawn_supervised(c, &self.dir.join("kube-apiserver-2.log"))?;
-        let second = SecondApiServer { child };
+        let second = SecondApiServer {
+            _child: child.into(),
+        };
         let server = format!("https://127.0.0.1:{port}");
         let client = self.client_for(&server, &self.admin_token).await?;
         let deadline = Instant::now() + READY_TIMEOUT;
@@ -638,14 +642,7 @@ impl ControlPlane {
 
 /// A second kube-apiserver on the same etcd; killed when dropped.
 pub struct SecondApiServer {
-    child: Child,
-}
-
-impl Drop for SecondApiServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    _child: ChildGuard,
 }
 
 /// Applies every `*.yaml` CRD document under `dir` and waits until each is established.

@@ -27,8 +27,8 @@ pub fn pod(name: &str, annotations: Option<BTreeMap<String, String>>) -> Pod {
     }
 }
 
-/// A pod annotated with `k8s.v1.cni.cncf.io/network-status` = `status`.
-pub fn pod_with_network_status(name: &str, status: &str) -> Pod {
-    let key = "k8s.v1.cni.cncf.io/network-status".to_string();
-    pod(name, Some(BTreeMap::from([(key, status.to_string())])))
+/// A pod with one annotation, `key` = `value` (a network-status: ipreclaim's
+/// `NETWORK_STATUS_ANNOTATION`, which this crate cannot name).
+pub fn annotated_pod(name: &str, key: &str, value: &str) -> Pod {
+    pod(name, Some(BTreeMap::from([(key.into(), value.into())])))
 }

@@ -39,6 +39,80 @@ where
     }
 }
 
+/// Polls `probe` until `done` holds for what it returns, and returns that. Fails the test after
+/// [`WAIT`] naming `what` and showing `seen` of the last value probed: what was there instead.
+pub async fn wait_seen<T, F, Fut>(
+    what: &str,
+    mut probe: F,
+    done: impl Fn(&T) -> bool,
+    seen: impl Fn(&T) -> String,
+) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = T>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut last: Option<T> = None;
+    loop {
+        let Ok(value) = tokio::time::timeout_at(deadline, probe()).await else {
+            let last = last.as_ref().map_or("nothing yet".into(), &seen);
+            panic!(
+                "timed out after {WAIT:?} waiting for {what} (the last check was cut off); \
+                 seen before: {last}"
+            );
+        };
+        if done(&value) {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {WAIT:?} waiting for {what}; seen: {}",
+            seen(&value)
+        );
+        last = Some(value);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until the /metrics of `addr` has a line that starts with `line` (a series and its
+/// value, or a prefix of one); a failure shows that metric's lines as they were.
+pub async fn wait_metric_line(addr: std::net::SocketAddr, line: &str) {
+    wait_seen(
+        &format!("a metric line {line:?}"),
+        || async move { http_get(addr, "/metrics").await.1 },
+        |text| text.lines().any(|l| l.starts_with(line)),
+        |text| metric_lines(text, line),
+    )
+    .await;
+}
+
+/// Waits until series `series` (a line's part before its value) of the /metrics of `addr`
+/// reads `want` (an absent series reads 0); a failure shows that metric's lines as they were.
+pub async fn wait_metric(addr: std::net::SocketAddr, series: &str, want: f64) {
+    wait_seen(
+        &format!("{series} = {want}"),
+        || async move { http_get(addr, "/metrics").await.1 },
+        |text| metric_value(text, series) == want,
+        |text| metric_lines(text, series),
+    )
+    .await;
+}
+
+/// The lines of `text` of the metric that `series` names (its name up to `{` or a space), for
+/// a failure's report.
+fn metric_lines(text: &str, series: &str) -> String {
+    let name = series.split(['{', ' ']).next().unwrap_or(series);
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with('#') && l.starts_with(name))
+        .collect();
+    if lines.is_empty() {
+        format!("no {name} series on /metrics")
+    } else {
+        lines.join("\n")
+    }
+}
+
 /// GETs `http://addr/path` and returns the status code and body.
 pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -59,6 +59,48 @@ pub fn spawn_supervised(mut cmd: Command, log: &Path) -> Result<Child> {
         .with_context(|| format!("start {program}"))
 }
 
+/// A child process that is killed (SIGKILL) and reaped when dropped, also when the test that
+/// holds it panics; it derefs to the [`Child`] (its pid, an earlier kill).
+#[derive(Debug)]
+pub struct ChildGuard(Child);
+
+impl ChildGuard {
+    /// Spawns `cmd` (stdio as `cmd` says) under a guard.
+    pub fn spawn(cmd: &mut Command) -> Result<ChildGuard> {
+        let program = cmd.get_program().to_string_lossy().into_owned();
+        Ok(ChildGuard(
+            cmd.spawn().with_context(|| format!("start {program}"))?,
+        ))
+    }
+}
+
+impl From<Child> for ChildGuard {
+    fn from(child: Child) -> ChildGuard {
+        ChildGuard(child)
+    }
+}
+
+impl std::ops::Deref for ChildGuard {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for ChildGuard {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        // An error here is a child already reaped: nothing is left to kill.
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// The setup cache: `$IPRECLAIM_CACHE`, else `~/.cache/ipreclaim`.
 pub fn cache_dir() -> PathBuf {
     let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);

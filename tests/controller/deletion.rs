@@ -1,0 +1,310 @@
+//! The deletion path: a deleted pod's addresses released with their Events, also when it was
+//! deleted while the controller was down, on two networks at once, beside a concurrent
+//! allocator; a release that keeps failing; dry-run.
+
+use kube::api::{Api, ObjectMeta, PostParams};
+use testenv::ControlPlane;
+use testenv::poll::{metric_sum, wait_for};
+
+use crate::harness::Env;
+use crate::support::allocation;
+
+testenv::as_admin_and_as_the_chart!(
+    Env,
+    deleted_pod_is_released_with_an_event_and_the_live_pod_is_untouched,
+    "ctl-delete"
+);
+async fn deleted_pod_is_released_with_an_event_and_the_live_pod_is_untouched(mut env: Env) {
+    let web_uid = env.web_0_and_db_0().await;
+    env.start(&[]).await;
+
+    env.delete_pod("web-0").await;
+    env.wait_keys("192.0.2.0-24", &["11"]).await;
+
+    let ns = env.ns.clone();
+    let events = env.wait_events("IPAddressGarbageCollected").await;
+    assert_eq!(
+        events,
+        [(
+            "web-0".to_string(),
+            web_uid,
+            format!("successful cleanup of IP address [192.0.2.10] from network {ns}/macvlan")
+        )]
+    );
+    env.wait_metric(r#"ipreclaim_releases_total{reason="PodDeleted"} 1"#)
+        .await;
+    env.wait_metric("ipreclaim_deletion_to_release_seconds_count 1")
+        .await;
+    env.stop().await;
+}
+
+testenv::as_admin_and_as_the_chart!(Env, statefulset_pod_recreated_keeps_its_new_ip, "ctl-sts");
+async fn statefulset_pod_recreated_keeps_its_new_ip(mut env: Env) {
+    env.nad("macvlan", "192.0.2.0/24").await;
+    env.pool("192.0.2.0-24", "192.0.2.0/24", &[(10, "sb-old", "web-0")])
+        .await;
+    env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
+    env.start(&[]).await;
+
+    // Deleted and recreated under the same name with a new address before anything else.
+    env.delete_pod("web-0").await;
+    let new_uid = env.pod("web-0", "macvlan", Some(&["192.0.2.20"])).await;
+    let entry = allocation(&env.ns, "web-0", "sb-new");
+    let patch = serde_json::json!({"spec": {"allocations": {"20": entry}}});
+    env.merge_pool("192.0.2.0-24", patch).await;
+
+    env.wait_keys("192.0.2.0-24", &["20"]).await;
+    // Several sweeps later the new pod's address is still there.
+    let sweeps = env.sweeps().await;
+    wait_for("two more sweeps", || async {
+        env.sweeps().await >= sweeps + 2
+    })
+    .await;
+    assert_eq!(env.keys("192.0.2.0-24").await, ["20"]);
+    let pod = env.pods().get("web-0").await.unwrap();
+    assert_eq!(pod.metadata.uid.unwrap(), new_uid);
+    env.stop().await;
+}
+
+testenv::as_admin_and_as_the_chart!(
+    Env,
+    pods_deleted_while_the_controller_was_down_are_released_at_start,
+    "ctl-down"
+);
+async fn pods_deleted_while_the_controller_was_down_are_released_at_start(mut env: Env) {
+    env.nad("macvlan", "198.18.0.0/24").await;
+    // gone-0 never exists any more; live-0 does.
+    env.pool(
+        "198.18.0.0-24",
+        "198.18.0.0/24",
+        &[(5, "sb-gone", "gone-0"), (6, "sb-live", "live-0")],
+    )
+    .await;
+    env.pod("live-0", "macvlan", Some(&["198.18.0.6"])).await;
+    env.start(&[]).await;
+    env.wait_keys("198.18.0.0-24", &["6"]).await;
+    env.stop().await;
+
+    // Down: a pod is deleted. Back up: its address is released.
+    env.pool("198.18.1.0-24", "198.18.1.0/24", &[(7, "sb-x", "live-1")])
+        .await;
+    env.pod("live-1", "macvlan", Some(&["198.18.1.7"])).await;
+    env.delete_pod("live-1").await;
+    env.start(&[]).await;
+    env.wait_keys("198.18.1.0-24", &[]).await;
+    assert_eq!(env.keys("198.18.0.0-24").await, ["6"]);
+    env.stop().await;
+}
+
+testenv::as_admin_and_as_the_chart!(
+    Env,
+    dual_stack_release_deletes_reservations_with_one_event_per_network,
+    "ctl-ds"
+);
+async fn dual_stack_release_deletes_reservations_with_one_event_per_network(mut env: Env) {
+    env.nad_config(
+        "macvlan",
+        r#"{"type":"macvlan","ipam":{"type":"whereabouts","ipRanges":[{"range":"192.0.2.0/24"},{"range":"2001:db8::/64"}]}}"#,
+    )
+    .await;
+    env.pool("192.0.2.0-24", "192.0.2.0/24", &[(10, "sb-web", "web-0")])
+        .await;
+    env.pool("2001-db8---64", "2001:db8::/64", &[(5, "sb-web", "web-0")])
+        .await;
+    for name in ["192.0.2.10", "2001-db8--5"] {
+        env.reservation_of(name, "sb-web", "web-0").await;
+    }
+    env.pod("web-0", "macvlan", Some(&["192.0.2.10", "2001:db8::5"]))
+        .await;
+    env.start(&[]).await;
+    env.delete_pod("web-0").await;
+    env.wait_keys("192.0.2.0-24", &[]).await;
+    env.wait_keys("2001-db8---64", &[]).await;
+    wait_for("reservations deleted", || async {
+        env.reservation_names().await.is_empty()
+    })
+    .await;
+    let events = env.wait_events("IPAddressGarbageCollected").await;
+    let ns = &env.ns;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(
+        events[0].2,
+        format!(
+            "successful cleanup of IP address [192.0.2.10 2001:db8::5] from network {ns}/macvlan"
+        )
+    );
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_concurrent_allocator_loses_nothing_during_a_mass_release() {
+    let mut env = Env::new("ctl-race").await;
+    env.nad("macvlan", "198.18.0.0/16").await;
+    let names: Vec<String> = (0..100).map(|i| format!("p{i}")).collect();
+    let sandboxes: Vec<String> = (0..100).map(|i| format!("sb-{i}")).collect();
+    let allocs: Vec<(u32, &str, &str)> = (0..100)
+        .map(|i| (i as u32, sandboxes[i].as_str(), names[i].as_str()))
+        .collect();
+    env.pool("198.18.0.0-16", "198.18.0.0/16", &allocs).await;
+    for (i, n) in names.iter().enumerate() {
+        let ip = format!("198.18.0.{i}");
+        env.pod(n, "macvlan", Some(&[ip.as_str()])).await;
+    }
+    // The new allocations are for pods this test never creates: keep the sweep off them.
+    env.start(&["--leak-grace=10m"]).await;
+
+    // The CNI's way: read, then JSON patch with a resourceVersion test, retried on conflict.
+    let pools = env.pools();
+    let ns = env.ns.clone();
+    let allocator = tokio::spawn(async move {
+        for i in 0..100u32 {
+            loop {
+                let pool = pools.get("198.18.0.0-16").await.unwrap();
+                let rv = pool.metadata.resource_version.unwrap();
+                let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+                    {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+                    {"op": "add", "path": format!("/spec/allocations/{}", 1000 + i),
+                     "value": {"id": format!("new-{i}"), "podref": format!("{ns}/new-{i}")}},
+                ]))
+                .unwrap();
+                match pools
+                    .patch(
+                        "198.18.0.0-16",
+                        &kube::api::PatchParams::default(),
+                        &kube::api::Patch::<()>::Json(patch),
+                    )
+                    .await
+                {
+                    Ok(_) => break,
+                    Err(kube::Error::Api(s)) if s.code == 422 || s.code == 409 => continue,
+                    Err(e) => panic!("allocator: {e}"),
+                }
+            }
+        }
+    });
+    for n in &names {
+        env.delete_pod(n).await;
+    }
+    allocator.await.unwrap();
+    let want: Vec<String> = (1000..1100).map(|k: u32| k.to_string()).collect();
+    let want: Vec<&str> = want.iter().map(String::as_str).collect();
+    let mut sorted = want.clone();
+    sorted.sort();
+    env.wait_keys("198.18.0.0-16", &sorted).await;
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_release_that_keeps_failing_ends_in_a_warning_event_with_the_cause() {
+    use k8s_openapi::api::rbac::v1::{
+        ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject,
+    };
+    let mut env = Env::new("ctl-fail").await;
+    env.nad("macvlan", "192.0.2.0/24").await;
+    env.pool("192.0.2.0-24", "192.0.2.0/24", &[(10, "sb-web", "web-0")])
+        .await;
+    env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
+
+    // A ServiceAccount that may read everything it watches and write Events, but not patch pools.
+    let rule = |groups: &[&str], resources: &[&str], verbs: &[&str]| PolicyRule {
+        api_groups: Some(groups.iter().map(|s| s.to_string()).collect()),
+        resources: Some(resources.iter().map(|s| s.to_string()).collect()),
+        verbs: verbs.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    };
+    let name = format!("{}-readonly", env.ns);
+    let role = ClusterRole {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            ..Default::default()
+        },
+        rules: Some(vec![
+            rule(&[""], &["pods", "nodes"], &["get", "list", "watch"]),
+            rule(
+                &["whereabouts.cni.cncf.io"],
+                &["ippools", "overlappingrangeipreservations"],
+                &["get", "list", "watch"],
+            ),
+            rule(
+                &["k8s.cni.cncf.io"],
+                &["network-attachment-definitions"],
+                &["get", "list", "watch"],
+            ),
+            rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
+            rule(&["ipreclaim.io"], &["ipfences"], &["get", "list", "watch"]),
+        ]),
+        ..Default::default()
+    };
+    Api::<ClusterRole>::all(env.client.clone())
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    let binding = ClusterRoleBinding {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "ClusterRole".into(),
+            name: name.clone(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: "ctl".into(),
+            namespace: Some(env.ns.clone()),
+            ..Default::default()
+        }]),
+    };
+    Api::<ClusterRoleBinding>::all(env.client.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    let sa = ControlPlane::shared()
+        .service_account_client(&env.client, &env.ns, "ctl")
+        .await
+        .expect("ServiceAccount client");
+    env.start_as(sa, &["--max-retries=2"]).await;
+
+    env.delete_pod("web-0").await;
+    let failed = env.wait_events("IPAddressGarbageCollectionFailed").await;
+    assert_eq!(failed[0].0, "web-0");
+    assert!(
+        failed[0].2.contains("forbidden"),
+        "the cause is named: {failed:?}"
+    );
+    assert_eq!(
+        env.keys("192.0.2.0-24").await,
+        ["10"],
+        "nothing was released"
+    );
+    assert!(env.events("IPAddressGarbageCollected").await.is_empty());
+    env.wait_metric(r#"ipreclaim_release_failures_total{cause="api"} 3"#)
+        .await;
+    env.wait_metric("ipreclaim_queue_retries_total 2").await;
+    env.stop().await;
+}
+
+testenv::as_admin_and_as_the_chart!(Env, dry_run_reports_and_writes_nothing, "ctl-dry");
+async fn dry_run_reports_and_writes_nothing(mut env: Env) {
+    env.nad("macvlan", "192.0.2.0/24").await;
+    env.pool("192.0.2.0-24", "192.0.2.0/24", &[(10, "sb-web", "web-0")])
+        .await;
+    env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
+    env.start(&["--dry-run"]).await;
+    env.delete_pod("web-0").await;
+    let events = env.wait_events("IPAddressGarbageCollectionDryRun").await;
+    assert!(events[0].2.contains("PodDeleted"), "{events:?}");
+    assert_eq!(env.keys("192.0.2.0-24").await, ["10"], "nothing written");
+    assert!(env.events("IPAddressGarbageCollected").await.is_empty());
+    // The allocation stays (nothing is written), and later sweeps see it as PodMissing: the
+    // decision is still reported once.
+    env.wait_sweeps(3.0).await;
+    let text = env.metrics_text().await;
+    assert_eq!(
+        metric_sum(&text, "ipreclaim_dry_run_releases_total"),
+        1.0,
+        "one dry-run decision for one allocation:\n{text}"
+    );
+    env.stop().await;
+}

@@ -1,0 +1,519 @@
+//! Fences: a pod deleted from a node that is not Ready keeps its address until the node
+//! settles, is deleted, is tainted out-of-service, its node agent reports the sandboxes gone,
+//! or the fence times out; a fence the apiserver refuses holds; a replacement known first does
+//! not unfence.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, PostParams};
+use testenv::poll::{metric_value, wait_for};
+
+use crate::harness::{Env, FENCED};
+
+testenv::as_admin_and_as_the_chart!(
+    Env,
+    a_pod_deleted_from_an_unready_node_is_fenced_across_a_restart_until_the_node_settles,
+    "ctl-fence"
+);
+async fn a_pod_deleted_from_an_unready_node_is_fenced_across_a_restart_until_the_node_settles(
+    mut env: Env,
+) {
+    let node = env.fence_node("Unknown").await;
+    let uid = env.fenced_web_0(&node, &["--fence-settle=2s"]).await;
+    env.assert_web_0_fenced(&node).await;
+    env.wait_metric("ipreclaim_fenced_addresses 1").await;
+    env.wait_metric("ipreclaim_fences_total 1").await;
+    let rows = ipreclaim::scan::scan(env.client.clone(), &env.ns, Default::default())
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let (row, fence) = (&rows[0], rows[0].fence.as_ref().expect("a fenced row"));
+    assert_eq!(
+        (row.ip.as_str(), row.podref.as_str(), row.decision.as_str()),
+        ("192.0.2.10", format!("{}/web-0", env.ns).as_str(), "fenced")
+    );
+    assert_eq!(fence.node, node);
+    assert!(
+        ipreclaim::scan::table(&rows).contains(&format!("{node} for ")),
+        "{}",
+        ipreclaim::scan::table(&rows)
+    );
+
+    // A restart while fenced: the fence is read back from the pool, nothing is released.
+    env.stop().await;
+    env.start(&["--fence-settle=2s"]).await;
+    env.wait_metric("ipreclaim_fenced_addresses 1").await;
+    env.wait_sweeps(2.0).await;
+    env.assert_web_0_fenced(&node).await;
+
+    env.set_ready(&node, "True").await;
+    env.wait_web_0_released(&uid).await;
+    env.wait_metric("ipreclaim_fenced_addresses 0").await;
+    env.wait_metric(r#"ipreclaim_releases_total{reason="PodDeleted"} 1"#)
+        .await;
+    assert_eq!(env.keys("192.0.2.0-24").await, ["11"], "db-0 untouched");
+    env.stop().await;
+    env.delete_node(&node).await;
+}
+
+/// A node whose clock lags an hour comes back: its Ready transition reads an hour ago, yet the
+/// fence holds for the whole settle on the controller's own clock (it lifted at once before).
+#[tokio::test]
+async fn a_node_back_with_a_lagging_clock_still_waits_the_settle() {
+    let mut env = Env::new("ctl-fence-lag").await;
+    let node = env.fence_node("Unknown").await;
+    let uid = env.fenced_web_0(&node, &["--fence-settle=5s"]).await;
+    env.assert_web_0_fenced(&node).await;
+    // The node stays down longer than the settle: a settle counted from the fence (or from the
+    // node's lagging transition time) would be over the moment it is back.
+    tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+    env.assert_web_0_fenced(&node).await;
+    let hour_ago = jiff::Timestamp::now() - jiff::SignedDuration::from_hours(1);
+    // The controller sees the node Ready after this, so the settle ends 5 s after it at the
+    // earliest. (Not `ipreclaim_unready_nodes`: it counts other tests' stand-in Nodes too.)
+    let set_ready = std::time::Instant::now();
+    env.set_ready_at(&node, "True", hour_ago).await;
+    // Fences are checked every second: three passes with the node Ready, still fenced.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    env.assert_web_0_fenced(&node).await;
+    env.wait_web_0_released(&uid).await;
+    assert!(
+        set_ready.elapsed() >= std::time::Duration::from_secs(5),
+        "released {:?} after the node was set Ready, settle 5s",
+        set_ready.elapsed()
+    );
+    env.stop().await;
+    env.delete_node(&node).await;
+}
+
+#[tokio::test]
+async fn a_fence_lifts_at_once_when_its_node_is_deleted() {
+    let mut env = Env::new("ctl-fence-gone").await;
+    let node = env.fence_node("Unknown").await;
+    let uid = env.fenced_web_0(&node, &[]).await;
+    env.assert_web_0_fenced(&node).await;
+    env.delete_node(&node).await;
+    env.wait_web_0_released(&uid).await;
+    env.stop().await;
+}
+
+/// Non-graceful node shutdown: the operator taints the node `node.kubernetes.io/out-of-service`
+/// (it is powered off). Its fences lift at once, with the usual release Event, while the node
+/// is still NotReady and the settle (default 30 s) has not begun; a pod deleted from it later
+/// is released, not fenced.
+#[tokio::test]
+async fn a_node_tainted_out_of_service_lifts_its_fences_at_once() {
+    let mut env = Env::new("ctl-fence-oos").await;
+    let node = env.fence_node("Unknown").await;
+    let uid = env.fenced_web_0(&node, &[]).await;
+    env.assert_web_0_fenced(&node).await;
+    let taint = serde_json::json!({"spec": {"taints": [{
+        "key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute",
+    }]}});
+    Api::<k8s_openapi::api::core::v1::Node>::all(env.client.clone())
+        .patch(
+            &node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(taint),
+        )
+        .await
+        .unwrap();
+    env.wait_web_0_released(&uid).await;
+    env.delete_pod("db-0").await;
+    env.wait_keys("192.0.2.0-24", &[]).await;
+    assert_eq!(env.events(FENCED).await.len(), 1, "db-0 was not fenced");
+    env.stop().await;
+    env.delete_node(&node).await;
+}
+
+#[tokio::test]
+async fn a_fence_timeout_releases_with_the_node_still_down() {
+    let mut env = Env::new("ctl-fence-timeout").await;
+    let node = env.fence_node("Unknown").await;
+    let uid = env.fenced_web_0(&node, &["--fence-timeout=5s"]).await;
+    env.assert_web_0_fenced(&node).await;
+    env.wait_web_0_released(&uid).await;
+    env.stop().await;
+    env.delete_node(&node).await;
+}
+
+/// The node agent's evidence lifts a fence at once though the settle is an hour and the node
+/// is still down, with a release Event that says why; evidence naming another node, another
+/// pod or another fence object (an earlier fence of the same address: stale), or malformed,
+/// is counted and never lifts. Each rejection is awaited on its metric, so the fence held
+/// through a pass that saw it.
+#[tokio::test]
+async fn a_fence_lifts_at_once_on_its_node_agents_evidence_and_never_on_wrong_or_stale_evidence() {
+    let mut env = Env::new("ctl-fence-evidence").await;
+    let node = env.fence_node("Unknown").await;
+    let uid = env.fenced_web_0(&node, &["--fence-settle=1h"]).await;
+    env.assert_web_0_fenced_alone(&node).await;
+    let name = ipreclaim::ipam::fence::fence_object_name("192.0.2.0-24", "10");
+    let fence = Api::<ipreclaim::api::IPFence>::namespaced(env.client.clone(), &env.ns)
+        .get(&name)
+        .await
+        .unwrap();
+    let fence_uid = fence.metadata.uid.clone().unwrap();
+    assert_eq!(
+        fence
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(ipreclaim::ipam::fence::NODE_LABEL)),
+        Some(&node),
+        "the agent finds its node's fences by label"
+    );
+    let good = serde_json::json!({
+        "node": node, "podUid": uid, "fenceUid": fence_uid, "observedAt": jiff::Timestamp::now().to_string(),
+    });
+    let with = |field: &str, value: &str| {
+        let mut v = good.clone();
+        v[field] = value.into();
+        v
+    };
+    for (report, reason) in [
+        (with("node", "another-node"), "wrong_node"),
+        (with("podUid", "another-pod"), "wrong_pod"),
+        (with("fenceUid", "an-earlier-fence"), "other_fence"),
+        (with("observedAt", "yesterday"), "malformed"),
+    ] {
+        env.report_gone(&name, report).await;
+        env.wait_metric(&format!(
+            r#"ipreclaim_fence_evidence_rejected_total{{reason="{reason}"}} 1"#
+        ))
+        .await;
+        env.assert_web_0_fenced(&node).await;
+    }
+    let reported = std::time::Instant::now();
+    env.report_gone(&name, good).await;
+    env.wait_keys("192.0.2.0-24", &["11"]).await;
+    wait_for("web-0's entry and fence record gone", || async {
+        env.entry_and_fence("192.0.2.0-24", "10").await == (None, None)
+    })
+    .await;
+    let released = env.wait_events("IPAddressGarbageCollected").await;
+    assert_eq!(released.len(), 1, "{released:?}");
+    assert_eq!(
+        (released[0].0.as_str(), released[0].1.as_str()),
+        ("web-0", uid.as_str())
+    );
+    assert!(
+        released[0].2.starts_with(&format!(
+            "successful cleanup of IP address [192.0.2.10] from network {}/macvlan (fence lifted: the node agent on its node saw the pod's sandboxes gone)",
+            env.ns
+        )),
+        "{}",
+        released[0].2
+    );
+    wait_for("web-0's reservation deleted", || async {
+        env.reservation_names().await.is_empty()
+    })
+    .await;
+    println!(
+        "lifted {:?} after the report (settle 1h)",
+        reported.elapsed()
+    );
+    env.stop().await;
+    env.delete_node(&node).await;
+}
+
+#[tokio::test]
+async fn with_fencing_off_a_pod_of_an_unready_node_is_released_at_once_and_old_fences_lift() {
+    let mut env = Env::new("ctl-fence-off").await;
+    let node = env.fence_node("Unknown").await;
+    let uid = env.fenced_web_0(&node, &[]).await;
+    env.assert_web_0_fenced(&node).await;
+    env.stop().await;
+    // Restarted with fencing off: the fence an earlier run set is released.
+    env.start(&["--fence-unready-nodes=false"]).await;
+    env.wait_web_0_released(&uid).await;
+    // And a new deletion on the still unready node is released at once, unfenced.
+    env.delete_pod("db-0").await;
+    env.wait_keys("192.0.2.0-24", &[]).await;
+    assert_eq!(
+        env.events(FENCED).await.len(),
+        1,
+        "only web-0's, from the first run"
+    );
+    env.stop().await;
+    env.delete_node(&node).await;
+}
+
+#[tokio::test]
+async fn a_pod_deleted_from_a_ready_node_is_released_unfenced() {
+    let mut env = Env::new("ctl-fence-ready").await;
+    let node = env.fence_node("True").await;
+    env.nad("macvlan", "192.0.2.0/24").await;
+    env.pool("192.0.2.0-24", "192.0.2.0/24", &[(10, "sb-web-0", "web-0")])
+        .await;
+    env.pod_on("web-0", "macvlan", Some(&["192.0.2.10"]), Some(&node))
+        .await;
+    env.start(&[]).await;
+    env.delete_pod("web-0").await;
+    env.wait_keys("192.0.2.0-24", &[]).await;
+    env.wait_events("IPAddressGarbageCollected").await;
+    assert!(env.events(FENCED).await.is_empty());
+    env.stop().await;
+    env.delete_node(&node).await;
+}
+
+/// The node goes down while the controller runs and the pod is deleted as soon as the controller
+/// has seen it: the pod's node is known from the pod watch, so nothing has to be listed first.
+/// (Before, the pods of a node were listed only once it went down, and a pod deleted before that
+/// list was released unfenced.)
+#[tokio::test]
+async fn a_pod_deleted_right_after_its_node_goes_down_is_fenced() {
+    let mut env = Env::new("ctl-fence-now").await;
+    let node = env.fence_node("True").await;
+    env.nad("macvlan", "192.0.2.0/24").await;
+    env.pool(
+        "192.0.2.0-24",
+        "192.0.2.0/24",
+        &[(10, "sb-web-0", "web-0"), (11, "sb-db-0", "db-0")],
+    )
+    .await;
+    env.reservation("192.0.2.10", "web-0").await;
+    let uid = env
+        .pod_on("web-0", "macvlan", Some(&["192.0.2.10"]), Some(&node))
+        .await;
+    env.pod_on("db-0", "macvlan", Some(&["192.0.2.11"]), Some(&node))
+        .await;
+    env.start(&[]).await;
+    env.wait_metric("ipreclaim_unready_nodes 0").await;
+    env.set_ready(&node, "Unknown").await;
+    env.wait_metric("ipreclaim_unready_nodes 1").await;
+    env.delete_pod("web-0").await;
+    let events = env.wait_events(FENCED).await;
+    assert_eq!(
+        events
+            .iter()
+            .map(|(name, u, _)| (name.as_str(), u.as_str()))
+            .collect::<Vec<_>>(),
+        [("web-0", uid.as_str())]
+    );
+    env.assert_web_0_fenced(&node).await;
+    env.stop().await;
+    env.delete_node(&node).await;
+}
+
+/// A ValidatingAdmissionPolicy (a real apiserver's admission, bound to the test's namespace)
+/// that refuses any pool write marking entry `key` fenced: stands for any refusal of one
+/// entry's write (too large, invalid, forbidden). Returns its name (also the binding's).
+async fn refuse_fencing_entry(env: &Env, key: &str) -> String {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    let name = format!("{}-refuse-fence", env.ns);
+    let policy: ValidatingAdmissionPolicy = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": ["whereabouts.cni.cncf.io"], "apiVersions": ["*"],
+                "operations": ["UPDATE"], "resources": ["ippools"],
+            }]},
+            "validations": [{
+                "expression": format!(
+                    "!('{key}' in object.spec.allocations) || !object.spec.allocations['{key}'].podref.endsWith(':fenced')"
+                ),
+                "message": "refused by the test's admission policy",
+            }],
+        },
+    }))
+    .unwrap();
+    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {
+            "policyName": name,
+            "validationActions": ["Deny"],
+            "matchResources": {"namespaceSelector": {
+                "matchLabels": {"kubernetes.io/metadata.name": env.ns},
+            }},
+        },
+    }))
+    .unwrap();
+    Api::<ValidatingAdmissionPolicy>::all(env.client.clone())
+        .create(&PostParams::default(), &policy)
+        .await
+        .unwrap();
+    Api::<ValidatingAdmissionPolicyBinding>::all(env.client.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    name
+}
+
+/// Waits until a dry-run of marking entry `key` of `pool` fenced is refused (`refused`) or not.
+async fn wait_fencing_refused(env: &Env, pool: &str, key: &str, refused: bool) {
+    let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+        {"op": "replace", "path": format!("/spec/allocations/{key}/podref"), "value": "x/y:fenced"},
+    ]))
+    .unwrap();
+    wait_for("the admission policy in force", || async {
+        let params = kube::api::PatchParams::default().dry_run();
+        let result = env
+            .pools()
+            .patch(pool, &params, &kube::api::Patch::<()>::Json(patch.clone()))
+            .await;
+        result.is_err() == refused
+    })
+    .await;
+}
+
+/// A fence the apiserver refuses holds: the entry stays allocated, the failure is retried and
+/// reported on the deleted pod, and the sweep never releases it; db-0 and x-0, deleted from a
+/// Ready node in the same pool meanwhile (in the same patch when the writer batches them), are
+/// released at once. Before, a refused patch failed its whole batch and, after the retries,
+/// the sweep released web-0 with its node still down. The node comes back before the refusal
+/// ends: the fence is still written (the deletion was seen while the node was down) and lifts
+/// after the settle.
+#[tokio::test]
+async fn a_fence_the_apiserver_refuses_holds_and_the_rest_of_the_pool_is_released() {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    let mut env = Env::new("ctl-fence-refused").await;
+    let down = env.fence_node("Unknown").await;
+    env.nad("macvlan", "192.0.2.0/24").await;
+    env.pool(
+        "192.0.2.0-24",
+        "192.0.2.0/24",
+        &[
+            (10, "sb-web-0", "web-0"),
+            (11, "sb-db-0", "db-0"),
+            (12, "sb-x-0", "x-0"),
+        ],
+    )
+    .await;
+    let policy = refuse_fencing_entry(&env, "10").await;
+    wait_fencing_refused(&env, "192.0.2.0-24", "10", true).await;
+    let web = env
+        .pod_on("web-0", "macvlan", Some(&["192.0.2.10"]), Some(&down))
+        .await;
+    let db = env.pod("db-0", "macvlan", Some(&["192.0.2.11"])).await;
+    let x = env.pod("x-0", "macvlan", Some(&["192.0.2.12"])).await;
+    env.start(&["--max-retries=1", "--fence-settle=5s"]).await;
+    // x-0's patch goes at once; web-0's and db-0's, within the pool's spacing, go together.
+    env.delete_pod("x-0").await;
+    env.delete_pod("web-0").await;
+    env.delete_pod("db-0").await;
+    env.wait_keys("192.0.2.0-24", &["10"]).await;
+    let failed = env.wait_events("IPAddressGarbageCollectionFailed").await;
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(failed[0].1, web, "on the deleted web-0: {failed:?}");
+    assert!(failed[0].2.contains("fence not written"), "{}", failed[0].2);
+    env.wait_metric("ipreclaim_fence_write_failures_total 3")
+        .await;
+    env.wait_sweeps(5.0).await;
+    let entries = env
+        .pools()
+        .get("192.0.2.0-24")
+        .await
+        .unwrap()
+        .spec
+        .allocations;
+    assert_eq!(
+        entries.get("10").map(|a| a.podref.as_str()),
+        Some(format!("{}/web-0", env.ns).as_str()),
+        "web-0's entry kept while its fence cannot be written"
+    );
+    let mut released: Vec<String> = env
+        .events("IPAddressGarbageCollected")
+        .await
+        .into_iter()
+        .map(|e| e.1)
+        .collect();
+    released.sort();
+    let mut want = vec![db, x];
+    want.sort();
+    assert_eq!(released, want, "only db-0 and x-0 released");
+    assert!(
+        metric_value(
+            &env.metrics_text().await,
+            r#"ipreclaim_release_failures_total{cause="refused"}"#
+        ) >= 1.0,
+        "the refusal is counted by its cause"
+    );
+    // The node is back before the refusal ends. The deletion was seen while it was down, so
+    // the retried fence is still written, and it lifts only after the settle.
+    env.set_ready(&down, "True").await;
+    Api::<ValidatingAdmissionPolicyBinding>::all(env.client.clone())
+        .delete(&policy, &DeleteParams::default())
+        .await
+        .unwrap();
+    Api::<ValidatingAdmissionPolicy>::all(env.client.clone())
+        .delete(&policy, &DeleteParams::default())
+        .await
+        .unwrap();
+    testenv::poll::wait_for_within(
+        "web-0's fence written once the refusal ended (retries are up to 30 s apart)",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async {
+            env.entry_and_fence("192.0.2.0-24", "10").await.0
+                == Some(format!("{}/web-0:fenced", env.ns))
+        },
+    )
+    .await;
+    let fenced_at = std::time::Instant::now();
+    let events = env.wait_events(FENCED).await;
+    assert_eq!(events[0].1, web);
+    env.assert_web_0_fenced_alone(&down).await;
+    env.wait_keys("192.0.2.0-24", &[]).await;
+    assert!(
+        fenced_at.elapsed() >= Duration::from_secs(4),
+        "released {:?} after the fence was written, settle 5s",
+        fenced_at.elapsed()
+    );
+    env.stop().await;
+    env.delete_node(&down).await;
+}
+
+/// The controller's watch resumes after an outage of the apiserver it watches through, during
+/// which web-0 (on a node that is not Ready) was force-deleted and its replacement created
+/// (no network-status yet): its watch sees the replacement and never web-0's Delete. The
+/// replacement is in the cache before the deletion is judged, and the cache alone keeps the
+/// entry (its allocation may race the annotation); the deleted pod's node still decides: fenced.
+#[tokio::test]
+async fn a_replacement_known_before_the_deletion_is_judged_still_gets_the_old_address_fenced() {
+    let (cp, mut env) = Env::private("ctl-fence-replaced").await;
+    let ns = env.ns.clone();
+    let down = env.fence_node("Unknown").await;
+    env.nad("macvlan", "192.0.2.0/24").await;
+    env.pool("192.0.2.0-24", "192.0.2.0/24", &[(10, "sb-web-0", "web-0")])
+        .await;
+    let old = env
+        .pod_on("web-0", "macvlan", Some(&["192.0.2.10"]), Some(&down))
+        .await;
+    env.start(&[]).await;
+    env.wait_metric("ipreclaim_unready_nodes 1").await;
+
+    let (second, other) = cp.start_second_apiserver().await.expect("second apiserver");
+    cp.stop_apiserver().expect("stop the first apiserver");
+    let pods = Api::<Pod>::namespaced(other, &ns);
+    pods.delete("web-0", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    pods.create(
+        &PostParams::default(),
+        &testenv::fixtures::pod("web-0", None),
+    )
+    .await
+    .unwrap();
+    cp.start_apiserver()
+        .await
+        .expect("restart the first apiserver");
+    let events = env.wait_events(FENCED).await;
+    assert_eq!(
+        events.iter().map(|e| e.1.as_str()).collect::<Vec<_>>(),
+        [old.as_str()],
+        "the deleted web-0's address is fenced"
+    );
+    let (podref, _) = env.entry_and_fence("192.0.2.0-24", "10").await;
+    assert_eq!(podref, Some(format!("{ns}/web-0:fenced")));
+    env.wait_sweeps(3.0).await;
+    assert_eq!(env.keys("192.0.2.0-24").await, ["10"], "kept");
+    env.stop().await;
+    drop(second);
+}

@@ -1,0 +1,18 @@
+//! `ipreclaim controller` against the real kube-apiserver: each test runs a controller in
+//! process (or as its own process, where it must be killed), with its own namespace as the
+//! whereabouts namespace. The harness is [`harness::Env`]; the scenarios are grouped by family.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod harness;
+
+mod bad_input;
+mod deletion;
+mod fencing;
+mod leadership;
+mod observability;
+mod outages;
+mod reservations;
+mod sweep;
+mod zone_outage;

@@ -1,0 +1,157 @@
+//! OverlappingRangeIPReservations: orphans swept, live ones kept, and a reservation whose
+//! address a recreated pod got back kept or put back.
+
+use std::time::Duration;
+
+use testenv::ControlPlane;
+use testenv::poll::wait_for;
+
+use crate::harness::Env;
+
+testenv::as_admin_and_as_the_chart!(
+    Env,
+    orphaned_reservations_are_swept_and_live_ones_kept,
+    "ctl-orip"
+);
+async fn orphaned_reservations_are_swept_and_live_ones_kept(mut env: Env) {
+    env.nad("macvlan", "192.0.2.0/24").await;
+    env.pool("192.0.2.0-24", "192.0.2.0/24", &[(10, "sb-web", "web-0")])
+        .await;
+    env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
+    for (name, pod) in [("192.0.2.10", "web-0"), ("192.0.2.99", "ghost-0")] {
+        env.reservation_of(name, "sb", pod).await;
+    }
+    env.start(&[]).await;
+    wait_for("the orphaned reservation deleted", || async {
+        env.reservation_names().await == ["192.0.2.10"]
+    })
+    .await;
+    env.wait_metric(r#"ipreclaim_api_writes_total{verb="delete"} 1"#)
+        .await;
+    assert_eq!(env.keys("192.0.2.0-24").await, ["10"]);
+    env.stop().await;
+}
+
+/// web-0 recreated, and given 192.0.2.10 back by a new sandbox as whereabouts does by podref.
+async fn web_0_recreated_with_its_address(env: &Env) {
+    env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
+    let patch = serde_json::json!({"spec": {"allocations": {"10": {
+        "id": "sb-web-0-new", "podref": format!("{}/web-0", env.ns), "ifname": "net1",
+    }}}});
+    env.merge_pool("192.0.2.0-24", patch).await;
+}
+
+/// web-0 is deleted and its entry released; its reservation delete waits for its budget (here:
+/// one delete per 5 s, the token taken by a-0's). Meanwhile web-0 is recreated and gets its old
+/// address back, as whereabouts' CNI ADD does it: the reservation names the same pod, so it is
+/// kept as it is, and a new entry is written. The reservation must stay: it is a live
+/// allocation's. (Before, the delete went out guarded by the reservation's uid only.) The pool
+/// write stands in for the CNI here; the real plugin does the same on the real node.
+#[tokio::test]
+async fn a_reservation_whose_address_a_recreated_pod_got_back_is_never_deleted() {
+    let mut env = Env::new("ctl-res-guard").await;
+    env.nad("macvlan", "192.0.2.0/24").await;
+    env.pool(
+        "192.0.2.0-24",
+        "192.0.2.0/24",
+        &[(10, "sb-web-0", "web-0"), (11, "sb-a-0", "a-0")],
+    )
+    .await;
+    env.reservation("192.0.2.10", "web-0").await;
+    env.reservation("192.0.2.11", "a-0").await;
+    env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
+    env.pod("a-0", "macvlan", Some(&["192.0.2.11"])).await;
+    env.start(&[
+        "--reservation-delete-qps=0.2",
+        "--reservation-delete-burst=1",
+    ])
+    .await;
+    env.delete_pod("a-0").await;
+    wait_for("a-0's reservation deleted", || async {
+        env.reservation_names().await == ["192.0.2.10"]
+    })
+    .await;
+    env.delete_pod("web-0").await;
+    env.wait_keys("192.0.2.0-24", &[]).await;
+    // The recreated web-0 gets its address back before the reservation delete goes out.
+    web_0_recreated_with_its_address(&env).await;
+    env.wait_metric("ipreclaim_reservations_kept_total 1").await;
+    assert_eq!(
+        env.reservation_names().await,
+        ["192.0.2.10"],
+        "the live allocation's reservation stays"
+    );
+    assert_eq!(env.keys("192.0.2.0-24").await, ["10"]);
+    env.stop().await;
+}
+
+/// A look after a reservation delete that cannot read the pool is not a "no". The delete is
+/// held in flight while the recreated web-0 gets its address back (whereabouts keeps the
+/// reservation naming it), and from then the pool cannot be read and the controller's pool
+/// watch lags (fault proxy) for 20 s, longer than the three looks. Once the pool reads again,
+/// the reservation is put back. (The previous version passes too: kube's client retries a 503
+/// for minutes, so its one read rode out the outage, and stalled every other look meanwhile;
+/// reads now give up after 2 s and the look is tried again every second.)
+#[tokio::test]
+async fn a_look_that_cannot_read_the_pool_tries_again_and_puts_the_reservation_back() {
+    use testenv::faultproxy::{Action, FaultProxy, Rule};
+    let mut env = Env::new("ctl-look-retry").await;
+    env.nad("macvlan", "192.0.2.0/24").await;
+    env.pool("192.0.2.0-24", "192.0.2.0/24", &[(10, "sb-web-0", "web-0")])
+        .await;
+    env.reservation("192.0.2.10", "web-0").await;
+    env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
+    let proxy = FaultProxy::start(env.client.clone(), 1).await.unwrap();
+    let through = ControlPlane::shared().client_through_faults(&proxy).await;
+    proxy.set_rules(vec![Rule::new(
+        Some("delete"),
+        Some("overlappingrangeipreservations"),
+        Action::Hold,
+    )]);
+    env.start_as(through, &[]).await;
+    env.delete_pod("web-0").await;
+    env.wait_keys("192.0.2.0-24", &[]).await;
+    wait_for("the reservation delete held in flight", || async {
+        proxy
+            .injected()
+            .contains_key("hold delete overlappingrangeipreservations")
+    })
+    .await;
+    proxy.set_rules(vec![
+        Rule::new(Some("get"), Some("ippools"), Action::Status(503)),
+        Rule::new(Some("list"), Some("ippools"), Action::Status(503)),
+        Rule::new(
+            Some("watch"),
+            Some("ippools"),
+            Action::DelayEvents(Duration::from_secs(60)),
+        ),
+    ]);
+    proxy.cut_watches();
+    web_0_recreated_with_its_address(&env).await;
+    proxy.release_held();
+    wait_for("the held delete to land", || async {
+        env.reservation_names().await.is_empty()
+    })
+    .await;
+    // The outage lasts 20 s from the delete: longer than the three looks (0.3 s, 1 s, 5 s)
+    // with the client's own retries of each read. (The fault's length, not a wait for the
+    // controller.)
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let failed_reads = proxy
+        .injected()
+        .get("503 get ippools")
+        .copied()
+        .unwrap_or(0);
+    assert!(
+        failed_reads >= 3,
+        "the looks read the pool: {failed_reads} failed reads"
+    );
+    proxy.clear();
+    wait_for("the reservation put back", || async {
+        env.reservation_names().await == ["192.0.2.10"]
+    })
+    .await;
+    env.wait_metric("ipreclaim_reservations_restored_total 1")
+        .await;
+    env.stop().await;
+}

@@ -1,0 +1,291 @@
+//! The sweep: an address not on its pod, a terminal pod, an orphan after the grace, the
+//! breaker (also across a restart), an address listed between sweeps; `scan`, which reads what
+//! the same rules would release.
+
+use std::time::Duration;
+
+use ipreclaim::ipam::NETWORK_STATUS_ANNOTATION;
+use testenv::poll::{metric_value, wait_for};
+
+use crate::harness::Env;
+
+testenv::as_admin_and_as_the_chart!(
+    Env,
+    sweep_releases_an_ip_not_on_the_pod_but_never_a_listed_one,
+    "ctl-sweep"
+);
+async fn sweep_releases_an_ip_not_on_the_pod_but_never_a_listed_one(mut env: Env) {
+    env.nad("macvlan", "192.0.2.0/24").await;
+    // web-0 lists .21 only; .20 is a stale allocation from an earlier sandbox.
+    env.pool(
+        "192.0.2.0-24",
+        "192.0.2.0/24",
+        &[(20, "sb-1", "web-0"), (21, "sb-2", "web-0")],
+    )
+    .await;
+    env.pod("web-0", "macvlan", Some(&["192.0.2.21"])).await;
+    // A pod without network-status keeps everything (allocation races the annotation).
+    env.pool("192.0.2.128-25", "192.0.2.128/25", &[(1, "sb-3", "new-0")])
+        .await;
+    env.pod("new-0", "macvlan", None).await;
+    env.start(&[]).await;
+
+    env.wait_keys("192.0.2.0-24", &["21"]).await;
+    env.wait_metric(r#"ipreclaim_releases_total{reason="IPNotOnPod"} 1"#)
+        .await;
+    assert_eq!(env.keys("192.0.2.128-25").await, ["1"]);
+    env.stop().await;
+}
+
+testenv::as_admin_and_as_the_chart!(
+    Env,
+    a_succeeded_pod_is_released_and_a_late_orphan_waits_for_the_grace,
+    "ctl-done"
+);
+async fn a_succeeded_pod_is_released_and_a_late_orphan_waits_for_the_grace(mut env: Env) {
+    env.nad("macvlan", "192.0.2.0/24").await;
+    env.pool(
+        "192.0.2.0-24",
+        "192.0.2.0/24",
+        &[(10, "sb-job", "job-0"), (11, "sb-web", "web-0")],
+    )
+    .await;
+    env.pod("job-0", "macvlan", Some(&["192.0.2.10"])).await;
+    env.pod("web-0", "macvlan", Some(&["192.0.2.11"])).await;
+    env.pods()
+        .patch_status(
+            "job-0",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"status": {"phase": "Succeeded"}})),
+        )
+        .await
+        .unwrap();
+    env.start(&["--leak-grace=3s"]).await;
+    env.wait_keys("192.0.2.0-24", &["11"]).await;
+    env.wait_metric(r#"ipreclaim_releases_total{reason="PodTerminal"} 1"#)
+        .await;
+
+    // An allocation for a pod that never existed appears after start: only the sweep, after
+    // the grace period, may release it.
+    let patch = serde_json::json!({"spec": {"allocations": {"12": {"id": "sb-x", "podref": format!("{}/ghost", env.ns)}}}});
+    env.merge_pool("192.0.2.0-24", patch).await;
+    let appeared = std::time::Instant::now();
+    let sweeps = env.sweeps().await;
+    wait_for("two sweeps that see the orphan", || async {
+        env.sweeps().await >= sweeps + 2
+    })
+    .await;
+    if appeared.elapsed() < Duration::from_secs(3) {
+        assert_eq!(
+            env.keys("192.0.2.0-24").await,
+            ["11", "12"],
+            "not before the grace period"
+        );
+        env.wait_metric(r#"ipreclaim_gc_candidates{reason="PodMissing"} 1"#)
+            .await;
+    }
+    env.wait_keys("192.0.2.0-24", &["11"]).await;
+    assert!(
+        appeared.elapsed() >= Duration::from_secs(3),
+        "released only after the grace"
+    );
+    env.wait_metric(r#"ipreclaim_releases_total{reason="PodMissing"} 1"#)
+        .await;
+    env.stop().await;
+}
+
+testenv::as_admin_and_as_the_chart!(
+    Env,
+    breaker_holds_a_sweep_that_would_free_most_of_a_pool,
+    "ctl-breaker"
+);
+async fn breaker_holds_a_sweep_that_would_free_most_of_a_pool(mut env: Env) {
+    env.nad("macvlan", "192.0.2.0/24").await;
+    let names: Vec<String> = (0..12).map(|i| format!("p{i}")).collect();
+    env.pool_of_pods("192.0.2.0-24", "192.0.2.0/24", &names)
+        .await;
+    // Every pod lists another address: all twelve look like IPNotOnPod.
+    for (i, n) in names.iter().enumerate() {
+        let other = format!("192.0.2.{}", 100 + i);
+        env.pod(n, "macvlan", Some(&[other.as_str()])).await;
+    }
+    env.start(&[]).await;
+    let held = env.wait_events("IPAddressGarbageCollectionHeld").await;
+    assert_eq!(held[0].0, "192.0.2.0-24");
+    assert!(held[0].2.contains("12 of 12"), "{held:?}");
+    assert_eq!(env.keys("192.0.2.0-24").await.len(), 12, "nothing released");
+    env.wait_metric("ipreclaim_breaker_holds_total").await;
+    // One hold episode, however many sweeps it lasts.
+    env.wait_sweeps(3.0).await;
+    let text = env.metrics_text().await;
+    let series = format!(
+        r#"ipreclaim_breaker_holds_total{{pool="{}/192.0.2.0-24"}}"#,
+        env.ns
+    );
+    assert_eq!(metric_value(&text, &series), 1.0, "{text}");
+    let held = format!(r#"ipreclaim_pool_held{{pool="{}/192.0.2.0-24"}} 1"#, env.ns);
+    env.wait_metric(&held).await;
+
+    // An operator approves the hold once, with the command an operator would run.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ipreclaim"))
+        .args(["approve-hold", "--pool", "192.0.2.0-24"])
+        .arg(format!("--whereabouts-namespace={}", env.ns))
+        .env(
+            "KUBECONFIG",
+            testenv::ControlPlane::shared().kubeconfig_path(),
+        )
+        .output()
+        .expect("run ipreclaim approve-hold");
+    assert!(out.status.success(), "{out:?}");
+    let approved = env
+        .wait_events("IPAddressGarbageCollectionHoldApproved")
+        .await;
+    assert!(approved[0].2.contains("releasing 12"), "{approved:?}");
+    env.wait_keys("192.0.2.0-24", &[]).await;
+    wait_for("the used approval removed from the pool", || async {
+        let pool = env.pools().get("192.0.2.0-24").await.unwrap();
+        let annotations = pool.metadata.annotations.unwrap_or_default();
+        !annotations.contains_key("ipreclaim.io/approve-hold")
+    })
+    .await;
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_restart_never_releases_what_the_breaker_holds_and_pods_gone_meanwhile_still_go_fast() {
+    let mut env = Env::new("ctl-restart-held").await;
+    env.nad("macvlan", "192.0.2.0/24").await;
+    // 40 allocations whose pods do not exist: a sweep would free all of them.
+    let names: Vec<String> = (0..40).map(|i| format!("gone-{i}")).collect();
+    env.pool_of_pods("192.0.2.0-24", "192.0.2.0/24", &names)
+        .await;
+    let flags = ["--max-release-ratio=0.5"];
+    env.start(&flags).await;
+    let held = env.wait_events("IPAddressGarbageCollectionHeld").await;
+    assert!(held[0].2.contains("40 of 40"), "{held:?}");
+    env.stop().await;
+
+    // While it is down, a pod of a small pool is deleted; then it restarts (same flags).
+    env.nad("small", "198.18.1.0/24").await;
+    env.pool("198.18.1.0-24", "198.18.1.0/24", &[(7, "sb-x", "live-1")])
+        .await;
+    env.pod("live-1", "small", Some(&["198.18.1.7"])).await;
+    env.delete_pod("live-1").await;
+    env.start(&flags).await;
+    env.wait_keys("198.18.1.0-24", &[]).await;
+    env.wait_sweeps(5.0).await;
+    assert_eq!(
+        env.keys("192.0.2.0-24").await.len(),
+        40,
+        "the restart released what the breaker holds"
+    );
+    let released = env.events("IPAddressGarbageCollected").await;
+    assert_eq!(
+        released.iter().map(|e| e.0.as_str()).collect::<Vec<_>>(),
+        ["live-1"],
+        "{released:?}"
+    );
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_pod_that_lists_its_address_between_sweeps_keeps_it() {
+    let mut env = Env::new("ctl-flap").await;
+    env.nad("macvlan", "192.0.2.0/24").await;
+    env.pool("192.0.2.0-24", "192.0.2.0/24", &[(10, "sb-web", "web-0")])
+        .await;
+    env.pod("web-0", "macvlan", Some(&["192.0.2.99"])).await;
+    env.start(&["--leak-grace=1s"]).await;
+    let status = |ip: &str| {
+        let s = serde_json::json!([
+            {"name": format!("{}/macvlan", env.ns), "interface": "net1", "ips": [ip]},
+        ]);
+        serde_json::json!({"metadata": {"annotations": {NETWORK_STATUS_ANNOTATION: s.to_string()}}})
+    };
+    // web-0 lists its address briefly every 400 ms: the sweep (every 200 ms) mostly samples the
+    // other one, but the address never goes a whole grace (1 s) unlisted.
+    for _ in 0..15 {
+        for (ip, ms) in [("192.0.2.10", 50), ("192.0.2.99", 350)] {
+            env.pods()
+                .patch(
+                    "web-0",
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(status(ip)),
+                )
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+        assert_eq!(
+            env.keys("192.0.2.0-24").await,
+            ["10"],
+            "released while in use"
+        );
+    }
+    // Unlisted for good: released after the grace.
+    env.wait_keys("192.0.2.0-24", &[]).await;
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn scan_reports_what_the_rules_would_release_and_writes_nothing() {
+    let env = Env::new("scan").await;
+    env.nad("macvlan", "192.0.2.0/24").await;
+    env.pool(
+        "192.0.2.0-24",
+        "192.0.2.0/24",
+        &[
+            (10, "sb-a", "gone-0"),
+            (20, "sb-1", "web-0"),
+            (21, "sb-2", "web-0"),
+        ],
+    )
+    .await;
+    env.pod("web-0", "macvlan", Some(&["192.0.2.21"])).await;
+    let rows = ipreclaim::scan::scan(env.client.clone(), &env.ns, Default::default())
+        .await
+        .expect("scan");
+    let got: Vec<(String, String, String, String, String)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r.ip.clone(),
+                r.podref.clone(),
+                r.sandbox.clone(),
+                r.decision.clone(),
+                r.reason.clone(),
+            )
+        })
+        .collect();
+    let ns = &env.ns;
+    let row = |ip: &str, pod: &str, sb: &str, reason: &str| {
+        (
+            ip.to_string(),
+            format!("{ns}/{pod}"),
+            sb.to_string(),
+            "candidate".to_string(),
+            reason.to_string(),
+        )
+    };
+    assert_eq!(
+        got,
+        [
+            row("192.0.2.10", "gone-0", "sb-a", "PodMissing"),
+            row("192.0.2.20", "web-0", "sb-1", "IPNotOnPod")
+        ]
+    );
+    assert_eq!(rows[0].pod_age_seconds, None);
+    assert!(rows[1].pod_age_seconds.is_some());
+    let json = serde_json::to_value(&rows).unwrap();
+    assert_eq!(json[1]["reason"], "IPNotOnPod");
+    assert_eq!(json[1]["pool"], "192.0.2.0-24");
+    assert_eq!(json[0]["pod_age_seconds"], serde_json::Value::Null);
+    let table = ipreclaim::scan::table(&rows);
+    assert!(table.starts_with("POOL"), "{table}");
+    assert_eq!(table.lines().count(), 3, "{table}");
+    assert_eq!(
+        env.keys("192.0.2.0-24").await,
+        ["10", "20", "21"],
+        "scan is read-only"
+    );
+}
