@@ -1207,13 +1207,36 @@ async fn orphaned_reservations_are_swept_and_live_ones_kept(mut env: Env) {
 #[tokio::test]
 async fn every_metric_the_readme_names_is_on_metrics() {
     let mut env = Env::new("ctl-metrics-doc").await;
-    // A pool, so that the per-pool series exist; nothing else has happened yet.
+    // A pool and its network, so that the per-pool and per-network series exist; nothing
+    // else has happened yet.
+    env.nad("macvlan", "192.0.2.0/24").await;
     env.pool("192.0.2.0-24", "192.0.2.0/24", &[]).await;
     env.start(&[]).await;
     let ns = env.ns.clone();
-    for series in ["breaker_holds_total", "allocations", "pool_problem_entries"] {
+    for series in [
+        "breaker_holds_total",
+        "allocations",
+        "pool_problem_entries",
+        "pool_allocated",
+        "pool_fenced",
+        "pool_leak_candidates",
+        "pool_held",
+    ] {
         env.wait_metric(&format!(
             r#"ipreclaim_{series}{{pool="{ns}/192.0.2.0-24"}} 0"#
+        ))
+        .await;
+    }
+    // Its size is its range's, less network and broadcast (the NAD narrows nothing).
+    for series in ["pool_size", "pool_free"] {
+        env.wait_metric(&format!(
+            r#"ipreclaim_{series}{{pool="{ns}/192.0.2.0-24"}} 254"#
+        ))
+        .await;
+    }
+    for series in ["network_size", "network_free"] {
+        env.wait_metric(&format!(
+            r#"ipreclaim_{series}{{network="{ns}/macvlan"}} 254"#
         ))
         .await;
     }

@@ -264,7 +264,11 @@ async fn sweep_forever(
         }
         ctx.metrics.queue_depth.set(ctx.queue.len() as i64);
         return_free_memory();
-        if *leader.borrow() {
+        if !*leader.borrow() {
+            // The sweep's gauges are the leader's: a standby shows none, never stale ones.
+            ctx.metrics.pool_leak_candidates.clear();
+            ctx.metrics.pool_held.clear();
+        } else {
             let report = sweeper.sweep().await;
             tracing::debug!(?report, "sweep done");
             if let Some(due) = report.next_due {

@@ -84,6 +84,10 @@ impl Sweeper {
             candidates: candidates.len(),
             ..Default::default()
         };
+        let mut per_pool: HashMap<String, i64> = HashMap::new();
+        for c in &candidates {
+            *per_pool.entry(c.judged.pool.clone()).or_default() += 1;
+        }
         let tally = self.clock.tally(candidates, started, &self.config.graces);
         report.next_due = tally.next_due;
         self.export(&tally);
@@ -91,6 +95,7 @@ impl Sweeper {
         let confirmed = self
             .hold(confirmed, &pool_sizes, &unconfirmed, &mut report)
             .await;
+        self.export_pools(&pool_sizes, &per_pool);
         report.released = confirmed.len();
         self.release(confirmed).await;
         report.reservations_deleted = self.sweep_reservations(started).await;
@@ -140,6 +145,23 @@ impl Sweeper {
         }
         let oldest = tally.oldest.as_secs() as i64;
         self.ctx.metrics.oldest_candidate_seconds.set(oldest);
+    }
+
+    /// Per pool: candidates, and whether the breaker holds it (every pool's series, so a pool
+    /// whose candidates went reads 0).
+    fn export_pools(
+        &self,
+        pools: &HashMap<String, (usize, String)>,
+        candidates: &HashMap<String, i64>,
+    ) {
+        let m = &self.ctx.metrics;
+        for pool in pools.keys() {
+            let l = super::report::pool_label(&self.config.namespace, pool).into();
+            let n = candidates.get(pool).copied().unwrap_or(0);
+            m.pool_leak_candidates.get_or_create(&l).set(n);
+            let held = self.breaker.held().contains(pool);
+            m.pool_held.get_or_create(&l).set(i64::from(held));
+        }
     }
 
     /// The due candidates whose pod a fresh look confirms, and the pools whose candidates

@@ -38,6 +38,29 @@ pub use pods::{HeldEntry, LiveInfo, PodIndex, PodSeen, TOMBSTONES_PER_PODREF, To
 pub use pools::{PoolIndex, PoolInfo, Slot};
 pub use reservations::{NamedReservation, ReservationIndex};
 
+/// How full a pool is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolUsage {
+    /// The pool.
+    pub pool: String,
+    /// Addresses it can hand out.
+    pub size: u128,
+    /// Entries (fenced ones included).
+    pub allocated: usize,
+    /// Fenced entries.
+    pub fenced: usize,
+    /// The networks that allocate from it.
+    pub networks: Vec<String>,
+}
+
+impl PoolUsage {
+    /// Addresses still free (none when more are allocated than the range holds: a range
+    /// that changed under its entries).
+    pub fn free(&self) -> u128 {
+        self.size.saturating_sub(self.allocated as u128)
+    }
+}
+
 /// The controller's view of the cluster.
 #[derive(Debug, Default)]
 pub struct Index {
@@ -225,6 +248,24 @@ impl Index {
     /// Forgets an invalid object (it fits now, or it is gone).
     pub fn clear_invalid(&mut self, key: &InvalidKey) {
         self.invalid.clear(key);
+    }
+
+    /// How full each pool is.
+    pub fn pool_usage(&self) -> Vec<PoolUsage> {
+        let mut out: Vec<PoolUsage> = self
+            .pools
+            .all()
+            .values()
+            .map(|p| PoolUsage {
+                pool: p.name.clone(),
+                size: self.networks.capacity_of(&p.name, p.range),
+                allocated: p.entries.len() + p.marked.len(),
+                fenced: p.marked.len(),
+                networks: self.networks.of_pool(&p.name).unwrap_or_default().to_vec(),
+            })
+            .collect();
+        out.sort_by(|a, b| a.pool.cmp(&b.pool));
+        out
     }
 
     /// Reservations whose podref has no live pod and no allocation left in any pool (fenced or

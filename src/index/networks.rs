@@ -7,13 +7,16 @@ use std::collections::HashMap;
 use ipnet::IpNet;
 
 use crate::api::NetworkAttachmentDefinition;
-use crate::ipam::{is_node_slice_pool, parse_nad_config};
+use crate::ipam::capacity::capacity;
+use crate::ipam::{IpRange, is_node_slice_pool, parse_nad_config};
 
-/// A node-slice network: its `network_name` and the whole range it slices.
+/// A node-slice network: its `network_name`, the whole range it slices, and the subnets it
+/// excludes.
 #[derive(Debug, Clone)]
 struct SliceNetwork {
     network_name: Option<String>,
     whole: IpNet,
+    exclude: Vec<IpNet>,
 }
 
 /// NADs and the pools they map to.
@@ -30,6 +33,8 @@ pub struct NetworkIndex {
     slice_pools: HashMap<String, Vec<String>>,
     /// Networks whose config cannot be used, with the error.
     errors: HashMap<String, String>,
+    /// Pool name -> the range config it was named for (the first network's), for its size.
+    ranges: HashMap<String, IpRange>,
 }
 
 /// A NAD's key, `ns/name`.
@@ -58,12 +63,13 @@ impl NetworkIndex {
         match parse_nad_config(config) {
             Ok(Some(ipam)) if ipam.node_slice_size.is_some() => {
                 // whereabouts slices only the first range (a parsed config has one).
-                let Some(whole) = ipam.ranges.first().map(|r| r.range) else {
+                let Some(first) = ipam.ranges.first() else {
                     return;
                 };
                 let slice = SliceNetwork {
-                    network_name: ipam.network_name,
-                    whole,
+                    network_name: ipam.network_name.clone(),
+                    whole: first.range,
+                    exclude: first.exclude.clone(),
                 };
                 for (pool, range) in pools {
                     if range.is_some_and(|r| slice.holds(pool, &r)) {
@@ -76,6 +82,11 @@ impl NetworkIndex {
             Ok(Some(ipam)) => {
                 let pools: Vec<String> =
                     ipam.pool_names(None).into_iter().map(|(_, n)| n).collect();
+                for (pool, range) in pools.iter().zip(&ipam.ranges) {
+                    self.ranges
+                        .entry(pool.clone())
+                        .or_insert_with(|| range.clone());
+                }
                 for p in &pools {
                     self.by_pool.entry(p.clone()).or_default().push(key.clone());
                 }
@@ -102,9 +113,32 @@ impl NetworkIndex {
                 nets.retain(|n| n != key);
                 if nets.is_empty() {
                     self.by_pool.remove(&p);
+                    self.ranges.remove(&p);
                 }
             }
         }
+    }
+
+    /// How many addresses `pool` (with `range`, when it parses) can hand out: by the range
+    /// config of the network that names it, else by its node-slice network's exclusions, else
+    /// by its range alone (`0`: a range that does not parse).
+    pub fn capacity_of(&self, pool: &str, range: Option<IpNet>) -> u128 {
+        if let Some(r) = self.ranges.get(pool) {
+            return capacity(r);
+        }
+        let Some(range) = range else { return 0 };
+        let exclude = self
+            .slice_pools
+            .get(pool)
+            .and_then(|nets| self.slices.get(nets.first()?))
+            .map(|s| s.exclude.clone())
+            .unwrap_or_default();
+        capacity(&IpRange {
+            range,
+            range_start: None,
+            range_end: None,
+            exclude,
+        })
     }
 
     /// A pool came (or changed): matches it against the node-slice networks.

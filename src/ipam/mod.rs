@@ -1,6 +1,7 @@
 //! The whereabouts domain, pure: IPAM config parsing, pool and reservation naming,
 //! offset <-> IP, pool allocations, and the pod network-status annotation.
 
+pub mod capacity;
 pub mod config;
 pub mod fence;
 pub mod naming;

@@ -21,6 +21,19 @@ pub struct PoolLabel {
     pub pool: String,
 }
 
+/// A `network` label (`namespace/nad`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NetworkLabel {
+    /// The network.
+    pub network: String,
+}
+
+impl From<String> for NetworkLabel {
+    fn from(network: String) -> Self {
+        NetworkLabel { network }
+    }
+}
+
 /// A `kind` label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
@@ -259,6 +272,12 @@ pub struct ControllerMetrics {
     pub writes: WriteMetrics,
     /// Allocations per pool.
     pub allocations: Family<PoolLabel, Gauge>,
+    /// Per-pool capacity, on every replica (from its own cache).
+    pub pools: PoolGauges,
+    /// Per-pool leak candidates (leader only: the sweep's).
+    pub pool_leak_candidates: Family<PoolLabel, Gauge>,
+    /// 1 while the breaker holds the pool's sweep (leader only).
+    pub pool_held: Family<PoolLabel, Gauge>,
     /// Pool entries that cannot be read (malformed key, offset out of range).
     pub pool_problems: Family<PoolLabel, Gauge>,
     /// Current sweep candidates (garbage waiting for the grace period), by reason.
@@ -304,6 +323,9 @@ impl ControllerMetrics {
         let m = ControllerMetrics {
             writes: WriteMetrics::new(r),
             allocations: Family::default(),
+            pools: PoolGauges::default(),
+            pool_leak_candidates: Family::default(),
+            pool_held: Family::default(),
             pool_problems: Family::default(),
             candidates: Family::default(),
             oldest_candidate_seconds: Gauge::default(),
@@ -322,6 +344,17 @@ impl ControllerMetrics {
             leader: Gauge::default(),
             invalid_objects: Family::default(),
         };
+        m.pools.register(r);
+        r.register(
+            "pool_leak_candidates",
+            "Allocations of the pool seen as garbage, waiting for their grace (the leader's; a standby has none)",
+            m.pool_leak_candidates.clone(),
+        );
+        r.register(
+            "pool_held",
+            "1 while the breaker holds the pool's sweep for an operator (the leader's; a standby has none)",
+            m.pool_held.clone(),
+        );
         m.register_fencing(r);
         m.register_sweep(r);
         m.register_cache(r);
@@ -439,5 +472,70 @@ impl ControllerMetrics {
             "Live pods in the controller's cache",
             self.cached_pods.clone(),
         );
+    }
+}
+
+/// How full each pool and network is: computed on every replica from its own cache.
+#[derive(Clone, Debug, Default)]
+pub struct PoolGauges {
+    /// Addresses the pool can hand out (range less network, broadcast and exclusions).
+    pub size: Family<PoolLabel, Gauge>,
+    /// Its entries, fenced ones included.
+    pub allocated: Family<PoolLabel, Gauge>,
+    /// Addresses still free.
+    pub free: Family<PoolLabel, Gauge>,
+    /// Its fenced entries.
+    pub fenced: Family<PoolLabel, Gauge>,
+    /// The same per network (its pools summed).
+    pub network_size: Family<NetworkLabel, Gauge>,
+    /// Allocated per network.
+    pub network_allocated: Family<NetworkLabel, Gauge>,
+    /// Free per network.
+    pub network_free: Family<NetworkLabel, Gauge>,
+}
+
+impl PoolGauges {
+    fn register(&self, r: &mut Registry) {
+        let pools = [
+            (
+                "pool_size",
+                "Addresses the pool can hand out: its range less the network and broadcast addresses and the network's exclusions",
+                &self.size,
+            ),
+            (
+                "pool_allocated",
+                "Allocations in the pool, fenced ones included",
+                &self.allocated,
+            ),
+            ("pool_free", "Addresses of the pool still free", &self.free),
+            (
+                "pool_fenced",
+                "Allocations of the pool held by a fence",
+                &self.fenced,
+            ),
+        ];
+        for (name, help, family) in pools {
+            r.register(name, help, family.clone());
+        }
+        let networks = [
+            (
+                "network_size",
+                "Addresses the network's pools can hand out",
+                &self.network_size,
+            ),
+            (
+                "network_allocated",
+                "Allocations in the network's pools",
+                &self.network_allocated,
+            ),
+            (
+                "network_free",
+                "Addresses of the network's pools still free",
+                &self.network_free,
+            ),
+        ];
+        for (name, help, family) in networks {
+            r.register(name, help, family.clone());
+        }
     }
 }

@@ -117,3 +117,37 @@ fn a_nad_whose_config_cannot_be_used_is_reported_and_maps_nothing() {
     assert!(ix.networks().errors().is_empty());
     assert_eq!(networks(&ix, "192.0.2.0-24"), Some(vec!["ns/bad".into()]));
 }
+
+#[test]
+fn a_pools_size_comes_from_the_range_config_of_the_network_that_names_it() {
+    let mut ix = Index::default();
+    ix.upsert_pool(&pool_named(
+        "192.0.2.0-24",
+        &[("10", "sb", "ns/a"), ("11", "sb", "ns/b:fenced")],
+    ));
+    let usage = |ix: &Index| ix.pool_usage()[0].clone();
+    // No NAD known: the range alone (network and broadcast never handed out).
+    assert_eq!(usage(&ix).size, 254);
+    ix.upsert_nad(&nad(
+        "net",
+        r#""range":"192.0.2.0/24","range_start":"192.0.2.10","range_end":"192.0.2.29","exclude":["192.0.2.16/30"]"#,
+    ));
+    let u = usage(&ix);
+    assert_eq!((u.size, u.allocated, u.fenced, u.free()), (16, 2, 1, 14));
+    assert_eq!(u.networks, ["ns/net"]);
+    ix.remove_nad("ns/net");
+    assert_eq!(usage(&ix).size, 254, "the NAD's narrowing goes with it");
+}
+
+#[test]
+fn a_node_slice_pools_size_leaves_out_its_networks_exclusions() {
+    let mut ix = Index::default();
+    ix.upsert_nad(&nad(
+        "slicenet",
+        r#""range":"10.0.0.0/8","node_slice_size":"/22","network_name":"slicenet","exclude":["10.0.4.0/24"]"#,
+    ));
+    ix.upsert_pool(&slice_pool());
+    let u = &ix.pool_usage()[0];
+    // 1022 usable in the /22, less the 255 of 10.0.4.0/24 that are not the network address.
+    assert_eq!(u.size, 1022 - 255);
+}
