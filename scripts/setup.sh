@@ -21,6 +21,19 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
+# Debian's prometheus ships the server and promtool (the alert and dashboard tests). Without
+# its recommends: prometheus-node-exporter is not needed. Where systemd runs, the package
+# enables a prometheus service on :9090; the tests start their own on other ports.
+if ! dpkg -s prometheus >/dev/null 2>&1; then
+  echo "setup: installing prometheus" >&2
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "setup: need root to install prometheus (sudo apt-get install -y --no-install-recommends prometheus)" >&2
+    exit 1
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null ||
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+fi
+
 bin=$("$root/e2e/controlplane/build.sh" all | tail -n 1)
 echo "setup: done in $(( $(date +%s) - start ))s" >&2
 echo "$bin"

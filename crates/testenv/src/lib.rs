@@ -6,6 +6,8 @@
 //!   plugin, for the node agent's tests.
 //! - [`Node`]: a real node (kubelet, kube-controller-manager, kube-scheduler, containerd with
 //!   Multus and whereabouts) on a control plane of its own, for the end-to-end scenarios.
+//! - [`prometheus::Prometheus`]: Debian's Prometheus scraping what a test gives it, with
+//!   `promtool` beside it.
 //!
 //! What cannot be found or started is an error that says how to get it; nothing is skipped.
 
@@ -22,6 +24,7 @@ pub mod node;
 pub mod poll;
 pub mod procs;
 pub mod program;
+pub mod prometheus;
 pub mod proxy;
 pub mod whereabouts;
 
