@@ -1,5 +1,8 @@
 //! The custom resources ipreclaim reads and writes, wire-compatible with whereabouts v0.9
 //! (`whereabouts.cni.cncf.io/v1alpha1`) and Multus (`k8s.cni.cncf.io/v1`).
+//!
+//! The ground floor: imports no other module of the crate; everything may import it
+//! (`tests/layers.rs` holds the layering).
 
 pub mod lenient;
 pub mod paged;

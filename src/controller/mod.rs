@@ -1,6 +1,9 @@
 //! `ipreclaim controller`: releases the allocations of deleted pods within a second (the
 //! deletion path) and finds every other leak on a short sweep, never touching the address of a
 //! live pod. Writes only as the leader; standbys keep warm caches.
+//!
+//! Thin async shells over the pure `index` and `reclaim`: watches, workers, the sweep, the
+//! fence lifter, leader election. Imports anything below it, never `node` or `scan`.
 
 mod args;
 pub mod deletion;

@@ -1,5 +1,8 @@
 //! The whereabouts domain, pure: IPAM config parsing, pool and reservation naming,
 //! offset <-> IP, pool allocations, and the pod network-status annotation.
+//!
+//! Pure (no runtime, no client). Imports only `api`; `reclaim`, `index` and everything above
+//! import it.
 
 pub mod capacity;
 pub mod config;

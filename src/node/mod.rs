@@ -8,6 +8,8 @@
 //!
 //! It never lists cluster-wide: its watches are the metadata of this node's pods and this
 //! node's fences; everything else is a targeted GET.
+//!
+//! Imports `release` and below (and podlife), never `controller` or `scan`.
 
 pub mod cri;
 pub mod evidence;

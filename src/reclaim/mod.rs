@@ -4,6 +4,9 @@
 //! Safety comes first: an address listed in a live pod's network-status is never released
 //! (a terminal pod's is at most a candidate), and a live pod without network-status keeps every
 //! allocation (the allocation may simply be ahead of the annotation).
+//!
+//! Also the sweep's grace clock and blast-radius breaker. Pure; imports `api` and `ipam`;
+//! imported by `index`, `release` and the programs.
 
 pub mod breaker;
 pub mod fence;

@@ -1,5 +1,11 @@
 //! The release path, shared by the controller and the node agent: the batching pool writer
 //! (releases, fences, reservation deletes), the Event publisher, and the types they share.
+//!
+//! Its pure parts: the pool schedule (`schedule`), the batch's shape (`batch`) and the patch
+//! builder (`patch`); the rest is the async shell that sends them.
+//!
+//! Imports everything below it (`index`, `reclaim`, `ipam`, `telemetry`, `watch_retry`,
+//! `api`); imported by the programs (`controller`, `node`), never the other way.
 
 pub mod audit;
 pub mod batch;

@@ -1,4 +1,6 @@
 //! Metrics registry, the /metrics /healthz /readyz server, logging setup.
+//!
+//! Imports the pure modules below it; `release`, the programs and the watch retry import it.
 
 pub mod logging;
 pub mod metrics;
