@@ -5,74 +5,23 @@
 //! runs (and returns series wherever its metrics exist).
 
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use clap::Parser;
-use ipreclaim::api::{
-    IPPool, IPPoolSpec, NetworkAttachmentDefinition, NetworkAttachmentDefinitionSpec,
-};
-use ipreclaim::controller::{self, ControllerArgs};
+use ipreclaim::api::{IPPool, IPPoolSpec};
 use k8s_openapi::api::core::v1::Pod;
-use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use testenv::ControlPlane;
 use testenv::poll::{http_get, wait_for, wait_for_within};
-use testenv::program::InProcess;
 use testenv::prometheus::{Prometheus, Target, chart_rules, dashboard_queries};
+
+mod support;
 
 /// The release name the rules are rendered for, and so the job label the chart's
 /// ServiceMonitor would give the controller (`<fullname>-controller`): the scrape job here.
 const RELEASE: &str = "rel";
 const JOB: &str = "rel-ipreclaim-controller";
 const ALERT: &str = "IPReclaimPoolNearlyFull";
-
-#[derive(Parser)]
-struct Cli {
-    #[command(flatten)]
-    args: ControllerArgs,
-}
-
-/// The controller in process (no leader election: it leads), serving /metrics on 127.0.0.1.
-async fn start_controller(client: Client, ns: &str) -> (InProcess, SocketAddr) {
-    let argv = [
-        "controller".to_string(),
-        format!("--whereabouts-namespace={ns}"),
-        "--sweep-interval=200ms".into(),
-        // Nothing here is a leak: deleted pods go through the deletion path.
-        "--leak-grace=30s".into(),
-        "--leader-election=false".into(),
-        "--metrics-addr=127.0.0.1:0".into(),
-    ];
-    let args = Cli::try_parse_from(argv).expect("controller flags").args;
-    let (program, (_, addr)) = InProcess::start(
-        "controller",
-        |shutdown, started| {
-            controller::run(client, args, shutdown, move |running| {
-                let _ = started.send((running.health.clone(), running.metrics_addr));
-            })
-        },
-        |(health, _)| health.is_ready(),
-    )
-    .await;
-    (program, addr)
-}
-
-async fn nad(client: &Client, ns: &str, name: &str, range: &str) {
-    let nad = NetworkAttachmentDefinition::new(
-        name,
-        NetworkAttachmentDefinitionSpec {
-            config: Some(format!(
-                r#"{{"cniVersion":"0.3.1","type":"macvlan","master":"eth0","ipam":{{"type":"whereabouts","range":"{range}"}}}}"#
-            )),
-        },
-    );
-    Api::<NetworkAttachmentDefinition>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &nad)
-        .await
-        .unwrap();
-}
 
 /// The active alerts named `ALERT` for `pool`, as (state, labels).
 async fn pool_alerts(prom: &Prometheus, pool: &str) -> Vec<(String, Value)> {
@@ -124,7 +73,8 @@ async fn pool_nearly_full_fires_and_resolves_and_every_dashboard_query_runs() {
     cp.install_crds(&client).await.expect("install crds/");
     let ns = cp.namespace(&client, "prom-alerts").await;
     // A /28 and its network: 14 addresses to hand out (no network, no broadcast).
-    nad(&client, &ns, "macvlan", "192.0.2.0/28").await;
+    let config = r#"{"cniVersion":"0.3.1","type":"macvlan","master":"eth0","ipam":{"type":"whereabouts","range":"192.0.2.0/28"}}"#;
+    support::create_nad(&client, &ns, "macvlan", config).await;
     let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
     let pool_name = "192.0.2.0-28";
     let pool = IPPool::new(
@@ -135,7 +85,15 @@ async fn pool_nearly_full_fires_and_resolves_and_every_dashboard_query_runs() {
         },
     );
     pools.create(&PostParams::default(), &pool).await.unwrap();
-    let (mut program, metrics) = start_controller(client.clone(), &ns).await;
+    // No leader election: it leads. Nothing here is a leak: deleted pods go through the
+    // deletion path.
+    let flags = [
+        "--sweep-interval=200ms",
+        "--leak-grace=30s",
+        "--leader-election=false",
+    ];
+    let mut program = support::controller(client.clone(), &ns, &flags).await;
+    let metrics = program.metrics;
     let label = format!("{ns}/{pool_name}");
     let size_line = format!(r#"ipreclaim_pool_size{{pool="{label}"}} 14"#);
     wait_for(

@@ -205,18 +205,7 @@ impl Worker {
             "deletion path"
         );
         let deleted_at = st.pods().first_deletion(podref);
-        let mut releases: Vec<ReleaseRequest> = judged
-            .iter()
-            .filter_map(|j| match j.decision {
-                Decision::Release(reason) => Some(ReleaseRequest {
-                    judged: j.clone(),
-                    reason,
-                    deleted_at,
-                    write: Default::default(),
-                }),
-                _ => None,
-            })
-            .collect();
+        let mut releases = releases_of(&judged, deleted_at);
         if let Some(view) = &self.ctx.nodes {
             let view = view.read().expect("node view lock");
             plan_fences(st, &view, podref, &judged, &mut releases);
@@ -292,6 +281,22 @@ impl Worker {
             leader: self.leader.clone(),
         }
     }
+}
+
+/// The releases the judgement calls for (deleted at `deleted_at`, for the latency metric).
+fn releases_of(judged: &[Judged], deleted_at: Option<Instant>) -> Vec<ReleaseRequest> {
+    judged
+        .iter()
+        .filter_map(|j| match j.decision {
+            Decision::Release(reason) => Some(ReleaseRequest {
+                judged: j.clone(),
+                reason,
+                deleted_at,
+                write: Default::default(),
+            }),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Why the deletion `t` is fenced: its node was not trusted when the deletion was seen, or is
@@ -449,18 +454,7 @@ mod tests {
 
     fn plan(st: &Index, v: &NodeIndex) -> Vec<(String, String, bool)> {
         let judged = st.judge_podref(WEB, &ReclaimConfig::default());
-        let mut releases: Vec<ReleaseRequest> = judged
-            .iter()
-            .filter_map(|j| match j.decision {
-                Decision::Release(reason) => Some(ReleaseRequest {
-                    judged: j.clone(),
-                    reason,
-                    deleted_at: None,
-                    write: Default::default(),
-                }),
-                _ => None,
-            })
-            .collect();
+        let mut releases = releases_of(&judged, None);
         plan_fences(st, v, WEB, &judged, &mut releases);
         releases
             .into_iter()
