@@ -11,10 +11,10 @@ use serde::Serialize;
 use crate::api::lenient::Lenient;
 use crate::api::paged::for_each_listed;
 use crate::api::slim::PodView;
-use crate::api::{IPFence, IPPool, NetworkAttachmentDefinition};
+use crate::api::{IPFence, IPPool, NetworkAttachmentDefinition, OverlappingRangeIPReservation};
 use crate::controller::watch::POD_PAGE;
 use crate::index::Index;
-use crate::index::kinds::{Fences, Nads, Pods, Pools};
+use crate::index::kinds::{Fences, Nads, Pods, Pools, Reservations};
 use crate::index::relist::{Kind, Relist, Step};
 use crate::reclaim::{Decision, ReclaimConfig};
 
@@ -110,6 +110,20 @@ fn listed<K: Kind<Store = Index>>(index: &mut Index, objects: impl IntoIterator<
     relist.step(index, Step::Done, now);
 }
 
+/// The index the manual commands (`unfence`, `release`) write from: pods, pools, fence records,
+/// reservations and NADs of the cluster now, by the controller's own rules. Unlike `scan`, a
+/// kind that cannot be listed fails it (a write must not rest on a partial view).
+pub async fn index_for_writes(client: Client, namespace: &str) -> anyhow::Result<Index> {
+    let wall = jiff::Timestamp::now();
+    let (mut index, _) = index_of(client.clone(), namespace, wall, true).await?;
+    let reservations = Api::<Lenient<OverlappingRangeIPReservation>>::namespaced(client, namespace)
+        .list(&ListParams::default())
+        .await
+        .with_context(|| format!("list OverlappingRangeIPReservations in {namespace}"))?;
+    listed::<Reservations>(&mut index, reservations);
+    Ok(index)
+}
+
 /// The index of what the cluster holds now (pods, pools, fence records, NADs), and each pod's
 /// age in seconds by podref. Fence records and NADs that cannot be listed are said and done
 /// without: fewer rows, not a failed scan.
@@ -117,6 +131,16 @@ async fn index_cluster(
     client: Client,
     namespace: &str,
     wall: jiff::Timestamp,
+) -> anyhow::Result<(Index, BTreeMap<String, i64>)> {
+    index_of(client, namespace, wall, false).await
+}
+
+/// [`index_cluster`]; `strict`: fence records and NADs that cannot be listed fail it.
+async fn index_of(
+    client: Client,
+    namespace: &str,
+    wall: jiff::Timestamp,
+    strict: bool,
 ) -> anyhow::Result<(Index, BTreeMap<String, i64>)> {
     let mut index = Index::default();
     let mut created: BTreeMap<String, i64> = BTreeMap::new();
@@ -160,6 +184,9 @@ async fn index_cluster(
         .await
     {
         Ok(fences) => listed::<Fences>(&mut index, fences),
+        Err(e) if strict => {
+            return Err(e).with_context(|| format!("list IPFences in {namespace}"));
+        }
         Err(e) => {
             tracing::warn!(error = %e, "cannot list IPFences: fenced addresses are not shown")
         }
@@ -169,6 +196,7 @@ async fn index_cluster(
         .await
     {
         Ok(nads) => listed::<Nads>(&mut index, nads),
+        Err(e) if strict => return Err(e).context("list NetworkAttachmentDefinitions"),
         // Without NADs the rules fall back to interface names: still a useful report.
         Err(e) => tracing::warn!(error = %e, "cannot list NetworkAttachmentDefinitions"),
     }

@@ -11,7 +11,10 @@ mod approve;
 mod daemon;
 pub mod kube;
 pub mod plugin;
+mod release;
 mod scan;
+mod unfence;
+mod writes;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -25,7 +28,8 @@ use ipreclaim::telemetry::LogFormat;
 pub mod exit {
     /// Success; for `scan`: nothing would be released.
     pub const OK: u8 = 0;
-    /// `scan`: something would be released. Daemons: stopped on an error.
+    /// `scan`: something would be released. `unfence`, `release`: something was refused,
+    /// failed or not found. Daemons: stopped on an error.
     pub const FOUND_OR_FAILED: u8 = 1;
     /// `scan`: an error (no report). Any command: invalid flags.
     pub const ERROR: u8 = 2;
@@ -55,6 +59,16 @@ enum Command {
     /// Let the breaker release a pool's held sweep once (an annotation the controller honours
     /// at its next sweep and removes).
     ApproveHold(approve::ApproveArgs),
+    /// Lift fences by hand (--ip, --node, or --all to uninstall), through the controller's
+    /// guarded writes; refuses an address a live pod lists unless --force.
+    ///
+    /// Exit code: 0 done, 1 something refused, failed or not found, 2 an error.
+    Unfence(unfence::UnfenceArgs),
+    /// Release allocations by hand (--ip [--network] or --pod), through the controller's
+    /// guarded writes; refuses an address a live pod lists unless --force.
+    ///
+    /// Exit code: 0 done, 1 something refused, failed or not found, 2 an error.
+    Release(release::ReleaseArgs),
     /// Print the CRDs ipreclaim works with (whereabouts' and the NetworkAttachmentDefinition) as YAML.
     Crds {
         /// Write one file per CRD into this directory instead of printing.
@@ -87,6 +101,8 @@ fn dispatch(command: Command) -> ExitCode {
         Command::NodeAgent(cmd) => daemon::node_agent(*cmd),
         Command::Scan(args) => scan::run(args),
         Command::ApproveHold(args) => approve::run(args),
+        Command::Unfence(args) => unfence::run(args),
+        Command::Release(args) => release::run(args),
         Command::Crds { write_dir } => match crds(write_dir) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

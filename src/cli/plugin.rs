@@ -10,7 +10,7 @@ use std::path::Path;
 pub const PLUGIN_EXECUTABLE: &str = "kubectl-ipreclaim";
 
 /// Subcommands shown in plugin mode; the daemons stay runnable but hidden.
-pub const PLUGIN_COMMANDS: &[&str] = &["scan", "approve-hold", "crds"];
+pub const PLUGIN_COMMANDS: &[&str] = &["scan", "unfence", "release", "approve-hold", "crds"];
 
 /// How the binary was invoked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,7 +53,8 @@ impl Mode {
                     .display_name("kubectl ipreclaim")
                     .about(
                         "Reclaims leaked IP addresses from whereabouts IPAM pools: inspect them \
-                         from kubectl (read-only unless a command says otherwise).",
+                         from kubectl (scan is read-only; unfence and release write, each with \
+                         --dry-run).",
                     )
                     .after_help(
                         "Flags follow kubectl's: --kubeconfig, --context, -n/--namespace, -A, \

@@ -13,9 +13,10 @@ use super::types::Deleted;
 use super::writer::{ObjectDelete, RESERVATION_DELETERS, Writer};
 use crate::api::IPFence;
 
-/// Deletes queued objects, as many at once as the budgets allow.
+/// Deletes queued objects, as many at once as the budgets allow; once every sender is gone,
+/// ends when the deletes and the second looks after them are done.
 pub(super) async fn delete_objects(writer: Arc<Writer>, rx: mpsc::UnboundedReceiver<ObjectDelete>) {
-    let looks = writer.spawn_looks();
+    let (looks, looking) = writer.spawn_looks();
     let queued =
         futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
     queued
@@ -33,6 +34,8 @@ pub(super) async fn delete_objects(writer: Arc<Writer>, rx: mpsc::UnboundedRecei
             }
         })
         .await;
+    drop(looks);
+    let _ = looking.await;
 }
 
 impl Writer {

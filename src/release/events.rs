@@ -102,18 +102,30 @@ impl Events {
     /// A publisher reporting as `instance` (the pod name of this replica), within `budgets`
     /// (after every pool patch and reservation delete that waits); starts its queue.
     pub fn new(client: Client, instance: &str, budgets: Budgets, metrics: WriteMetrics) -> Self {
+        Self::flushed(client, instance, budgets, metrics).0
+    }
+
+    /// Like [`new`](Self::new), with the publisher's task: it ends once every clone of the
+    /// publisher is dropped and what was queued is published (or given up), so a command that
+    /// exits after its writes can wait for its Events.
+    pub fn flushed(
+        client: Client,
+        instance: &str,
+        budgets: Budgets,
+        metrics: WriteMetrics,
+    ) -> (Self, tokio::task::JoinHandle<()>) {
         let reporter = Reporter {
             controller: "ipreclaim".into(),
             instance: Some(instance.into()),
         };
         let (tx, rx) = mpsc::channel(QUEUE);
-        tokio::spawn(publish_queued(
+        let task = tokio::spawn(publish_queued(
             Recorder::new(client, reporter),
             rx,
             budgets,
             metrics.clone(),
         ));
-        Events { tx, metrics }
+        (Events { tx, metrics }, task)
     }
 
     async fn publish(
@@ -251,6 +263,40 @@ impl Events {
         }
         for (pod, ip, record) in fenced {
             self.fenced(&pod, ip, &record, false).await;
+        }
+    }
+
+    /// Releases written by hand (`ipreclaim release`): one Event per pod and network naming
+    /// every address and `how` (the command), and one audit line per address whose evidence
+    /// says it was done by hand, and what the rules say of the pod.
+    pub async fn released_by_hand<'a>(
+        &self,
+        results: impl IntoIterator<
+            Item = (&'a ReleaseRequest, &'a Result<ReleaseOutcome, ReleaseError>),
+        >,
+        how: &str,
+    ) {
+        let mut by_network: std::collections::BTreeMap<(PodRef, String), Vec<IpAddr>> =
+            Default::default();
+        for (req, outcome) in results {
+            if let Some(mut audit) =
+                crate::release::audit::AuditRecord::of(req, outcome, None, None)
+            {
+                audit.evidence = format!("released by hand ({how}); {}", audit.evidence);
+                audit.emit();
+            }
+            if *outcome == Ok(ReleaseOutcome::Released) {
+                let j = &req.judged;
+                by_network
+                    .entry((j.pod.clone(), j.network.clone()))
+                    .or_default()
+                    .push(j.entry.ip);
+            }
+        }
+        for ((pod, network), ips) in by_network {
+            let extra = (format!(" (released by hand: {how})"), " Manual".to_owned());
+            self.publish_released_with(&pod, &ips, &network, Some(extra))
+                .await;
         }
     }
 

@@ -15,6 +15,7 @@ pub mod events;
 mod fence_records;
 #[cfg(test)]
 mod fixtures;
+pub mod manual;
 pub mod patch;
 pub mod reservation;
 pub mod schedule;

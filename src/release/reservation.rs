@@ -247,14 +247,25 @@ struct Look {
 /// (see the module), every look due at once sharing its pool reads.
 impl Writer {
     /// Starts the looks (see [`looks`]) for this writer: send it each deleted reservation.
-    pub(crate) fn spawn_looks(self: &Arc<Self>) -> mpsc::UnboundedSender<ReservationDelete> {
+    /// The task ends once the sender is dropped and every look is done.
+    pub(crate) fn spawn_looks(
+        self: &Arc<Self>,
+    ) -> (
+        mpsc::UnboundedSender<ReservationDelete>,
+        tokio::task::JoinHandle<()>,
+    ) {
         looks(self.clone())
     }
 }
 
-fn looks(writer: Arc<Writer>) -> mpsc::UnboundedSender<ReservationDelete> {
+fn looks(
+    writer: Arc<Writer>,
+) -> (
+    mpsc::UnboundedSender<ReservationDelete>,
+    tokio::task::JoinHandle<()>,
+) {
     let (tx, mut rx) = mpsc::unbounded_channel::<ReservationDelete>();
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         let api: Api<OverlappingRangeIPReservation> =
             Api::namespaced(writer.client.clone(), &writer.namespace);
         let mut waiting: Vec<Look> = Vec::new();
@@ -321,5 +332,5 @@ fn looks(writer: Arc<Writer>) -> mpsc::UnboundedSender<ReservationDelete> {
             }
         }
     });
-    tx
+    (tx, task)
 }

@@ -207,6 +207,13 @@ impl WriterHandle {
 /// what arrives meanwhile for that pool goes out as the next patch, so a burst of deletions
 /// becomes a few large patches while a lone deletion goes out at once.
 pub fn spawn(writer: Arc<Writer>) -> WriterHandle {
+    spawn_drained(writer).0
+}
+
+/// Like [`spawn`], with a task that ends once every handle is dropped and everything handed in
+/// is written: the patches, the deletes after them and the looks after those (see
+/// `reservation`). For a command that exits after its writes.
+pub fn spawn_drained(writer: Arc<Writer>) -> (WriterHandle, tokio::task::JoinHandle<()>) {
     let (tx, rx) = mpsc::channel::<(ReleaseRequest, Reply)>(4 * MAX_BATCH);
     let (del_tx, del_rx) = mpsc::unbounded_channel();
     let handle = WriterHandle {
@@ -214,9 +221,9 @@ pub fn spawn(writer: Arc<Writer>) -> WriterHandle {
         deletes: del_tx.clone(),
         writer: writer.clone(),
     };
-    tokio::spawn(deletes::delete_objects(writer.clone(), del_rx));
+    let drained = tokio::spawn(deletes::delete_objects(writer.clone(), del_rx));
     tokio::spawn(batch(writer, rx, del_tx));
-    handle
+    (handle, drained)
 }
 
 /// The batcher: collects requests per pool and sends each pool's patch when its

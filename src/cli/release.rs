@@ -1,0 +1,227 @@
+//! `ipreclaim release` (`kubectl ipreclaim release`): frees allocations by hand through the
+//! controller's own guarded writes.
+
+use std::net::IpAddr;
+use std::process::ExitCode;
+
+use ipreclaim::api::OverlappingRangeIPReservation;
+use ipreclaim::index::Index;
+use ipreclaim::release::manual::{self, Planned, ReleaseTarget};
+use ipreclaim::release::reservation::ReservationDelete;
+use ipreclaim::release::{ReleaseError, ReleaseOutcome, ReleaseRequest};
+use kube::api::Api;
+
+use super::exit;
+use super::writes::{self, Session, WriteArgs, place};
+
+/// `release`'s flags.
+#[derive(Debug, clap::Args)]
+#[command(
+    group = clap::ArgGroup::new("what").required(true).args(["ip", "pod"]),
+    after_help = "\
+Each allocation is removed as the controller removes one: the pool entry is removed with `test`s \
+of its sandbox id and podref (an entry changed meanwhile is left alone), then the pod's \
+reservation of the address is deleted with its uid as precondition, unless a live allocation of \
+that pod holds the address again. Each release leaves a release Event on the pod (reporting \
+instance `ipreclaim-cli`) and an audit log line on stderr. A fenced address is not released \
+here: `ipreclaim unfence --ip ADDR` lifts its fence.
+
+Exit status: 0 when everything asked for was released, 1 when something was refused (a live pod \
+lists the address; an address in several pools without --network), failed or not found, 2 on an \
+error (nothing read).")]
+pub struct ReleaseArgs {
+    /// Release this address.
+    #[arg(long, value_name = "ADDR")]
+    pub ip: Option<IpAddr>,
+    /// With --ip: the network (NetworkAttachmentDefinition) whose pools hold the address, as
+    /// NAMESPACE/NAME; needed when it is allocated in several pools.
+    #[arg(long, value_name = "NS/NAD", requires = "ip")]
+    pub network: Option<String>,
+    /// Release every allocation of this pod (NAMESPACE/NAME).
+    #[arg(long, value_name = "NS/NAME", value_parser = podref)]
+    pub pod: Option<String>,
+    /// Release even when a live pod's network-status lists the address (by default such an
+    /// address is refused: the pod is using it, and a freed address can be handed to another
+    /// pod).
+    #[arg(long)]
+    pub force: bool,
+    #[command(flatten)]
+    pub write: WriteArgs,
+}
+
+fn podref(s: &str) -> Result<String, String> {
+    match s.split_once('/') {
+        Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+            Ok(s.to_owned())
+        }
+        _ => Err("expected NAMESPACE/NAME".into()),
+    }
+}
+
+/// Runs `release`.
+pub fn run(args: ReleaseArgs) -> ExitCode {
+    writes::run(release(args))
+}
+
+async fn release(args: ReleaseArgs) -> anyhow::Result<u8> {
+    let target = match (&args.ip, &args.pod) {
+        (Some(ip), _) => ReleaseTarget::Ip {
+            ip: *ip,
+            network: args.network.clone(),
+        },
+        (None, Some(pod)) => ReleaseTarget::Pod(pod.clone()),
+        (None, None) => anyhow::bail!("--ip or --pod is required"),
+    };
+    let (client, index) = writes::index(&args.write).await?;
+    let planned = match manual::releases(&index, &target) {
+        Ok(p) => p,
+        Err(why) => {
+            println!("refused: {why}");
+            return Ok(exit::FOUND_OR_FAILED);
+        }
+    };
+    let mut code = exit::OK;
+    let (go, refused): (Vec<Planned>, Vec<Planned>) = planned
+        .into_iter()
+        .partition(|p| p.listed_by.is_empty() || args.force);
+    for p in &refused {
+        let j = &p.request.judged;
+        println!(
+            "refused {}: held by {}; live pod {} lists the address (--force releases it anyway)",
+            place(&j.pool, j.entry.ip),
+            j.entry.podref,
+            p.listed_by.join(", ")
+        );
+        code = exit::FOUND_OR_FAILED;
+    }
+    if args.write.dry_run {
+        for p in &go {
+            let j = &p.request.judged;
+            let reservations = reservations_of(&index, &p.request);
+            println!(
+                "would release {}: held by {} (sandbox {}){}",
+                place(&j.pool, j.entry.ip),
+                j.entry.podref,
+                ipreclaim::scan::short_id(&j.entry.id),
+                names(&reservations, "; would delete reservation ")
+            );
+        }
+        return Ok(code);
+    }
+    let session = Session::start(client.clone(), &args.write.whereabouts_namespace);
+    let reqs: Vec<ReleaseRequest> = go.into_iter().map(|p| p.request).collect();
+    let outcomes = session.writer.release(reqs.clone()).await;
+    let how = match &target {
+        ReleaseTarget::Ip { ip, .. } => format!("ipreclaim release --ip {ip}"),
+        ReleaseTarget::Pod(pod) => format!("ipreclaim release --pod {pod}"),
+    };
+    session
+        .events
+        .released_by_hand(reqs.iter().zip(&outcomes), &how)
+        .await;
+    let mut deletes = Vec::new();
+    for (r, o) in reqs.iter().zip(&outcomes) {
+        if *o == Ok(ReleaseOutcome::Released) {
+            deletes.push(reservations_of(&index, r));
+        } else {
+            deletes.push(Vec::new());
+        }
+    }
+    session
+        .writer
+        .delete_reservations(deletes.iter().flatten().cloned().collect());
+    session.finish().await;
+    let api: Api<OverlappingRangeIPReservation> =
+        Api::namespaced(client, &args.write.whereabouts_namespace);
+    for ((r, o), reservations) in reqs.iter().zip(&outcomes).zip(&deletes) {
+        if !report(&api, r, o, reservations).await {
+            code = exit::FOUND_OR_FAILED;
+        }
+    }
+    Ok(code)
+}
+
+/// The reservations of the pod that held the address, for that address (found by name, as
+/// whereabouts names them, among those listed).
+fn reservations_of(index: &Index, r: &ReleaseRequest) -> Vec<ReservationDelete> {
+    let j = &r.judged;
+    index
+        .reservations()
+        .of(&j.entry.podref, j.entry.ip)
+        .into_iter()
+        .map(|(name, uid)| ReservationDelete {
+            name,
+            uid,
+            podref: j.entry.podref.clone(),
+            ip: Some(j.entry.ip),
+            pool: Some(j.pool.clone()),
+        })
+        .collect()
+}
+
+fn names(reservations: &[ReservationDelete], prefix: &str) -> String {
+    reservations
+        .iter()
+        .map(|d| format!("{prefix}{}", d.name))
+        .collect()
+}
+
+/// Prints what became of one release; whether it went as asked.
+async fn report(
+    api: &Api<OverlappingRangeIPReservation>,
+    r: &ReleaseRequest,
+    o: &Result<ReleaseOutcome, ReleaseError>,
+    reservations: &[ReservationDelete],
+) -> bool {
+    let j = &r.judged;
+    let at = place(&j.pool, j.entry.ip);
+    match o {
+        Ok(ReleaseOutcome::Released) => {
+            let mut done = String::new();
+            let mut ok = true;
+            for d in reservations {
+                match api.get_opt(&d.name).await {
+                    Ok(None) => done.push_str(&format!("; reservation {} deleted", d.name)),
+                    Ok(Some(now)) if now.metadata.uid.as_deref() != Some(d.uid.as_str()) => done
+                        .push_str(&format!(
+                            "; reservation {} was replaced (now {}'s)",
+                            d.name, now.spec.podref
+                        )),
+                    Ok(Some(_)) => {
+                        ok = false;
+                        done.push_str(&format!(
+                            "; reservation {} kept (a live allocation of the pod holds the address, or its delete failed)",
+                            d.name
+                        ))
+                    }
+                    Err(e) => {
+                        ok = false;
+                        done.push_str(&format!("; reservation {}: {e}", d.name))
+                    }
+                }
+            }
+            println!(
+                "released {at}: held by {} (sandbox {}); entry removed{done}",
+                j.entry.podref,
+                ipreclaim::scan::short_id(&j.entry.id)
+            );
+            ok
+        }
+        Ok(ReleaseOutcome::AlreadyGone) => {
+            println!("already gone {at}: the entry was freed meanwhile");
+            true
+        }
+        Ok(ReleaseOutcome::Changed) => {
+            println!("left {at}: the entry changed meanwhile (another sandbox or pod holds it)");
+            false
+        }
+        Ok(other) => {
+            println!("left {at}: {other:?}");
+            false
+        }
+        Err(e) => {
+            println!("failed {at}: {e}");
+            false
+        }
+    }
+}

@@ -1,0 +1,330 @@
+//! `ipreclaim unfence` (`kubectl ipreclaim unfence`): lifts fences by hand through the
+//! controller's own guarded writes.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::process::ExitCode;
+
+use ipreclaim::api::IPFence;
+use ipreclaim::index::{FenceSource, Index};
+use ipreclaim::release::manual::{self, FenceSelect, Planned};
+use ipreclaim::release::{EntryWrite, ReleaseOutcome, ReleaseRequest};
+use kube::api::Api;
+
+use super::exit;
+use super::writes::{self, Session, WriteArgs, place};
+
+/// `unfence`'s flags.
+#[derive(Debug, clap::Args)]
+#[command(
+    group = clap::ArgGroup::new("which").required(true).args(["ip", "node", "all"]),
+    after_help = "\
+Each fence is lifted as the controller lifts one: the pool entry is removed with `test`s of its \
+sandbox id and fenced podref (an entry changed meanwhile is left alone), then its IPFence record \
+is deleted with its uid as precondition, and the reservation the deleted pod held for the address \
+is deleted unless a live allocation of that pod holds it. Each lift leaves a release Event on the \
+deleted pod (reporting instance `ipreclaim-cli`) and an audit log line on stderr.
+
+--all is the uninstall path: it also deletes IPFence records left over or pending and removes \
+fence annotations of earlier releases, then checks that no `:fenced` entry, IPFence or fence \
+annotation is left. Stop the controller first (scale it to 0), or it may fence again.
+
+Exit status: 0 when every fence asked for was lifted (or none was left to lift with --all), 1 when \
+something was refused, failed, or not found, 2 on an error (nothing read).")]
+pub struct UnfenceArgs {
+    /// Lift the fences of this address (in any pool).
+    #[arg(long, value_name = "ADDR")]
+    pub ip: Option<IpAddr>,
+    /// Lift the fences of pods deleted from this node.
+    #[arg(long, value_name = "NODE")]
+    pub node: Option<String>,
+    /// Lift every fence and delete every ipreclaim fence record (uninstall).
+    #[arg(long)]
+    pub all: bool,
+    /// Lift a fence even when a live pod's network-status lists its address (by default such
+    /// an address is refused: the pod may be using it, and a freed address can be handed to
+    /// another pod).
+    #[arg(long)]
+    pub force: bool,
+    #[command(flatten)]
+    pub write: WriteArgs,
+}
+
+impl UnfenceArgs {
+    fn select(&self) -> FenceSelect {
+        match (&self.ip, &self.node) {
+            (Some(ip), _) => FenceSelect::Ip(*ip),
+            (None, Some(node)) => FenceSelect::Node(node.clone()),
+            (None, None) => FenceSelect::All,
+        }
+    }
+}
+
+/// Runs `unfence`.
+pub fn run(args: UnfenceArgs) -> ExitCode {
+    writes::run(unfence(args))
+}
+
+/// How a fence is described: the deleted pod and its node.
+fn fence_of(r: &ReleaseRequest) -> String {
+    match &r.write {
+        EntryWrite::Unfence(record, _) => {
+            format!(
+                "pod {} deleted on node {}",
+                record.podref,
+                if record.node.is_empty() {
+                    "<unknown>"
+                } else {
+                    &record.node
+                }
+            )
+        }
+        _ => format!("{} marked fenced with no record", r.judged.entry.podref),
+    }
+}
+
+async fn unfence(args: UnfenceArgs) -> anyhow::Result<u8> {
+    let select = args.select();
+    let (client, index) = writes::index(&args.write).await?;
+    let planned = manual::fences(&index, &select);
+    let mut code = exit::OK;
+    if planned.is_empty() && select != FenceSelect::All {
+        let what = match &select {
+            FenceSelect::Ip(ip) => format!("address {ip}"),
+            FenceSelect::Node(node) => format!("node {node}"),
+            FenceSelect::All => unreachable!(),
+        };
+        println!("no fence of {what}");
+        code = exit::FOUND_OR_FAILED;
+    }
+    let (go, refused): (Vec<Planned>, Vec<Planned>) = planned
+        .into_iter()
+        .partition(|p| p.listed_by.is_empty() || args.force);
+    for p in &refused {
+        let j = &p.request.judged;
+        println!(
+            "refused {}: {}; live pod {} lists the address (--force lifts it anyway)",
+            place(&j.pool, j.entry.ip),
+            fence_of(&p.request),
+            p.listed_by.join(", ")
+        );
+        code = exit::FOUND_OR_FAILED;
+    }
+    let leftovers = Leftovers::of(&index, &select);
+    if args.write.dry_run {
+        for p in &go {
+            let j = &p.request.judged;
+            println!(
+                "would unfence {}: {}",
+                place(&j.pool, j.entry.ip),
+                fence_of(&p.request)
+            );
+        }
+        leftovers.print(true);
+        return Ok(code);
+    }
+    let session = Session::start(client.clone(), &args.write.whereabouts_namespace);
+    let reqs: Vec<ReleaseRequest> = go.into_iter().map(|p| p.request).collect();
+    let outcomes = session.writer.release(reqs.clone()).await;
+    let results: Vec<_> = reqs.iter().zip(&outcomes).collect();
+    let (lifts, marks): (Vec<_>, Vec<_>) = results
+        .iter()
+        .copied()
+        .partition(|(r, _)| matches!(r.write, EntryWrite::Unfence(..)));
+    let why = ("lifted by hand with ipreclaim unfence", "Manual");
+    session.events.released_all_because(lifts, Some(why)).await;
+    session
+        .events
+        .released_by_hand(marks, "ipreclaim unfence")
+        .await;
+    for (r, o) in &results {
+        if *o == &Ok(ReleaseOutcome::Released) {
+            after_lift(&session, &index, r).await;
+        }
+    }
+    leftovers.clean(&session).await;
+    session.finish().await;
+    let fences: Api<IPFence> = Api::namespaced(client.clone(), &args.write.whereabouts_namespace);
+    for (r, o) in &results {
+        if !report(&fences, r, o).await {
+            code = exit::FOUND_OR_FAILED;
+        }
+    }
+    leftovers.print(false);
+    if select == FenceSelect::All {
+        let again = writes::index(&args.write).await?.1;
+        let left = Leftovers::of(&again, &FenceSelect::All);
+        let marked = marked_entries(&again);
+        if !marked.is_empty() || !left.is_empty() {
+            for (pool, ip, podref) in &marked {
+                println!(
+                    "left: {} is still marked fenced ({podref})",
+                    place(pool, *ip)
+                );
+            }
+            for (name, _) in &left.records {
+                println!("left: IPFence {name}");
+            }
+            for (pool, annotations) in &left.annotations {
+                for (key, _) in annotations {
+                    println!("left: the fence annotation of entry {key} of pool {pool}");
+                }
+            }
+            code = exit::FOUND_OR_FAILED;
+        } else {
+            println!("no :fenced entry, IPFence or fence annotation is left");
+        }
+    }
+    Ok(code)
+}
+
+/// After a lift: the deleted pod's reservations of the address (guarded by the writer), and the
+/// fence annotation of an earlier release that recorded it.
+async fn after_lift(session: &Session, index: &Index, r: &ReleaseRequest) {
+    let j = &r.judged;
+    let podref = match &r.write {
+        EntryWrite::Unfence(record, _) => record.podref.clone(),
+        _ => j.pod.podref(),
+    };
+    let deletes = index
+        .reservations()
+        .of(&podref, j.entry.ip)
+        .into_iter()
+        .map(
+            |(name, uid)| ipreclaim::release::reservation::ReservationDelete {
+                name,
+                uid,
+                podref: podref.clone(),
+                ip: Some(j.entry.ip),
+                pool: Some(j.pool.clone()),
+            },
+        )
+        .collect();
+    session.writer.delete_reservations(deletes);
+    if let EntryWrite::Unfence(_, FenceSource::Annotation) = &r.write
+        && let Some(value) = index
+            .pools()
+            .get(&j.pool)
+            .and_then(|p| p.annotation_values.get(&j.entry.key))
+    {
+        let annotation = vec![(j.entry.key.clone(), value.clone())];
+        session.writer.clear_fences(&j.pool, annotation).await;
+    }
+}
+
+/// Prints what became of one lift; whether it went as asked.
+async fn report(
+    fences: &Api<IPFence>,
+    r: &ReleaseRequest,
+    o: &Result<ReleaseOutcome, ipreclaim::release::ReleaseError>,
+) -> bool {
+    let j = &r.judged;
+    let at = place(&j.pool, j.entry.ip);
+    match o {
+        Ok(ReleaseOutcome::Released) => {
+            let record = match &r.write {
+                EntryWrite::Unfence(_, FenceSource::Object { name, .. }) => {
+                    match fences.get_opt(name).await {
+                        Ok(None) => format!("; IPFence {name} deleted"),
+                        Ok(Some(_)) => format!("; IPFence {name} is still there"),
+                        Err(e) => format!("; IPFence {name}: {e}"),
+                    }
+                }
+                EntryWrite::Unfence(_, FenceSource::Annotation) => {
+                    "; its pool annotation removed".into()
+                }
+                _ => String::new(),
+            };
+            println!("unfenced {at}: {}; entry removed{record}", fence_of(r));
+            true
+        }
+        Ok(ReleaseOutcome::AlreadyGone) => {
+            println!("already gone {at}: the entry was freed meanwhile");
+            true
+        }
+        Ok(ReleaseOutcome::Changed) => {
+            println!("left {at}: the entry changed meanwhile (another sandbox or pod holds it)");
+            false
+        }
+        Ok(other) => {
+            println!("left {at}: {other:?}");
+            false
+        }
+        Err(e) => {
+            println!("failed {at}: {e}");
+            false
+        }
+    }
+}
+
+/// Entries still marked fenced, as (pool, address, podref).
+fn marked_entries(index: &Index) -> Vec<(String, IpAddr, String)> {
+    let mut out: Vec<_> = index
+        .pools()
+        .all()
+        .values()
+        .flat_map(|p| {
+            p.marked
+                .values()
+                .map(|e| (p.name.clone(), e.ip, e.podref.clone()))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// What `--all` deletes besides the fences it lifts: records left over or pending, and fence
+/// annotations of earlier releases whose entry is not fenced.
+#[derive(Default)]
+struct Leftovers {
+    records: Vec<(String, String)>,
+    annotations: BTreeMap<String, Vec<(String, String)>>,
+}
+
+impl Leftovers {
+    fn of(index: &Index, select: &FenceSelect) -> Leftovers {
+        if *select != FenceSelect::All {
+            return Leftovers::default();
+        }
+        let mut records = index.stale_fence_objects();
+        // Pending: written, the entry not rewritten (the controller stopped between the two).
+        records.extend(
+            index
+                .pending_fences()
+                .into_iter()
+                .map(|(_, _, o)| (o.name, o.uid)),
+        );
+        records.sort();
+        Leftovers {
+            records,
+            annotations: index.stale_fence_annotations(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.records.is_empty() && self.annotations.is_empty()
+    }
+
+    async fn clean(&self, session: &Session) {
+        session.writer.delete_fence_records(self.records.clone());
+        for (pool, annotations) in &self.annotations {
+            session.writer.clear_fences(pool, annotations.clone()).await;
+        }
+    }
+
+    fn print(&self, dry_run: bool) {
+        let (delete, remove) = if dry_run {
+            ("would delete", "would remove")
+        } else {
+            ("deleted", "removed")
+        };
+        for (name, _) in &self.records {
+            println!("{delete} IPFence {name} (left over or pending)");
+        }
+        for (pool, annotations) in &self.annotations {
+            for (key, _) in annotations {
+                println!("{remove} the fence annotation of entry {key} of pool {pool}");
+            }
+        }
+    }
+}

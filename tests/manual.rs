@@ -1,0 +1,668 @@
+//! The manual commands, `ipreclaim unfence` and `ipreclaim release`, run as the built binary
+//! (and once as `kubectl ipreclaim unfence` through the real kubectl) against the real
+//! kube-apiserver. The fenced state is written directly: pool entries with podref
+//! `<ns>/<pod>:fenced` and their `IPFence` records (or, as earlier releases kept them, pool
+//! annotations).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use ipreclaim::api::{
+    IPAllocation, IPFence, IPPool, IPPoolSpec, NetworkAttachmentDefinition,
+    NetworkAttachmentDefinitionSpec, OverlappingRangeIPReservation,
+    OverlappingRangeIPReservationSpec,
+};
+use ipreclaim::ipam::fence::{FENCE_ANNOTATION_PREFIX, FenceRecord, fence_annotation_value};
+use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
+use kube::api::{Api, PostParams};
+use testenv::ControlPlane;
+
+const BIN: &str = env!("CARGO_BIN_EXE_ipreclaim");
+const POOL: &str = "192.0.2.0-24";
+const GC_DONE: &str = "IPAddressGarbageCollected";
+
+/// A namespace (also the whereabouts namespace) with a NAD `macvlan` over 192.0.2.0/24 and its
+/// pool holding:
+/// - 10 fenced for deleted pod `a` (node-1), its IPFence and its reservation;
+/// - 11 fenced for deleted pod `b` (node-2) and its IPFence;
+/// - 12 fenced for deleted pod `c` (node-1) and its IPFence; when `listed`, a live pod `web-0`
+///   lists 192.0.2.12 (a new pod got the address over another network) and 192.0.2.20;
+/// - 20 held by `web-0`;
+/// - 30 held by `gone-0` (no such pod) with its reservation.
+///
+/// Tests run at once on one apiserver, and pods of other namespaces list addresses too: each
+/// test has its own range, written as `192.0.2.0/24` in the test and renamed at the boundary
+/// (objects and arguments going in, outputs coming back).
+struct Env {
+    client: Client,
+    ns: String,
+    /// This test's first three octets.
+    net: String,
+}
+
+fn entry(id: &str, podref: String) -> IPAllocation {
+    IPAllocation {
+        id: id.into(),
+        podref,
+        ifname: Some("net1".into()),
+        ipamclaimref: None,
+    }
+}
+
+impl Env {
+    /// `n`: this test's range, 198.18.`n`.0/24 (1 to 9).
+    async fn new(prefix: &str, listed: bool, n: u8) -> Env {
+        assert!((1..10).contains(&n));
+        let cp = ControlPlane::shared();
+        let client = cp.client().await;
+        cp.install_crds(&client).await.expect("install crds/");
+        let ns = cp.namespace(&client, prefix).await;
+        let net = format!("198.18.{n}");
+        let env = Env { client, ns, net };
+        env.nad("macvlan", None).await;
+        let ns = &env.ns;
+        let allocations = BTreeMap::from([
+            ("10".to_string(), entry("sb-a", format!("{ns}/a:fenced"))),
+            ("11".to_string(), entry("sb-b", format!("{ns}/b:fenced"))),
+            ("12".to_string(), entry("sb-c", format!("{ns}/c:fenced"))),
+            ("20".to_string(), entry("sb-web", format!("{ns}/web-0"))),
+            ("30".to_string(), entry("sb-gone", format!("{ns}/gone-0"))),
+        ]);
+        env.pool(POOL, allocations, None).await;
+        env.fence("10", "a", "sb-a", "node-1").await;
+        env.fence("11", "b", "sb-b", "node-2").await;
+        env.fence("12", "c", "sb-c", "node-1").await;
+        env.reservation("192.0.2.10", "a").await;
+        env.reservation("192.0.2.30", "gone-0").await;
+        if listed {
+            let status = serde_json::json!([
+                {"name": "cbr0", "interface": "eth0", "ips": ["10.244.0.5"], "default": true},
+                {"name": format!("{ns}/macvlan"), "interface": "net1", "ips": [env.fwd("192.0.2.12"), env.fwd("192.0.2.20")]},
+            ]);
+            let pod = testenv::fixtures::annotated_pod(
+                "web-0",
+                ipreclaim::ipam::NETWORK_STATUS_ANNOTATION,
+                &status.to_string(),
+            );
+            Api::<Pod>::namespaced(env.client.clone(), ns)
+                .create(&PostParams::default(), &pod)
+                .await
+                .unwrap();
+        }
+        env
+    }
+
+    /// The test's name for `s` (its range).
+    fn fwd(&self, s: &str) -> String {
+        s.replace("192.0.2", &self.net)
+    }
+
+    /// `s` with the test's range written back as `192.0.2`.
+    fn back(&self, s: &str) -> String {
+        s.replace(&self.net, "192.0.2")
+    }
+
+    async fn nad(&self, name: &str, network_name: Option<&str>) {
+        let mut ipam =
+            serde_json::json!({"type": "whereabouts", "range": self.fwd("192.0.2.0/24")});
+        if let Some(n) = network_name {
+            ipam["network_name"] = n.into();
+        }
+        let config = serde_json::json!({"cniVersion": "0.3.1", "type": "macvlan", "ipam": ipam});
+        let nad = NetworkAttachmentDefinition::new(
+            name,
+            NetworkAttachmentDefinitionSpec {
+                config: Some(config.to_string()),
+            },
+        );
+        Api::<NetworkAttachmentDefinition>::namespaced(self.client.clone(), &self.ns)
+            .create(&PostParams::default(), &nad)
+            .await
+            .unwrap();
+    }
+
+    async fn pool(
+        &self,
+        name: &str,
+        allocations: BTreeMap<String, IPAllocation>,
+        annotations: Option<BTreeMap<String, String>>,
+    ) {
+        let mut pool = IPPool::new(
+            &self.fwd(name),
+            IPPoolSpec {
+                range: self.fwd("192.0.2.0/24"),
+                allocations,
+            },
+        );
+        pool.metadata.annotations = annotations;
+        Api::<IPPool>::namespaced(self.client.clone(), &self.ns)
+            .create(&PostParams::default(), &pool)
+            .await
+            .unwrap();
+    }
+
+    fn record(&self, pod: &str, node: &str) -> FenceRecord {
+        FenceRecord {
+            podref: format!("{}/{pod}", self.ns),
+            uid: format!("uid-{pod}"),
+            node: node.into(),
+            why: "Ready=Unknown".into(),
+            network: format!("{}/macvlan", self.ns),
+            since: jiff::Timestamp::now(),
+        }
+    }
+
+    /// The `IPFence` of the entry at `key` of [`POOL`] (named as the controller names it).
+    async fn fence(&self, key: &str, pod: &str, sandbox: &str, node: &str) {
+        let ip: std::net::IpAddr = self.fwd(&format!("192.0.2.{key}")).parse().unwrap();
+        let pool = self.fwd(POOL);
+        let spec =
+            ipreclaim::ipam::fence::fence_spec(&pool, key, ip, sandbox, &self.record(pod, node));
+        let name = ipreclaim::ipam::fence::fence_object_name(&pool, key);
+        Api::<IPFence>::namespaced(self.client.clone(), &self.ns)
+            .create(&PostParams::default(), &IPFence::new(&name, spec))
+            .await
+            .unwrap();
+    }
+
+    async fn reservation(&self, name: &str, pod: &str) {
+        let r = OverlappingRangeIPReservation::new(
+            &self.fwd(name),
+            OverlappingRangeIPReservationSpec {
+                containerid: Some(format!("sb-{pod}")),
+                podref: format!("{}/{pod}", self.ns),
+                ifname: Some("net1".into()),
+                ipamclaimref: None,
+            },
+        );
+        Api::<OverlappingRangeIPReservation>::namespaced(self.client.clone(), &self.ns)
+            .create(&PostParams::default(), &r)
+            .await
+            .unwrap();
+    }
+
+    async fn pool_now(&self, name: &str) -> IPPool {
+        Api::<IPPool>::namespaced(self.client.clone(), &self.ns)
+            .get(&self.fwd(name))
+            .await
+            .unwrap()
+    }
+
+    /// The pool's entries as key -> podref.
+    async fn entries(&self, name: &str) -> BTreeMap<String, String> {
+        self.pool_now(name)
+            .await
+            .spec
+            .allocations
+            .into_iter()
+            .map(|(k, a)| (k, a.podref))
+            .collect()
+    }
+
+    async fn fences(&self) -> Vec<String> {
+        let mut names: Vec<String> = Api::<IPFence>::namespaced(self.client.clone(), &self.ns)
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter_map(|f| Some(self.back(&f.metadata.name?)))
+            .collect();
+        names.sort();
+        names
+    }
+
+    async fn reservations(&self) -> Vec<String> {
+        let mut names: Vec<String> =
+            Api::<OverlappingRangeIPReservation>::namespaced(self.client.clone(), &self.ns)
+                .list(&Default::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .filter_map(|r| Some(self.back(&r.metadata.name?)))
+                .collect();
+        names.sort();
+        names
+    }
+
+    /// Release Events on pod `pod`: their messages.
+    async fn released(&self, pod: &str) -> Vec<String> {
+        testenv::events::with_reason(&self.client, &self.ns, GC_DONE, Some(pod))
+            .await
+            .into_iter()
+            .map(|e| self.back(&e.message.unwrap_or_default()))
+            .collect()
+    }
+
+    /// Every Event in the namespace (a dry run must leave none).
+    async fn all_events(&self) -> usize {
+        Api::<k8s_openapi::api::core::v1::Event>::namespaced(self.client.clone(), &self.ns)
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .len()
+    }
+
+    /// Runs `ipreclaim <command> <args> --whereabouts-namespace <ns> --kubeconfig <path>`.
+    fn run(&self, command: &str, args: &[&str]) -> Output {
+        let kc = ControlPlane::shared().kubeconfig_path();
+        let out = Command::new(BIN)
+            .arg(command)
+            .args(args.iter().map(|a| self.fwd(a)))
+            .args(["--whereabouts-namespace", &self.ns, "--kubeconfig"])
+            .arg(kc)
+            .env_remove("KUBECONFIG")
+            .env_remove("WHEREABOUTS_NAMESPACE")
+            .env("HOME", "/nonexistent")
+            .output()
+            .expect("run the ipreclaim binary");
+        self.written_back(out)
+    }
+
+    /// `out` with the test's range written back as `192.0.2`.
+    fn written_back(&self, mut out: Output) -> Output {
+        out.stdout = self
+            .back(&String::from_utf8_lossy(&out.stdout))
+            .into_bytes();
+        out.stderr = self
+            .back(&String::from_utf8_lossy(&out.stderr))
+            .into_bytes();
+        out
+    }
+}
+
+fn code(out: &Output) -> i32 {
+    out.status.code().expect("exited, not killed")
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn explain(out: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status.code(),
+        stdout(out),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn fenced(ns: &str, pod: &str) -> String {
+    format!("{ns}/{pod}:fenced")
+}
+
+#[tokio::test]
+async fn unfence_ip_lifts_one_fence_and_leaves_the_others() {
+    let env = Env::new("unfence-ip", true, 1).await;
+    let ns = env.ns.clone();
+
+    let out = env.run("unfence", &["--ip", "192.0.2.10"]);
+    assert_eq!(code(&out), 0, "{}", explain(&out));
+    assert!(
+        stdout(&out).contains("unfenced 192.0.2.10 (pool 192.0.2.0-24)")
+            && stdout(&out).contains("IPFence 192.0.2.0-24-10 deleted"),
+        "{}",
+        explain(&out)
+    );
+    let entries = env.entries(POOL).await;
+    assert!(!entries.contains_key("10"), "{entries:?}");
+    assert_eq!(entries["11"], fenced(&ns, "b"), "{entries:?}");
+    assert_eq!(entries["12"], fenced(&ns, "c"), "{entries:?}");
+    assert_eq!(entries["20"], format!("{ns}/web-0"));
+    assert_eq!(
+        env.fences().await,
+        ["192.0.2.0-24-11", "192.0.2.0-24-12"],
+        "only the lifted fence's record is gone"
+    );
+    assert_eq!(
+        env.reservations().await,
+        ["192.0.2.30"],
+        "the deleted pod's reservation of the address went with it"
+    );
+    // The release Event on the deleted pod, written before the command exited.
+    let events = env.released("a").await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert!(
+        events[0].contains("[192.0.2.10]") && events[0].contains("lifted by hand"),
+        "{events:?}"
+    );
+    assert!(env.released("b").await.is_empty());
+    // The audit line, on stderr.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("ipreclaim::audit") && stderr.contains("released 192.0.2.10"),
+        "{stderr}"
+    );
+
+    // Lifted already: nothing of that address is fenced now (1, and nothing written).
+    let out = env.run("unfence", &["--ip", "192.0.2.10"]);
+    assert_eq!(code(&out), 1, "{}", explain(&out));
+    assert!(stdout(&out).contains("no fence of address 192.0.2.10"));
+}
+
+#[tokio::test]
+async fn unfence_refuses_a_live_pods_address_unless_forced_and_a_dry_run_writes_nothing() {
+    let env = Env::new("unfence-force", true, 2).await;
+    let ns = env.ns.clone();
+    let before = env.pool_now(POOL).await.metadata.resource_version;
+
+    // A dry run of the whole node: says what it would do, writes nothing.
+    let out = env.run("unfence", &["--node", "node-1", "--dry-run", "--force"]);
+    assert_eq!(code(&out), 0, "{}", explain(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("would unfence 192.0.2.10") && text.contains("would unfence 192.0.2.12"),
+        "{text}"
+    );
+    assert!(!text.contains("192.0.2.11"), "node-2's fence: {text}");
+    assert_eq!(env.pool_now(POOL).await.metadata.resource_version, before);
+    assert_eq!(env.fences().await.len(), 3);
+    assert_eq!(env.all_events().await, 0, "a dry run publishes no Event");
+
+    // web-0 lists 192.0.2.12: refused (exit 1), nothing written.
+    let out = env.run("unfence", &["--ip", "192.0.2.12"]);
+    assert_eq!(code(&out), 1, "{}", explain(&out));
+    assert!(
+        stdout(&out).contains("refused 192.0.2.12")
+            && stdout(&out).contains(&format!("live pod {ns}/web-0 lists the address")),
+        "{}",
+        explain(&out)
+    );
+    assert_eq!(env.pool_now(POOL).await.metadata.resource_version, before);
+    assert_eq!(env.fences().await.len(), 3);
+
+    // --force says what it overrides, and lifts it.
+    let help = stdout(&env.run("unfence", &["--help"]));
+    assert!(
+        help.contains("--force") && help.contains("live pod's network-status lists"),
+        "{help}"
+    );
+    let out = env.run("unfence", &["--ip", "192.0.2.12", "--force"]);
+    assert_eq!(code(&out), 0, "{}", explain(&out));
+    let entries = env.entries(POOL).await;
+    assert!(!entries.contains_key("12"), "{entries:?}");
+    assert_eq!(entries["10"], fenced(&ns, "a"));
+    assert_eq!(env.fences().await, ["192.0.2.0-24-10", "192.0.2.0-24-11"]);
+    assert_eq!(env.released("c").await.len(), 1);
+}
+
+#[tokio::test]
+async fn unfence_all_leaves_no_fenced_entry_record_or_annotation() {
+    let env = Env::new("unfence-all", false, 3).await;
+    let ns = env.ns.clone();
+    // Besides the three recorded fences: a second pool with a fence of an earlier release
+    // (a pool annotation), a left-over annotation whose entry is gone, a left-over IPFence
+    // whose entry is gone, and a pending IPFence (written, its entry not rewritten yet).
+    let record = env.record("e", "node-3");
+    let annotations = BTreeMap::from([
+        (
+            format!("{FENCE_ANNOTATION_PREFIX}50"),
+            fence_annotation_value(&record),
+        ),
+        (
+            format!("{FENCE_ANNOTATION_PREFIX}40"),
+            fence_annotation_value(&env.record("gone-1", "node-3")),
+        ),
+        ("keep".to_string(), "me".to_string()),
+    ]);
+    env.nad("blue", Some("blue")).await;
+    let allocations = BTreeMap::from([
+        ("50".to_string(), entry("sb-e", fenced(&ns, "e"))),
+        ("60".to_string(), entry("sb-p", format!("{ns}/p"))),
+    ]);
+    env.pool("blue-192.0.2.0-24", allocations, Some(annotations))
+        .await;
+    env.fence("99", "gone-2", "sb-gone-2", "node-3").await;
+    let spec = ipreclaim::ipam::fence::fence_spec(
+        &env.fwd("blue-192.0.2.0-24"),
+        "60",
+        env.fwd("192.0.2.60").parse().unwrap(),
+        "sb-p",
+        &env.record("p", "node-3"),
+    );
+    Api::<IPFence>::namespaced(env.client.clone(), &ns)
+        .create(&PostParams::default(), &IPFence::new("pending-60", spec))
+        .await
+        .unwrap();
+
+    // The dry run lists all of it and writes nothing.
+    let out = env.run("unfence", &["--all", "--dry-run"]);
+    assert_eq!(code(&out), 0, "{}", explain(&out));
+    let text = stdout(&out);
+    for want in [
+        "would unfence 192.0.2.10",
+        "would unfence 192.0.2.11",
+        "would unfence 192.0.2.12",
+        "would unfence 192.0.2.50",
+        "would delete IPFence 192.0.2.0-24-99",
+        "would delete IPFence pending-60",
+        "would remove the fence annotation of entry 40 of pool blue-192.0.2.0-24",
+    ] {
+        assert!(text.contains(want), "{want:?} in {text}");
+    }
+    assert_eq!(env.fences().await.len(), 5);
+    assert_eq!(env.all_events().await, 0);
+
+    let out = env.run("unfence", &["--all"]);
+    assert_eq!(code(&out), 0, "{}", explain(&out));
+    assert!(
+        stdout(&out).contains("no :fenced entry, IPFence or fence annotation is left"),
+        "{}",
+        explain(&out)
+    );
+    for pool in [POOL, "blue-192.0.2.0-24"] {
+        let p = env.pool_now(pool).await;
+        assert!(
+            p.spec
+                .allocations
+                .values()
+                .all(|a| !a.podref.ends_with(":fenced")),
+            "{pool}: {:?}",
+            p.spec.allocations
+        );
+        let annotations = p.metadata.annotations.unwrap_or_default();
+        assert!(
+            annotations
+                .keys()
+                .all(|k| !k.starts_with(FENCE_ANNOTATION_PREFIX)),
+            "{pool}: {annotations:?}"
+        );
+        if pool != POOL {
+            assert_eq!(annotations.get("keep").map(String::as_str), Some("me"));
+        }
+    }
+    assert!(env.fences().await.is_empty(), "{:?}", env.fences().await);
+    // What was not fenced stays: web-0's, gone-0's and the pending fence's entries.
+    assert_eq!(
+        env.entries(POOL).await.keys().collect::<Vec<_>>(),
+        ["20", "30"]
+    );
+    assert_eq!(
+        env.entries("blue-192.0.2.0-24").await["60"],
+        format!("{ns}/p")
+    );
+    for pod in ["a", "b", "c", "e"] {
+        assert_eq!(env.released(pod).await.len(), 1, "an Event on {pod}");
+    }
+
+    // Nothing left: a second run has nothing to do and says so (0).
+    let out = env.run("unfence", &["--all"]);
+    assert_eq!(code(&out), 0, "{}", explain(&out));
+}
+
+#[tokio::test]
+async fn release_frees_an_entry_and_its_reservation_and_refuses_a_listed_address() {
+    let env = Env::new("release", true, 4).await;
+    let ns = env.ns.clone();
+
+    // A dry run: says what it would do (the reservation too), writes nothing.
+    let before = env.pool_now(POOL).await.metadata.resource_version;
+    let out = env.run("release", &["--ip", "192.0.2.30", "--dry-run"]);
+    assert_eq!(code(&out), 0, "{}", explain(&out));
+    assert!(
+        stdout(&out).contains("would release 192.0.2.30 (pool 192.0.2.0-24)")
+            && stdout(&out).contains("would delete reservation 192.0.2.30"),
+        "{}",
+        explain(&out)
+    );
+    assert_eq!(env.pool_now(POOL).await.metadata.resource_version, before);
+    assert_eq!(env.reservations().await, ["192.0.2.10", "192.0.2.30"]);
+    assert_eq!(env.all_events().await, 0);
+
+    let out = env.run("release", &["--ip", "192.0.2.30"]);
+    assert_eq!(code(&out), 0, "{}", explain(&out));
+    assert!(
+        stdout(&out).contains("released 192.0.2.30")
+            && stdout(&out).contains("reservation 192.0.2.30 deleted"),
+        "{}",
+        explain(&out)
+    );
+    assert!(!env.entries(POOL).await.contains_key("30"));
+    assert_eq!(env.reservations().await, ["192.0.2.10"]);
+    let events = env.released("gone-0").await;
+    assert!(
+        events.len() == 1 && events[0].contains("released by hand"),
+        "{events:?}"
+    );
+
+    // web-0 lists 192.0.2.20: refused, nothing written; --pod of web-0 is refused the same way.
+    let before = env.pool_now(POOL).await.metadata.resource_version;
+    for args in [["--ip", "192.0.2.20"], ["--pod", &format!("{ns}/web-0")]] {
+        let out = env.run("release", &args);
+        assert_eq!(code(&out), 1, "{}", explain(&out));
+        assert!(
+            stdout(&out).contains("refused 192.0.2.20")
+                && stdout(&out).contains(&format!("live pod {ns}/web-0 lists the address")),
+            "{}",
+            explain(&out)
+        );
+    }
+    assert_eq!(env.pool_now(POOL).await.metadata.resource_version, before);
+
+    // A fenced address is unfence's.
+    let out = env.run("release", &["--ip", "192.0.2.11"]);
+    assert_eq!(code(&out), 1, "{}", explain(&out));
+    assert!(stdout(&out).contains("unfence --ip 192.0.2.11"));
+    // Nothing at that address.
+    let out = env.run("release", &["--ip", "192.0.2.99"]);
+    assert_eq!(code(&out), 1, "{}", explain(&out));
+    assert!(stdout(&out).contains("no allocation of 192.0.2.99"));
+}
+
+#[tokio::test]
+async fn release_of_an_address_in_several_pools_needs_its_network() {
+    let env = Env::new("release-net", false, 5).await;
+    let ns = env.ns.clone();
+    env.nad("blue", Some("blue")).await;
+    let allocations = BTreeMap::from([("30".to_string(), entry("sb-blue", format!("{ns}/x-0")))]);
+    env.pool("blue-192.0.2.0-24", allocations, None).await;
+    env.reservation("blue-192.0.2.30", "x-0").await;
+
+    let out = env.run("release", &["--ip", "192.0.2.30"]);
+    assert_eq!(code(&out), 1, "{}", explain(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("several pools")
+            && text.contains(&format!("192.0.2.0-24 (network {ns}/macvlan)"))
+            && text.contains(&format!("blue-192.0.2.0-24 (network {ns}/blue)")),
+        "{text}"
+    );
+    assert!(env.entries(POOL).await.contains_key("30"));
+
+    let blue = format!("{ns}/blue");
+    let out = env.run("release", &["--ip", "192.0.2.30", "--network", &blue]);
+    assert_eq!(code(&out), 0, "{}", explain(&out));
+    assert!(
+        stdout(&out).contains("reservation blue-192.0.2.30 deleted"),
+        "{}",
+        explain(&out)
+    );
+    assert!(env.entries("blue-192.0.2.0-24").await.is_empty());
+    assert!(
+        env.entries(POOL).await.contains_key("30"),
+        "the other pool's"
+    );
+    assert_eq!(env.reservations().await, ["192.0.2.10", "192.0.2.30"]);
+
+    // --pod: every allocation of the pod (gone-0 holds 30 in the macvlan pool).
+    let out = env.run("release", &["--pod", &format!("{ns}/gone-0")]);
+    assert_eq!(code(&out), 0, "{}", explain(&out));
+    assert!(!env.entries(POOL).await.contains_key("30"));
+    assert_eq!(env.reservations().await, ["192.0.2.10"]);
+}
+
+/// A directory holding `kubectl-ipreclaim`, a symlink to the built binary.
+fn plugin_dir() -> PathBuf {
+    let dir = testenv::procs::run_dir("kubectl-plugin-manual").expect("a run directory");
+    std::os::unix::fs::symlink(BIN, dir.join("kubectl-ipreclaim")).expect("symlink");
+    dir
+}
+
+fn kubectl(env: &Env, plugin_dir: &Path, args: &[&str]) -> Output {
+    let kubectl = testenv::procs::binary("kubectl").expect("kubectl");
+    let path = format!(
+        "{}:{}",
+        plugin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = Command::new(kubectl)
+        .args(args.iter().map(|a| env.fwd(a)))
+        .env("PATH", path)
+        .env("KUBECONFIG", ControlPlane::shared().kubeconfig_path())
+        .env_remove("WHEREABOUTS_NAMESPACE")
+        .output()
+        .expect("run kubectl");
+    env.written_back(out)
+}
+
+#[tokio::test]
+async fn kubectl_ipreclaim_unfence_lifts_a_fence() {
+    let env = Env::new("unfence-kubectl", true, 6).await;
+    let dir = plugin_dir();
+    let wns = format!("--whereabouts-namespace={}", env.ns);
+
+    let out = kubectl(&env, &dir, &["ipreclaim", "--help"]);
+    let help = stdout(&out);
+    assert!(
+        help.contains("unfence") && help.contains("release"),
+        "listed in plugin mode: {help}"
+    );
+    let out = kubectl(&env, &dir, &["ipreclaim", "unfence", "--help"]);
+    assert!(
+        stdout(&out).contains(
+            "Usage: kubectl ipreclaim unfence [OPTIONS] <--ip <ADDR>|--node <NODE>|--all>"
+        ),
+        "{}",
+        explain(&out)
+    );
+
+    let out = kubectl(
+        &env,
+        &dir,
+        &["ipreclaim", "unfence", "--ip", "192.0.2.12", &wns],
+    );
+    assert_eq!(
+        code(&out),
+        1,
+        "refused, and kubectl passes the code on: {}",
+        explain(&out)
+    );
+    let out = kubectl(
+        &env,
+        &dir,
+        &["ipreclaim", "unfence", "--ip", "192.0.2.11", &wns],
+    );
+    assert_eq!(code(&out), 0, "{}", explain(&out));
+    assert!(!env.entries(POOL).await.contains_key("11"));
+    assert_eq!(env.fences().await, ["192.0.2.0-24-10", "192.0.2.0-24-12"]);
+    assert_eq!(env.released("b").await.len(), 1);
+
+    // Flags: neither --ip nor --node nor --all is a usage error (2).
+    let out = kubectl(&env, &dir, &["ipreclaim", "unfence", &wns]);
+    assert_eq!(code(&out), 2, "{}", explain(&out));
+}
