@@ -19,7 +19,8 @@ use super::kube::KubeArgs;
 #[command(after_help = "\
 The controller releases the held set at its next sweep (each address still after its grace and \
 a fresh look at its pod), emits an Event on the pool, and removes the annotation \
-(ipreclaim.io/approve-hold); a later sweep over the ratio is held again. The same as: \
+(ipreclaim.io/approve-hold); a later sweep over the ratio is held again. An approval that \
+finds nothing held at that sweep is removed as well. The same as: \
 kubectl annotate ippool POOL ipreclaim.io/approve-hold=<anything>.
 
 Exit status: 0 approved (or would be, with --dry-run), 2 on an error (no such pool, no access).")]

@@ -47,7 +47,7 @@ pub struct Sweeper {
     /// Orphaned reservations by (name, uid), with when they were first seen.
     orphan_reservations_seen: HashMap<(String, String), Instant>,
     breaker: Breaker,
-    /// Pools whose hold an operator approved, acted on by this sweep.
+    /// Pools whose approval this sweep judged (acted on or not needed): used up after it.
     approved: BTreeSet<String>,
 }
 
@@ -292,12 +292,20 @@ impl Sweeper {
                 .hold_approved(&self.config.namespace, pool, &uid, note)
                 .await;
         }
-        self.approved = verdict.approved;
+        // Every approval this sweep could judge is used up, needed or not: one left lying
+        // would let a later, unrelated mass release through unheld. A pool whose candidates
+        // could not be confirmed keeps it for the next sweep.
+        for pool in approved.difference(unconfirmed) {
+            if !verdict.approved.contains(pool) {
+                tracing::info!(%pool, "approval of a hold found with nothing held; removed so that it cannot approve a later hold");
+            }
+        }
+        self.approved = approved.difference(unconfirmed).cloned().collect();
         confirmed
     }
 
-    /// Uses up the approvals this sweep acted on: removes each pool's approval annotation
-    /// (pinned by its value: an approval given again meanwhile stays for the next sweep).
+    /// Uses up the approvals this sweep judged: removes each pool's approval annotation (pinned
+    /// by its value: an approval given again meanwhile stays for the next sweep).
     async fn use_approvals(&mut self, pools: &HashMap<String, PoolFacts>) {
         for pool in std::mem::take(&mut self.approved) {
             let Some(value) = pools.get(&pool).and_then(|f| f.approval.clone()) else {
