@@ -13,32 +13,32 @@ use super::types::Deleted;
 use super::writer::{ObjectDelete, RESERVATION_DELETERS, Writer};
 use crate::api::IPFence;
 
-/// Deletes queued objects, as many at once as the budgets allow; once every sender is gone,
-/// ends when the deletes and the second looks after them are done.
-pub(super) async fn delete_objects(writer: Arc<Writer>, rx: mpsc::UnboundedReceiver<ObjectDelete>) {
-    let (looks, looking) = writer.spawn_looks();
-    let queued =
-        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
-    queued
-        .for_each_concurrent(RESERVATION_DELETERS, |d| {
-            let (w, looks) = (writer.clone(), looks.clone());
-            async move {
-                match d {
-                    ObjectDelete::Reservation(d) => {
-                        if w.delete_reservation(d.clone()).await == Deleted::Deleted {
-                            let _ = looks.send(d);
-                        }
-                    }
-                    other => w.delete_object(other).await,
-                }
-            }
-        })
-        .await;
-    drop(looks);
-    let _ = looking.await;
-}
-
 impl Writer {
+    /// Deletes queued objects, as many at once as the budgets allow; once every sender is gone,
+    /// ends when the deletes and the second looks after them are done.
+    pub(super) async fn delete_queued(self: Arc<Self>, rx: mpsc::UnboundedReceiver<ObjectDelete>) {
+        let (looks, looking) = self.spawn_looks();
+        let queued =
+            futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
+        queued
+            .for_each_concurrent(RESERVATION_DELETERS, |d| {
+                let (w, looks) = (self.clone(), looks.clone());
+                async move {
+                    match d {
+                        ObjectDelete::Reservation(d) => {
+                            if w.delete_reservation(d.clone()).await == Deleted::Deleted {
+                                let _ = looks.send(d);
+                            }
+                        }
+                        other => w.delete_object(other).await,
+                    }
+                }
+            })
+            .await;
+        drop(looks);
+        let _ = looking.await;
+    }
+
     /// Deletes one fence record with its uid as precondition (reservations go through
     /// `delete_reservation`).
     pub(super) async fn delete_object(&self, object: ObjectDelete) {

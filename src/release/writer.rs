@@ -16,7 +16,6 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::batch::{Answer, one_write_per_entry, settle_against, split};
 use super::budget::{Budgets, WriteKind};
-use super::deletes;
 use super::events::Events;
 use super::patch;
 use super::schedule::{MAX_BATCH, PoolSchedule};
@@ -221,7 +220,7 @@ pub fn spawn_drained(writer: Arc<Writer>) -> (WriterHandle, tokio::task::JoinHan
         deletes: del_tx.clone(),
         writer: writer.clone(),
     };
-    let drained = tokio::spawn(deletes::delete_objects(writer.clone(), del_rx));
+    let drained = tokio::spawn(writer.clone().delete_queued(del_rx));
     tokio::spawn(batch(writer, rx, del_tx));
     (handle, drained)
 }
