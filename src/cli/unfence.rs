@@ -83,6 +83,32 @@ fn fence_of(r: &ReleaseRequest) -> String {
     }
 }
 
+/// After `--all`: reads the cluster again and says what is left (`false`: something is).
+async fn all_gone(args: &UnfenceArgs) -> anyhow::Result<bool> {
+    let again = writes::index(&args.write).await?.1;
+    let left = Leftovers::of(&again, &FenceSelect::All);
+    let marked = marked_entries(&again);
+    if marked.is_empty() && left.is_empty() {
+        println!("no :fenced entry, IPFence or fence annotation is left");
+        return Ok(true);
+    }
+    for (pool, ip, podref) in &marked {
+        println!(
+            "left: {} is still marked fenced ({podref})",
+            place(pool, *ip)
+        );
+    }
+    for (name, _) in &left.records {
+        println!("left: IPFence {name}");
+    }
+    for (pool, annotations) in &left.annotations {
+        for (key, _) in annotations {
+            println!("left: the fence annotation of entry {key} of pool {pool}");
+        }
+    }
+    Ok(false)
+}
+
 async fn unfence(args: UnfenceArgs) -> anyhow::Result<u8> {
     let select = args.select();
     let (client, index) = writes::index(&args.write).await?;
@@ -151,29 +177,8 @@ async fn unfence(args: UnfenceArgs) -> anyhow::Result<u8> {
         }
     }
     leftovers.print(false);
-    if select == FenceSelect::All {
-        let again = writes::index(&args.write).await?.1;
-        let left = Leftovers::of(&again, &FenceSelect::All);
-        let marked = marked_entries(&again);
-        if !marked.is_empty() || !left.is_empty() {
-            for (pool, ip, podref) in &marked {
-                println!(
-                    "left: {} is still marked fenced ({podref})",
-                    place(pool, *ip)
-                );
-            }
-            for (name, _) in &left.records {
-                println!("left: IPFence {name}");
-            }
-            for (pool, annotations) in &left.annotations {
-                for (key, _) in annotations {
-                    println!("left: the fence annotation of entry {key} of pool {pool}");
-                }
-            }
-            code = exit::FOUND_OR_FAILED;
-        } else {
-            println!("no :fenced entry, IPFence or fence annotation is left");
-        }
+    if select == FenceSelect::All && !all_gone(&args).await? {
+        code = exit::FOUND_OR_FAILED;
     }
     Ok(code)
 }

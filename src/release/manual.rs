@@ -204,69 +204,9 @@ fn manual_reason(index: &Index, entry: &PoolEntry) -> Reason {
 /// The removals `target` names (each pinned by its id and podref), sorted by pool and address,
 /// or why there are none.
 pub fn releases(index: &Index, target: &ReleaseTarget) -> Result<Vec<Planned>, NotPlanned> {
-    let pools = index.pools();
-    let mut found: Vec<(String, PoolEntry)> = match target {
-        ReleaseTarget::Ip { ip, network } => pools
-            .all()
-            .values()
-            .filter(|p| match network {
-                Some(n) => index
-                    .networks()
-                    .of_pool(&p.name)
-                    .is_some_and(|ns| ns.contains(n)),
-                None => true,
-            })
-            .flat_map(|p| {
-                p.entries
-                    .values()
-                    .filter(|e| e.ip == *ip)
-                    .map(|e| (p.name.clone(), e.clone()))
-            })
-            .collect(),
-        ReleaseTarget::Pod(podref) => pools
-            .slots(podref)
-            .iter()
-            .filter_map(|s| Some((s.pool.clone(), pools.entry(&s.pool, &s.key)?.clone())))
-            .collect(),
-    };
-    found.sort_by(|a, b| (&a.0, a.1.ip).cmp(&(&b.0, b.1.ip)));
-    let describe = |names: &BTreeSet<&str>| {
-        names
-            .iter()
-            .map(|p| match index.networks().of_pool(p) {
-                Some(n) if !n.is_empty() => format!("{p} (network {})", n.join(", ")),
-                _ => format!("{p} (no known network)"),
-            })
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
+    let found = targeted(index, target);
     if let ReleaseTarget::Ip { ip, network } = target {
-        let names: BTreeSet<&str> = found.iter().map(|(p, _)| p.as_str()).collect();
-        if names.len() > 1 {
-            return Err(NotPlanned::Ambiguous {
-                ip: *ip,
-                pools: describe(&names),
-            });
-        }
-        if found.is_empty() {
-            let fenced: BTreeSet<&str> = pools
-                .all()
-                .values()
-                .filter(|p| p.marked.values().any(|e| e.ip == *ip))
-                .map(|p| p.name.as_str())
-                .collect();
-            if !fenced.is_empty() {
-                return Err(NotPlanned::Fenced {
-                    ip: *ip,
-                    pools: describe(&fenced),
-                });
-            }
-            let what = match network {
-                Some(n) => format!("{ip} in the pools of network {n}"),
-                None => ip.to_string(),
-            };
-            return Err(NotPlanned::Nothing(what));
-        }
+        refuse_ip(index, &found, *ip, network.as_deref())?;
     }
     if let (ReleaseTarget::Pod(podref), true) = (target, found.is_empty()) {
         return Err(NotPlanned::Nothing(format!("pod {podref}")));
@@ -293,6 +233,81 @@ pub fn releases(index: &Index, target: &ReleaseTarget) -> Result<Vec<Planned>, N
             }
         })
         .collect())
+}
+
+/// The entries `target` names, as (pool, entry), by pool and address.
+fn targeted(index: &Index, target: &ReleaseTarget) -> Vec<(String, PoolEntry)> {
+    let pools = index.pools();
+    let mut found: Vec<(String, PoolEntry)> = match target {
+        ReleaseTarget::Ip { ip, network } => pools
+            .all()
+            .values()
+            .filter(|p| match network {
+                Some(n) => index
+                    .networks()
+                    .of_pool(&p.name)
+                    .is_some_and(|ns| ns.contains(n)),
+                None => true,
+            })
+            .flat_map(|p| {
+                p.entries
+                    .values()
+                    .filter(|e| e.ip == *ip)
+                    .map(|e| (p.name.clone(), e.clone()))
+            })
+            .collect(),
+        ReleaseTarget::Pod(podref) => pools
+            .slots(podref)
+            .iter()
+            .filter_map(|s| Some((s.pool.clone(), pools.entry(&s.pool, &s.key)?.clone())))
+            .collect(),
+    };
+    found.sort_by(|a, b| (&a.0, a.1.ip).cmp(&(&b.0, b.1.ip)));
+    found
+}
+
+/// Why an address (`ip`, on `network` if given) cannot be released as asked: it is in several
+/// pools, fenced, or in none.
+fn refuse_ip(
+    index: &Index,
+    found: &[(String, PoolEntry)],
+    ip: IpAddr,
+    network: Option<&str>,
+) -> Result<(), NotPlanned> {
+    let describe = |names: &BTreeSet<&str>| {
+        names
+            .iter()
+            .map(|p| match index.networks().of_pool(p) {
+                Some(n) if !n.is_empty() => format!("{p} (network {})", n.join(", ")),
+                _ => format!("{p} (no known network)"),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let names: BTreeSet<&str> = found.iter().map(|(p, _)| p.as_str()).collect();
+    if names.len() > 1 {
+        let pools = describe(&names);
+        return Err(NotPlanned::Ambiguous { ip, pools });
+    }
+    if !found.is_empty() {
+        return Ok(());
+    }
+    let fenced: BTreeSet<&str> = index
+        .pools()
+        .all()
+        .values()
+        .filter(|p| p.marked.values().any(|e| e.ip == ip))
+        .map(|p| p.name.as_str())
+        .collect();
+    if !fenced.is_empty() {
+        let pools = describe(&fenced);
+        return Err(NotPlanned::Fenced { ip, pools });
+    }
+    let what = match network {
+        Some(n) => format!("{ip} in the pools of network {n}"),
+        None => ip.to_string(),
+    };
+    Err(NotPlanned::Nothing(what))
 }
 
 #[cfg(test)]
