@@ -12,7 +12,7 @@ use ipreclaim::api::IPPool;
 use ipreclaim::index::APPROVE_HOLD_ANNOTATION;
 
 use super::exit;
-use super::kube::KubeArgs;
+use super::writes::WriteArgs;
 
 /// `approve-hold`'s flags.
 #[derive(Debug, clap::Args)]
@@ -28,14 +28,8 @@ pub struct ApproveArgs {
     /// The IPPool whose held sweep may release once.
     #[arg(long)]
     pub pool: String,
-    /// Namespace of the IPPools.
-    #[arg(long, env = "WHEREABOUTS_NAMESPACE", default_value = "kube-system")]
-    pub whereabouts_namespace: String,
-    /// Say what would be done; change nothing.
-    #[arg(long)]
-    pub dry_run: bool,
     #[command(flatten)]
-    pub kube: KubeArgs,
+    pub write: WriteArgs,
 }
 
 /// Runs `approve-hold`.
@@ -59,15 +53,16 @@ pub fn run(args: ApproveArgs) -> ExitCode {
 }
 
 async fn approve(args: &ApproveArgs) -> anyhow::Result<String> {
-    let client = args.kube.client(true).await?;
-    let pools: Api<IPPool> = Api::namespaced(client, &args.whereabouts_namespace);
-    let (ns, pool) = (&args.whereabouts_namespace, &args.pool);
+    let client = args.write.kube.client(true).await?;
+    let ns = &args.write.whereabouts_namespace;
+    let pools: Api<IPPool> = Api::namespaced(client, ns);
+    let pool = &args.pool;
     // The pool must exist: an annotation on nothing would approve nothing, silently.
     pools
         .get_metadata(pool)
         .await
         .map_err(|e| anyhow::anyhow!("IPPool {ns}/{pool}: {e}"))?;
-    if args.dry_run {
+    if args.write.dry_run {
         return Ok(format!(
             "ippool {ns}/{pool}: hold would be approved (dry run)"
         ));

@@ -207,21 +207,6 @@ async fn report(
             );
             ok
         }
-        Ok(ReleaseOutcome::AlreadyGone) => {
-            println!("already gone {at}: the entry was freed meanwhile");
-            true
-        }
-        Ok(ReleaseOutcome::Changed) => {
-            println!("left {at}: the entry changed meanwhile (another sandbox or pod holds it)");
-            false
-        }
-        Ok(other) => {
-            println!("left {at}: {other:?}");
-            false
-        }
-        Err(e) => {
-            println!("failed {at}: {e}");
-            false
-        }
+        other => writes::report_unwritten(&at, other),
     }
 }

@@ -243,22 +243,7 @@ async fn report(
             println!("unfenced {at}: {}; entry removed{record}", fence_of(r));
             true
         }
-        Ok(ReleaseOutcome::AlreadyGone) => {
-            println!("already gone {at}: the entry was freed meanwhile");
-            true
-        }
-        Ok(ReleaseOutcome::Changed) => {
-            println!("left {at}: the entry changed meanwhile (another sandbox or pod holds it)");
-            false
-        }
-        Ok(other) => {
-            println!("left {at}: {other:?}");
-            false
-        }
-        Err(e) => {
-            println!("failed {at}: {e}");
-            false
-        }
+        other => writes::report_unwritten(&at, other),
     }
 }
 

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use ipreclaim::index::Index;
 use ipreclaim::release::writer::{self, WriterHandle};
 use ipreclaim::release::{BudgetConfig, Budgets, Events, Writer};
+use ipreclaim::release::{ReleaseError, ReleaseOutcome};
 use ipreclaim::telemetry::WriteMetrics;
 use kube::Client;
 use podlife::clock::RealClock;
@@ -119,4 +120,27 @@ where
 /// `what` (`pool`, address) as the commands print it.
 pub fn place(pool: &str, ip: std::net::IpAddr) -> String {
     format!("{ip} (pool {pool})")
+}
+
+/// Prints what became of a write that did not go as asked (gone, changed, failed); whether
+/// that is fine (the entry was freed meanwhile).
+pub fn report_unwritten(at: &str, outcome: &Result<ReleaseOutcome, ReleaseError>) -> bool {
+    match outcome {
+        Ok(ReleaseOutcome::AlreadyGone) => {
+            println!("already gone {at}: the entry was freed meanwhile");
+            true
+        }
+        Ok(ReleaseOutcome::Changed) => {
+            println!("left {at}: the entry changed meanwhile (another sandbox or pod holds it)");
+            false
+        }
+        Ok(other) => {
+            println!("left {at}: {other:?}");
+            false
+        }
+        Err(e) => {
+            println!("failed {at}: {e}");
+            false
+        }
+    }
 }
