@@ -149,13 +149,7 @@ fn reservations_of(index: &Index, r: &ReleaseRequest) -> Vec<ReservationDelete> 
         .reservations()
         .of(&j.entry.podref, j.entry.ip)
         .into_iter()
-        .map(|(name, uid)| ReservationDelete {
-            name,
-            uid,
-            podref: j.entry.podref.clone(),
-            ip: Some(j.entry.ip),
-            pool: Some(j.pool.clone()),
-        })
+        .map(|(name, uid)| ReservationDelete::after_release(name, uid, &j.entry.podref, j))
         .collect()
 }
 

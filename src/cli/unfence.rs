@@ -195,15 +195,9 @@ async fn after_lift(session: &Session, index: &Index, r: &ReleaseRequest) {
         .reservations()
         .of(&podref, j.entry.ip)
         .into_iter()
-        .map(
-            |(name, uid)| ipreclaim::release::reservation::ReservationDelete {
-                name,
-                uid,
-                podref: podref.clone(),
-                ip: Some(j.entry.ip),
-                pool: Some(j.pool.clone()),
-            },
-        )
+        .map(|(name, uid)| {
+            ipreclaim::release::reservation::ReservationDelete::after_release(name, uid, &podref, j)
+        })
         .collect();
     session.writer.delete_reservations(deletes);
     if let EntryWrite::Unfence(_, FenceSource::Annotation) = &r.write

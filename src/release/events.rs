@@ -98,6 +98,24 @@ async fn publish_queued(
     }
 }
 
+/// Released addresses by the pod and network their Event names.
+type ByNetwork = std::collections::BTreeMap<(PodRef, String), Vec<IpAddr>>;
+
+/// Adds `req`'s address to its pod and network's Event if it was released.
+fn add_released(
+    by_network: &mut ByNetwork,
+    req: &ReleaseRequest,
+    outcome: &Result<ReleaseOutcome, ReleaseError>,
+) {
+    if *outcome == Ok(ReleaseOutcome::Released) {
+        let j = &req.judged;
+        by_network
+            .entry((j.pod.clone(), j.network.clone()))
+            .or_default()
+            .push(j.entry.ip);
+    }
+}
+
 impl Events {
     /// A publisher reporting as `instance` (the pod name of this replica), within `budgets`
     /// (after every pool patch and reservation delete that waits); starts its queue.
@@ -235,8 +253,7 @@ impl Events {
         >,
         lifted: Option<(&str, &str)>,
     ) {
-        let mut by_network: std::collections::BTreeMap<(PodRef, String), Vec<IpAddr>> =
-            Default::default();
+        let mut by_network = ByNetwork::default();
         let mut fenced = Vec::new();
         for (req, outcome) in results {
             // The audit line of each address written, beside its Event.
@@ -247,13 +264,7 @@ impl Events {
             if let (Ok(ReleaseOutcome::Fenced), EntryWrite::Fence(r)) = (outcome, &req.write) {
                 fenced.push((req.judged.pod.clone(), req.judged.entry.ip, r.clone()));
             }
-            if *outcome == Ok(ReleaseOutcome::Released) {
-                let j = &req.judged;
-                by_network
-                    .entry((j.pod.clone(), j.network.clone()))
-                    .or_default()
-                    .push(j.entry.ip);
-            }
+            add_released(&mut by_network, req, outcome);
         }
         for ((pod, network), ips) in by_network {
             let extra = lifted
@@ -276,8 +287,7 @@ impl Events {
         >,
         how: &str,
     ) {
-        let mut by_network: std::collections::BTreeMap<(PodRef, String), Vec<IpAddr>> =
-            Default::default();
+        let mut by_network = ByNetwork::default();
         for (req, outcome) in results {
             if let Some(mut audit) =
                 crate::release::audit::AuditRecord::of(req, outcome, None, None)
@@ -285,13 +295,7 @@ impl Events {
                 audit.evidence = format!("released by hand ({how}); {}", audit.evidence);
                 audit.emit();
             }
-            if *outcome == Ok(ReleaseOutcome::Released) {
-                let j = &req.judged;
-                by_network
-                    .entry((j.pod.clone(), j.network.clone()))
-                    .or_default()
-                    .push(j.entry.ip);
-            }
+            add_released(&mut by_network, req, outcome);
         }
         for ((pod, network), ips) in by_network {
             let extra = (format!(" (released by hand: {how})"), " Manual".to_owned());

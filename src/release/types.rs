@@ -110,6 +110,20 @@ pub struct ReservationDelete {
     pub pool: Option<String>,
 }
 
+impl ReservationDelete {
+    /// The delete of reservation `name` (`uid`) of `podref` after the entry of `judged` was
+    /// released: its address and pool are known.
+    pub fn after_release(name: String, uid: String, podref: &str, judged: &Judged) -> Self {
+        ReservationDelete {
+            name,
+            uid,
+            podref: podref.to_owned(),
+            ip: Some(judged.entry.ip),
+            pool: Some(judged.pool.clone()),
+        }
+    }
+}
+
 /// What became of one reservation delete.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Deleted {

@@ -525,13 +525,7 @@ impl Writer {
         }
         .into_iter()
         .map(|(name, uid)| {
-            ObjectDelete::Reservation(ReservationDelete {
-                name,
-                uid,
-                podref: podref.clone(),
-                ip: Some(j.entry.ip),
-                pool: Some(j.pool.clone()),
-            })
+            ObjectDelete::Reservation(ReservationDelete::after_release(name, uid, podref, j))
         })
         .collect();
         if let EntryWrite::Unfence(_, FenceSource::Object { name, uid }) = &req.write {
