@@ -2,13 +2,12 @@
 //! output format with its exit code, and `kubectl ipreclaim scan` driven by the real kubectl
 //! through a `kubectl-ipreclaim` symlink on PATH.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use ipreclaim::api::{
-    IPAllocation, IPPool, IPPoolSpec, NetworkAttachmentDefinition, NetworkAttachmentDefinitionSpec,
-};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, PostParams};
@@ -27,41 +26,15 @@ async fn leaky_namespace(prefix: &str) -> (Client, String) {
     let client = cp.client().await;
     cp.install_crds(&client).await.expect("install crds/");
     let ns = cp.namespace(&client, prefix).await;
-    let nad = NetworkAttachmentDefinition::new(
-        "macvlan",
-        NetworkAttachmentDefinitionSpec {
-            config: Some(
-                r#"{"cniVersion":"0.3.1","type":"macvlan","ipam":{"type":"whereabouts","range":"192.0.2.0/24"}}"#
-                    .into(),
-            ),
-        },
-    );
-    Api::<NetworkAttachmentDefinition>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &nad)
-        .await
-        .unwrap();
-    let entry = |id: &str, pod: &str| IPAllocation {
-        id: id.into(),
-        podref: format!("{ns}/{pod}"),
-        ifname: Some("net1".into()),
-        ipamclaimref: None,
-    };
+    let config = r#"{"cniVersion":"0.3.1","type":"macvlan","ipam":{"type":"whereabouts","range":"192.0.2.0/24"}}"#;
+    support::create_nad(&client, &ns, "macvlan", config).await;
+    let entry = |id: &str, pod: &str| support::allocation(&ns, pod, id);
     let allocations = BTreeMap::from([
         ("10".to_string(), entry("sb-gone", "gone-0")),
         ("20".to_string(), entry(LONG_ID, "web-0")),
         ("21".to_string(), entry("sb-web-now", "web-0")),
     ]);
-    let pool = IPPool::new(
-        "192.0.2.0-24",
-        IPPoolSpec {
-            range: "192.0.2.0/24".into(),
-            allocations,
-        },
-    );
-    Api::<IPPool>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &pool)
-        .await
-        .unwrap();
+    support::create_pool(&client, &ns, "192.0.2.0-24", "192.0.2.0/24", allocations).await;
     let status = serde_json::json!([
         {"name": "cbr0", "interface": "eth0", "ips": ["10.244.0.5"], "default": true},
         {"name": format!("{ns}/macvlan"), "interface": "net1", "ips": ["192.0.2.21"]},

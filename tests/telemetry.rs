@@ -4,14 +4,13 @@
 //! metrics over IPv6 and IPv4 loopback from the default `[::]` listener, for the controller and
 //! the node agent.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 
-use ipreclaim::api::{
-    IPAllocation, IPPool, IPPoolSpec, NetworkAttachmentDefinition, NetworkAttachmentDefinitionSpec,
-};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
@@ -226,39 +225,14 @@ async fn json_logs_are_flat_and_a_release_and_a_fence_each_leave_an_audit_line()
     let (client, ns) = setup("tel-audit").await;
     let node = format!("{ns}-node");
     unready_node(&client, &node).await;
-    let nad = NetworkAttachmentDefinition::new(
-        "macvlan",
-        NetworkAttachmentDefinitionSpec {
-            config: Some(
-                r#"{"cniVersion":"0.3.1","type":"macvlan","ipam":{"type":"whereabouts","range":"192.0.2.0/24"}}"#
-                    .into(),
-            ),
-        },
-    );
-    Api::<NetworkAttachmentDefinition>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &nad)
-        .await
-        .unwrap();
-    let entry = |id: &str, pod: &str| IPAllocation {
-        id: id.into(),
-        podref: format!("{ns}/{pod}"),
-        ifname: Some("net1".into()),
-        ipamclaimref: None,
-    };
-    let pool = IPPool::new(
-        "192.0.2.0-24",
-        IPPoolSpec {
-            range: "192.0.2.0/24".into(),
-            allocations: BTreeMap::from([
-                ("10".to_string(), entry("sb-web", "web-0")),
-                ("11".to_string(), entry("sb-db", "db-0")),
-            ]),
-        },
-    );
-    Api::<IPPool>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &pool)
-        .await
-        .unwrap();
+    let config = r#"{"cniVersion":"0.3.1","type":"macvlan","ipam":{"type":"whereabouts","range":"192.0.2.0/24"}}"#;
+    support::create_nad(&client, &ns, "macvlan", config).await;
+    let entry = |id: &str, pod: &str| support::allocation(&ns, pod, id);
+    let allocations = BTreeMap::from([
+        ("10".to_string(), entry("sb-web", "web-0")),
+        ("11".to_string(), entry("sb-db", "db-0")),
+    ]);
+    support::create_pool(&client, &ns, "192.0.2.0-24", "192.0.2.0/24", allocations).await;
     let web_uid = pod(&client, &ns, "web-0", "192.0.2.10", None).await;
     let db_uid = pod(&client, &ns, "db-0", "192.0.2.11", Some(&node)).await;
 
