@@ -999,10 +999,16 @@ async fn footprint(bench: &mut Bench, o: &Options) -> anyhow::Result<()> {
     let started = Instant::now();
     let (ipreclaim, addr) = bench.start_ipreclaim(&o.controller_args).await?;
     let ready = started.elapsed();
+    let sweeps = |text: &str| common::metric(text, "ipreclaim_sweep_duration_seconds_count");
+    while sweeps(&common::metrics_text(addr).await) < 1.0 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let first_sweep = started.elapsed();
     next_sweep(addr).await;
     println!(
-        "footprint: restarted with them all in place: ready in {:.1}s, RSS {:.1} MiB after the next sweep (peak {:.1} MiB)",
+        "footprint: restarted with them all in place: ready in {:.1}s, first sweep done {:.1}s after the start, RSS {:.1} MiB after the next sweep (peak {:.1} MiB)",
         ready.as_secs_f64(),
+        first_sweep.as_secs_f64(),
         ipreclaim.rss_mib(),
         ipreclaim.peak_rss_mib(),
     );
