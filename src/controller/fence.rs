@@ -49,6 +49,7 @@ fn fence_request(
             decision: Decision::Release(Reason::PodDeleted),
             network,
             pod: PodRef::from_podref(&record.podref, record.uid.clone()),
+            node: Some(record.node.clone()),
         },
         reason: Reason::PodDeleted,
         deleted_at: None,

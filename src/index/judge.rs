@@ -57,6 +57,7 @@ impl Index {
                 decision: Decision::Keep(reclaim::KeepReason::FencePending),
                 network: pool.to_owned(),
                 pod: PodRef::from_podref(&entry.podref, String::new()),
+                node: None,
                 entry: entry.clone(),
             };
         }
@@ -101,16 +102,21 @@ impl Index {
         let network = listed_network(tombstones, live, entry)
             .or_else(|| pool_networks.and_then(|n| n.first().cloned()))
             .unwrap_or_else(|| pool.to_owned());
-        let uid = match decision {
-            Decision::Release(reclaim::Reason::PodDeleted) => deleted_uid(tombstones, entry),
-            _ => live.map(|l| l.uid.clone()),
+        let (uid, node) = match decision {
+            Decision::Release(reclaim::Reason::PodDeleted) => deleted_pod(tombstones, entry)
+                .map(|t| (t.uid.clone(), t.node.clone()))
+                .unwrap_or_default(),
+            _ => live
+                .map(|l| (l.uid.clone(), l.node.clone()))
+                .unwrap_or_default(),
         };
         Judged {
             pool: pool.to_owned(),
             entry: entry.clone(),
             decision,
             network,
-            pod: PodRef::from_podref(&entry.podref, uid.unwrap_or_default()),
+            pod: PodRef::from_podref(&entry.podref, uid),
+            node: node.map(|n| n.to_string()),
         }
     }
 }
@@ -130,15 +136,11 @@ fn listed_network(
         .map(|n| n.name.clone())
 }
 
-/// The uid of the newest deleted pod that held the entry's address (or listed nothing).
-fn deleted_uid(tombstones: &[Tombstone], entry: &PoolEntry) -> Option<String> {
-    tombstones
-        .iter()
-        .rev()
-        .find(|t| {
-            t.networks
-                .as_deref()
-                .is_none_or(|n| n.iter().any(|a| a.ips.contains(&entry.ip)))
-        })
-        .map(|t| t.uid.clone())
+/// The newest deleted pod that held the entry's address (or listed nothing).
+fn deleted_pod<'t>(tombstones: &'t [Tombstone], entry: &PoolEntry) -> Option<&'t Tombstone> {
+    tombstones.iter().rev().find(|t| {
+        t.networks
+            .as_deref()
+            .is_none_or(|n| n.iter().any(|a| a.ips.contains(&entry.ip)))
+    })
 }

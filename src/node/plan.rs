@@ -110,6 +110,7 @@ pub fn plan_pool(
                 decision,
                 network: target.network.clone(),
                 pod: pod.clone(),
+                node: None,
             },
             reason: Reason::SandboxGone,
             deleted_at: None,

@@ -129,6 +129,7 @@ mod tests {
                 decision: Decision::Candidate(reason),
                 network: "ns/net".into(),
                 pod: PodRef::from_podref("ns/a", String::new()),
+                node: None,
             },
             reason,
             last_listed: None,

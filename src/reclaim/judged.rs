@@ -46,4 +46,6 @@ pub struct Judged {
     pub network: String,
     /// The pod to put Events on.
     pub pod: PodRef,
+    /// The node that pod was bound to, when known (for the audit line).
+    pub node: Option<String>,
 }

@@ -32,6 +32,9 @@ pub enum Reason {
     PodTerminal,
     /// The sandbox that held it is gone while the pod lives on (node agent).
     SandboxGone,
+    /// Released by hand with `--force` although a live pod lists it (never decided by the
+    /// rules).
+    Forced,
 }
 
 impl Reason {
@@ -43,16 +46,18 @@ impl Reason {
             Reason::IPNotOnPod => "IPNotOnPod",
             Reason::PodTerminal => "PodTerminal",
             Reason::SandboxGone => "SandboxGone",
+            Reason::Forced => "Forced",
         }
     }
 
     /// Every reason, for metrics.
-    pub const ALL: [Reason; 5] = [
+    pub const ALL: [Reason; 6] = [
         Reason::PodDeleted,
         Reason::PodMissing,
         Reason::IPNotOnPod,
         Reason::PodTerminal,
         Reason::SandboxGone,
+        Reason::Forced,
     ];
 }
 

@@ -82,7 +82,7 @@ impl AuditRecord {
             action,
             pod: podref.clone(),
             uid: j.pod.uid.clone(),
-            node: node.map(str::to_owned),
+            node: node.map(str::to_owned).or_else(|| j.node.clone()),
             pool: j.pool.clone(),
             address: j.entry.ip,
             network: j.network.clone(),
@@ -165,6 +165,10 @@ fn evidence(reason: Reason, podref: &str, r: &AuditRecord) -> String {
             "sandbox {} is gone from the node's container runtime while pod {podref} lives on",
             r.sandbox
         ),
+        Reason::Forced => format!(
+            "released with --force although pod {podref} lists {} on network {}",
+            r.address, r.network
+        ),
     }
 }
 
@@ -204,6 +208,7 @@ mod tests {
                 decision: Decision::Release(reason),
                 network: "ns/macvlan".into(),
                 pod: PodRef::from_podref("ns/web-0", "uid-1".into()),
+                node: Some("node-a".into()),
             },
             reason,
             deleted_at: None,
@@ -267,7 +272,8 @@ mod tests {
         assert_eq!(r.address.to_string(), "192.0.2.10");
         assert_eq!(r.interface.as_deref(), Some("net1"));
         assert_eq!(r.reason, "IPNotOnPod");
-        assert_eq!(r.node, None);
+        // The judgement's node, when the caller runs for none.
+        assert_eq!(r.node.as_deref(), Some("node-a"));
         assert!(
             r.evidence
                 .contains("does not list 192.0.2.10 on network ns/macvlan"),

@@ -22,6 +22,7 @@ pub fn request(key: &str, podref: &str, write: EntryWrite) -> ReleaseRequest {
             decision: Decision::Release(Reason::PodDeleted),
             network: "ns/net".into(),
             pod: PodRef::from_podref("ns/web-0", "u".into()),
+            node: None,
         },
         reason: Reason::PodDeleted,
         deleted_at: None,

@@ -80,6 +80,7 @@ fn request(
             decision: Decision::Release(reason),
             network,
             pod,
+            node: None,
         },
         reason,
         deleted_at: None,
@@ -192,8 +193,12 @@ pub enum NotPlanned {
 }
 
 /// The reason code a manual release of `entry` carries: what the controller's rules say of
-/// the pod named in it (the audit line and the Event also say it was done by hand).
-fn manual_reason(index: &Index, entry: &PoolEntry) -> Reason {
+/// the pod named in it (the audit line and the Event also say it was done by hand), or
+/// [`Reason::Forced`] when a live pod lists the address (written only with `--force`).
+fn manual_reason(index: &Index, entry: &PoolEntry, listed_by: &[String]) -> Reason {
+    if !listed_by.is_empty() {
+        return Reason::Forced;
+    }
     match index.pods().live(&entry.podref) {
         None => Reason::PodMissing,
         Some(l) if l.terminal => Reason::PodTerminal,
@@ -226,9 +231,10 @@ pub fn releases(index: &Index, target: &ReleaseTarget) -> Result<Vec<Planned>, N
                 .map(|l| l.uid.clone())
                 .unwrap_or_default();
             let pod = PodRef::from_podref(&entry.podref, uid);
-            let reason = manual_reason(index, &entry);
+            let listed_by = listed_by(index, &pool, entry.ip);
+            let reason = manual_reason(index, &entry, &listed_by);
             Planned {
-                listed_by: listed_by(index, &pool, entry.ip),
+                listed_by,
                 request: request(&pool, &entry, network, pod, reason, EntryWrite::Remove),
             }
         })
@@ -455,6 +461,8 @@ mod tests {
         assert_eq!(one[0].listed_by, ["ns/web-0"]);
         assert_eq!(one[0].request.write, EntryWrite::Remove);
         assert_eq!(one[0].request.judged.pod.uid, "uid-ns/web-0");
+        // Listed by a live pod: written only with --force, and says so.
+        assert_eq!(one[0].request.reason, Reason::Forced);
         // A finished pod's listing does not count.
         let done = releases(&ix, &at("192.0.2.40", None)).unwrap();
         assert!(done[0].listed_by.is_empty());

@@ -11,6 +11,7 @@ mod bad_input;
 mod deletion;
 mod fencing;
 mod leadership;
+mod manual;
 mod observability;
 mod outages;
 mod reservations;

@@ -147,16 +147,7 @@ async fn breaker_holds_a_sweep_that_would_free_most_of_a_pool(mut env: Env) {
 
 /// `ipreclaim approve-hold` for the test's pool, as an operator runs it.
 fn approve_hold(env: &Env) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ipreclaim"))
-        .args(["approve-hold", "--pool", "192.0.2.0-24"])
-        .arg(format!("--whereabouts-namespace={}", env.ns))
-        .env(
-            "KUBECONFIG",
-            testenv::ControlPlane::shared().kubeconfig_path(),
-        )
-        .output()
-        .expect("run ipreclaim approve-hold");
-    assert!(out.status.success(), "{out:?}");
+    crate::harness::cli(env, "approve-hold", &["--pool", "192.0.2.0-24"]);
 }
 
 #[tokio::test]

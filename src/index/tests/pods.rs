@@ -69,6 +69,12 @@ fn pods_gone_across_a_relist_become_tombstones() {
         decisions(&ix, "ns/b"),
         [Decision::Keep(KeepReason::ListedOnPod)]
     );
+    // The release names the deleted pod and its node (the audit line's).
+    let judged = ix.judge_podref("ns/a", &ReclaimConfig::default());
+    assert_eq!(
+        (judged[0].pod.uid.as_str(), judged[0].node.as_deref()),
+        ("uid-a", Some("node-a"))
+    );
 }
 
 #[test]
