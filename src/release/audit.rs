@@ -374,4 +374,32 @@ mod tests {
             lifted.evidence
         );
     }
+
+    #[test]
+    fn a_cooldown_is_in_the_release_line_and_its_end_has_a_line_of_its_own() {
+        let until: jiff::Timestamp = "2026-11-25T10:00:31Z".parse().unwrap();
+        let outcome = Ok(ReleaseOutcome::Cooling(until));
+        let r = record(Reason::PodDeleted, EntryWrite::Remove, outcome).unwrap();
+        assert_eq!(
+            (r.action, r.cooldown_until),
+            (Action::Released, Some(until))
+        );
+        assert!(
+            r.evidence
+                .ends_with("until 2026-11-25T10:00:31Z (release cooldown)")
+        );
+        let plain = record(
+            Reason::PodDeleted,
+            EntryWrite::Remove,
+            Ok(ReleaseOutcome::Released),
+        );
+        assert_eq!(plain.unwrap().cooldown_until, None);
+        let mut end = request(Reason::PodDeleted, EntryWrite::EndCooldown);
+        end.judged.entry.id = "ipreclaim-cooldown:2026-11-25T10:00:31Z".into();
+        end.judged.entry.podref = "ns/web-0:cooldown".into();
+        let e = AuditRecord::of(&end, &Ok(ReleaseOutcome::Released), None, None).unwrap();
+        assert_eq!(e.action.as_str(), "cooldown_ended");
+        assert_eq!((e.pod.as_str(), e.reason), ("ns/web-0", "CooldownEnded"));
+        assert_eq!(e.cooldown_until, Some(until));
+    }
 }
