@@ -38,6 +38,51 @@ pub struct ScanRow {
     /// For a fenced address: the node it waits for, why, and how long.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fence: Option<ScanFence>,
+    /// For an address in its release cooldown: when it returns to the pool.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cooldown: Option<ScanCooldown>,
+}
+
+/// A release cooldown, as `scan` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ScanCooldown {
+    /// When it ends (RFC 3339), if its marker can be read.
+    pub until: Option<String>,
+    /// Seconds left (0 once over: the leader removes it within a second).
+    pub remaining_seconds: Option<i64>,
+    /// Why its end cannot be read (the entry is kept, and reported).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The reason code of a cooling row.
+pub const COOLDOWN_REASON: &str = "ReleaseCooldown";
+
+/// The rows of addresses in their release cooldown at `now`.
+fn cooling_rows(index: &Index, now: jiff::Timestamp) -> Vec<ScanRow> {
+    index
+        .cooling()
+        .into_iter()
+        .map(|(pool, c)| ScanRow {
+            pool,
+            ip: c.entry.ip.to_string(),
+            podref: c.pod,
+            sandbox: String::new(),
+            decision: "cooling".into(),
+            reason: COOLDOWN_REASON.into(),
+            pod_age_seconds: None,
+            fence: None,
+            cooldown: Some(ScanCooldown {
+                until: c.until.as_ref().ok().map(ToString::to_string),
+                remaining_seconds: c
+                    .until
+                    .as_ref()
+                    .ok()
+                    .map(|u| crate::ipam::cooldown::remaining(*u, now).as_secs() as i64),
+                error: c.until.as_ref().err().map(ToString::to_string),
+            }),
+        })
+        .collect()
 }
 
 /// A fence, as `scan` shows it.
@@ -77,6 +122,7 @@ pub async fn scan(
                 decision: decision.into(),
                 reason: reason.as_str().into(),
                 fence: None,
+                cooldown: None,
             })
         })
         .collect();
@@ -94,7 +140,10 @@ pub async fn scan(
             why: f.record.why,
             age_seconds: wall.duration_since(f.record.since).as_secs(),
         }),
+        cooldown: None,
     }));
+    // Released addresses kept out of the pool for a while: neither live nor leaked.
+    rows.extend(cooling_rows(&index, wall));
     rows.sort_by(|a, b| (&a.pool, &a.ip).cmp(&(&b.pool, &b.ip)));
     Ok(rows)
 }
@@ -224,8 +273,8 @@ pub fn in_namespace(rows: Vec<ScanRow>, namespace: &str) -> Vec<ScanRow> {
         .collect()
 }
 
-/// Whether a row would be released (now, or after the leak grace): fenced rows are kept on
-/// purpose and do not count.
+/// Whether a row would be released (now, or after the leak grace): fenced and cooling rows
+/// are kept on purpose and do not count.
 pub fn would_release(row: &ScanRow) -> bool {
     matches!(row.decision.as_str(), "release" | "candidate")
 }
@@ -272,7 +321,7 @@ pub fn render(rows: &[ScanRow], wide: bool, headers: bool) -> String {
                 r.podref.clone(),
                 sandbox,
                 r.decision.clone(),
-                r.reason.clone(),
+                reason_cell(r),
                 r.pod_age_seconds
                     .map_or_else(none, |s| human_duration(seconds(s))),
                 r.fence.as_ref().map_or_else(none, |f| {
@@ -314,6 +363,18 @@ pub fn render(rows: &[ScanRow], wide: bool, headers: bool) -> String {
         line(row);
     }
     out
+}
+
+/// The REASON cell: a cooling row says how long it has left.
+fn reason_cell(r: &ScanRow) -> String {
+    match &r.cooldown {
+        Some(ScanCooldown {
+            remaining_seconds: Some(s),
+            ..
+        }) => format!("{} ({} left)", r.reason, human_duration(seconds(*s))),
+        Some(_) => format!("{} (unreadable end)", r.reason),
+        None => r.reason.clone(),
+    }
 }
 
 fn seconds(s: i64) -> jiff::SignedDuration {
@@ -457,7 +518,32 @@ mod tests {
             reason: "PodMissing".into(),
             pod_age_seconds: Some(190),
             fence,
+            cooldown: None,
         }
+    }
+
+    #[test]
+    fn cooling_addresses_show_their_time_left_and_do_not_count_as_releases() {
+        let mut ix = Index::default();
+        let entry = |id: &str| serde_json::json!({"id": id, "podref": "ns/old-0:cooldown"});
+        let spec = serde_json::json!({"range": "192.0.2.0/24", "allocations": {
+            "7": entry("ipreclaim-cooldown:2026-11-25T10:01:10Z"),
+            "8": entry("ipreclaim-cooldown:soon")}});
+        let pool = crate::api::IPPool::new("p", serde_json::from_value(spec).unwrap());
+        ix.upsert_pool(&pool);
+        let now: jiff::Timestamp = "2026-11-25T10:00:00Z".parse().unwrap();
+        let rows = cooling_rows(&ix, now);
+        assert_eq!(rows.len(), 2);
+        let c = rows[0].cooldown.as_ref().unwrap();
+        assert_eq!(c.until.as_deref(), Some("2026-11-25T10:01:10Z"));
+        assert_eq!(c.remaining_seconds, Some(70));
+        assert_eq!(rows[0].podref, "ns/old-0");
+        // A malformed marker: shown with its error, never dropped.
+        assert!(rows[1].cooldown.as_ref().unwrap().error.is_some());
+        assert!(rows.iter().all(|r| !would_release(r)));
+        let t = table(&rows);
+        assert!(t.contains("ReleaseCooldown (70s left)"), "{t}");
+        assert!(t.contains("ReleaseCooldown (unreadable end)"), "{t}");
     }
 
     #[test]

@@ -24,7 +24,9 @@ of its sandbox id and podref (an entry changed meanwhile is left alone), then th
 reservation of the address is deleted with its uid as precondition, unless a live allocation of \
 that pod holds the address again. Each release leaves a release Event on the pod (reporting \
 instance `ipreclaim-cli`) and an audit log line on stderr. A fenced address is not released \
-here: `ipreclaim unfence --ip ADDR` lifts its fence.
+here: `ipreclaim unfence --ip ADDR` lifts its fence. An address in its release cooldown \
+(`--release-cooldown`) is refused; with --force its cooldown ends now (the marked entry is \
+removed, then the old pod's reservation of it).
 
 Exit status: 0 when everything asked for was released, 1 when something was refused (a live pod \
 lists the address; an address in several pools without --network), failed or not found, 2 on an \
@@ -42,7 +44,7 @@ pub struct ReleaseArgs {
     pub pod: Option<String>,
     /// Release even when a live pod's network-status lists the address (by default such an
     /// address is refused: the pod is using it, and a freed address can be handed to another
-    /// pod).
+    /// pod); with --ip, also end the address's release cooldown now.
     #[arg(long)]
     pub force: bool,
     #[command(flatten)]
@@ -73,7 +75,7 @@ async fn release(args: ReleaseArgs) -> anyhow::Result<u8> {
         (None, None) => anyhow::bail!("--ip or --pod is required"),
     };
     let (client, index) = writes::index(&args.write).await?;
-    let planned = match manual::releases(&index, &target) {
+    let planned = match manual::releases(&index, &target, args.force) {
         Ok(p) => p,
         Err(why) => {
             println!("refused: {why}");
@@ -147,9 +149,9 @@ fn reservations_of(index: &Index, r: &ReleaseRequest) -> Vec<ReservationDelete> 
     let j = &r.judged;
     index
         .reservations()
-        .of(&j.entry.podref, j.entry.ip)
+        .of(r.podref(), j.entry.ip)
         .into_iter()
-        .map(|(name, uid)| ReservationDelete::after_release(name, uid, &j.entry.podref, j))
+        .map(|(name, uid)| ReservationDelete::after_release(name, uid, r.podref(), j))
         .collect()
 }
 

@@ -27,7 +27,8 @@ pub enum Output {
 #[command(after_help = "\
 Decisions: `release` (direct evidence: released at once by the controller), `candidate` \
 (released once it has looked leaked for the leak grace), `fenced` (a deleted pod's address kept \
-until its node is trusted again; not counted as a release).
+until its node is trusted again; not counted as a release), `cooling` (released, and kept out of \
+the pool by --release-cooldown until the time its REASON shows; not counted either).
 
 Exit status: 0 when nothing would be released, 1 when something would (a `release` or \
 `candidate` row), 2 on an error (like `kubectl diff`).")]
@@ -130,6 +131,7 @@ mod tests {
             reason: "PodMissing".into(),
             pod_age_seconds: None,
             fence: None,
+            cooldown: None,
         }
     }
 
@@ -137,6 +139,7 @@ mod tests {
     fn the_exit_code_says_whether_anything_would_be_released() {
         assert_eq!(code(&[]), 0);
         assert_eq!(code(&[row("fenced")]), 0);
+        assert_eq!(code(&[row("cooling")]), 0);
         assert_eq!(code(&[row("fenced"), row("candidate")]), 1);
         assert_eq!(code(&[row("release")]), 1);
     }

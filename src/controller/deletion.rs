@@ -292,6 +292,7 @@ fn releases_of(judged: &[Judged], deleted_at: Option<Instant>) -> Vec<ReleaseReq
                 judged: j.clone(),
                 reason,
                 deleted_at,
+                cooldown: None,
                 write: Default::default(),
             }),
             _ => None,
@@ -374,6 +375,7 @@ pub(crate) fn plan_fences(
                 judged: fenced,
                 reason: Reason::PodDeleted,
                 deleted_at: Some(t.seen_at),
+                cooldown: None,
                 write: EntryWrite::Fence(record),
             });
         }

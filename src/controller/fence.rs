@@ -53,6 +53,7 @@ fn fence_request(
         },
         reason: Reason::PodDeleted,
         deleted_at: None,
+        cooldown: None,
         write,
     }
 }

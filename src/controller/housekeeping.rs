@@ -69,6 +69,7 @@ impl PoolSeries {
             g.allocated.get_or_create(&l).set(u.allocated as i64);
             g.free.get_or_create(&l).set(gauge(u.free()));
             g.fenced.get_or_create(&l).set(u.fenced as i64);
+            g.cooling.get_or_create(&l).set(u.cooling as i64);
             for n in &u.networks {
                 let sums = networks.entry(n.clone()).or_default();
                 *sums = (
@@ -92,7 +93,7 @@ impl PoolSeries {
             metrics.breaker_holds.remove(&l);
             metrics.pool_leak_candidates.remove(&l);
             metrics.pool_held.remove(&l);
-            for family in [&g.size, &g.allocated, &g.free, &g.fenced] {
+            for family in [&g.size, &g.allocated, &g.free, &g.fenced, &g.cooling] {
                 family.remove(&l);
             }
         }

@@ -6,6 +6,7 @@
 //! fence lifter, leader election. Imports anything below it, never `node` or `scan`.
 
 mod args;
+pub mod cooldown;
 pub mod deletion;
 mod election;
 pub mod fence;
@@ -194,7 +195,8 @@ fn spawn_workers(
         .collect()
 }
 
-/// Every second: lifts the fences that may lift (leader only) and reports bad input.
+/// Every second: lifts the fences that may lift and ends the cooldowns that are over (leader
+/// only), and reports bad input.
 fn spawn_lifting(
     ctx: &Ctx,
     args: &ControllerArgs,
@@ -213,9 +215,18 @@ fn spawn_lifting(
         backoff: podlife::backoff::Backoff::new(
             fence::WRITE_BACKOFF.0,
             fence::WRITE_BACKOFF.1,
-            clock,
+            clock.clone(),
         ),
         rejected: Default::default(),
+    };
+    let cooler = cooldown::Cooler {
+        ctx: ctx.clone(),
+        dry_run: args.dry_run,
+        backoff: podlife::backoff::Backoff::new(
+            fence::WRITE_BACKOFF.0,
+            fence::WRITE_BACKOFF.1,
+            clock,
+        ),
     };
     let mut reporter = report::Reporter {
         events: ctx.events.clone(),
@@ -230,6 +241,7 @@ fn spawn_lifting(
             tick.tick().await;
             let leads = *leader.borrow();
             lifter.pass(leads).await;
+            cooler.pass(leads).await;
             let problems = report::problems(&state.read().expect("state lock"), &ns);
             reporter.pass(problems, leads).await;
         }
@@ -296,6 +308,7 @@ fn spawn_writer(
     let writes = metrics.writes.clone();
     let writer = writer::Writer::new(client.clone(), ns, budgets.clone(), events.clone(), writes)
         .patch_interval(args.pool_patch_interval)
+        .cooldown(args.release_cooldown)
         .dry_run(args.dry_run)
         .index(index.clone());
     writer::spawn(Arc::new(writer))

@@ -217,6 +217,7 @@ impl Sweeper {
                     judged: j,
                     reason,
                     deleted_at: None,
+                    cooldown: None,
                     write: Default::default(),
                 }),
                 Ok(false) => {}

@@ -27,6 +27,7 @@ use std::time::Instant;
 
 use crate::api::{IPPool, NetworkAttachmentDefinition, OverlappingRangeIPReservation};
 use crate::ipam::PoolEntry;
+use crate::ipam::cooldown;
 use crate::ipam::fence::{FenceRecord, fenced_podref};
 
 pub use fences::{FenceIndex, FenceObject, FenceSource, FencedEntry};
@@ -35,7 +36,7 @@ pub use lock::{Acquisitions, IndexLock, SharedIndex};
 pub use networks::NetworkIndex;
 pub use nodes::NodeIndex;
 pub use pods::{HeldEntry, LiveInfo, PodIndex, PodSeen, TOMBSTONES_PER_PODREF, Tombstone};
-pub use pools::{APPROVE_HOLD_ANNOTATION, PoolIndex, PoolInfo, Slot};
+pub use pools::{APPROVE_HOLD_ANNOTATION, CoolingEntry, PoolIndex, PoolInfo, Slot};
 pub use reservations::{NamedReservation, ReservationIndex};
 
 /// How full a pool is.
@@ -45,10 +46,12 @@ pub struct PoolUsage {
     pub pool: String,
     /// Addresses it can hand out.
     pub size: u128,
-    /// Entries (fenced ones included).
+    /// Entries (fenced and cooling ones included).
     pub allocated: usize,
     /// Fenced entries.
     pub fenced: usize,
+    /// Entries in their release cooldown.
+    pub cooling: usize,
     /// The networks that allocate from it.
     pub networks: Vec<String>,
 }
@@ -259,8 +262,9 @@ impl Index {
             .map(|p| PoolUsage {
                 pool: p.name.clone(),
                 size: self.networks.capacity_of(&p.name, p.range),
-                allocated: p.entries.len() + p.marked.len(),
+                allocated: p.entries.len() + p.marked.len() + p.cooling.len(),
                 fenced: p.marked.len(),
+                cooling: p.cooling.len(),
                 networks: self.networks.of_pool(&p.name).unwrap_or_default().to_vec(),
             })
             .collect();
@@ -271,14 +275,17 @@ impl Index {
     /// Reservations whose podref has no live pod and no allocation left in any pool (fenced or
     /// not): nothing can still be using them.
     pub fn orphan_reservations(&self) -> Vec<NamedReservation> {
-        // A fenced entry's reservation names the deleted pod: it goes with the fence's release.
+        // A fenced entry's reservation names the deleted pod: it goes with the fence's release;
+        // a cooling one's keeps the address from overlapping pools until the cooldown ends.
         let fenced = self.fenced_podrefs();
+        let cooling = self.cooling_podrefs();
         self.reservations
             .iter()
             .filter(|r| {
                 !self.pods.is_live(&r.podref)
                     && !self.pools.has_allocations(&r.podref)
                     && !fenced.contains(r.podref.as_str())
+                    && !cooling.contains(r.podref.as_str())
             })
             .collect()
     }
@@ -304,6 +311,56 @@ impl Index {
             evidence: None,
         };
         self.fences.upsert(pool, key, object);
+    }
+
+    /// The pods whose released addresses are cooling.
+    pub fn cooling_podrefs(&self) -> std::collections::HashSet<&str> {
+        self.pools
+            .all()
+            .values()
+            .flat_map(|p| p.cooling.values().map(|c| c.pod.as_str()))
+            .collect()
+    }
+
+    /// Every cooling entry, as (pool, entry), by pool and key.
+    pub fn cooling(&self) -> Vec<(String, CoolingEntry)> {
+        let mut out: Vec<(String, CoolingEntry)> = self
+            .pools
+            .all()
+            .values()
+            .flat_map(|p| p.cooling.values().map(|c| (p.name.clone(), c.clone())))
+            .collect();
+        out.sort_by(|a, b| (&a.0, a.1.entry.offset).cmp(&(&b.0, b.1.entry.offset)));
+        out
+    }
+
+    /// The cooling entries whose cooldown is over at `now` (one whose end cannot be read
+    /// never is: it is kept and reported).
+    pub fn due_cooldowns(&self, now: jiff::Timestamp) -> Vec<(String, CoolingEntry)> {
+        self.cooling()
+            .into_iter()
+            .filter(|(_, c)| c.until.as_ref().is_ok_and(|u| cooldown::is_due(*u, now)))
+            .collect()
+    }
+
+    /// The writer released the entry at `key` of `pool` into its cooldown, rewriting it as
+    /// `cooled`: it is no allocation and no leak until the cooldown ends.
+    pub fn cooled(&mut self, pool: &str, key: &str, cooled: PoolEntry) {
+        self.pools.forget_fenced(pool, key);
+        self.pools.cool(pool, key, cooled);
+    }
+
+    /// The writer removed the cooling entry at `key` of `pool` (of pod `podref`, address
+    /// `ip`): forgets it, and returns that pod's reservations (name, uid) for that address.
+    pub fn cooldown_ended(
+        &mut self,
+        pool: &str,
+        key: &str,
+        podref: &str,
+        ip: IpAddr,
+    ) -> Vec<(String, String)> {
+        self.pools.forget_cooling(pool, key);
+        self.reservations.of(podref, ip)
     }
 
     /// The writer released the entry at `key` of `pool` (held by `podref`, address `ip`):

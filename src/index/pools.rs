@@ -6,6 +6,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use crate::api::IPPool;
+use crate::ipam::cooldown::{BadCooldown, cooldown_until, cooled_pod, is_cooling};
 use crate::ipam::fence::{
     BadFence, FENCED_PODREF_SUFFIX, FenceRecord, fence_annotation_key, pool_fences,
 };
@@ -31,6 +32,9 @@ pub struct PoolInfo {
     /// Entries marked fenced (podref `<podref>:fenced`) by key; their records are fence
     /// objects or, from earlier releases, pool annotations (see [`super::Index::fenced`]).
     pub marked: BTreeMap<String, PoolEntry>,
+    /// Entries released into their cooldown (podref `<podref>:cooldown`) by key: neither live
+    /// allocations nor leaks; the leader removes each once its cooldown is over.
+    pub cooling: BTreeMap<String, CoolingEntry>,
     /// Fence records from earlier releases, in pool annotations, by key.
     pub annotation_fences: BTreeMap<String, FenceRecord>,
     /// Those annotations' values as stored (a removal `test`s them).
@@ -76,8 +80,24 @@ impl PoolInfo {
             .into_iter()
             .map(|e| (e.key.clone(), e))
             .partition(|(_, e)| e.podref.ends_with(FENCED_PODREF_SUFFIX));
+        let (cooling, entries): (BTreeMap<_, _>, BTreeMap<_, _>) = entries
+            .into_iter()
+            .partition(|(_, e)| is_cooling(&e.podref));
+        let cooling: BTreeMap<String, CoolingEntry> = cooling
+            .into_iter()
+            .map(|(k, e)| (k, CoolingEntry::of(e)))
+            .collect();
+        let mut problems = problems;
+        problems.extend(cooling.values().filter_map(|c| {
+            Some(format!(
+                "allocation {}: {}",
+                c.entry.key,
+                c.until.as_ref().err()?
+            ))
+        }));
         PoolInfo {
             name,
+            cooling,
             uid: pool.metadata.uid.clone().unwrap_or_default(),
             entries,
             problems,
@@ -89,6 +109,28 @@ impl PoolInfo {
             bad_fences,
             has_annotations: annotations.is_some(),
             approval: annotations.and_then(|a| a.get(APPROVE_HOLD_ANNOTATION).cloned()),
+        }
+    }
+}
+
+/// An entry released into its cooldown.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CoolingEntry {
+    /// The entry as stored (id: the marker; podref: `<pod>:cooldown`).
+    pub entry: PoolEntry,
+    /// The pod that held it (`namespace/name`): its reservation still names it.
+    pub pod: String,
+    /// When the cooldown ends, or why that cannot be read (then it is kept, and reported).
+    pub until: Result<jiff::Timestamp, BadCooldown>,
+}
+
+impl CoolingEntry {
+    /// A cooling entry as stored.
+    pub fn of(entry: PoolEntry) -> CoolingEntry {
+        CoolingEntry {
+            pod: cooled_pod(&entry.podref).to_owned(),
+            until: cooldown_until(&entry.id),
+            entry,
         }
     }
 }
@@ -163,6 +205,22 @@ impl PoolIndex {
         {
             entry.podref = fenced_podref;
             p.marked.insert(key.to_owned(), entry);
+        }
+    }
+
+    /// Moves a released entry (live or fenced) to the cooling ones, rewritten as `cooled`.
+    pub fn cool(&mut self, pool: &str, key: &str, cooled: PoolEntry) {
+        self.forget_entry(pool, key);
+        if let Some(p) = self.pools.get_mut(pool) {
+            p.marked.remove(key);
+            p.cooling.insert(key.to_owned(), CoolingEntry::of(cooled));
+        }
+    }
+
+    /// Forgets a cooling entry after its removal was written.
+    pub fn forget_cooling(&mut self, pool: &str, key: &str) {
+        if let Some(p) = self.pools.get_mut(pool) {
+            p.cooling.remove(key);
         }
     }
 

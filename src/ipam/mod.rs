@@ -6,6 +6,7 @@
 
 pub mod capacity;
 pub mod config;
+pub mod cooldown;
 pub mod fence;
 pub mod naming;
 pub mod network_status;

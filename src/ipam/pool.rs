@@ -147,10 +147,12 @@ pub fn pool_allocations(spec: &IPPoolSpec) -> Result<PoolAllocations, BadPoolRan
             });
             continue;
         }
-        // A fenced entry's podref carries a marker after the pod's (see `fence`).
+        // A fenced or cooling entry's podref carries a marker after the pod's (see `fence`,
+        // `cooldown`).
         let podref = &alloc.podref;
         let pod = podref
             .strip_suffix(super::fence::FENCED_PODREF_SUFFIX)
+            .or_else(|| podref.strip_suffix(super::cooldown::COOLING_PODREF_SUFFIX))
             .unwrap_or(podref);
         if !super::naming::is_pod_ref(pod) {
             problems.push(PoolProblem::BadPodref {

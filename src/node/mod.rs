@@ -100,6 +100,11 @@ pub struct NodeAgentArgs {
     /// Decide and report (logs, Events, metrics) but write nothing.
     #[arg(long, env = "IPRECLAIM_DRY_RUN")]
     pub dry_run: bool,
+    /// Keep each released address out of the pool this long (its entry is marked, not removed)
+    /// so a stale client of the old pod does not reach a new one; the controller returns it to
+    /// the pool when the time is up. 0: off.
+    #[arg(long, env = "IPRECLAIM_RELEASE_COOLDOWN", default_value = "0s", value_parser = parse_duration)]
+    pub release_cooldown: Duration,
     /// CRI calls per second.
     #[arg(long, env = "IPRECLAIM_CRI_QPS", default_value_t = 50.0)]
     pub cri_qps: f64,
@@ -411,6 +416,7 @@ fn releaser(
     let ns = &args.whereabouts_namespace;
     let writer = writer::Writer::new(client.clone(), ns, budgets.clone(), events.clone(), writes)
         .patch_interval(POOL_PATCH_INTERVAL)
+        .cooldown(args.release_cooldown)
         .dry_run(args.dry_run);
     Releaser {
         client: client.clone(),

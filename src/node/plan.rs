@@ -114,6 +114,7 @@ pub fn plan_pool(
             },
             reason: Reason::SandboxGone,
             deleted_at: None,
+            cooldown: None,
             write: Default::default(),
         });
     }
@@ -125,6 +126,9 @@ pub fn plan_pool(
 pub struct Written {
     /// Addresses released, by network.
     pub released: BTreeMap<String, Vec<IpAddr>>,
+    /// Of those, the ones released into a cooldown, with its end: their reservations stay
+    /// (the controller deletes them when the cooldown ends).
+    pub cooling: BTreeMap<IpAddr, jiff::Timestamp>,
     /// Releases `--dry-run` only reported.
     pub dry_run: usize,
     /// The last failure, if any (what was written stays written; a retry finds the rest).
@@ -140,11 +144,14 @@ impl Written {
         let mut out = Written::default();
         for (req, result) in reqs.iter().zip(results) {
             match result {
-                Ok(ReleaseOutcome::Released) => out
-                    .released
-                    .entry(req.judged.network.clone())
-                    .or_default()
-                    .push(req.judged.entry.ip),
+                Ok(o @ (ReleaseOutcome::Released | ReleaseOutcome::Cooling(_))) => {
+                    let ip = req.judged.entry.ip;
+                    if let Some(until) = o.cooling_until() {
+                        out.cooling.insert(ip, until);
+                    }
+                    let network = req.judged.network.clone();
+                    out.released.entry(network).or_default().push(ip);
+                }
                 Ok(ReleaseOutcome::DryRun) => out.dry_run += 1,
                 Ok(_) => {}
                 Err(e) => out.error = Some(e.to_string()),
@@ -156,6 +163,21 @@ impl Written {
     /// Every address released.
     pub fn addresses(&self) -> BTreeSet<IpAddr> {
         self.released.values().flatten().copied().collect()
+    }
+
+    /// The addresses released and removed (not cooling): their reservations go now.
+    pub fn removed(&self) -> BTreeSet<IpAddr> {
+        let mut out = self.addresses();
+        out.retain(|ip| !self.cooling.contains_key(ip));
+        out
+    }
+
+    /// When the cooldown of `ips` ends, if they went into one (the latest of them).
+    pub fn cooling_until(&self, ips: &[IpAddr]) -> Option<jiff::Timestamp> {
+        ips.iter()
+            .filter_map(|ip| self.cooling.get(ip))
+            .max()
+            .copied()
     }
 }
 
@@ -273,5 +295,41 @@ mod tests {
         );
         assert!(w.error.is_some());
         assert_eq!(w.dry_run, 0);
+    }
+
+    /// The node agent's releases go through the writer, which cools them under
+    /// `--release-cooldown` (see `release::cooling`): a cooled address is released (Event,
+    /// count) but its reservation is not deleted.
+    #[test]
+    fn a_release_into_cooldown_counts_as_released_and_keeps_its_reservation() {
+        let live = LivePod {
+            uid: "u",
+            phase: PodPhase::Running,
+            networks: Some(&[]),
+        };
+        let entries = vec![entry("5", "sb", "net1"), entry("6", "sb", "net2")];
+        let mut plan = plan_for("sb", live, entries);
+        let now: jiff::Timestamp = "2026-11-25T10:00:00Z".parse().unwrap();
+        crate::release::cooling::set_cooldowns(
+            &mut plan.releases,
+            std::time::Duration::from_secs(30),
+            now,
+        );
+        let until: jiff::Timestamp = "2026-11-25T10:00:30Z".parse().unwrap();
+        assert!(plan.releases.iter().all(|r| r.cooldown == Some(until)));
+        let patch = crate::release::patch::entries_patch(&[&plan.releases[0]], false);
+        assert_eq!(patch[2]["value"], "ipreclaim-cooldown:2026-11-25T10:00:30Z");
+        assert_eq!(patch[3]["value"], "ns/web-0:cooldown");
+        let answers = [
+            Ok(ReleaseOutcome::Cooling(until)),
+            Ok(ReleaseOutcome::Released),
+        ];
+        let w = Written::tally(&plan.releases, &answers);
+        assert_eq!(w.addresses().len(), 2);
+        let five: IpAddr = "192.0.2.5".parse().unwrap();
+        let six: IpAddr = "192.0.2.6".parse().unwrap();
+        assert_eq!(w.removed(), BTreeSet::from([six]));
+        assert_eq!(w.cooling_until(&[five, six]), Some(until));
+        assert_eq!(w.cooling_until(&[six]), None);
     }
 }

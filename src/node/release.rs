@@ -140,14 +140,16 @@ impl Releaser {
         let written = Written::tally(&reqs, &results);
         crate::release::audit::emit_all(reqs.iter().zip(&results), None, Some(&self.node));
         for (network, ips) in &written.released {
+            let cooling = written.cooling_until(ips);
             self.events
-                .released_sandbox_gone(&podref, ips, network, &sb.id)
+                .released_sandbox_gone(&podref, ips, network, &sb.id, cooling)
                 .await;
         }
-        let released = written.addresses();
+        // A cooling address keeps its reservation: the controller deletes it at the end.
+        let removed = written.removed();
         for r in &reqs {
             let t = &targets[&r.judged.pool];
-            if t.reservations && released.contains(&r.judged.entry.ip) {
+            if t.reservations && removed.contains(&r.judged.entry.ip) {
                 self.delete_reservation(r.judged.entry.ip, t, &podref, &sb.id)
                     .await;
             }
@@ -156,7 +158,7 @@ impl Releaser {
             // Entries already written stay released; the retry finds only what is left.
             Some(e) => Outcome::Failed(e),
             None if written.dry_run > 0 => Outcome::DryRun(written.dry_run),
-            None => Outcome::Released(released.len()),
+            None => Outcome::Released(written.addresses().len()),
         })
     }
 

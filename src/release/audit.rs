@@ -22,6 +22,8 @@ pub enum Action {
     Released,
     /// Kept allocated for a deleted pod whose node may still run it.
     Fenced,
+    /// Its release cooldown is over: back in the pool.
+    CooldownEnded,
 }
 
 impl Action {
@@ -30,6 +32,7 @@ impl Action {
         match self {
             Action::Released => "released",
             Action::Fenced => "fenced",
+            Action::CooldownEnded => "cooldown_ended",
         }
     }
 }
@@ -59,6 +62,8 @@ pub struct AuditRecord {
     pub reason: &'static str,
     /// What the decision rested on, in words.
     pub evidence: String,
+    /// When the cooldown the release started ends (`--release-cooldown`), or the one that ended.
+    pub cooldown_until: Option<jiff::Timestamp>,
 }
 
 impl AuditRecord {
@@ -73,10 +78,17 @@ impl AuditRecord {
     ) -> Option<AuditRecord> {
         let j = &req.judged;
         let action = match outcome {
-            Ok(ReleaseOutcome::Released) => Action::Released,
+            Ok(ReleaseOutcome::Released) if req.write == EntryWrite::EndCooldown => {
+                return Some(Self::cooldown_ended(req));
+            }
+            Ok(ReleaseOutcome::Released | ReleaseOutcome::Cooling(_)) => Action::Released,
             Ok(ReleaseOutcome::Fenced) => Action::Fenced,
             _ => return None,
         };
+        let cooldown_until = outcome
+            .as_ref()
+            .ok()
+            .and_then(ReleaseOutcome::cooling_until);
         let podref = j.pod.podref();
         let mut record = AuditRecord {
             action,
@@ -90,6 +102,7 @@ impl AuditRecord {
             interface: j.entry.ifname.clone(),
             reason: req.reason.as_str(),
             evidence: String::new(),
+            cooldown_until,
         };
         record.evidence = match (&req.write, action) {
             (EntryWrite::Fence(f), _) => {
@@ -119,8 +132,38 @@ impl AuditRecord {
                 )
             }
             (EntryWrite::Remove, _) => evidence(req.reason, &podref, &record),
+            (EntryWrite::EndCooldown, _) => String::new(),
         };
+        if let Some(until) = cooldown_until {
+            record.evidence = format!(
+                "{}; the address stays out of the pool until {until} (release cooldown)",
+                record.evidence
+            );
+        }
         Some(record)
+    }
+
+    /// The record of a cooling entry removed: its cooldown is over.
+    fn cooldown_ended(req: &ReleaseRequest) -> AuditRecord {
+        let j = &req.judged;
+        let until = crate::ipam::cooldown::cooldown_until(&j.entry.id).ok();
+        let when = until.map_or_else(|| "its end".to_owned(), |u| u.to_string());
+        AuditRecord {
+            action: Action::CooldownEnded,
+            pod: crate::ipam::cooldown::cooled_pod(&j.entry.podref).to_owned(),
+            uid: j.pod.uid.clone(),
+            node: None,
+            pool: j.pool.clone(),
+            address: j.entry.ip,
+            network: j.network.clone(),
+            sandbox: j.entry.id.clone(),
+            interface: j.entry.ifname.clone(),
+            reason: "CooldownEnded",
+            evidence: format!(
+                "the release cooldown until {when} is over; the address is back in the pool"
+            ),
+            cooldown_until: until,
+        }
     }
 
     /// Writes the line (info level, target [`TARGET`]).
@@ -138,6 +181,7 @@ impl AuditRecord {
             interface = self.interface.as_deref(),
             reason = self.reason,
             evidence = %self.evidence,
+            cooldown_until = self.cooldown_until.map(|t| t.to_string()),
             "{} {} of pod {}",
             self.action.as_str(),
             self.address,
@@ -212,6 +256,7 @@ mod tests {
             },
             reason,
             deleted_at: None,
+            cooldown: None,
             write,
         }
     }
@@ -334,5 +379,33 @@ mod tests {
             "{}",
             lifted.evidence
         );
+    }
+
+    #[test]
+    fn a_cooldown_is_in_the_release_line_and_its_end_has_a_line_of_its_own() {
+        let until: jiff::Timestamp = "2026-11-25T10:00:31Z".parse().unwrap();
+        let outcome = Ok(ReleaseOutcome::Cooling(until));
+        let r = record(Reason::PodDeleted, EntryWrite::Remove, outcome).unwrap();
+        assert_eq!(
+            (r.action, r.cooldown_until),
+            (Action::Released, Some(until))
+        );
+        assert!(
+            r.evidence
+                .ends_with("until 2026-11-25T10:00:31Z (release cooldown)")
+        );
+        let plain = record(
+            Reason::PodDeleted,
+            EntryWrite::Remove,
+            Ok(ReleaseOutcome::Released),
+        );
+        assert_eq!(plain.unwrap().cooldown_until, None);
+        let mut end = request(Reason::PodDeleted, EntryWrite::EndCooldown);
+        end.judged.entry.id = "ipreclaim-cooldown:2026-11-25T10:00:31Z".into();
+        end.judged.entry.podref = "ns/web-0:cooldown".into();
+        let e = AuditRecord::of(&end, &Ok(ReleaseOutcome::Released), None, None).unwrap();
+        assert_eq!(e.action.as_str(), "cooldown_ended");
+        assert_eq!((e.pod.as_str(), e.reason), ("ns/web-0", "CooldownEnded"));
+        assert_eq!(e.cooldown_until, Some(until));
     }
 }

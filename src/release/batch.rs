@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use crate::ipam::cooldown::{cooldown_id, cooling_podref};
 use crate::ipam::fence::fenced_podref;
 
 use super::types::{EntryWrite, ReleaseError, ReleaseOutcome, ReleaseRequest};
@@ -96,6 +97,13 @@ pub fn settle_against(
             None => outcomes[i] = Some(Ok(ReleaseOutcome::AlreadyGone)),
             Some(a) if a.id == e.id && a.podref == e.podref => still.push(i),
             Some(a) if a.id == e.id && fenced_as(&reqs[i].write, &a.podref) => {
+                outcomes[i] = Some(Ok(ReleaseOutcome::Released))
+            }
+            // Cooled already: a first patch that answered late.
+            Some(a)
+                if reqs[i].cooldown.is_some_and(|u| a.id == cooldown_id(u))
+                    && a.podref == cooling_podref(reqs[i].podref()) =>
+            {
                 outcomes[i] = Some(Ok(ReleaseOutcome::Released))
             }
             Some(_) => outcomes[i] = Some(Ok(ReleaseOutcome::Changed)),

@@ -98,21 +98,33 @@ async fn publish_queued(
     }
 }
 
-/// Released addresses by the pod and network their Event names.
-type ByNetwork = std::collections::BTreeMap<(PodRef, String), Vec<IpAddr>>;
+/// Released addresses by the pod and network their Event names, and the end of the cooldown
+/// they went into (if any).
+type ByNetwork = std::collections::BTreeMap<(PodRef, String, Option<jiff::Timestamp>), Vec<IpAddr>>;
 
-/// Adds `req`'s address to its pod and network's Event if it was released.
+/// Adds `req`'s address to its pod and network's Event if it was released (the end of a
+/// cooldown is no release: it was reported when the cooldown began).
 fn add_released(
     by_network: &mut ByNetwork,
     req: &ReleaseRequest,
     outcome: &Result<ReleaseOutcome, ReleaseError>,
 ) {
-    if *outcome == Ok(ReleaseOutcome::Released) {
+    let Ok(o) = outcome else { return };
+    if o.freed() && req.write != EntryWrite::EndCooldown {
         let j = &req.judged;
         by_network
-            .entry((j.pod.clone(), j.network.clone()))
+            .entry((j.pod.clone(), j.network.clone(), o.cooling_until()))
             .or_default()
             .push(j.entry.ip);
+    }
+}
+
+/// What a release Event adds for a cooldown: to the note, and to the action (the recorder keeps
+/// the first note of an action).
+fn cooldown_extra(cooling: Option<jiff::Timestamp>) -> (String, String) {
+    match cooling {
+        Some(until) => (format!(" (in cooldown until {until})"), " Cooldown".into()),
+        None => Default::default(),
     }
 }
 
@@ -171,7 +183,7 @@ impl Events {
 
     /// A release was written.
     pub async fn released(&self, pod: &PodRef, ips: &[IpAddr], network: &str) {
-        self.publish_released(pod, ips, network, None).await;
+        self.publish_released(pod, ips, network, None, None).await;
     }
 
     /// The node agent released what a dead sandbox held; the message names the reason and the
@@ -182,8 +194,9 @@ impl Events {
         ips: &[IpAddr],
         network: &str,
         sandbox: &str,
+        cooling: Option<jiff::Timestamp>,
     ) {
-        self.publish_released(pod, ips, network, Some(sandbox))
+        self.publish_released(pod, ips, network, Some(sandbox), cooling)
             .await;
     }
 
@@ -193,14 +206,17 @@ impl Events {
         ips: &[IpAddr],
         network: &str,
         dead_sandbox: Option<&str>,
+        cooling: Option<jiff::Timestamp>,
     ) {
-        let extra = dead_sandbox.map(|sb| {
-            let short = &sb[..sb.len().min(12)];
-            (
-                format!(" ({}: sandbox {short} is gone)", Reason::SandboxGone),
-                format!(" {short}"),
-            )
-        });
+        let (cool_note, cool_action) = cooldown_extra(cooling);
+        let extra = match dead_sandbox {
+            Some(sb) => {
+                let short = &sb[..sb.len().min(12)];
+                let note = format!(" ({}: sandbox {short} is gone)", Reason::SandboxGone);
+                Some((note + &cool_note, format!(" {short}{cool_action}")))
+            }
+            None => cooling.map(|_| (cool_note, cool_action)),
+        };
         self.publish_released_with(pod, ips, network, extra).await;
     }
 
@@ -266,9 +282,15 @@ impl Events {
             }
             add_released(&mut by_network, req, outcome);
         }
-        for ((pod, network), ips) in by_network {
-            let extra = lifted
-                .map(|(why, action)| (format!(" (fence lifted: {why})"), format!(" {action}")));
+        for ((pod, network, cooling), ips) in by_network {
+            let (cool_note, cool_action) = cooldown_extra(cooling);
+            let extra = match lifted {
+                Some((why, action)) => Some((
+                    format!(" (fence lifted: {why}){cool_note}"),
+                    format!(" {action}{cool_action}"),
+                )),
+                None => cooling.map(|_| (cool_note, cool_action)),
+            };
             self.publish_released_with(&pod, &ips, &network, extra)
                 .await;
         }
@@ -297,8 +319,12 @@ impl Events {
             }
             add_released(&mut by_network, req, outcome);
         }
-        for ((pod, network), ips) in by_network {
-            let extra = (format!(" (released by hand: {how})"), " Manual".to_owned());
+        for ((pod, network, cooling), ips) in by_network {
+            let (cool_note, cool_action) = cooldown_extra(cooling);
+            let extra = (
+                format!(" (released by hand: {how}){cool_note}"),
+                format!(" Manual{cool_action}"),
+            );
             self.publish_released_with(&pod, &ips, &network, Some(extra))
                 .await;
         }

@@ -26,6 +26,7 @@ pub fn request(key: &str, podref: &str, write: EntryWrite) -> ReleaseRequest {
         },
         reason: Reason::PodDeleted,
         deleted_at: None,
+        cooldown: None,
         write,
     }
 }

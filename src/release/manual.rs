@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use crate::index::{FenceSource, Index};
+use crate::index::{CoolingEntry, FenceSource, Index};
 use crate::ipam::PoolEntry;
 use crate::ipam::fence::{FENCED_PODREF_SUFFIX, FenceRecord};
 use crate::reclaim::{Decision, Judged, PodRef, Reason};
@@ -84,6 +84,7 @@ fn request(
         },
         reason,
         deleted_at: None,
+        cooldown: None,
         write,
     }
 }
@@ -190,6 +191,19 @@ pub enum NotPlanned {
         /// The pools that hold it fenced.
         pools: String,
     },
+    /// The address was released and is in its release cooldown: it returns to the pool then.
+    #[error(
+        "{ip} is cooling ({pools}): released, and kept out of the pool until {until} \
+         (--release-cooldown); --force ends the cooldown now"
+    )]
+    Cooling {
+        /// The address.
+        ip: IpAddr,
+        /// The pools that hold it cooling.
+        pools: String,
+        /// When its cooldown ends (the latest, if in several pools), or why it cannot be read.
+        until: String,
+    },
 }
 
 /// The reason code a manual release of `entry` carries: what the controller's rules say of
@@ -207,11 +221,21 @@ fn manual_reason(index: &Index, entry: &PoolEntry, listed_by: &[String]) -> Reas
 }
 
 /// The removals `target` names (each pinned by its id and podref), sorted by pool and address,
-/// or why there are none.
-pub fn releases(index: &Index, target: &ReleaseTarget) -> Result<Vec<Planned>, NotPlanned> {
+/// or why there are none. A cooling address (`--release-cooldown`) is refused, or with `force`
+/// its cooldown ends now.
+pub fn releases(
+    index: &Index,
+    target: &ReleaseTarget,
+    force: bool,
+) -> Result<Vec<Planned>, NotPlanned> {
     let found = targeted(index, target);
     if let ReleaseTarget::Ip { ip, network } = target {
-        refuse_ip(index, &found, *ip, network.as_deref())?;
+        match refuse_ip(index, &found, *ip, network.as_deref()) {
+            Err(NotPlanned::Cooling { .. }) if force => {
+                return Ok(end_cooldowns(index, *ip, network.as_deref()));
+            }
+            result => result?,
+        }
     }
     if let (ReleaseTarget::Pod(podref), true) = (target, found.is_empty()) {
         return Err(NotPlanned::Nothing(format!("pod {podref}")));
@@ -309,11 +333,58 @@ fn refuse_ip(
         let pools = describe(&fenced);
         return Err(NotPlanned::Fenced { ip, pools });
     }
+    let cooling = cooling_at(index, ip, network);
+    if let Some(until) = cooling
+        .iter()
+        .map(|(_, c)| &c.until)
+        .max_by_key(|u| u.as_ref().ok())
+    {
+        let names = cooling.iter().map(|(p, _)| p.as_str()).collect();
+        let until = match until {
+            Ok(t) => t.to_string(),
+            Err(e) => e.to_string(),
+        };
+        let pools = describe(&names);
+        return Err(NotPlanned::Cooling { ip, pools, until });
+    }
     let what = match network {
         Some(n) => format!("{ip} in the pools of network {n}"),
         None => ip.to_string(),
     };
     Err(NotPlanned::Nothing(what))
+}
+
+/// The cooling entries of `ip` (in the pools of `network` when given), as (pool, entry).
+fn cooling_at(index: &Index, ip: IpAddr, network: Option<&str>) -> Vec<(String, CoolingEntry)> {
+    index
+        .cooling()
+        .into_iter()
+        .filter(|(pool, c)| {
+            c.entry.ip == ip
+                && network.is_none_or(|n| {
+                    index
+                        .networks()
+                        .of_pool(pool)
+                        .is_some_and(|ns| ns.iter().any(|x| x == n))
+                })
+        })
+        .collect()
+}
+
+/// The ends of the cooldowns of `ip` (`release --ip --force`), as the controller writes them.
+fn end_cooldowns(index: &Index, ip: IpAddr, network: Option<&str>) -> Vec<Planned> {
+    cooling_at(index, ip, network)
+        .into_iter()
+        .map(|(pool, c)| {
+            let network = network.map_or_else(|| network_of(index, &pool), str::to_owned);
+            let pod = PodRef::from_podref(&c.pod, String::new());
+            let write = EntryWrite::EndCooldown;
+            Planned {
+                listed_by: listed_by(index, &pool, ip),
+                request: request(&pool, &c.entry, network, pod, Reason::PodDeleted, write),
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -409,6 +480,10 @@ mod tests {
         ix
     }
 
+    fn releases_of(ix: &Index, target: &ReleaseTarget) -> Result<Vec<Planned>, NotPlanned> {
+        releases(ix, target, false)
+    }
+
     fn ips(planned: &[Planned]) -> Vec<String> {
         planned
             .iter()
@@ -456,7 +531,7 @@ mod tests {
             ip: ip.parse().unwrap(),
             network: network.map(str::to_owned),
         };
-        let one = releases(&ix, &at("192.0.2.20", None)).unwrap();
+        let one = releases_of(&ix, &at("192.0.2.20", None)).unwrap();
         assert_eq!(ips(&one), ["p/192.0.2.20"]);
         assert_eq!(one[0].listed_by, ["ns/web-0"]);
         assert_eq!(one[0].request.write, EntryWrite::Remove);
@@ -464,27 +539,54 @@ mod tests {
         // Listed by a live pod: written only with --force, and says so.
         assert_eq!(one[0].request.reason, Reason::Forced);
         // A finished pod's listing does not count.
-        let done = releases(&ix, &at("192.0.2.40", None)).unwrap();
+        let done = releases_of(&ix, &at("192.0.2.40", None)).unwrap();
         assert!(done[0].listed_by.is_empty());
         assert_eq!(done[0].request.reason, Reason::PodTerminal);
         // In two pools: which one must be said.
-        let err = releases(&ix, &at("192.0.2.30", None)).unwrap_err();
+        let err = releases_of(&ix, &at("192.0.2.30", None)).unwrap_err();
         assert!(
             matches!(&err, NotPlanned::Ambiguous { pools, .. } if pools.contains("p (") && pools.contains("q (")),
             "{err}"
         );
-        let fenced = releases(&ix, &at("192.0.2.11", None)).unwrap_err();
+        let fenced = releases_of(&ix, &at("192.0.2.11", None)).unwrap_err();
         assert!(matches!(fenced, NotPlanned::Fenced { .. }), "{fenced}");
         assert!(matches!(
-            releases(&ix, &at("192.0.2.99", None)),
+            releases_of(&ix, &at("192.0.2.99", None)),
             Err(NotPlanned::Nothing(_))
         ));
-        let pod = releases(&ix, &ReleaseTarget::Pod("ns/gone-0".into())).unwrap();
+        let pod = releases_of(&ix, &ReleaseTarget::Pod("ns/gone-0".into())).unwrap();
         assert_eq!(ips(&pod), ["p/192.0.2.30"]);
         assert_eq!(pod[0].request.reason, Reason::PodMissing);
         assert!(matches!(
-            releases(&ix, &ReleaseTarget::Pod("ns/nobody".into())),
+            releases_of(&ix, &ReleaseTarget::Pod("ns/nobody".into())),
             Err(NotPlanned::Nothing(_))
         ));
+    }
+
+    #[test]
+    fn a_cooling_address_is_refused_and_force_ends_its_cooldown() {
+        let mut ix = index();
+        let marker = "ipreclaim-cooldown:2026-11-25T10:00:31Z";
+        ix.upsert_pool(&pool("r", &[("50", marker, "ns/old-0:cooldown")]));
+        let at = ReleaseTarget::Ip {
+            ip: "192.0.2.50".parse().unwrap(),
+            network: None,
+        };
+        let err = releases(&ix, &at, false).unwrap_err();
+        let NotPlanned::Cooling { until, pools, .. } = &err else {
+            panic!("cooling: {err}")
+        };
+        assert_eq!(until, "2026-11-25T10:00:31Z");
+        assert!(pools.starts_with("r "), "{pools}");
+        assert!(err.to_string().contains("--force"), "{err}");
+        let forced = releases(&ix, &at, true).unwrap();
+        assert_eq!(ips(&forced), ["r/192.0.2.50"]);
+        let r = &forced[0].request;
+        assert_eq!(r.write, EntryWrite::EndCooldown);
+        // Pinned on the entry as stored; its reservation names the pod.
+        assert_eq!(r.judged.entry.id, marker);
+        assert_eq!(r.podref(), "ns/old-0");
+        // Not a release of the pod's other addresses, nor a leak.
+        assert!(releases_of(&ix, &ReleaseTarget::Pod("ns/old-0".into())).is_err());
     }
 }

@@ -10,6 +10,7 @@
 pub mod audit;
 pub mod batch;
 pub mod budget;
+pub mod cooling;
 mod deletes;
 pub mod events;
 mod fence_records;

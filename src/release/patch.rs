@@ -4,6 +4,7 @@
 
 use serde_json::{Value, json};
 
+use crate::ipam::cooldown::{cooldown_id, cooling_podref};
 use crate::ipam::fence::{FenceSource, fence_annotation_key, fenced_podref};
 
 use super::types::{EntryWrite, ReleaseRequest};
@@ -28,13 +29,25 @@ pub fn entries_patch(batch: &[&ReleaseRequest], has_annotations: bool) -> Value 
         let path = format!("/spec/allocations/{}", pointer_token(&e.key));
         ops.push(json!({"op": "test", "path": format!("{path}/id"), "value": e.id}));
         ops.push(json!({"op": "test", "path": format!("{path}/podref"), "value": e.podref}));
-        match &r.write {
-            EntryWrite::Remove => ops.push(json!({"op": "remove", "path": path})),
-            EntryWrite::Fence(record) => {
+        let cool = |ops: &mut Vec<Value>, until| {
+            ops.push(
+                json!({"op": "replace", "path": format!("{path}/id"), "value": cooldown_id(until)}),
+            );
+            ops.push(json!({"op": "replace", "path": format!("{path}/podref"), "value": cooling_podref(r.podref())}));
+        };
+        match (&r.write, r.cooldown) {
+            (EntryWrite::Remove, Some(until)) => cool(&mut ops, until),
+            (EntryWrite::Remove | EntryWrite::EndCooldown, _) => {
+                ops.push(json!({"op": "remove", "path": path}))
+            }
+            (EntryWrite::Fence(record), _) => {
                 ops.push(json!({"op": "replace", "path": format!("{path}/podref"), "value": fenced_podref(&record.podref)}));
             }
-            EntryWrite::Unfence(_, source) => {
-                ops.push(json!({"op": "remove", "path": path}));
+            (EntryWrite::Unfence(_, source), until) => {
+                match until {
+                    Some(until) => cool(&mut ops, until),
+                    None => ops.push(json!({"op": "remove", "path": path})),
+                }
                 if *source == FenceSource::Annotation && has_annotations {
                     let path = annotation_path(&fence_annotation_key(&e.key));
                     ops.push(json!({"op": "remove", "path": path}));
@@ -109,6 +122,45 @@ mod tests {
         with_annotation
             .push(json!({"op": "remove", "path": "/metadata/annotations/ipreclaim.io~1fence-5"}));
         assert_eq!(entries_patch(&[&legacy], true), json!(with_annotation));
+    }
+
+    #[test]
+    fn a_cooldown_rewrites_the_pinned_entry_with_its_end_and_a_lifted_fence_too() {
+        let until: jiff::Timestamp = "2026-11-25T10:00:31Z".parse().unwrap();
+        let mut release = request("5", "ns/web-0", EntryWrite::Remove);
+        release.cooldown = Some(until);
+        let cooled = json!([
+            {"op": "test", "path": "/spec/allocations/5/id", "value": "sb"},
+            {"op": "test", "path": "/spec/allocations/5/podref", "value": "ns/web-0"},
+            {"op": "replace", "path": "/spec/allocations/5/id", "value": "ipreclaim-cooldown:2026-11-25T10:00:31Z"},
+            {"op": "replace", "path": "/spec/allocations/5/podref", "value": "ns/web-0:cooldown"},
+        ]);
+        assert_eq!(entries_patch(&[&release], false), cooled);
+        // A lifted fence cools under the pod's own name, not the fenced one.
+        let mut lift = request(
+            "5",
+            "ns/web-0:fenced",
+            EntryWrite::Unfence(record(), FenceSource::Annotation),
+        );
+        lift.cooldown = Some(until);
+        let ops = entries_patch(&[&lift], true);
+        assert_eq!(ops[3]["value"], "ns/web-0:cooldown");
+        assert_eq!(ops[4]["op"], "remove");
+        assert_eq!(
+            ops[4]["path"],
+            "/metadata/annotations/ipreclaim.io~1fence-5"
+        );
+        // Its end removes it, pinned by the marker.
+        let mut end = request("5", "ns/web-0:cooldown", EntryWrite::EndCooldown);
+        end.judged.entry.id = "ipreclaim-cooldown:2026-11-25T10:00:31Z".into();
+        assert_eq!(
+            entries_patch(&[&end], false),
+            json!([
+                {"op": "test", "path": "/spec/allocations/5/id", "value": "ipreclaim-cooldown:2026-11-25T10:00:31Z"},
+                {"op": "test", "path": "/spec/allocations/5/podref", "value": "ns/web-0:cooldown"},
+                {"op": "remove", "path": "/spec/allocations/5"},
+            ])
+        );
     }
 
     #[test]

@@ -19,6 +19,21 @@ pub struct ReleaseRequest {
     pub deleted_at: Option<Instant>,
     /// What the write does to the entry.
     pub write: EntryWrite,
+    /// Set by the writer under `--release-cooldown`: a removal (a release, a lifted fence)
+    /// rewrites the entry as cooling until then instead (see `ipam::cooldown`).
+    pub cooldown: Option<jiff::Timestamp>,
+}
+
+impl ReleaseRequest {
+    /// The pod a written release names (a fenced or cooling entry's stored podref is
+    /// rewritten): its reservations name it.
+    pub fn podref(&self) -> &str {
+        match &self.write {
+            EntryWrite::Unfence(record, _) => &record.podref,
+            EntryWrite::EndCooldown => crate::ipam::cooldown::cooled_pod(&self.judged.entry.podref),
+            _ => &self.judged.entry.podref,
+        }
+    }
 }
 
 /// What a write does to a pool entry.
@@ -31,6 +46,9 @@ pub enum EntryWrite {
     Fence(FenceRecord),
     /// Removes a fenced entry, then its record: the delayed release.
     Unfence(FenceRecord, FenceSource),
+    /// Removes a cooling entry (its cooldown is over, or ended by hand), then its pod's
+    /// reservation of the address: the address goes back to the pool. Never cooled again.
+    EndCooldown,
 }
 
 /// What happened to a release.
@@ -46,6 +64,23 @@ pub enum ReleaseOutcome {
     DryRun,
     /// Fenced: kept allocated, unusable by a pod of the same name.
     Fenced,
+    /// Released into its cooldown: no pod's any more, and unusable until then.
+    Cooling(jiff::Timestamp),
+}
+
+impl ReleaseOutcome {
+    /// Whether the address was freed from its pod (removed, or into its cooldown).
+    pub fn freed(&self) -> bool {
+        matches!(self, ReleaseOutcome::Released | ReleaseOutcome::Cooling(_))
+    }
+
+    /// When the cooldown the release started ends, if it started one.
+    pub fn cooling_until(&self) -> Option<jiff::Timestamp> {
+        match self {
+            ReleaseOutcome::Cooling(until) => Some(*until),
+            _ => None,
+        }
+    }
 }
 
 /// Why a release failed (it will be retried, and the sweep still owns the leak).

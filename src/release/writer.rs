@@ -59,6 +59,8 @@ pub struct Writer {
     /// Under `--dry-run`, the allocations (pool, key, id) already reported: nothing is
     /// written, so they come back on every sweep, and each is reported once.
     pub(crate) dry_run_reported: std::sync::Mutex<HashSet<(String, String, String)>>,
+    /// `--release-cooldown`: how long a released address stays out of the pool (zero: off).
+    pub(crate) cooldown: Duration,
 }
 
 impl Writer {
@@ -81,6 +83,7 @@ impl Writer {
             dry_run: false,
             index: None,
             dry_run_reported: Default::default(),
+            cooldown: Duration::ZERO,
         }
     }
 
@@ -93,6 +96,12 @@ impl Writer {
     /// `--dry-run`: reports, writes nothing.
     pub fn dry_run(mut self, dry_run: bool) -> Writer {
         self.dry_run = dry_run;
+        self
+    }
+
+    /// `--release-cooldown`: releases keep the address out of the pool this long (zero: off).
+    pub fn cooldown(mut self, cooldown: Duration) -> Writer {
+        self.cooldown = cooldown;
         self
     }
 
@@ -291,7 +300,8 @@ impl Writer {
             self.report_dry_run(pool, items).await;
             return Vec::new();
         }
-        let (reqs, replies) = one_write_per_entry(items);
+        let (mut reqs, replies) = one_write_per_entry(items);
+        super::cooling::set_cooldowns(&mut reqs, self.cooldown, jiff::Timestamp::now());
         // Fences: the record first. An entry whose record cannot be written is not touched.
         let records = self.write_fence_records(pool, &reqs).await;
         let ready: Vec<usize> = (0..reqs.len())
@@ -319,6 +329,15 @@ impl Writer {
                     let object = (object.name.clone(), object.uid.clone());
                     self.record_fence(index.as_deref_mut(), req, object);
                     outcome = Ok(ReleaseOutcome::Fenced);
+                }
+                (Ok(ReleaseOutcome::Released), _) if req.cooldown.is_some() => {
+                    after.extend(self.record_cooling(index.as_deref_mut(), req));
+                    outcome = Ok(req
+                        .cooldown
+                        .map_or(ReleaseOutcome::Released, ReleaseOutcome::Cooling));
+                }
+                (Ok(ReleaseOutcome::Released), _) if req.write == EntryWrite::EndCooldown => {
+                    after.extend(self.record_cooldown_end(index.as_deref_mut(), req))
                 }
                 (Ok(ReleaseOutcome::Released), _) => {
                     after.extend(self.record_release(index.as_deref_mut(), req))
@@ -515,10 +534,7 @@ impl Writer {
     fn record_release(&self, index: Option<&mut Index>, req: &ReleaseRequest) -> Vec<ObjectDelete> {
         let j = &req.judged;
         // A fenced entry's reservations still name the pod it was fenced for.
-        let podref = match &req.write {
-            EntryWrite::Unfence(record, _) => &record.podref,
-            _ => &j.entry.podref,
-        };
+        let podref = req.podref();
         let mut after: Vec<ObjectDelete> = match index {
             Some(index) => index.released(&j.pool, &j.entry.key, podref, j.entry.ip),
             None => Vec::new(),

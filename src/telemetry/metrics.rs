@@ -486,6 +486,8 @@ pub struct PoolGauges {
     pub free: Family<PoolLabel, Gauge>,
     /// Its fenced entries.
     pub fenced: Family<PoolLabel, Gauge>,
+    /// Its entries in their release cooldown.
+    pub cooling: Family<PoolLabel, Gauge>,
     /// The same per network (its pools summed).
     pub network_size: Family<NetworkLabel, Gauge>,
     /// Allocated per network.
@@ -504,7 +506,7 @@ impl PoolGauges {
             ),
             (
                 "pool_allocated",
-                "Allocations in the pool, fenced ones included",
+                "Allocations in the pool, fenced and cooling ones included",
                 &self.allocated,
             ),
             ("pool_free", "Addresses of the pool still free", &self.free),
@@ -512,6 +514,11 @@ impl PoolGauges {
                 "pool_fenced",
                 "Allocations of the pool held by a fence",
                 &self.fenced,
+            ),
+            (
+                "pool_cooling",
+                "Released addresses of the pool kept out of it by --release-cooldown",
+                &self.cooling,
             ),
         ];
         for (name, help, family) in pools {

@@ -8,6 +8,7 @@ mod support;
 mod harness;
 
 mod bad_input;
+mod cooldown;
 mod deletion;
 mod fencing;
 mod leadership;

@@ -1,6 +1,7 @@
 //! The index's tests, one file per kind, on one set of fixtures. Synchronous: the index is
 //! pure, so each test feeds it steps and reads what it decides.
 
+mod cooling;
 mod fences;
 mod networks;
 mod nodes;

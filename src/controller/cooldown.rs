@@ -1,0 +1,84 @@
+//! The end of release cooldowns (`--release-cooldown`, see `ipam::cooldown`): every second the
+//! leader removes the cooling entries whose end time has passed by its clock, each pinned by
+//! its marker, then deletes the pod's reservation of the address. Whatever set the cooldown
+//! (this controller, an earlier leader, a node agent), the end is in the entry, so it ends
+//! here even when this controller's own flag is off.
+
+use std::time::Instant;
+
+use crate::index::CoolingEntry;
+use crate::reclaim::{Decision, Judged, PodRef, Reason};
+use crate::release::{EntryWrite, ReleaseOutcome, ReleaseRequest};
+
+/// The removal of the cooling entry `c` of `pool`, named for Events by `network`.
+pub fn end_request(pool: &str, c: &CoolingEntry, network: String) -> ReleaseRequest {
+    ReleaseRequest {
+        judged: Judged {
+            pool: pool.to_owned(),
+            entry: c.entry.clone(),
+            // The release was judged when the cooldown began; this only ends it.
+            decision: Decision::Release(Reason::PodDeleted),
+            network,
+            pod: PodRef::from_podref(&c.pod, String::new()),
+        },
+        reason: Reason::PodDeleted,
+        deleted_at: None,
+        write: EntryWrite::EndCooldown,
+        cooldown: None,
+    }
+}
+
+/// Ends due cooldowns on the leader, backing off entries whose removal failed.
+pub struct Cooler {
+    pub(crate) ctx: super::Ctx,
+    /// `--dry-run`: nothing is written, so nothing ends.
+    pub(crate) dry_run: bool,
+    /// Entries (pool, key) whose last removal failed: not tried again before their backoff.
+    pub(crate) backoff: podlife::backoff::Backoff<(String, String)>,
+}
+
+impl Cooler {
+    /// One pass: on the leader, removes every cooling entry due at this moment.
+    pub async fn pass(&self, leader: bool) {
+        if !leader || self.dry_run {
+            return;
+        }
+        let now = Instant::now();
+        let key = |r: &ReleaseRequest| (r.judged.pool.clone(), r.judged.entry.key.clone());
+        let due: Vec<ReleaseRequest> = {
+            let st = self.ctx.state.read().expect("state lock");
+            st.due_cooldowns(jiff::Timestamp::now())
+                .iter()
+                .map(|(pool, c)| {
+                    let network = st
+                        .networks()
+                        .of_pool(pool)
+                        .and_then(|n| n.first().cloned())
+                        .unwrap_or_else(|| pool.clone());
+                    end_request(pool, c, network)
+                })
+                .filter(|r| !self.backoff.is_in_backoff_since(&key(r), now))
+                .collect()
+        };
+        if due.is_empty() {
+            return;
+        }
+        let outcomes = self.ctx.writer.release(due.clone()).await;
+        crate::release::audit::emit_all(due.iter().zip(&outcomes), None, None);
+        for (r, o) in due.iter().zip(&outcomes) {
+            let ip = r.judged.entry.ip;
+            match o {
+                Err(e) => {
+                    self.backoff
+                        .next(&key(r), Instant::now(), Some(e.to_string()));
+                    tracing::warn!(pool = %r.judged.pool, %ip, error = %e, retry_in = ?self.backoff.get(&key(r)), "ending a cooldown failed; retried after a backoff");
+                }
+                Ok(ReleaseOutcome::AlreadyGone | ReleaseOutcome::Changed) => {
+                    tracing::info!(pool = %r.judged.pool, %ip, "a cooling entry was already removed or replaced")
+                }
+                Ok(_) => self.backoff.reset(&key(r)),
+            }
+        }
+        self.backoff.gc();
+    }
+}

@@ -1,0 +1,153 @@
+//! `--release-cooldown` with the real whereabouts allocator: a released address is not handed
+//! out while it cools (not to another pod, not to a pod of the same name), its reservation
+//! stays, a restart keeps the cooldown (its state is in the pool entry), and once it is over
+//! the entry and the reservation go and the address is handed out again.
+
+use std::net::Ipv4Addr;
+
+use ipreclaim::api::{IPAllocation, OverlappingRangeIPReservation};
+use ipreclaim::reclaim::ReclaimConfig;
+use kube::api::Api;
+use testenv::ControlPlane;
+use testenv::poll::wait_for;
+use testenv::whereabouts::WhereaboutsCni;
+
+use crate::harness::Env;
+
+const RANGE: &str = "198.18.7.0/29";
+const POOL: &str = "198.18.7.0-29";
+/// Long enough for the adds and a restart within it; the test polls for its end.
+const COOLDOWN: &str = "--release-cooldown=6s";
+
+impl Env {
+    /// The entry of `pool` holding `ip`, if any.
+    async fn entry_of(&self, pool: &str, ip: Ipv4Addr) -> Option<IPAllocation> {
+        let p = self.pools().get(pool).await.unwrap();
+        let key = (u32::from(ip) - u32::from(Ipv4Addr::new(198, 18, 7, 0))).to_string();
+        p.spec.allocations.get(&key).cloned()
+    }
+
+    fn reservations(&self) -> Api<OverlappingRangeIPReservation> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// A pod `name` on the network, then its sandbox's ADD: the address whereabouts gave. The
+    /// pod exists first without network-status (it keeps every allocation meanwhile).
+    async fn pod_with_address(&self, cni: &WhereaboutsCni, name: &str, sandbox: &str) -> Ipv4Addr {
+        self.pod(name, "net", None).await;
+        let ip = cni.add(&self.ns, name, sandbox).await.unwrap();
+        let status = crate::support::network_status(&self.ns, "net", &[&ip.to_string()]);
+        self.merge_pods_annotation(name, &status).await;
+        ip
+    }
+
+    async fn merge_pods_annotation(&self, name: &str, status: &str) {
+        let patch = serde_json::json!({"metadata": {"annotations": {
+            ipreclaim::ipam::NETWORK_STATUS_ANNOTATION: status}}});
+        self.pods()
+            .patch(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(patch),
+            )
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_released_address_cools_with_the_real_allocator_survives_a_restart_and_returns() {
+    let mut env = Env::new("cooldown").await;
+    let cp = ControlPlane::shared();
+    let cni = WhereaboutsCni::new(cp, &env.ns, &cp.dir().join(&env.ns), RANGE).unwrap();
+    env.nad_config("net", cni.netconf()).await;
+    let x = env.pod_with_address(&cni, "a-0", "sandbox-a").await;
+    assert!(
+        env.reservations()
+            .get_opt(&x.to_string())
+            .await
+            .unwrap()
+            .is_some()
+    );
+    env.start(&[COOLDOWN]).await;
+
+    env.delete_pod("a-0").await;
+    wait_for("a-0's entry rewritten as cooling", || async {
+        env.entry_of(POOL, x).await.is_some_and(|e| {
+            e.podref == format!("{}/a-0:cooldown", env.ns)
+                && e.id.starts_with("ipreclaim-cooldown:")
+        })
+    })
+    .await;
+    let events = env.wait_events("IPAddressGarbageCollected").await;
+    assert!(
+        events[0].2.contains(&format!("[{x}]")) && events[0].2.contains("(in cooldown until "),
+        "{events:?}"
+    );
+    let cooling = format!("ipreclaim_pool_cooling{{pool=\"{}/{POOL}\"}} 1", env.ns);
+    env.wait_metric(&cooling).await;
+
+    // While it cools: another pod, and a pod of the same name, get other addresses; the old
+    // sandbox's late DEL does not end the cooldown; the reservation stays.
+    let b = env.pod_with_address(&cni, "b-0", "sandbox-b").await;
+    assert_ne!(b, x, "a cooling address was handed out");
+    cni.del(&env.ns, "a-0", "sandbox-a").await.unwrap();
+    let again = env.pod_with_address(&cni, "a-0", "sandbox-a2").await;
+    assert_ne!(
+        again, x,
+        "a pod of the same name got its cooling address back"
+    );
+    assert!(
+        env.entry_of(POOL, x).await.is_some(),
+        "the late DEL freed it"
+    );
+    assert!(
+        env.reservations()
+            .get_opt(&x.to_string())
+            .await
+            .unwrap()
+            .is_some()
+    );
+    let rows = ipreclaim::scan::scan(env.client.clone(), &env.ns, ReclaimConfig::default())
+        .await
+        .unwrap();
+    let row = rows
+        .iter()
+        .find(|r| r.ip == x.to_string())
+        .expect("scan shows it");
+    assert_eq!(row.decision, "cooling");
+    assert!(!ipreclaim::scan::would_release(row));
+    assert!(
+        row.cooldown.as_ref().unwrap().remaining_seconds > Some(0),
+        "{row:?}"
+    );
+
+    // A restart keeps it cooling: the state is the entry.
+    env.stop().await;
+    assert!(env.entry_of(POOL, x).await.is_some());
+    env.start(&[COOLDOWN]).await;
+
+    wait_for(
+        "the cooldown to end: entry and reservation gone",
+        || async {
+            env.entry_of(POOL, x).await.is_none()
+                && env
+                    .reservations()
+                    .get_opt(&x.to_string())
+                    .await
+                    .unwrap()
+                    .is_none()
+        },
+    )
+    .await;
+    let none = format!("ipreclaim_pool_cooling{{pool=\"{}/{POOL}\"}} 0", env.ns);
+    env.wait_metric(&none).await;
+    // The lowest free address again: whereabouts hands it out.
+    let c = env.pod_with_address(&cni, "c-0", "sandbox-c").await;
+    assert_eq!(c, x, "the address is back in the pool");
+    // Live pods' entries were never touched.
+    for ip in [b, again, c] {
+        let e = env.entry_of(POOL, ip).await.expect("live entry");
+        assert!(!e.podref.ends_with(":cooldown"), "{e:?}");
+    }
+}
