@@ -20,6 +20,7 @@ pub fn end_request(pool: &str, c: &CoolingEntry, network: String) -> ReleaseRequ
             decision: Decision::Release(Reason::PodDeleted),
             network,
             pod: PodRef::from_podref(&c.pod, String::new()),
+            node: None,
         },
         reason: Reason::PodDeleted,
         deleted_at: None,
