@@ -142,6 +142,7 @@ impl Index {
                 .entries
                 .values()
                 .chain(pool.marked.values())
+                .chain(pool.cooling.values().map(|c| &c.entry))
                 .find(|e| e.ip.to_canonical() == ip)
                 .map(|e| (e.podref.clone(), e.id.clone()));
             let of_network = self

@@ -261,6 +261,13 @@ fn the_pool_named_is_the_networks_and_else_one_whose_entry_names_a_pod() {
     let d = &ix.duplicates().found[0];
     assert_eq!(d.pool.as_deref(), Some("n-192.0.2.0-24"));
     assert_eq!(d.entry, None);
+    // A fenced or cooling entry holds the address too: it is named as stored.
+    let until = "2026-11-25T10:00:00Z".parse().unwrap();
+    let marker = crate::ipam::cooldown::cooldown_id(until);
+    let cooling = [("10", marker.as_str(), "ns/gone:cooldown")];
+    ix.upsert_pool(&pool_named("n-192.0.2.0-24", &cooling));
+    let d = &ix.duplicates().found[0];
+    assert_eq!(d.entry, Some(("ns/gone:cooldown".into(), marker.clone())));
 }
 
 /// The cost of a look at 20,000 pods (the controller looks once a second): printed, not
