@@ -155,6 +155,16 @@ fn one_address_on_two_networks_or_twice_on_one_pod_is_no_duplicate() {
     listing(&mut ix, "d", &twice.to_string());
     // The cluster network's addresses are not whereabouts': every pod here lists 10.244.0.5.
     assert_eq!(found(&ix), []);
+    // One more on a's network: a and e only.
+    listing(&mut ix, "e", &on("ns/net", &["192.0.2.10"]));
+    assert_eq!(
+        found(&ix),
+        [(
+            "ns/net".to_string(),
+            ip("192.0.2.10"),
+            vec!["ns/a".to_string(), "ns/e".into()]
+        )]
+    );
 }
 
 #[test]
