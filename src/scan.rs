@@ -1,5 +1,9 @@
 //! `ipreclaim scan`: a read-only report of every allocation the rules would release or hold as a
-//! candidate, from one list of each resource. Writes nothing.
+//! candidate, and of every duplicate address (`duplicates`), from one list of each resource.
+//! Writes nothing.
+
+mod age;
+mod duplicates;
 
 use std::collections::BTreeMap;
 
@@ -18,6 +22,9 @@ use crate::index::kinds::{Fences, Nads, Pods, Pools, Reservations};
 use crate::index::relist::{Kind, Relist, Step};
 use crate::reclaim::{Decision, ReclaimConfig};
 
+pub use age::human_duration;
+pub use duplicates::{DUPLICATE, ScanDuplicate};
+
 /// One reported allocation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ScanRow {
@@ -29,7 +36,8 @@ pub struct ScanRow {
     pub podref: String,
     /// Sandbox id recorded with it.
     pub sandbox: String,
-    /// `release` (direct evidence) or `candidate` (released after the grace period).
+    /// `release` (direct evidence), `candidate` (released after the grace period), `fenced`,
+    /// `cooling` or `duplicate` (not releases).
     pub decision: String,
     /// Reason code.
     pub reason: String,
@@ -41,6 +49,9 @@ pub struct ScanRow {
     /// For an address in its release cooldown: when it returns to the pool.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cooldown: Option<ScanCooldown>,
+    /// For a duplicate address: its network and the live pods that list it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duplicate: Option<ScanDuplicate>,
 }
 
 /// A release cooldown, as `scan` shows it.
@@ -81,6 +92,7 @@ fn cooling_rows(index: &Index, now: jiff::Timestamp) -> Vec<ScanRow> {
                     .map(|u| crate::ipam::cooldown::remaining(*u, now).as_secs() as i64),
                 error: c.until.as_ref().err().map(ToString::to_string),
             }),
+            duplicate: None,
         })
         .collect()
 }
@@ -123,6 +135,7 @@ pub async fn scan(
                 reason: reason.as_str().into(),
                 fence: None,
                 cooldown: None,
+                duplicate: None,
             })
         })
         .collect();
@@ -141,10 +154,13 @@ pub async fn scan(
             age_seconds: wall.duration_since(f.record.since).as_secs(),
         }),
         cooldown: None,
+        duplicate: None,
     }));
     // Released addresses kept out of the pool for a while: neither live nor leaked.
     rows.extend(cooling_rows(&index, wall));
     rows.sort_by(|a, b| (&a.pool, &a.ip).cmp(&(&b.pool, &b.ip)));
+    // After the rows of allocations, as the tables show them (in network, address order).
+    rows.extend(duplicates::rows(index.duplicates(), &created));
     Ok(rows)
 }
 
@@ -262,13 +278,18 @@ fn invalid<K>(object: &Lenient<K>) -> Option<(String, String)> {
     }
 }
 
-/// Rows of pods in `namespace` only (the namespace of each row's podref).
+/// Rows of pods in `namespace` only (the namespace of each row's podref; for a duplicate, of
+/// any pod that lists it).
 pub fn in_namespace(rows: Vec<ScanRow>, namespace: &str) -> Vec<ScanRow> {
+    let inside = |podref: &str| {
+        podref
+            .split_once('/')
+            .is_some_and(|(ns, _)| ns == namespace)
+    };
     rows.into_iter()
-        .filter(|r| {
-            r.podref
-                .split_once('/')
-                .is_some_and(|(ns, _)| ns == namespace)
+        .filter(|r| match &r.duplicate {
+            Some(d) => d.pods.iter().any(|p| inside(p)),
+            None => inside(&r.podref),
         })
         .collect()
 }
@@ -289,8 +310,18 @@ pub fn wide(rows: &[ScanRow]) -> String {
     render(rows, true, true)
 }
 
-/// The table or the wide table, with or without its header line.
+/// The table or the wide table, with or without its header line; then the duplicate addresses'
+/// section, when there are any.
 pub fn render(rows: &[ScanRow], wide: bool, headers: bool) -> String {
+    let (duplicates, rows): (Vec<ScanRow>, Vec<ScanRow>) =
+        rows.iter().cloned().partition(|r| r.duplicate.is_some());
+    let mut out = allocations(&rows, wide, headers);
+    out.push_str(&duplicates::section(&duplicates, wide, headers));
+    out
+}
+
+/// The table of allocations.
+fn allocations(rows: &[ScanRow], wide: bool, headers: bool) -> String {
     let mut header = vec![
         "POOL",
         "IP",
@@ -340,14 +371,23 @@ pub fn render(rows: &[ScanRow], wide: bool, headers: bool) -> String {
             row
         })
         .collect();
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for row in &cells {
+    let header: Vec<String> = header.iter().map(|h| h.to_string()).collect();
+    aligned(headers.then_some(&header), &cells)
+}
+
+/// Columns aligned to their widest cell, three spaces apart, after `header` when given.
+fn aligned(header: Option<&Vec<String>>, cells: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.map_or_else(
+        || vec![0; cells.first().map_or(0, Vec::len)],
+        |h| h.iter().map(|h| h.chars().count()).collect(),
+    );
+    for row in cells {
         for (w, c) in widths.iter_mut().zip(row) {
             *w = (*w).max(c.chars().count());
         }
     }
     let mut out = String::new();
-    let mut line = |cols: &[String]| {
+    for cols in header.into_iter().chain(cells) {
         let parts: Vec<String> = cols
             .iter()
             .zip(&widths)
@@ -355,12 +395,6 @@ pub fn render(rows: &[ScanRow], wide: bool, headers: bool) -> String {
             .collect();
         out.push_str(parts.join("   ").trim_end());
         out.push('\n');
-    };
-    if headers {
-        line(&header.iter().map(|h| h.to_string()).collect::<Vec<_>>());
-    }
-    for row in &cells {
-        line(row);
     }
     out
 }
@@ -386,127 +420,9 @@ pub fn short_id(id: &str) -> &str {
     id.char_indices().nth(12).map_or(id, |(i, _)| &id[..i])
 }
 
-/// A duration as kubectl shows ages (apimachinery's `duration.HumanDuration`): about two
-/// significant units, e.g. `70s`, `3m10s`, `70m`, `7h59m`, `47h`, `2d1h`, `367d`, `2y1d`;
-/// `<invalid>` for more than a second in the future (a clock ahead).
-pub fn human_duration(d: jiff::SignedDuration) -> String {
-    let seconds = d.as_secs();
-    if seconds < -1 {
-        return "<invalid>".into();
-    } else if seconds < 0 {
-        return "0s".into();
-    } else if seconds < 60 * 2 {
-        return format!("{seconds}s");
-    }
-    let minutes = seconds / 60;
-    if minutes < 10 {
-        let s = seconds % 60;
-        return if s == 0 {
-            format!("{minutes}m")
-        } else {
-            format!("{minutes}m{s}s")
-        };
-    } else if minutes < 60 * 3 {
-        return format!("{minutes}m");
-    }
-    let hours = seconds / 3600;
-    if hours < 8 {
-        let m = minutes % 60;
-        if m == 0 {
-            format!("{hours}h")
-        } else {
-            format!("{hours}h{m}m")
-        }
-    } else if hours < 48 {
-        format!("{hours}h")
-    } else if hours < 24 * 8 {
-        let h = hours % 24;
-        if h == 0 {
-            format!("{}d", hours / 24)
-        } else {
-            format!("{}d{h}h", hours / 24)
-        }
-    } else if hours < 24 * 365 * 2 {
-        format!("{}d", hours / 24)
-    } else if hours < 24 * 365 * 8 {
-        let dy = (hours / 24) % 365;
-        if dy == 0 {
-            format!("{}y", hours / 24 / 365)
-        } else {
-            format!("{}y{dy}d", hours / 24 / 365)
-        }
-    } else {
-        format!("{}y", hours / 24 / 365)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn d(ms: i64) -> jiff::SignedDuration {
-        jiff::SignedDuration::from_millis(ms)
-    }
-
-    const S: i64 = 1_000;
-    const M: i64 = 60 * S;
-    const H: i64 = 60 * M;
-    const DAY: i64 = 24 * H;
-    const Y: i64 = 365 * DAY;
-
-    /// apimachinery's TestHumanDuration and TestHumanDurationBoundaries, case by case.
-    #[test]
-    fn ages_read_as_kubectl_shows_them() {
-        let cases = [
-            (S, "1s"),
-            (70 * S, "70s"),
-            (190 * S, "3m10s"),
-            (70 * M, "70m"),
-            (47 * H, "47h"),
-            (49 * H, "2d1h"),
-            ((8 * 24 + 2) * H, "8d"),
-            (367 * DAY, "367d"),
-            ((365 * 2 * 24 + 25) * H, "2y1d"),
-            ((365 * 8 * 24 + 2) * H, "8y"),
-            (-2 * S, "<invalid>"),
-            (-2 * S + 1, "0s"),
-            (0, "0s"),
-            (S - 1, "0s"),
-            (2 * M - 1, "119s"),
-            (2 * M, "2m"),
-            (2 * M + S, "2m1s"),
-            (10 * M - 1, "9m59s"),
-            (10 * M, "10m"),
-            (10 * M + S, "10m"),
-            (3 * H - 1, "179m"),
-            (3 * H, "3h"),
-            (3 * H + M, "3h1m"),
-            (8 * H - 1, "7h59m"),
-            (8 * H, "8h"),
-            (8 * H + 59 * M, "8h"),
-            (2 * DAY - 1, "47h"),
-            (2 * DAY, "2d"),
-            (2 * DAY + H, "2d1h"),
-            (8 * DAY - 1, "7d23h"),
-            (8 * DAY, "8d"),
-            (8 * DAY + 23 * H, "8d"),
-            (2 * Y - 1, "729d"),
-            (2 * Y, "2y"),
-            (2 * Y + 23 * H, "2y"),
-            (2 * Y + 23 * H + 59 * M, "2y"),
-            (2 * Y + DAY - 1, "2y"),
-            (2 * Y + DAY, "2y1d"),
-            (3 * Y, "3y"),
-            (7 * Y, "7y"),
-            (8 * Y - 1, "7y364d"),
-            (8 * Y, "8y"),
-            (8 * Y + 364 * DAY, "8y"),
-            (9 * Y, "9y"),
-        ];
-        for (ms, want) in cases {
-            assert_eq!(human_duration(d(ms)), want, "{ms} ms");
-        }
-    }
 
     fn row(podref: &str, decision: &str, fence: Option<ScanFence>) -> ScanRow {
         ScanRow {
@@ -519,6 +435,7 @@ mod tests {
             pod_age_seconds: Some(190),
             fence,
             cooldown: None,
+            duplicate: None,
         }
     }
 

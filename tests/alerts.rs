@@ -12,13 +12,14 @@ use testenv::helm::chart_dir;
 use testenv::prometheus::{chart_rules, dashboard_queries, render_chart, run_promtool};
 
 /// The alerts the chart ships (all of them with the default values).
-const ALERTS: [&str; 8] = [
+const ALERTS: [&str; 9] = [
     "IPReclaimPoolNearlyFull",
     "IPReclaimPoolFullSoon",
     "IPReclaimBreakerHoldWaiting",
     "IPReclaimLeaksNotFreed",
     "IPReclaimReleaseFailures",
     "IPReclaimFenceTooOld",
+    "IPReclaimDuplicateAddress",
     "IPReclaimNodePLEGUnhealthy",
     "IPReclaimNoLeader",
 ];
@@ -92,7 +93,7 @@ fn the_rules_are_opt_in_and_pass_promtool_check_rules_with_defaults_and_every_va
         ALERTS.iter().map(|s| s.to_string()).collect(),
     );
     let out = check_rules(&defaults, "defaults");
-    assert!(out.contains("SUCCESS: 8 rules found"), "{out}");
+    assert!(out.contains("SUCCESS: 9 rules found"), "{out}");
 
     // Every value changed: still valid, and each lands where it should.
     let every = rules_file(&[
@@ -108,6 +109,8 @@ fn the_rules_are_opt_in_and_pass_promtool_check_rules_with_defaults_and_every_va
         "prometheusRule.releaseFailures.threshold=3",
         "prometheusRule.releaseFailures.window=1h",
         "prometheusRule.fenceTooOld.olderThan=90min",
+        "prometheusRule.duplicateAddress.for=2m",
+        "prometheusRule.duplicateAddress.severity=critical",
         "prometheusRule.noLeader.for=1m",
     ]);
     check_rules(&every, "every value");
@@ -139,6 +142,15 @@ fn the_rules_are_opt_in_and_pass_promtool_check_rules_with_defaults_and_every_va
     let pool_full = every["groups"][0]["rules"][0].clone();
     assert_eq!(pool_full["for"], "1m");
     assert_eq!(pool_full["labels"]["severity"], "critical");
+    let duplicate = every["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap())
+        .find(|r| r["alert"] == "IPReclaimDuplicateAddress")
+        .unwrap();
+    assert_eq!(duplicate["for"], "2m");
+    assert_eq!(duplicate["labels"]["severity"], "critical");
 
     // The leak threshold follows the controller's sweep interval and leak grace by default.
     let leaks = |sets: &[&str]| expr_of(&rules_file(sets), "IPReclaimLeaksNotFreed");

@@ -391,3 +391,104 @@ fn ipreclaim_plugin_name_is(name: &str) -> bool {
     let out = Command::new(&link).arg("--help").output().expect("run it");
     stdout(&out).contains("Usage: kubectl ipreclaim")
 }
+
+/// Two live pods listing one address on one network: `scan` shows them in a section of their
+/// own (table, wide) and as `duplicate` rows (JSON, YAML), and exits 0 (nothing to release). On
+/// a control plane of its own: scans list pods in every namespace, and the other tests' scans
+/// must not see these.
+#[tokio::test]
+async fn scan_shows_duplicate_addresses_in_their_own_section_and_never_as_releases() {
+    let cp = tokio::task::spawn_blocking(ControlPlane::start)
+        .await
+        .unwrap()
+        .expect("a private control plane");
+    let client = cp.client().await;
+    cp.install_crds(&client).await.expect("install crds/");
+    let ns = cp.namespace(&client, "cli-dup").await;
+    let config = r#"{"cniVersion":"0.3.1","type":"macvlan","ipam":{"type":"whereabouts","range":"192.0.2.0/24"}}"#;
+    support::create_nad(&client, &ns, "macvlan", config).await;
+    // b-0 holds 192.0.2.10 (a-0's entry was removed by hand); both list it.
+    let allocations =
+        BTreeMap::from([("10".to_string(), support::allocation(&ns, "b-0", LONG_ID))]);
+    support::create_pool(&client, &ns, "192.0.2.0-24", "192.0.2.0/24", allocations).await;
+    for name in ["a-0", "b-0"] {
+        let status = support::network_status(&ns, "macvlan", &["192.0.2.10"]);
+        let pod = testenv::fixtures::annotated_pod(
+            name,
+            ipreclaim::ipam::NETWORK_STATUS_ANNOTATION,
+            &status,
+        );
+        Api::<Pod>::namespaced(client.clone(), &ns)
+            .create(&PostParams::default(), &pod)
+            .await
+            .unwrap();
+    }
+    let kc = cp.kubeconfig_path();
+    let kc = kc.to_str().unwrap();
+    let wns = format!("--whereabouts-namespace={ns}");
+    let scan = |extra: &[&str]| {
+        let mut args = vec!["scan", wns.as_str(), "--kubeconfig", kc];
+        args.extend_from_slice(extra);
+        ipreclaim(&args)
+    };
+
+    let out = scan(&[]);
+    assert_eq!(
+        code(&out),
+        0,
+        "a duplicate is no release: {}",
+        explain(&out)
+    );
+    let table = stdout(&out);
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 5, "{table}");
+    assert!(
+        lines[0].starts_with("POOL"),
+        "no allocation to release: {table}"
+    );
+    assert_eq!(lines[1], "", "{table}");
+    assert!(lines[2].starts_with("Duplicate addresses"), "{table}");
+    assert!(lines[3].starts_with("NETWORK"), "{table}");
+    let row: Vec<&str> = lines[4].split_whitespace().collect();
+    let pods = format!("{ns}/a-0,{ns}/b-0");
+    let network = format!("{ns}/macvlan");
+    let entry = format!("{ns}/b-0");
+    assert_eq!(
+        row,
+        [
+            network.as_str(),
+            "192.0.2.10",
+            pods.as_str(),
+            "192.0.2.0-24",
+            entry.as_str()
+        ],
+        "{table}"
+    );
+    let out = scan(&["-o", "wide"]);
+    assert!(
+        stdout(&out).lines().last().unwrap().ends_with(LONG_ID),
+        "{}",
+        explain(&out)
+    );
+
+    let out = scan(&["-o", "json"]);
+    assert_eq!(code(&out), 0, "{}", explain(&out));
+    let json: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(json.as_array().unwrap().len(), 1, "{json}");
+    let d = &json[0];
+    assert_eq!(d["decision"], "duplicate");
+    assert_eq!(d["reason"], "IPAddressDuplicate");
+    assert_eq!(d["ip"], "192.0.2.10");
+    assert_eq!(d["podref"], entry.as_str());
+    assert_eq!(d["sandbox"], LONG_ID);
+    assert_eq!(d["duplicate"]["network"], network.as_str());
+    assert_eq!(
+        d["duplicate"]["pods"],
+        serde_json::json!([format!("{ns}/a-0"), format!("{ns}/b-0")])
+    );
+    let out = scan(&["-o", "yaml"]);
+    let yaml: Value = serde_norway::from_str(&stdout(&out)).expect("YAML");
+    assert_eq!(yaml, json);
+    let out = scan(&["-n", "elsewhere", "-o", "json"]);
+    assert_eq!(stdout(&out).trim(), "[]", "{}", explain(&out));
+}

@@ -28,7 +28,9 @@ pub enum Output {
 Decisions: `release` (direct evidence: released at once by the controller), `candidate` \
 (released once it has looked leaked for the leak grace), `fenced` (a deleted pod's address kept \
 until its node is trusted again; not counted as a release), `cooling` (released, and kept out of \
-the pool by --release-cooldown until the time its REASON shows; not counted either).
+the pool by --release-cooldown until the time its REASON shows; not counted either), `duplicate` \
+(an address two or more live pods list on one network: shown in its own section under the \
+table, never released, not counted).
 
 Exit status: 0 when nothing would be released, 1 when something would (a `release` or \
 `candidate` row), 2 on an error (like `kubectl diff`).")]
@@ -132,6 +134,7 @@ mod tests {
             pod_age_seconds: None,
             fence: None,
             cooldown: None,
+            duplicate: None,
         }
     }
 
@@ -142,6 +145,11 @@ mod tests {
         assert_eq!(code(&[row("cooling")]), 0);
         assert_eq!(code(&[row("fenced"), row("candidate")]), 1);
         assert_eq!(code(&[row("release")]), 1);
+        assert_eq!(
+            code(&[row("duplicate")]),
+            0,
+            "a duplicate is never released"
+        );
     }
 
     #[test]

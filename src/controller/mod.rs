@@ -8,6 +8,7 @@
 mod args;
 pub mod cooldown;
 pub mod deletion;
+pub mod duplicates;
 mod election;
 pub mod fence;
 mod housekeeping;
@@ -196,7 +197,7 @@ fn spawn_workers(
 }
 
 /// Every second: lifts the fences that may lift and ends the cooldowns that are over (leader
-/// only), and reports bad input.
+/// only), and reports bad input and duplicate addresses.
 fn spawn_lifting(
     ctx: &Ctx,
     args: &ControllerArgs,
@@ -233,7 +234,9 @@ fn spawn_lifting(
         metrics: ctx.metrics.clone(),
         reported: Default::default(),
     };
+    let mut duplicates = duplicates::DuplicateReporter::default();
     let (state, ns) = (ctx.state.clone(), args.whereabouts_namespace.clone());
+    let metrics = ctx.metrics.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(fence::LIFT_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -242,7 +245,13 @@ fn spawn_lifting(
             let leads = *leader.borrow();
             lifter.pass(leads).await;
             cooler.pass(leads).await;
-            let problems = report::problems(&state.read().expect("state lock"), &ns);
+            let problems = {
+                let st = state.read().expect("state lock");
+                let mut problems = report::problems(&st, &ns);
+                let found = st.duplicates();
+                problems.extend(duplicates.pass(&st, &found, &metrics, &ns, leads));
+                problems
+            };
             reporter.pass(problems, leads).await;
         }
     })

@@ -1,7 +1,8 @@
 //! Bad input, reported where an operator looks: a Warning Event on the object and one log line,
 //! once per problem (again only if it changes or comes back): objects skipped because they do
 //! not fit their schema, NADs whose config cannot be used, pods whose network-status cannot be
-//! read, pools with entries that cannot be read.
+//! read, pools with entries that cannot be read; and the duplicate addresses `duplicates` turns
+//! into problems.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -50,7 +51,8 @@ fn api_version(kind: &str) -> &'static str {
     }
 }
 
-fn reference(kind: &str, namespace: &str, name: &str, uid: &str) -> ObjectReference {
+/// A reference to the object an Event is about.
+pub fn reference(kind: &str, namespace: &str, name: &str, uid: &str) -> ObjectReference {
     ObjectReference {
         api_version: Some(api_version(kind).into()),
         kind: Some(kind.into()),
@@ -165,7 +167,10 @@ impl Reporter {
                 r.name.clone().unwrap_or_default(),
             );
             if self.reported.get(&key) != Some(&p.message) {
-                tracing::warn!(reason = p.reason, kind = %key.1, namespace = %key.2, name = %key.3, message = %p.message, "bad input");
+                // A duplicate address has its own log line (`duplicates`), per address.
+                if p.reason != super::duplicates::IP_ADDRESS_DUPLICATE {
+                    tracing::warn!(reason = p.reason, kind = %key.1, namespace = %key.2, name = %key.3, message = %p.message, "bad input");
+                }
                 self.events
                     .warning(&p.reference, p.reason, &p.message)
                     .await;

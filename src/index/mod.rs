@@ -1,6 +1,7 @@
 //! What the controller knows, stripped to what decisions need: one sub-index per kind (live
 //! pods and tombstones, pools, networks, reservations, fence records, objects that do not fit
-//! their type, Nodes), the judgement that reads them, and the one re-list driver that feeds
+//! their type, Nodes), the judgement that reads them, the addresses two live pods list
+//! (`duplicates`: reported, never judged), and the one re-list driver that feeds
 //! them (`relist`, with each kind's rules in `kinds`).
 //!
 //! Pure: no tokio, no client. The watches (`controller::watch`) feed it through
@@ -8,6 +9,7 @@
 //! it in step with what it wrote through [`Index`]'s own methods (`fenced_written`,
 //! `released`). May import `api`, `ipam` and `reclaim`, nothing above.
 
+pub mod duplicates;
 pub mod fences;
 pub mod invalid;
 mod judge;
@@ -30,6 +32,7 @@ use crate::ipam::PoolEntry;
 use crate::ipam::cooldown;
 use crate::ipam::fence::{FenceRecord, fenced_podref};
 
+pub use duplicates::{Duplicate, DuplicatePod, Duplicates};
 pub use fences::{FenceIndex, FenceObject, FenceSource, FencedEntry};
 pub use invalid::{InvalidIndex, InvalidKey, InvalidObject};
 pub use lock::{Acquisitions, IndexLock, SharedIndex};

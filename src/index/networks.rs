@@ -169,6 +169,11 @@ impl NetworkIndex {
             .map(Vec::as_slice)
     }
 
+    /// Whether `key` is a known NAD whose IPAM is whereabouts.
+    pub fn is_whereabouts(&self, key: &str) -> bool {
+        self.pools_of.contains_key(key) || self.slices.contains_key(key)
+    }
+
     /// The NADs known, usable or not.
     pub fn keys(&self) -> Vec<String> {
         self.pools_of

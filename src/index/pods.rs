@@ -293,6 +293,11 @@ impl PodIndex {
             .collect()
     }
 
+    /// Live pods by podref.
+    pub fn live_iter(&self) -> impl Iterator<Item = (&str, &LiveInfo)> {
+        self.live.iter().map(|(p, l)| (p.as_str(), l))
+    }
+
     /// The live pod of a podref.
     pub fn live(&self, podref: &str) -> Option<&LiveInfo> {
         self.live.get(podref)

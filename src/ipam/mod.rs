@@ -17,6 +17,7 @@ pub use config::{IpRange, IpamConfig, NadConfigError, parse_nad_config};
 pub use naming::{ippool_name, is_node_slice_pool, reservation_name, reservation_prefixes};
 pub use network_status::{
     NETWORK_STATUS_ANNOTATION, NetworkAttachment, NetworkStatusError, parse_network_status,
+    qualified_network,
 };
 pub use networks::{NETWORKS_ANNOTATION, NetworksError, parse_networks};
 pub use pool::{PoolAllocations, PoolEntry, PoolProblem, ip_at, offset_of, pool_allocations};

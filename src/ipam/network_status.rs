@@ -1,5 +1,6 @@
 //! The pod annotation `k8s.v1.cni.cncf.io/network-status` written by Multus.
 
+use std::borrow::Cow;
 use std::net::IpAddr;
 
 use serde::Deserialize;
@@ -67,6 +68,16 @@ pub fn parse_network_status(
         .collect()
 }
 
+/// A network-status `name` as `namespace/nad`: a name without namespace is in the pod's own
+/// namespace (as Multus resolves a NAD named without one).
+pub fn qualified_network<'a>(name: &'a str, pod_namespace: &str) -> Cow<'a, str> {
+    if name.contains('/') {
+        Cow::Borrowed(name)
+    } else {
+        Cow::Owned(format!("{pod_namespace}/{name}"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,5 +116,11 @@ mod tests {
             assert!(parse_network_status(bad).is_err(), "{bad:?}");
         }
         assert_eq!(parse_network_status("[]"), Ok(vec![]));
+    }
+
+    #[test]
+    fn a_network_without_namespace_is_in_the_pods() {
+        assert_eq!(qualified_network("macvlan", "app"), "app/macvlan");
+        assert_eq!(qualified_network("infra/macvlan", "app"), "infra/macvlan");
     }
 }

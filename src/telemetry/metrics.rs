@@ -300,6 +300,8 @@ pub struct ControllerMetrics {
     pub malformed_network_status: Gauge,
     /// Live pods in the controller's cache.
     pub cached_pods: Gauge,
+    /// Addresses two or more live pods list on the network, on every replica.
+    pub duplicate_addresses: Family<NetworkLabel, Gauge>,
     /// Objects skipped because they do not fit their schema, by kind.
     pub invalid_objects: Family<KindLabel, Gauge>,
     /// Addresses fenced now.
@@ -337,6 +339,7 @@ impl ControllerMetrics {
             nad_config_errors: Gauge::default(),
             malformed_network_status: Gauge::default(),
             cached_pods: Gauge::default(),
+            duplicate_addresses: Family::default(),
             fenced_addresses: Gauge::default(),
             oldest_fence_seconds: Gauge::default(),
             unready_nodes: Gauge::default(),
@@ -471,6 +474,11 @@ impl ControllerMetrics {
             "cached_pods",
             "Live pods in the controller's cache",
             self.cached_pods.clone(),
+        );
+        r.register(
+            "duplicate_addresses",
+            "Addresses that two or more live pods list on the network (never released; each gets a Warning IPAddressDuplicate Event)",
+            self.duplicate_addresses.clone(),
         );
     }
 }

@@ -287,8 +287,9 @@ impl Env {
     }
 }
 
-/// Held by the tests that count malformed objects (NADs, pods' network-status) on /metrics:
-/// the controller watches them in every namespace, so each test would count the other's. Each
+/// Held by the tests that count malformed objects (NADs, pods' network-status) on /metrics, or
+/// make duplicate addresses (which `scan` and every controller would report): the controller
+/// watches them in every namespace, so each test would count the other's. Each
 /// removes its malformed objects before it lets go (namespaces stay: no namespace controller
 /// runs here).
 pub async fn one_bad_input_test_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {

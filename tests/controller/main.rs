@@ -10,6 +10,7 @@ mod harness;
 mod bad_input;
 mod cooldown;
 mod deletion;
+mod duplicates;
 mod fencing;
 mod leadership;
 mod manual;

@@ -16,6 +16,7 @@
 mod support;
 
 mod cluster;
+mod duplicates;
 mod fencing;
 mod local;
 mod node_only;

@@ -2,6 +2,7 @@
 //! pure, so each test feeds it steps and reads what it decides.
 
 mod cooling;
+mod duplicates;
 mod fences;
 mod networks;
 mod nodes;
