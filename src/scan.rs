@@ -20,6 +20,7 @@ use crate::controller::watch::POD_PAGE;
 use crate::index::Index;
 use crate::index::kinds::{Fences, Nads, Pods, Pools, Reservations};
 use crate::index::relist::{Kind, Relist, Step};
+use crate::ipam::PodKey;
 use crate::reclaim::{Decision, ReclaimConfig};
 
 pub use age::human_duration;
@@ -221,13 +222,11 @@ async fn index_of(
             async move { pods.list(&page).await }
         },
         |p| {
-            if let (Some(ns), Some(name), Some(t)) = (
-                &p.metadata.namespace,
-                &p.metadata.name,
-                &p.metadata.creation_timestamp,
-            ) {
+            if let (Some(pod), Some(t)) =
+                (PodKey::of_meta(&p.metadata), &p.metadata.creation_timestamp)
+            {
                 let age = wall.duration_since(t.0).as_secs();
-                created.insert(format!("{ns}/{name}"), age);
+                created.insert(pod.podref(), age);
             }
             relist.step(&mut index, Step::Listed(p), now);
         },
@@ -281,11 +280,7 @@ fn invalid<K>(object: &Lenient<K>) -> Option<(String, String)> {
 /// Rows of pods in `namespace` only (the namespace of each row's podref; for a duplicate, of
 /// any pod that lists it).
 pub fn in_namespace(rows: Vec<ScanRow>, namespace: &str) -> Vec<ScanRow> {
-    let inside = |podref: &str| {
-        podref
-            .split_once('/')
-            .is_some_and(|(ns, _)| ns == namespace)
-    };
+    let inside = |podref: &str| PodKey::namespace_of(podref) == namespace;
     rows.into_iter()
         .filter(|r| match &r.duplicate {
             Some(d) => d.pods.iter().any(|p| inside(p)),

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use http_body_util::BodyExt;
+use ipreclaim::ipam::PodKey;
 use ipreclaim::release::{BudgetConfig, Budgets, Events, PodRef};
 use ipreclaim::telemetry::WriteMetrics;
 use kube::client::Body;
@@ -48,8 +49,7 @@ fn apiserver(fail: usize, status: u16, created: Arc<AtomicUsize>) -> kube::Clien
 
 fn pod(i: usize) -> PodRef {
     PodRef {
-        namespace: "ns".into(),
-        name: format!("p-{i}"),
+        key: PodKey::new("ns", format!("p-{i}")),
         uid: format!("uid-{i}"),
     }
 }

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use ipreclaim::api::OverlappingRangeIPReservation;
 use ipreclaim::index::Index;
+use ipreclaim::ipam::PodKey;
 use ipreclaim::release::manual::{self, Planned, ReleaseTarget};
 use ipreclaim::release::reservation::ReservationDelete;
 use ipreclaim::release::{ReleaseError, ReleaseOutcome, ReleaseRequest};
@@ -40,8 +41,8 @@ pub struct ReleaseArgs {
     #[arg(long, value_name = "NS/NAD", requires = "ip")]
     pub network: Option<String>,
     /// Release every allocation of this pod (NAMESPACE/NAME).
-    #[arg(long, value_name = "NS/NAME", value_parser = podref)]
-    pub pod: Option<String>,
+    #[arg(long, value_name = "NS/NAME", value_parser = PodKey::parse)]
+    pub pod: Option<PodKey>,
     /// Release even when a live pod's network-status lists the address (by default such an
     /// address is refused: the pod is using it, and a freed address can be handed to another
     /// pod); with --ip, also end the address's release cooldown now.
@@ -49,15 +50,6 @@ pub struct ReleaseArgs {
     pub force: bool,
     #[command(flatten)]
     pub write: WriteArgs,
-}
-
-fn podref(s: &str) -> Result<String, String> {
-    match s.split_once('/') {
-        Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
-            Ok(s.to_owned())
-        }
-        _ => Err("expected NAMESPACE/NAME".into()),
-    }
 }
 
 /// Runs `release`.

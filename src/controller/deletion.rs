@@ -16,6 +16,7 @@ use super::fence::record_for;
 use crate::api::slim::PodView;
 use crate::index::NodeIndex;
 use crate::index::{Index, Tombstone};
+use crate::ipam::PodKey;
 use crate::reclaim::{Decision, Reason, ReclaimConfig};
 use crate::reclaim::{Judged, PodRef};
 use crate::release::{EntryWrite, ReleaseError, ReleaseOutcome, ReleaseRequest};
@@ -147,7 +148,6 @@ impl Worker {
     /// The deleted pod of `podref` (its latest tombstone), for a Warning: never the live
     /// replacement of the same name.
     fn pod_of(&self, podref: &str) -> PodRef {
-        let (namespace, name) = podref.split_once('/').unwrap_or(("", podref));
         let st = self.ctx.state.read().expect("state lock");
         let uid = st
             .pods()
@@ -155,11 +155,7 @@ impl Worker {
             .iter()
             .rev()
             .find(|t| !t.uid.is_empty());
-        PodRef {
-            namespace: namespace.into(),
-            name: name.into(),
-            uid: uid.map(|t| t.uid.clone()).unwrap_or_default(),
-        }
+        PodRef::from_podref(podref, uid.map(|t| t.uid.clone()).unwrap_or_default())
     }
 
     async fn process(&self, podref: &str) -> Result<Processed, Failure> {
@@ -220,9 +216,9 @@ impl Worker {
         podref: &str,
         started: Instant,
     ) -> Result<Vec<ReleaseRequest>, Failure> {
-        let (ns, name) = podref.split_once('/').unwrap_or(("", podref));
-        let found = Api::<PodView>::namespaced(self.ctx.client.clone(), ns)
-            .get_opt(name)
+        let pod = PodKey::lenient(podref);
+        let found = Api::<PodView>::namespaced(self.ctx.client.clone(), &pod.namespace)
+            .get_opt(&pod.name)
             .await
             .map_err(|e| Failure::new(format!("confirming pod {podref} is gone: {e}")))?;
         let mut st = self.ctx.state.write().expect("state lock");

@@ -10,6 +10,7 @@ use std::net::IpAddr;
 
 use super::report::{self, Problem};
 use crate::index::{Duplicate, Duplicates, Index};
+use crate::ipam::PodKey;
 use crate::telemetry::ControllerMetrics;
 
 /// Event reason: two or more live pods list the address on one network.
@@ -112,14 +113,14 @@ pub fn problems(st: &Index, found: &Duplicates, namespace: &str) -> Vec<Problem>
                 .filter(|o| o.podref != p.podref)
                 .map(|o| o.podref.as_str())
                 .collect();
-            let (ns, name) = p.podref.split_once('/').unwrap_or(("", &p.podref));
+            let pod = PodKey::lenient(&p.podref);
             let text = format!(
                 "address {} on network {} is also listed by live pod {}",
                 d.ip,
                 d.network,
                 others.join(", ")
             );
-            note("Pod", ns, name, &p.uid, text);
+            note("Pod", &pod.namespace, &pod.name, &p.uid, text);
         }
         match &d.pool {
             Some(pool) => {

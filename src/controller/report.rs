@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use k8s_openapi::api::core::v1::ObjectReference;
 
 use crate::index::Index;
+use crate::ipam::PodKey;
 use crate::release::Events;
 use crate::telemetry::ControllerMetrics;
 
@@ -90,9 +91,9 @@ pub fn problems(st: &Index, namespace: &str) -> Vec<Problem> {
         });
     }
     for (podref, uid, error) in st.pods().malformed_status_pods() {
-        let (ns, name) = podref.split_once('/').unwrap_or(("", &podref));
+        let pod = PodKey::lenient(&podref);
         out.push(Problem {
-            reference: reference("Pod", ns, name, &uid),
+            reference: reference("Pod", &pod.namespace, &pod.name, &uid),
             reason: MALFORMED_NETWORK_STATUS,
             message: format!(
                 "network-status annotation cannot be read (its allocations are kept): {error}"

@@ -10,7 +10,7 @@ use kube::api::Api;
 
 use crate::api::paged::for_each_listed;
 use crate::index::{APPROVE_HOLD_ANNOTATION, NamedReservation};
-use crate::ipam::{NETWORK_STATUS_ANNOTATION, parse_network_status};
+use crate::ipam::{NETWORK_STATUS_ANNOTATION, PodKey, parse_network_status};
 use crate::reclaim::breaker::{Breaker, NewHold};
 use crate::reclaim::grace::{Candidate, GraceClock, Graces, Tally};
 use crate::reclaim::{
@@ -360,9 +360,9 @@ impl Sweeper {
             if now.saturating_duration_since(first) < self.config.graces.leak {
                 continue;
             }
-            let (ns, pod) = podref.split_once('/').unwrap_or(("", &podref));
-            match Api::<Pod>::namespaced(self.ctx.client.clone(), ns)
-                .get_metadata_opt(pod)
+            let pod = PodKey::lenient(&podref);
+            match Api::<Pod>::namespaced(self.ctx.client.clone(), &pod.namespace)
+                .get_metadata_opt(&pod.name)
                 .await
             {
                 Ok(None) => due.push(ReservationDelete {
@@ -397,8 +397,8 @@ impl Sweeper {
                 async move { pods.list_metadata(&page).await }
             },
             |p| {
-                if let (Some(ns), Some(name)) = (p.metadata.namespace, p.metadata.name) {
-                    podrefs.insert(format!("{ns}/{name}"));
+                if let Some(pod) = PodKey::of_meta(&p.metadata) {
+                    podrefs.insert(pod.podref());
                 }
             },
         )
@@ -408,13 +408,9 @@ impl Sweeper {
 
     /// A fresh look at the pod before releasing on the sweep's evidence.
     async fn confirm(&self, j: &Judged, reason: Reason) -> Result<bool, kube::Error> {
-        let (ns, name) = j
-            .entry
-            .podref
-            .split_once('/')
-            .unwrap_or(("", &j.entry.podref));
-        let pod = Api::<Pod>::namespaced(self.ctx.client.clone(), ns)
-            .get_opt(name)
+        let key = PodKey::lenient(&j.entry.podref);
+        let pod = Api::<Pod>::namespaced(self.ctx.client.clone(), &key.namespace)
+            .get_opt(&key.name)
             .await?;
         let Some(pod) = pod else {
             return Ok(reason == Reason::PodMissing);

@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use super::Index;
-use crate::ipam::qualified_network;
+use crate::ipam::{PodKey, qualified_network};
 
 /// A pool entry's podref and sandbox id.
 type Holder = (String, String);
@@ -81,7 +81,7 @@ impl Index {
                 unreadable += usize::from(live.malformed_status.is_some());
                 continue;
             };
-            let namespace = podref.split_once('/').map_or("", |(ns, _)| ns);
+            let namespace = PodKey::namespace_of(podref);
             for n in networks {
                 let network = qualified_network(&n.name, namespace);
                 for ip in &n.ips {

@@ -14,6 +14,7 @@ use super::{FenceObject, Index};
 use crate::api::lenient::Lenient;
 use crate::api::slim::{NodeReadyView, PodView};
 use crate::api::{IPFence, IPPool, NetworkAttachmentDefinition, OverlappingRangeIPReservation};
+use crate::ipam::PodKey;
 use crate::ipam::fence::fence_record;
 
 /// What a pod's observation tells the index.
@@ -53,10 +54,9 @@ impl Kind for Pods {
     type Effect = Buried;
 
     fn key(p: &PodView) -> Option<PodUid> {
-        let m = &p.metadata;
         Some(PodUid {
-            podref: format!("{}/{}", m.namespace.as_deref()?, m.name.as_deref()?),
-            uid: m.uid.clone()?,
+            podref: PodKey::of_meta(&p.metadata)?.podref(),
+            uid: p.metadata.uid.clone()?,
         })
     }
 

@@ -11,6 +11,7 @@ pub mod fence;
 pub mod naming;
 pub mod network_status;
 pub mod networks;
+pub mod pod_key;
 pub mod pool;
 
 pub use config::{IpRange, IpamConfig, NadConfigError, parse_nad_config};
@@ -20,4 +21,5 @@ pub use network_status::{
     qualified_network,
 };
 pub use networks::{NETWORKS_ANNOTATION, NetworksError, parse_networks};
+pub use pod_key::{PodKey, PodKeyError};
 pub use pool::{PoolAllocations, PoolEntry, PoolProblem, ip_at, offset_of, pool_allocations};

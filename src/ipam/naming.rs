@@ -78,10 +78,9 @@ fn is_label(s: &str) -> bool {
 /// Whether `podref` is `<namespace>/<pod name>` with names Kubernetes accepts (a pod name is
 /// an RFC 1123 subdomain: dot-separated labels, at most 253 characters).
 pub fn is_pod_ref(podref: &str) -> bool {
-    let Some((namespace, name)) = podref.split_once('/') else {
-        return false;
-    };
-    is_label(namespace) && name.len() <= 253 && name.split('.').all(is_label)
+    super::pod_key::split(podref).is_some_and(|(namespace, name)| {
+        is_label(namespace) && name.len() <= 253 && name.split('.').all(is_label)
+    })
 }
 
 #[cfg(test)]

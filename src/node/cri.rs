@@ -21,6 +21,8 @@ use prometheus_client::metrics::family::Family;
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 
+use crate::ipam::PodKey;
+
 pub use crate::telemetry::node_metrics::MethodLabel;
 
 /// CRI calls made, by method (metrics counters; `get()` reads them).
@@ -59,8 +61,8 @@ pub struct RuntimeView {
     /// Every sandbox listed, with the number of the last listing that had it. The agent
     /// forgets entries it is done with.
     pub sandboxes: HashMap<String, u64>,
-    /// Pods of the last listing: uid -> (namespace, name).
-    pub pods: HashMap<String, (String, String)>,
+    /// Pods of the last listing, by uid.
+    pub pods: HashMap<String, PodKey>,
     /// Pods of the last listing with a sandbox Ready (running).
     pub ready: HashSet<String>,
     /// Sandboxes of the last listing without pod metadata, and containers not exited whose
@@ -207,7 +209,7 @@ impl CriPodSource {
                 view.ready.insert(p.uid.clone());
             }
             view.pods
-                .insert(p.uid.clone(), (p.namespace.clone(), p.name.clone()));
+                .insert(p.uid.clone(), PodKey::new(&p.namespace, &p.name));
             for sb in &p.sandboxes {
                 match view.sandboxes.get_mut(&sb.id) {
                     Some(last) => *last = n,

@@ -39,11 +39,12 @@ use prometheus_client::registry::Registry;
 use tokio::task::JoinSet;
 
 use crate::flags::parse_duration;
+use crate::ipam::PodKey;
 use crate::reclaim::ReclaimConfig;
 use crate::release::{BudgetConfig, Budgets, Events, writer};
 use crate::telemetry::{Health, LogFormat, NodeMetrics, WriteMetrics};
 use cri::{CriCalls, CriPodSource, RuntimeView};
-use release::{Outcome, Releaser};
+use release::{ApiPod, Outcome, Releaser};
 use witness::{DeadSandbox, Witness};
 
 /// Sandboxes not listed for this many relists are forgotten (their events were handled or
@@ -152,18 +153,15 @@ fn watch_node_pods(client: Client, node: &str) -> (PodStore, tokio::task::JoinHa
     (reader, task)
 }
 
-/// The API pod of `uid` on this node: (namespace, name, deleting).
-fn api_pod(store: &PodStore, uid: &str) -> Option<(String, String, bool)> {
+/// The API pod of `uid` on this node.
+fn api_pod(store: &PodStore, uid: &str) -> Option<ApiPod> {
     store
         .state()
         .iter()
         .find(|p| p.metadata.uid.as_deref() == Some(uid))
-        .map(|p| {
-            (
-                p.namespace().unwrap_or_default(),
-                p.name_any(),
-                p.metadata.deletion_timestamp.is_some(),
-            )
+        .map(|p| ApiPod {
+            key: PodKey::new(p.namespace().unwrap_or_default(), p.name_any()),
+            deleting: p.metadata.deletion_timestamp.is_some(),
         })
 }
 
@@ -271,11 +269,11 @@ impl Agent {
                 .iter()
                 .filter_map(|p| p.metadata.uid.clone())
                 .collect();
-            let orphans: Vec<(String, String, String)> = view
+            let orphans: Vec<(String, PodKey)> = view
                 .pods
                 .iter()
                 .filter(|(uid, _)| !api.contains(*uid))
-                .map(|(uid, (ns, name))| (uid.clone(), ns.clone(), name.clone()))
+                .map(|(uid, pod)| (uid.clone(), pod.clone()))
                 .collect();
             (orphans, listings)
         };
@@ -284,9 +282,9 @@ impl Agent {
         }
         self.metrics.orphaned_runtime_pods.set(orphans.len() as i64);
         let current: HashSet<String> = orphans.iter().map(|o| o.0.clone()).collect();
-        for (uid, ns, name) in orphans {
+        for (uid, pod) in orphans {
             if self.logged_orphans.insert(uid.clone()) {
-                tracing::warn!(pod_uid = %uid, pod = %format!("{ns}/{name}"), "orphaned runtime pod: its sandboxes have no pod in the API (not acted on)");
+                tracing::warn!(pod_uid = %uid, %pod, "orphaned runtime pod: its sandboxes have no pod in the API (not acted on)");
             }
         }
         self.logged_orphans.retain(|u| current.contains(u));

@@ -16,7 +16,8 @@ use crate::api::{
     IPPool, NetworkAttachmentDefinition, NodeSlicePool, OverlappingRangeIPReservation,
 };
 use crate::ipam::{
-    IpamConfig, PoolEntry, ippool_name, parse_nad_config, pool_allocations, reservation_name,
+    IpamConfig, PodKey, PoolEntry, ippool_name, parse_nad_config, pool_allocations,
+    reservation_name,
 };
 use crate::reclaim::{LivePod, PodPhase, PodRef, ReclaimConfig};
 use crate::release::Events;
@@ -66,6 +67,15 @@ impl Outcome {
     }
 }
 
+/// The API pod of a dead sandbox's uid on this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiPod {
+    /// Its namespace and name.
+    pub key: PodKey,
+    /// Being deleted (the controller's to clean up).
+    pub deleting: bool,
+}
+
 /// Does the API work for dead sandboxes.
 pub struct Releaser {
     pub(crate) client: Client,
@@ -82,29 +92,31 @@ fn failed(what: &str, e: kube::Error) -> Outcome {
 }
 
 impl Releaser {
-    /// Handles one due sandbox. `pod` is the live API pod of its uid on this node, if any
-    /// (namespace, name, being deleted).
-    pub async fn release(&self, sb: &DeadSandbox, pod: Option<(String, String, bool)>) -> Outcome {
+    /// Handles one due sandbox. `pod` is the API pod of its uid on this node, if any.
+    pub async fn release(&self, sb: &DeadSandbox, pod: Option<ApiPod>) -> Outcome {
         self.try_release(sb, pod).await.unwrap_or_else(|o| o)
     }
 
     /// [`Releaser::release`]; `Err` carries an outcome that ends it early.
-    async fn try_release(
-        &self,
-        sb: &DeadSandbox,
-        pod: Option<(String, String, bool)>,
-    ) -> Result<Outcome, Outcome> {
-        let Some((namespace, name, false)) = pod else {
+    async fn try_release(&self, sb: &DeadSandbox, pod: Option<ApiPod>) -> Result<Outcome, Outcome> {
+        let Some(ApiPod {
+            key,
+            deleting: false,
+        }) = pod
+        else {
             return Ok(Outcome::PodGone);
         };
-        let Some(pod) = self.live_pod(&namespace, &name, &sb.pod_uid).await? else {
+        let Some(pod) = self.live_pod(&key, &sb.pod_uid).await? else {
             return Ok(Outcome::PodGone);
         };
-        let networks = pod_networks(pod.annotations(), &namespace);
+        let networks = pod_networks(pod.annotations(), &key.namespace);
         for why in &networks.ignored {
-            tracing::warn!(pod = %format!("{namespace}/{name}"), %why, "annotation ignored");
+            tracing::warn!(pod = %key, %why, "annotation ignored");
         }
-        let podref = PodRef::from_podref(&format!("{namespace}/{name}"), sb.pod_uid.clone());
+        let podref = PodRef {
+            key,
+            uid: sb.pod_uid.clone(),
+        };
         let live = LivePod {
             uid: &sb.pod_uid,
             phase: PodPhase::parse(pod.status.as_ref().and_then(|s| s.phase.as_deref())),
@@ -162,16 +174,11 @@ impl Releaser {
         })
     }
 
-    /// The pod `namespace/name` if it is still the live pod of `uid` (the watch may lag: the
-    /// pod itself is read); `None` when it is gone, replaced or being deleted.
-    async fn live_pod(
-        &self,
-        namespace: &str,
-        name: &str,
-        uid: &str,
-    ) -> Result<Option<Pod>, Outcome> {
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        match pods.get_opt(name).await {
+    /// The pod `key` if it is still the live pod of `uid` (the watch may lag: the pod itself
+    /// is read); `None` when it is gone, replaced or being deleted.
+    async fn live_pod(&self, key: &PodKey, uid: &str) -> Result<Option<Pod>, Outcome> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &key.namespace);
+        match pods.get_opt(&key.name).await {
             Ok(Some(p))
                 if p.metadata.uid.as_deref() == Some(uid)
                     && p.metadata.deletion_timestamp.is_none() =>
@@ -179,7 +186,7 @@ impl Releaser {
                 Ok(Some(p))
             }
             Ok(_) => Ok(None),
-            Err(e) => Err(failed(&format!("get pod {namespace}/{name}"), e)),
+            Err(e) => Err(failed(&format!("get pod {key}"), e)),
         }
     }
 
@@ -319,16 +326,10 @@ impl Releaser {
     }
 
     /// Retries ran out: a Warning Event on the pod, naming the sandbox and the cause.
-    pub async fn gave_up(
-        &self,
-        sb: &DeadSandbox,
-        pod: Option<(String, String, bool)>,
-        cause: &str,
-    ) {
-        if let Some((namespace, name, _)) = pod {
+    pub async fn gave_up(&self, sb: &DeadSandbox, pod: Option<ApiPod>, cause: &str) {
+        if let Some(ApiPod { key, .. }) = pod {
             let pod = PodRef {
-                namespace,
-                name,
+                key,
                 uid: sb.pod_uid.clone(),
             };
             let short = &sb.id[..sb.id.len().min(12)];

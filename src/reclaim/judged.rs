@@ -1,35 +1,32 @@
 //! An allocation with its decision and the pod to name: what the judgement hands to the
 //! release path.
 
-use crate::ipam::PoolEntry;
+use crate::ipam::{PodKey, PoolEntry};
 
 use super::Decision;
 
 /// A pod's identity for Events.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PodRef {
-    /// Namespace.
-    pub namespace: String,
-    /// Name.
-    pub name: String,
+    /// Namespace and name.
+    pub key: PodKey,
     /// Uid (empty when unknown, e.g. a pod that vanished while the controller was down).
     pub uid: String,
 }
 
 impl PodRef {
-    /// The pod of `podref` (`namespace/name`) with `uid`.
+    /// The pod of `podref` (`namespace/name`, read leniently: see [`PodKey::lenient`]) with
+    /// `uid`.
     pub fn from_podref(podref: &str, uid: String) -> PodRef {
-        let (namespace, name) = podref.split_once('/').unwrap_or(("", podref));
         PodRef {
-            namespace: namespace.into(),
-            name: name.into(),
+            key: PodKey::lenient(podref),
             uid,
         }
     }
 
     /// `namespace/name`.
     pub fn podref(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
+        self.key.podref()
     }
 }
 

@@ -46,8 +46,8 @@ fn pod_reference(pod: &PodRef) -> ObjectReference {
     ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("Pod".into()),
-        namespace: Some(pod.namespace.clone()),
-        name: Some(pod.name.clone()),
+        namespace: Some(pod.key.namespace.clone()),
+        name: Some(pod.key.name.clone()),
         uid: (!pod.uid.is_empty()).then(|| pod.uid.clone()),
         ..Default::default()
     }
@@ -382,8 +382,8 @@ impl Events {
     /// Releases for a pod failed for good.
     pub async fn failed(&self, pod: &PodRef, cause: &str) {
         let note = format!(
-            "failed to garbage collect addresses for pod {}/{}: {cause}",
-            pod.namespace, pod.name
+            "failed to garbage collect addresses for pod {}: {cause}",
+            pod.key
         );
         self.publish(
             EventType::Warning,

@@ -7,8 +7,8 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use crate::index::{CoolingEntry, FenceSource, Index};
-use crate::ipam::PoolEntry;
 use crate::ipam::fence::{FENCED_PODREF_SUFFIX, FenceRecord};
+use crate::ipam::{PodKey, PoolEntry};
 use crate::reclaim::{Decision, Judged, PodRef, Reason};
 
 use super::types::{EntryWrite, ReleaseRequest};
@@ -165,8 +165,8 @@ pub enum ReleaseTarget {
         /// The NAD whose pools are meant.
         network: Option<String>,
     },
-    /// Every allocation of one pod (`namespace/name`).
-    Pod(String),
+    /// Every allocation of one pod.
+    Pod(PodKey),
 }
 
 /// Why `release` plans nothing.
@@ -286,8 +286,8 @@ fn targeted(index: &Index, target: &ReleaseTarget) -> Vec<(String, PoolEntry)> {
                     .map(|e| (p.name.clone(), e.clone()))
             })
             .collect(),
-        ReleaseTarget::Pod(podref) => pools
-            .slots(podref)
+        ReleaseTarget::Pod(pod) => pools
+            .slots(&pod.podref())
             .iter()
             .filter_map(|s| Some((s.pool.clone(), pools.entry(&s.pool, &s.key)?.clone())))
             .collect(),
@@ -554,11 +554,11 @@ mod tests {
             releases_of(&ix, &at("192.0.2.99", None)),
             Err(NotPlanned::Nothing(_))
         ));
-        let pod = releases_of(&ix, &ReleaseTarget::Pod("ns/gone-0".into())).unwrap();
+        let pod = releases_of(&ix, &ReleaseTarget::Pod(PodKey::new("ns", "gone-0"))).unwrap();
         assert_eq!(ips(&pod), ["p/192.0.2.30"]);
         assert_eq!(pod[0].request.reason, Reason::PodMissing);
         assert!(matches!(
-            releases_of(&ix, &ReleaseTarget::Pod("ns/nobody".into())),
+            releases_of(&ix, &ReleaseTarget::Pod(PodKey::new("ns", "nobody"))),
             Err(NotPlanned::Nothing(_))
         ));
     }
@@ -587,6 +587,6 @@ mod tests {
         assert_eq!(r.judged.entry.id, marker);
         assert_eq!(r.podref(), "ns/old-0");
         // Not a release of the pod's other addresses, nor a leak.
-        assert!(releases_of(&ix, &ReleaseTarget::Pod("ns/old-0".into())).is_err());
+        assert!(releases_of(&ix, &ReleaseTarget::Pod(PodKey::new("ns", "old-0"))).is_err());
     }
 }
