@@ -141,8 +141,8 @@ pub async fn scan(
         })
         .collect();
     // Fenced addresses: a deleted pod's, kept until its node is trusted again.
-    rows.extend(index.fenced().into_iter().map(|(pool, f)| ScanRow {
-        pool,
+    rows.extend(index.fenced().into_iter().map(|f| ScanRow {
+        pool: f.pool,
         ip: f.entry.ip.to_string(),
         pod_age_seconds: None,
         podref: f.record.podref,

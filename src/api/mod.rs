@@ -15,6 +15,16 @@ use kube::{CustomResource, CustomResourceExt};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+/// An object (of a kind and namespace the context gives) by name, with the uid it had when
+/// read: what a delete pins as its precondition.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectId {
+    /// Its name.
+    pub name: String,
+    /// Its uid.
+    pub uid: String,
+}
+
 /// IPPoolSpec defines the desired state of IPPool.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(

@@ -143,7 +143,7 @@ fn reservations_of(index: &Index, r: &ReleaseRequest) -> Vec<ReservationDelete> 
         .reservations()
         .of(r.podref(), j.entry.ip)
         .into_iter()
-        .map(|(name, uid)| ReservationDelete::after_release(name, uid, r.podref(), j))
+        .map(|id| ReservationDelete::after_release(id, r.podref(), j))
         .collect()
 }
 

@@ -5,8 +5,9 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::process::ExitCode;
 
-use ipreclaim::api::IPFence;
-use ipreclaim::index::{FenceSource, Index};
+use ipreclaim::api::{IPFence, ObjectId};
+use ipreclaim::index::{FenceAnnotation, FenceSource, Index};
+use ipreclaim::release::events::Lifted;
 use ipreclaim::release::manual::{self, FenceSelect, Planned};
 use ipreclaim::release::{EntryWrite, ReleaseOutcome, ReleaseRequest};
 use kube::api::Api;
@@ -98,11 +99,11 @@ async fn all_gone(args: &UnfenceArgs) -> anyhow::Result<bool> {
             place(pool, *ip)
         );
     }
-    for (name, _) in &left.records {
+    for ObjectId { name, .. } in &left.records {
         println!("left: IPFence {name}");
     }
     for (pool, annotations) in &left.annotations {
-        for (key, _) in annotations {
+        for FenceAnnotation { key, .. } in annotations {
             println!("left: the fence annotation of entry {key} of pool {pool}");
         }
     }
@@ -157,7 +158,10 @@ async fn unfence(args: UnfenceArgs) -> anyhow::Result<u8> {
         .iter()
         .copied()
         .partition(|(r, _)| matches!(r.write, EntryWrite::Unfence(..)));
-    let why = ("lifted by hand with ipreclaim unfence", "Manual");
+    let why = Lifted {
+        why: "lifted by hand with ipreclaim unfence",
+        action: "Manual",
+    };
     session.events.released_all_because(lifts, Some(why)).await;
     session
         .events
@@ -195,9 +199,7 @@ async fn after_lift(session: &Session, index: &Index, r: &ReleaseRequest) {
         .reservations()
         .of(&podref, j.entry.ip)
         .into_iter()
-        .map(|(name, uid)| {
-            ipreclaim::release::reservation::ReservationDelete::after_release(name, uid, &podref, j)
-        })
+        .map(|r| ipreclaim::release::reservation::ReservationDelete::after_release(r, &podref, j))
         .collect();
     session.writer.delete_reservations(deletes);
     if let EntryWrite::Unfence(_, FenceSource::Annotation) = &r.write
@@ -206,7 +208,10 @@ async fn after_lift(session: &Session, index: &Index, r: &ReleaseRequest) {
             .get(&j.pool)
             .and_then(|p| p.annotation_values.get(&j.entry.key))
     {
-        let annotation = vec![(j.entry.key.clone(), value.clone())];
+        let annotation = vec![FenceAnnotation {
+            key: j.entry.key.clone(),
+            value: value.clone(),
+        }];
         session.writer.clear_fences(&j.pool, annotation).await;
     }
 }
@@ -261,8 +266,8 @@ fn marked_entries(index: &Index) -> Vec<(String, IpAddr, String)> {
 /// annotations of earlier releases whose entry is not fenced.
 #[derive(Default)]
 struct Leftovers {
-    records: Vec<(String, String)>,
-    annotations: BTreeMap<String, Vec<(String, String)>>,
+    records: Vec<ObjectId>,
+    annotations: BTreeMap<String, Vec<FenceAnnotation>>,
 }
 
 impl Leftovers {
@@ -272,12 +277,7 @@ impl Leftovers {
         }
         let mut records = index.stale_fence_objects();
         // Pending: written, the entry not rewritten (the controller stopped between the two).
-        records.extend(
-            index
-                .pending_fences()
-                .into_iter()
-                .map(|(_, _, o)| (o.name, o.uid)),
-        );
+        records.extend(index.pending_fences().into_iter().map(|p| p.object.id()));
         records.sort();
         Leftovers {
             records,
@@ -302,11 +302,11 @@ impl Leftovers {
         } else {
             ("deleted", "removed")
         };
-        for (name, _) in &self.records {
+        for ObjectId { name, .. } in &self.records {
             println!("{delete} IPFence {name} (left over or pending)");
         }
         for (pool, annotations) in &self.annotations {
-            for (key, _) in annotations {
+            for FenceAnnotation { key, .. } in annotations {
                 println!("{remove} the fence annotation of entry {key} of pool {pool}");
             }
         }

@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use crate::index::CoolingEntry;
+use crate::index::{CoolingEntry, Slot};
 use crate::reclaim::{Decision, Judged, PodRef, Reason};
 use crate::release::{EntryWrite, ReleaseOutcome, ReleaseRequest};
 
@@ -34,8 +34,8 @@ pub struct Cooler {
     pub(crate) ctx: super::Ctx,
     /// `--dry-run`: nothing is written, so nothing ends.
     pub(crate) dry_run: bool,
-    /// Entries (pool, key) whose last removal failed: not tried again before their backoff.
-    pub(crate) backoff: podlife::backoff::Backoff<(String, String)>,
+    /// Entries whose last removal failed: not tried again before their backoff.
+    pub(crate) backoff: podlife::backoff::Backoff<Slot>,
 }
 
 impl Cooler {
@@ -45,7 +45,7 @@ impl Cooler {
             return;
         }
         let now = Instant::now();
-        let key = |r: &ReleaseRequest| (r.judged.pool.clone(), r.judged.entry.key.clone());
+        let key = |r: &ReleaseRequest| Slot::new(&r.judged.pool, &r.judged.entry.key);
         let due: Vec<ReleaseRequest> = {
             let st = self.ctx.state.read().expect("state lock");
             st.due_cooldowns(jiff::Timestamp::now())

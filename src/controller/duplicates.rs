@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
 
 use super::report::{self, Problem};
-use crate::index::{Duplicate, Duplicates, Index};
+use crate::index::{Duplicate, Duplicates, Holder, Index};
 use crate::ipam::PodKey;
 use crate::telemetry::ControllerMetrics;
 
@@ -80,7 +80,7 @@ impl DuplicateReporter {
                     address = %d.ip,
                     pods = %pods.join(", "),
                     pool = d.pool.as_deref().unwrap_or(""),
-                    entry = d.entry.as_ref().map_or("", |(p, _)| p.as_str()),
+                    entry = d.entry.as_ref().map_or("", |h| h.podref.as_str()),
                     "duplicate address: live pods list the same address on one network; none is released"
                 );
             }
@@ -159,7 +159,10 @@ fn listed_by(d: &Duplicate) -> String {
 /// What the pool's Event says of one duplicate: who lists it and who its entry names.
 fn pool_note(d: &Duplicate) -> String {
     match &d.entry {
-        Some((podref, sandbox)) => format!(
+        Some(Holder {
+            podref,
+            id: sandbox,
+        }) => format!(
             "{}; the pool's entry names {podref} (sandbox {})",
             listed_by(d),
             sandbox.get(..12).unwrap_or(sandbox)

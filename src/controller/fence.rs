@@ -5,7 +5,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use crate::index::{FenceObject, FencedEntry, NodeIndex};
+use crate::api::ObjectId;
+use crate::index::{FenceAnnotation, FenceObject, FencedEntry, NodeIndex, PendingFence, Slot};
 use crate::ipam::PoolEntry;
 use crate::ipam::fence::FenceRecord;
 use crate::ipam::fence::FenceSource;
@@ -13,6 +14,7 @@ use crate::reclaim::fence::{
     FenceIdentity, FencePolicy, GoneReport, Lift, Moment, NodeReadiness, Rejected, lift_with_report,
 };
 use crate::reclaim::{Decision, Judged, PodRef, Reason};
+use crate::release::events::Lifted;
 use crate::release::{EntryWrite, ReleaseOutcome, ReleaseRequest};
 
 /// How often fences are checked for lifting.
@@ -72,14 +74,31 @@ pub struct Lifter {
     pub(crate) view: Arc<RwLock<NodeIndex>>,
     /// `None`: fencing is off, and fences an earlier run set are lifted.
     pub(crate) policy: Option<FencePolicy>,
-    /// When this process first saw each fence (pool, key, uid): settles count on our clock.
-    pub(crate) first_seen: std::sync::Mutex<HashMap<(String, String, String), Instant>>,
+    /// When this process first saw each fence: settles count on our clock.
+    pub(crate) first_seen: std::sync::Mutex<HashMap<SeenFence, Instant>>,
     /// When this process first saw each pending or left-over record (by name).
     pub(crate) records_seen: std::sync::Mutex<HashMap<String, Instant>>,
-    /// Entries (pool, key) whose last write failed: not tried again before their backoff.
-    pub(crate) backoff: podlife::backoff::Backoff<(String, String)>,
+    /// Entries whose last write failed: not tried again before their backoff.
+    pub(crate) backoff: podlife::backoff::Backoff<Slot>,
     /// Node agent reports rejected so far, as (fence uid, why): logged and counted once.
     pub(crate) rejected: std::sync::Mutex<HashSet<(String, Rejected)>>,
+}
+
+/// A fence as the lifter's clock knows it: its entry and the deleted pod's uid (a new fence
+/// of the same entry starts its own settle).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct SeenFence {
+    slot: Slot,
+    uid: String,
+}
+
+impl SeenFence {
+    fn of(f: &FencedEntry) -> SeenFence {
+        SeenFence {
+            slot: Slot::new(&f.pool, &f.entry.key),
+            uid: f.record.uid.clone(),
+        }
+    }
 }
 
 /// First and longest wait before a failed fence write (lift or completion) is tried again.
@@ -87,10 +106,10 @@ pub const WRITE_BACKOFF: (Duration, Duration) = (Duration::from_secs(1), Duratio
 
 /// What one pass found in the state.
 struct Found {
-    fenced: Vec<(String, FencedEntry)>,
-    pending: Vec<(String, PoolEntry, FenceObject)>,
-    stale_records: Vec<(String, String)>,
-    stale_annotations: std::collections::BTreeMap<String, Vec<(String, String)>>,
+    fenced: Vec<FencedEntry>,
+    pending: Vec<PendingFence>,
+    stale_records: Vec<ObjectId>,
+    stale_annotations: std::collections::BTreeMap<String, Vec<FenceAnnotation>>,
 }
 
 /// What one pass makes of the fences.
@@ -99,7 +118,7 @@ struct Lifts {
     /// Lifts to write.
     lifted: Vec<ReleaseRequest>,
     /// Of those, the ones the node agent's report lifted (their Events say so).
-    by_agent: HashSet<(String, String)>,
+    by_agent: HashSet<Slot>,
     /// Fences (and pending fences) that stay.
     held: i64,
     /// The age of the oldest fence that stays.
@@ -145,16 +164,12 @@ impl Lifter {
             ..Default::default()
         };
         let mut first_seen = self.first_seen.lock().expect("fence clock lock");
-        let keys: HashSet<(String, String, String)> = found
-            .fenced
-            .iter()
-            .map(|(pool, f)| (pool.clone(), f.entry.key.clone(), f.record.uid.clone()))
-            .collect();
+        let keys: HashSet<SeenFence> = found.fenced.iter().map(SeenFence::of).collect();
         first_seen.retain(|k, _| keys.contains(k));
         let uids: HashSet<&str> = found
             .fenced
             .iter()
-            .filter_map(|(_, f)| match &f.source {
+            .filter_map(|f| match &f.source {
                 FenceSource::Object { uid, .. } => Some(uid.as_str()),
                 FenceSource::Annotation => None,
             })
@@ -165,12 +180,12 @@ impl Lifter {
             .retain(|(uid, _)| uids.contains(uid.as_str()));
         let v = self.view.read().expect("node view lock");
         self.ctx.metrics.unready_nodes.set(v.unready() as i64);
-        for (pool, f) in &found.fenced {
+        for f in &found.fenced {
+            let pool = &f.pool;
             let node = v.node(&f.record.node);
-            let key = (pool.clone(), f.entry.key.clone(), f.record.uid.clone());
             let fence = Moment {
                 wall: f.record.since,
-                mono: *first_seen.entry(key).or_insert(now.mono),
+                mono: *first_seen.entry(SeenFence::of(f)).or_insert(now.mono),
             };
             let lifts = match &self.policy {
                 Some(policy) => self.lift(f, fence, node, now, policy),
@@ -182,7 +197,7 @@ impl Lifter {
                     tracing::info!(%pool, ip = %f.entry.ip, podref = %f.record.podref, node = %f.record.node, lifted = why.as_str(), "fence lifts");
                     let write = EntryWrite::Unfence(f.record.clone(), f.source.clone());
                     if why == Lift::SandboxesGone {
-                        out.by_agent.insert((pool.clone(), f.entry.key.clone()));
+                        out.by_agent.insert(Slot::new(pool, &f.entry.key));
                     }
                     out.lifted
                         .push(fence_request(pool, &f.entry, &f.record, write));
@@ -199,13 +214,8 @@ impl Lifter {
     }
 
     /// Writes lifts and completions not in backoff, reports them, and backs off what failed.
-    async fn write(
-        &self,
-        mut writes: Vec<ReleaseRequest>,
-        by_agent: &HashSet<(String, String)>,
-        now: Instant,
-    ) {
-        let key = |r: &ReleaseRequest| (r.judged.pool.clone(), r.judged.entry.key.clone());
+    async fn write(&self, mut writes: Vec<ReleaseRequest>, by_agent: &HashSet<Slot>, now: Instant) {
+        let key = |r: &ReleaseRequest| Slot::new(&r.judged.pool, &r.judged.entry.key);
         writes.retain(|r| !self.backoff.is_in_backoff_since(&key(r), now));
         if writes.is_empty() {
             return;
@@ -216,7 +226,10 @@ impl Lifter {
             .zip(&outcomes)
             .partition(|(r, _)| by_agent.contains(&key(r)));
         self.ctx.events.released_all(rest).await;
-        let why = (Lift::SandboxesGone.as_str(), "SandboxesGone");
+        let why = Lifted {
+            why: Lift::SandboxesGone.as_str(),
+            action: "SandboxesGone",
+        };
         self.ctx.events.released_all_because(agent, Some(why)).await;
         for (r, o) in writes.iter().zip(&outcomes) {
             match o {
@@ -240,17 +253,17 @@ impl Lifter {
     /// entry is no longer fenced.
     async fn clean(
         &self,
-        stale: Vec<(String, String)>,
-        stale_annotations: std::collections::BTreeMap<String, Vec<(String, String)>>,
+        stale: Vec<ObjectId>,
+        stale_annotations: std::collections::BTreeMap<String, Vec<FenceAnnotation>>,
     ) {
         if !stale.is_empty() {
-            for (name, _) in &stale {
+            for ObjectId { name, .. } in &stale {
                 tracing::info!(record = %name, "fence record left over (its entry was freed by its node's CNI DEL, or replaced); deleting it");
             }
             self.ctx.writer.delete_fence_records(stale);
         }
         for (pool, annotations) in stale_annotations {
-            for (key, _) in &annotations {
+            for FenceAnnotation { key, .. } in &annotations {
                 tracing::info!(%pool, %key, "fenced entry freed by its node (CNI DEL) or replaced; clearing its fence annotation");
             }
             self.ctx.writer.clear_fences(&pool, annotations).await;
@@ -305,17 +318,13 @@ impl Lifter {
 
     /// Pending fences to complete and left-over records to delete, each once it has waited
     /// its grace on this process's clock.
-    fn due_records(
-        &self,
-        found: &Found,
-        now: Instant,
-    ) -> (Vec<ReleaseRequest>, Vec<(String, String)>) {
+    fn due_records(&self, found: &Found, now: Instant) -> (Vec<ReleaseRequest>, Vec<ObjectId>) {
         let mut seen = self.records_seen.lock().expect("fence records lock");
         let names: HashSet<&str> = found
             .pending
             .iter()
-            .map(|(_, _, o)| o.name.as_str())
-            .chain(found.stale_records.iter().map(|(n, _)| n.as_str()))
+            .map(|p| p.object.name.as_str())
+            .chain(found.stale_records.iter().map(|r| r.name.as_str()))
             .collect();
         seen.retain(|n, _| names.contains(n.as_str()));
         let mut waited = |name: &str, grace: Duration| {
@@ -328,16 +337,17 @@ impl Lifter {
         let complete = found
             .pending
             .iter()
-            .filter(|(_, _, o)| waited(&o.name, PENDING_GRACE) && !retrying(o))
-            .map(|(pool, entry, o)| {
-                tracing::info!(%pool, ip = %entry.ip, podref = %o.record.podref, "fence record without its entry's rewrite; writing it");
-                fence_request(pool, entry, &o.record, EntryWrite::Fence(o.record.clone()))
+            .filter(|p| waited(&p.object.name, PENDING_GRACE) && !retrying(&p.object))
+            .map(|PendingFence { pool, entry, object }| {
+                tracing::info!(%pool, ip = %entry.ip, podref = %object.record.podref, "fence record without its entry's rewrite; writing it");
+                let write = EntryWrite::Fence(object.record.clone());
+                fence_request(pool, entry, &object.record, write)
             })
             .collect();
         let stale = found
             .stale_records
             .iter()
-            .filter(|(name, _)| waited(name, STALE_GRACE))
+            .filter(|r| waited(&r.name, STALE_GRACE))
             .cloned()
             .collect();
         (complete, stale)

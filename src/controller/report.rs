@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 
-use crate::index::Index;
+use crate::index::{Index, MalformedStatus, UnrecordedMark};
 use crate::ipam::PodKey;
 use crate::release::Events;
 use crate::telemetry::ControllerMetrics;
@@ -90,7 +90,7 @@ pub fn problems(st: &Index, namespace: &str) -> Vec<Problem> {
             message: format!("config cannot be used, its pools are not matched to it: {error}"),
         });
     }
-    for (podref, uid, error) in st.pods().malformed_status_pods() {
+    for MalformedStatus { podref, uid, error } in st.pods().malformed_status_pods() {
         let pod = PodKey::lenient(&podref);
         out.push(Problem {
             reference: reference("Pod", &pod.namespace, &pod.name, &uid),
@@ -101,7 +101,7 @@ pub fn problems(st: &Index, namespace: &str) -> Vec<Problem> {
         });
     }
     let mut unrecorded: HashMap<String, Vec<String>> = HashMap::new();
-    for (pool, key, podref) in st.unrecorded_marks() {
+    for UnrecordedMark { pool, key, podref } in st.unrecorded_marks() {
         let record = crate::ipam::fence::fence_object_name(&pool, &key);
         unrecorded.entry(pool).or_default().push(format!(
             "allocation {key} is fenced ({podref}) but has no fence record (IPFence {record}); \

@@ -8,6 +8,7 @@ use std::time::Instant;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 
+use crate::api::ObjectId;
 use crate::api::paged::for_each_listed;
 use crate::index::{APPROVE_HOLD_ANNOTATION, NamedReservation};
 use crate::ipam::{NETWORK_STATUS_ANNOTATION, PodKey, parse_network_status};
@@ -44,8 +45,8 @@ pub struct Sweeper {
     ctx: super::Ctx,
     config: SweepConfig,
     clock: GraceClock,
-    /// Orphaned reservations by (name, uid), with when they were first seen.
-    orphan_reservations_seen: HashMap<(String, String), Instant>,
+    /// Orphaned reservations, with when they were first seen.
+    orphan_reservations_seen: HashMap<ObjectId, Instant>,
     breaker: Breaker,
     /// Pools whose approval this sweep judged (acted on or not needed): used up after it.
     approved: BTreeSet<String>,
@@ -345,21 +346,16 @@ impl Sweeper {
             .read()
             .expect("state lock")
             .orphan_reservations();
-        let current: std::collections::HashSet<(String, String)> = orphans
-            .iter()
-            .map(|r| (r.name.clone(), r.uid.clone()))
-            .collect();
+        let current: HashSet<ObjectId> = orphans.iter().map(NamedReservation::id).collect();
         self.orphan_reservations_seen
             .retain(|k, _| current.contains(k));
         let mut due = Vec::new();
-        for NamedReservation { name, uid, podref } in orphans {
-            let first = *self
-                .orphan_reservations_seen
-                .entry((name.clone(), uid.clone()))
-                .or_insert(now);
+        for r in orphans {
+            let first = *self.orphan_reservations_seen.entry(r.id()).or_insert(now);
             if now.saturating_duration_since(first) < self.config.graces.leak {
                 continue;
             }
+            let NamedReservation { name, uid, podref } = r;
             let pod = PodKey::lenient(&podref);
             match Api::<Pod>::namespaced(self.ctx.client.clone(), &pod.namespace)
                 .get_metadata_opt(&pod.name)

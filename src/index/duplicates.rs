@@ -18,8 +18,14 @@ use std::net::IpAddr;
 use super::Index;
 use crate::ipam::{PodKey, qualified_network};
 
-/// A pool entry's podref and sandbox id.
-type Holder = (String, String);
+/// Whom a pool entry names: its podref and sandbox id.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Holder {
+    /// Its podref (as stored: a fenced or cooling one included).
+    pub podref: String,
+    /// Its sandbox id.
+    pub id: String,
+}
 
 /// A pod that lists a duplicate address.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -129,7 +135,7 @@ impl Index {
     }
 
     /// The pool of `network` whose range holds `ip` (one with an entry for it first), else a
-    /// pool whose entry for `ip` names one of `pods`; with that entry's (podref, sandbox).
+    /// pool whose entry for `ip` names one of `pods`; with whom that entry names.
     fn pool_of(
         &self,
         network: &str,
@@ -144,7 +150,10 @@ impl Index {
                 .chain(pool.marked.values())
                 .chain(pool.cooling.values().map(|c| &c.entry))
                 .find(|e| e.ip.to_canonical() == ip)
-                .map(|e| (e.podref.clone(), e.id.clone()));
+                .map(|e| Holder {
+                    podref: e.podref.clone(),
+                    id: e.id.clone(),
+                });
             let of_network = self
                 .networks
                 .of_pool(name)
@@ -152,7 +161,7 @@ impl Index {
             let in_range = pool.range.is_some_and(|r| r.contains(&ip));
             let named = entry
                 .as_ref()
-                .is_some_and(|(p, _)| pods.iter().any(|d| d.podref == *p));
+                .is_some_and(|h| pods.iter().any(|d| d.podref == h.podref));
             let rank = match (of_network && in_range, entry.is_some(), named) {
                 (true, true, _) => 3,
                 (true, false, _) => 2,

@@ -8,7 +8,7 @@ use kube::Resource;
 
 use super::Index;
 use super::pools::Slot;
-use crate::api::{IPPool, SandboxesGone};
+use crate::api::{IPPool, ObjectId, SandboxesGone};
 use crate::ipam::PoolEntry;
 pub use crate::ipam::fence::FenceSource;
 use crate::ipam::fence::{FenceRecord, fenced_podref};
@@ -16,6 +16,8 @@ use crate::ipam::fence::{FenceRecord, fenced_podref};
 /// A fenced allocation.
 #[derive(Debug, Clone)]
 pub struct FencedEntry {
+    /// Its pool.
+    pub pool: String,
     /// The entry as stored (podref rewritten).
     pub entry: PoolEntry,
     /// Whose it was, where and since when.
@@ -39,6 +41,47 @@ pub struct FenceObject {
     pub record: FenceRecord,
     /// The node agent's report (its status), if any.
     pub evidence: Option<SandboxesGone>,
+}
+
+impl FenceObject {
+    /// Its name and uid (a delete's precondition).
+    pub fn id(&self) -> ObjectId {
+        ObjectId {
+            name: self.name.clone(),
+            uid: self.uid.clone(),
+        }
+    }
+}
+
+/// A fence whose record is written and whose entry is not rewritten yet.
+#[derive(Debug, Clone)]
+pub struct PendingFence {
+    /// Its pool.
+    pub pool: String,
+    /// The entry as stored (not rewritten).
+    pub entry: PoolEntry,
+    /// The record.
+    pub object: FenceObject,
+}
+
+/// An entry marked fenced whose record is nowhere.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnrecordedMark {
+    /// Its pool.
+    pub pool: String,
+    /// Its key (offset).
+    pub key: String,
+    /// Its (fenced) podref.
+    pub podref: String,
+}
+
+/// A pool's fence annotation (an earlier release's record) as stored.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct FenceAnnotation {
+    /// The entry key it is about.
+    pub key: String,
+    /// Its stored value (a `test` pins it when it is removed).
+    pub value: String,
 }
 
 /// `IPFence` objects by the slot they fence.
@@ -147,21 +190,18 @@ impl Index {
     }
 
     /// Every fenced entry whose record is known, as (pool, entry).
-    pub fn fenced(&self) -> Vec<(String, FencedEntry)> {
+    pub fn fenced(&self) -> Vec<FencedEntry> {
         let mut out = Vec::new();
         for (name, p) in self.pools.all() {
             for (key, entry) in &p.marked {
                 if let Some((record, source, evidence)) = self.record_of(name, key, entry) {
-                    let entry = entry.clone();
-                    out.push((
-                        name.clone(),
-                        FencedEntry {
-                            entry,
-                            record,
-                            source,
-                            evidence,
-                        },
-                    ));
+                    out.push(FencedEntry {
+                        pool: name.clone(),
+                        entry: entry.clone(),
+                        record,
+                        source,
+                        evidence,
+                    });
                 }
             }
         }
@@ -174,13 +214,17 @@ impl Index {
     }
 
     /// Entries marked fenced whose record is nowhere (removed by hand): left alone, and
-    /// reported, as (pool, key, podref).
-    pub fn unrecorded_marks(&self) -> Vec<(String, String, String)> {
+    /// reported.
+    pub fn unrecorded_marks(&self) -> Vec<UnrecordedMark> {
         let mut out = Vec::new();
         for (name, p) in self.pools.all() {
             for (key, entry) in &p.marked {
                 if self.record_of(name, key, entry).is_none() {
-                    out.push((name.clone(), key.clone(), entry.podref.clone()));
+                    out.push(UnrecordedMark {
+                        pool: name.clone(),
+                        key: key.clone(),
+                        podref: entry.podref.clone(),
+                    });
                 }
             }
         }
@@ -194,32 +238,36 @@ impl Index {
         (self.standing(pool, &entry.key, o) == Standing::Pending).then_some(o)
     }
 
-    /// Every pending fence, as (pool, entry, record).
-    pub fn pending_fences(&self) -> Vec<(String, PoolEntry, FenceObject)> {
+    /// Every pending fence.
+    pub fn pending_fences(&self) -> Vec<PendingFence> {
         let mut out = Vec::new();
         for (Slot { pool, key }, o) in self.fences.iter() {
             if self.standing(pool, key, o) == Standing::Pending
                 && let Some(e) = self.entry(pool, key)
             {
-                out.push((pool.clone(), e.clone(), o.clone()));
+                out.push(PendingFence {
+                    pool: pool.clone(),
+                    entry: e.clone(),
+                    object: o.clone(),
+                });
             }
         }
         out
     }
 
-    /// `IPFence` objects left over (their entry is gone or someone else's), as (name, uid).
-    pub fn stale_fence_objects(&self) -> Vec<(String, String)> {
+    /// `IPFence` objects left over (their entry is gone or someone else's).
+    pub fn stale_fence_objects(&self) -> Vec<ObjectId> {
         self.fences
             .iter()
             .filter(|(Slot { pool, key }, o)| self.standing(pool, key, o) == Standing::Stale)
-            .map(|(_, o)| (o.name.clone(), o.uid.clone()))
+            .map(|(_, o)| o.id())
             .collect()
     }
 
     /// Fence annotations (from earlier releases) whose entry is gone or no longer fenced, by
-    /// pool, as (key, stored value).
-    pub fn stale_fence_annotations(&self) -> BTreeMap<String, Vec<(String, String)>> {
-        let mut out: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+    /// pool.
+    pub fn stale_fence_annotations(&self) -> BTreeMap<String, Vec<FenceAnnotation>> {
+        let mut out: BTreeMap<String, Vec<FenceAnnotation>> = BTreeMap::new();
         for (name, p) in self.pools.all() {
             for (key, r) in &p.annotation_fences {
                 let fenced = p
@@ -227,9 +275,10 @@ impl Index {
                     .get(key)
                     .is_some_and(|e| e.podref == fenced_podref(&r.podref));
                 if !fenced && let Some(v) = p.annotation_values.get(key) {
-                    out.entry(name.clone())
-                        .or_default()
-                        .push((key.clone(), v.clone()));
+                    out.entry(name.clone()).or_default().push(FenceAnnotation {
+                        key: key.clone(),
+                        value: v.clone(),
+                    });
                 }
             }
         }

@@ -9,6 +9,7 @@ use kube::Resource;
 use super::invalid::InvalidKey;
 use super::nodes::{NodeIndex, Transition};
 use super::pods::PodSeen;
+pub use super::pods::PodUid;
 use super::relist::Kind;
 use super::{FenceObject, Index};
 use crate::api::lenient::Lenient;
@@ -24,15 +25,6 @@ pub fn seen(p: &PodView) -> PodSeen<'_> {
         node: p.node.as_deref(),
         terminal: p.is_terminal(),
     }
-}
-
-/// A live pod: podref and uid (a pod recreated under its name is another pod).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct PodUid {
-    /// `namespace/name`.
-    pub podref: String,
-    /// Uid.
-    pub uid: String,
 }
 
 /// A pod deletion the index turned into a tombstone.
@@ -86,11 +78,7 @@ impl Kind for Pods {
     }
 
     fn known(ix: &Index) -> Vec<PodUid> {
-        ix.pods()
-            .live_pods()
-            .into_iter()
-            .map(|(podref, uid)| PodUid { podref, uid })
-            .collect()
+        ix.pods().live_pods()
     }
 }
 

@@ -27,18 +27,24 @@ mod tests;
 use std::net::IpAddr;
 use std::time::Instant;
 
-use crate::api::{IPPool, NetworkAttachmentDefinition, OverlappingRangeIPReservation};
+use crate::api::{IPPool, NetworkAttachmentDefinition, ObjectId, OverlappingRangeIPReservation};
 use crate::ipam::PoolEntry;
 use crate::ipam::cooldown;
 use crate::ipam::fence::{FenceRecord, fenced_podref};
 
-pub use duplicates::{Duplicate, DuplicatePod, Duplicates};
-pub use fences::{FenceIndex, FenceObject, FenceSource, FencedEntry};
+pub use duplicates::{Duplicate, DuplicatePod, Duplicates, Holder};
+pub use fences::{
+    FenceAnnotation, FenceIndex, FenceObject, FenceSource, FencedEntry, PendingFence,
+    UnrecordedMark,
+};
 pub use invalid::{InvalidIndex, InvalidKey, InvalidObject};
 pub use lock::{Acquisitions, IndexLock, SharedIndex};
 pub use networks::NetworkIndex;
 pub use nodes::NodeIndex;
-pub use pods::{HeldEntry, LiveInfo, PodIndex, PodSeen, TOMBSTONES_PER_PODREF, Tombstone};
+pub use pods::{
+    HeldEntry, LiveInfo, MalformedStatus, PodIndex, PodSeen, PodUid, TOMBSTONES_PER_PODREF,
+    Tombstone,
+};
 pub use pools::{APPROVE_HOLD_ANNOTATION, CoolingEntry, PoolIndex, PoolInfo, Slot};
 pub use reservations::{NamedReservation, ReservationIndex};
 
@@ -294,18 +300,18 @@ impl Index {
     }
 
     /// The writer wrote the fence of the entry at `key` of `pool` (sandbox `sandbox`) with
-    /// `record`, kept in the `IPFence` object (name, uid): the watches will confirm.
+    /// `record`, kept in the `IPFence` `object`: the watches will confirm.
     pub fn fence_written(
         &mut self,
         pool: &str,
         key: &str,
         sandbox: &str,
         record: &FenceRecord,
-        object: (String, String),
+        object: ObjectId,
     ) {
         // Already marked (a late answer): only the record is news.
         self.pools.mark(pool, key, fenced_podref(&record.podref));
-        let (name, uid) = object;
+        let ObjectId { name, uid } = object;
         let object = FenceObject {
             name,
             uid,
@@ -354,27 +360,21 @@ impl Index {
     }
 
     /// The writer removed the cooling entry at `key` of `pool` (of pod `podref`, address
-    /// `ip`): forgets it, and returns that pod's reservations (name, uid) for that address.
+    /// `ip`): forgets it, and returns that pod's reservations for that address.
     pub fn cooldown_ended(
         &mut self,
         pool: &str,
         key: &str,
         podref: &str,
         ip: IpAddr,
-    ) -> Vec<(String, String)> {
+    ) -> Vec<ObjectId> {
         self.pools.forget_cooling(pool, key);
         self.reservations.of(podref, ip)
     }
 
     /// The writer released the entry at `key` of `pool` (held by `podref`, address `ip`):
-    /// forgets it, and returns that pod's reservations (name, uid) for that address.
-    pub fn released(
-        &mut self,
-        pool: &str,
-        key: &str,
-        podref: &str,
-        ip: IpAddr,
-    ) -> Vec<(String, String)> {
+    /// forgets it, and returns that pod's reservations for that address.
+    pub fn released(&mut self, pool: &str, key: &str, podref: &str, ip: IpAddr) -> Vec<ObjectId> {
         self.pools.forget_entry(pool, key);
         self.pools.forget_fenced(pool, key);
         self.reservations.of(podref, ip)

@@ -70,6 +70,26 @@ pub struct HeldEntry {
 }
 
 /// Live pods and tombstones.
+/// A live pod: podref and uid (a pod recreated under its name is another pod).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PodUid {
+    /// `namespace/name`.
+    pub podref: String,
+    /// Uid.
+    pub uid: String,
+}
+
+/// A live pod whose network-status annotation cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MalformedStatus {
+    /// `namespace/name`.
+    pub podref: String,
+    /// Uid.
+    pub uid: String,
+    /// Why it cannot be read.
+    pub error: String,
+}
+
 #[derive(Debug, Default)]
 pub struct PodIndex {
     live: HashMap<String, LiveInfo>,
@@ -285,11 +305,14 @@ impl PodIndex {
         });
     }
 
-    /// Live (podref, uid) pairs.
-    pub fn live_pods(&self) -> Vec<(String, String)> {
+    /// Live pods.
+    pub fn live_pods(&self) -> Vec<PodUid> {
         self.live
             .iter()
-            .map(|(p, l)| (p.clone(), l.uid.clone()))
+            .map(|(p, l)| PodUid {
+                podref: p.clone(),
+                uid: l.uid.clone(),
+            })
             .collect()
     }
 
@@ -321,11 +344,17 @@ impl PodIndex {
             .count()
     }
 
-    /// Live pods (podref, uid, error) whose network-status cannot be read.
-    pub fn malformed_status_pods(&self) -> Vec<(String, String, String)> {
+    /// Live pods whose network-status cannot be read.
+    pub fn malformed_status_pods(&self) -> Vec<MalformedStatus> {
         self.live
             .iter()
-            .filter_map(|(p, l)| Some((p.clone(), l.uid.clone(), l.malformed_status.clone()?)))
+            .filter_map(|(p, l)| {
+                Some(MalformedStatus {
+                    podref: p.clone(),
+                    uid: l.uid.clone(),
+                    error: l.malformed_status.clone()?,
+                })
+            })
             .collect()
     }
 }

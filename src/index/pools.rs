@@ -144,6 +144,16 @@ pub struct Slot {
     pub key: String,
 }
 
+impl Slot {
+    /// The slot of entry `key` of `pool`.
+    pub fn new(pool: &str, key: &str) -> Slot {
+        Slot {
+            pool: pool.to_owned(),
+            key: key.to_owned(),
+        }
+    }
+}
+
 /// Pools and the podref index.
 #[derive(Debug, Default)]
 pub struct PoolIndex {

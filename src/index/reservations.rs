@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 
-use crate::api::OverlappingRangeIPReservation;
+use crate::api::{ObjectId, OverlappingRangeIPReservation};
 use crate::ipam::{reservation_name, reservation_prefixes};
 
 /// A reservation, stripped.
@@ -25,6 +25,16 @@ pub struct NamedReservation {
     pub uid: String,
     /// The podref it names.
     pub podref: String,
+}
+
+impl NamedReservation {
+    /// Its name and uid (a delete's precondition).
+    pub fn id(&self) -> ObjectId {
+        ObjectId {
+            name: self.name.clone(),
+            uid: self.uid.clone(),
+        }
+    }
 }
 
 /// Reservations.
@@ -65,16 +75,19 @@ impl ReservationIndex {
         }
     }
 
-    /// Reservations of `podref` for `ip` as (name, uid): named `[<network_name>-]<normalized
-    /// ip>`, matched by computing the IP's name forward (bare, and with each prefix seen).
-    pub fn of(&self, podref: &str, ip: IpAddr) -> Vec<(String, String)> {
+    /// Reservations of `podref` for `ip`: named `[<network_name>-]<normalized ip>`, matched by
+    /// computing the IP's name forward (bare, and with each prefix seen).
+    pub fn of(&self, podref: &str, ip: IpAddr) -> Vec<ObjectId> {
         let bare = reservation_name(ip, None);
         let prefixed = self.prefixes.keys().map(|p| reservation_name(ip, Some(p)));
         std::iter::once(bare)
             .chain(prefixed)
             .filter_map(|name| {
                 let r = self.by_name.get(&name)?;
-                (r.podref == podref).then(|| (name, r.uid.clone()))
+                (r.podref == podref).then(|| ObjectId {
+                    name,
+                    uid: r.uid.clone(),
+                })
             })
             .collect()
     }

@@ -182,8 +182,12 @@ struct Agent {
     evidence_listing: u64,
 }
 
-/// A report written (fence uid, pod uid, outcome).
-type ReportDone = (String, String, Result<(), String>);
+/// A report on a fence, written or not.
+struct ReportDone {
+    fence_uid: String,
+    pod_uid: String,
+    outcome: Result<(), String>,
+}
 
 impl Agent {
     /// Reacts to the PLEG's events, releases dead sandboxes when their grace ends, and every
@@ -327,7 +331,11 @@ impl Agent {
                 let reporter = self.reporter.clone();
                 tasks.spawn(async move {
                     let outcome = reporter.report(&r).await;
-                    (r.fence_uid, r.pod_uid, outcome)
+                    ReportDone {
+                        fence_uid: r.fence_uid,
+                        pod_uid: r.pod_uid,
+                        outcome,
+                    }
                 });
             }
         }
@@ -346,7 +354,12 @@ impl Agent {
         }
     }
 
-    fn reported(&mut self, (fence_uid, pod_uid, outcome): ReportDone) {
+    fn reported(&mut self, done: ReportDone) {
+        let ReportDone {
+            fence_uid,
+            pod_uid,
+            outcome,
+        } = done;
         let label = if outcome.is_ok() {
             "reported"
         } else {

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::types::{EntryWrite, ReleaseRequest};
 use super::writer::{ObjectDelete, Writer};
+use crate::api::ObjectId;
 use crate::index::Index;
 use crate::ipam::PoolEntry;
 use crate::ipam::cooldown::{cooldown_end, cooldown_id, cooling_podref};
@@ -58,7 +59,10 @@ impl Writer {
         tracing::info!(pool = %j.pool, ip = %j.entry.ip, podref = %req.podref(), reason = %req.reason, cooldown_until = %until, "released into cooldown");
         match &req.write {
             EntryWrite::Unfence(_, FenceSource::Object { name, uid }) => {
-                vec![ObjectDelete::Fence(name.clone(), uid.clone())]
+                vec![ObjectDelete::Fence(ObjectId {
+                    name: name.clone(),
+                    uid: uid.clone(),
+                })]
             }
             _ => Vec::new(),
         }
@@ -80,9 +84,7 @@ impl Writer {
         index
             .cooldown_ended(&j.pool, &j.entry.key, pod, j.entry.ip)
             .into_iter()
-            .map(|(name, uid)| {
-                ObjectDelete::Reservation(ReservationDelete::after_release(name, uid, pod, j))
-            })
+            .map(|r| ObjectDelete::Reservation(ReservationDelete::after_release(r, pod, j)))
             .collect()
     }
 }

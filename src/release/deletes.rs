@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use super::budget::WriteKind;
 use super::types::Deleted;
 use super::writer::{ObjectDelete, RESERVATION_DELETERS, Writer};
-use crate::api::IPFence;
+use crate::api::{IPFence, ObjectId};
 
 impl Writer {
     /// Deletes queued objects, as many at once as the budgets allow; once every sender is gone,
@@ -42,7 +42,7 @@ impl Writer {
     /// Deletes one fence record with its uid as precondition (reservations go through
     /// `delete_reservation`).
     pub(super) async fn delete_object(&self, object: ObjectDelete) {
-        let ObjectDelete::Fence(name, uid) = object else {
+        let ObjectDelete::Fence(ObjectId { name, uid }) = object else {
             return;
         };
         let params = DeleteParams {

@@ -42,6 +42,16 @@ pub struct Events {
     metrics: WriteMetrics,
 }
 
+/// Why fences lifted, for their release Events: the note names `why`, the action ends in
+/// `action` (one action per why: the recorder keeps the first note).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lifted<'a> {
+    /// What lifted them.
+    pub why: &'a str,
+    /// The action's suffix.
+    pub action: &'a str,
+}
+
 fn pod_reference(pod: &PodRef) -> ObjectReference {
     ObjectReference {
         api_version: Some("v1".into()),
@@ -267,13 +277,13 @@ impl Events {
         results: impl IntoIterator<
             Item = (&'a ReleaseRequest, &'a Result<ReleaseOutcome, ReleaseError>),
         >,
-        lifted: Option<(&str, &str)>,
+        lifted: Option<Lifted<'_>>,
     ) {
         let mut by_network = ByNetwork::default();
         let mut fenced = Vec::new();
         for (req, outcome) in results {
             // The audit line of each address written, beside its Event.
-            let why = lifted.map(|(why, _)| why);
+            let why = lifted.map(|l| l.why);
             if let Some(audit) = crate::release::audit::AuditRecord::of(req, outcome, why, None) {
                 audit.emit();
             }
@@ -285,9 +295,9 @@ impl Events {
         for ((pod, network, cooling), ips) in by_network {
             let (cool_note, cool_action) = cooldown_extra(cooling);
             let extra = match lifted {
-                Some((why, action)) => Some((
-                    format!(" (fence lifted: {why}){cool_note}"),
-                    format!(" {action}{cool_action}"),
+                Some(l) => Some((
+                    format!(" (fence lifted: {}){cool_note}", l.why),
+                    format!(" {}{cool_action}", l.action),
                 )),
                 None => cooling.map(|_| (cool_note, cool_action)),
             };

@@ -9,7 +9,7 @@ use kube::api::{Api, PostParams};
 use super::budget::WriteKind;
 use super::types::{EntryWrite, ReleaseError, ReleaseRequest};
 use super::writer::{ObjectDelete, RESERVATION_DELETERS, Writer, api_error};
-use crate::api::IPFence;
+use crate::api::{IPFence, ObjectId};
 use crate::ipam::fence::{FenceRecord, fence_object_name, fence_spec};
 
 /// A fence record as a fence's write found or made it.
@@ -121,8 +121,11 @@ impl Writer {
             }
             // Left over from an earlier fence of this address (its entry is another sandbox's
             // now): replace it.
-            self.delete_object(ObjectDelete::Fence(name.clone(), uid))
-                .await;
+            self.delete_object(ObjectDelete::Fence(ObjectId {
+                name: name.clone(),
+                uid,
+            }))
+            .await;
         }
         Err(ReleaseError::Conflict { pool: pool.into() })
     }

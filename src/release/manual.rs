@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use crate::index::{CoolingEntry, FenceSource, Index};
+use crate::index::{CoolingEntry, FenceSource, Index, PodUid, UnrecordedMark};
 use crate::ipam::fence::{FENCED_PODREF_SUFFIX, FenceRecord};
 use crate::ipam::{PodKey, PoolEntry};
 use crate::reclaim::{Decision, Judged, PodRef, Reason};
@@ -42,7 +42,7 @@ pub fn listed_by(index: &Index, pool: &str, ip: IpAddr) -> Vec<String> {
     let mut out: Vec<String> = pods
         .live_pods()
         .into_iter()
-        .filter_map(|(podref, _)| {
+        .filter_map(|PodUid { podref, .. }| {
             let live = pods.live(&podref)?;
             let lists = live.networks.as_ref().is_some_and(|n| {
                 n.iter()
@@ -114,18 +114,23 @@ pub fn fences(index: &Index, select: &FenceSelect) -> Vec<Planned> {
     let mut out: Vec<Planned> = index
         .fenced()
         .into_iter()
-        .filter(|(_, f)| match select {
+        .filter(|f| match select {
             FenceSelect::Ip(ip) => f.entry.ip == *ip,
             FenceSelect::Node(node) => f.record.node == *node,
             FenceSelect::All => true,
         })
-        .map(|(pool, f)| Planned {
-            listed_by: listed_by(index, &pool, f.entry.ip),
-            request: lift(&pool, &f.entry, &f.record, f.source),
+        .map(|f| Planned {
+            listed_by: listed_by(index, &f.pool, f.entry.ip),
+            request: lift(&f.pool, &f.entry, &f.record, f.source),
         })
         .collect();
     if !matches!(select, FenceSelect::Node(_)) {
-        for (pool, key, marked) in index.unrecorded_marks() {
+        for UnrecordedMark {
+            pool,
+            key,
+            podref: marked,
+        } in index.unrecorded_marks()
+        {
             let Some(entry) = index.pools().get(&pool).and_then(|p| p.marked.get(&key)) else {
                 continue;
             };

@@ -4,6 +4,7 @@
 use std::net::IpAddr;
 use std::time::Instant;
 
+use crate::api::ObjectId;
 use crate::ipam::fence::{FenceRecord, FenceSource};
 use crate::reclaim::Reason;
 pub use crate::reclaim::{Judged, PodRef};
@@ -146,9 +147,10 @@ pub struct ReservationDelete {
 }
 
 impl ReservationDelete {
-    /// The delete of reservation `name` (`uid`) of `podref` after the entry of `judged` was
-    /// released: its address and pool are known.
-    pub fn after_release(name: String, uid: String, podref: &str, judged: &Judged) -> Self {
+    /// The delete of `reservation` of `podref` after the entry of `judged` was released: its
+    /// address and pool are known.
+    pub fn after_release(reservation: ObjectId, podref: &str, judged: &Judged) -> Self {
+        let ObjectId { name, uid } = reservation;
         ReservationDelete {
             name,
             uid,

@@ -21,8 +21,8 @@ use super::patch;
 use super::schedule::{MAX_BATCH, PoolSchedule};
 use super::types::ReservationDelete;
 use super::types::{EntryWrite, ReleaseError, ReleaseOutcome, ReleaseRequest};
-use crate::api::IPPool;
-use crate::index::{Index, SharedIndex};
+use crate::api::{IPPool, ObjectId};
+use crate::index::{FenceAnnotation, Index, SharedIndex};
 use crate::ipam::fence::{FenceSource, fence_annotation_key};
 use crate::telemetry::WriteMetrics;
 
@@ -40,8 +40,16 @@ type Reply = oneshot::Sender<Outcome>;
 pub enum ObjectDelete {
     /// An OverlappingRangeIPReservation, unless a live allocation holds its address.
     Reservation(ReservationDelete),
-    /// An `IPFence` record (name, uid) whose entry was released or is gone.
-    Fence(String, String),
+    /// An `IPFence` record whose entry was released or is gone.
+    Fence(ObjectId),
+}
+
+/// An allocation reported under `--dry-run`: its pool, key and sandbox id.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct Reported {
+    pool: String,
+    key: String,
+    id: String,
 }
 
 /// Everything the writer needs.
@@ -56,9 +64,9 @@ pub struct Writer {
     pub(crate) dry_run: bool,
     /// The controller's index, kept in step with what is written (the node agent has none).
     pub(crate) index: Option<SharedIndex>,
-    /// Under `--dry-run`, the allocations (pool, key, id) already reported: nothing is
-    /// written, so they come back on every sweep, and each is reported once.
-    pub(crate) dry_run_reported: std::sync::Mutex<HashSet<(String, String, String)>>,
+    /// Under `--dry-run`, the allocations already reported: nothing is written, so they come
+    /// back on every sweep, and each is reported once.
+    pub(crate) dry_run_reported: std::sync::Mutex<HashSet<Reported>>,
     /// `--release-cooldown`: how long a released address stays out of the pool (zero: off).
     pub(crate) cooldown: Duration,
 }
@@ -133,23 +141,23 @@ impl WriterHandle {
         }
     }
 
-    /// Queues left-over `IPFence` records `(name, uid)` for deletion with a uid precondition
-    /// (nothing under `--dry-run`).
-    pub fn delete_fence_records(&self, records: Vec<(String, String)>) {
+    /// Queues left-over `IPFence` records for deletion with a uid precondition (nothing under
+    /// `--dry-run`).
+    pub fn delete_fence_records(&self, records: Vec<ObjectId>) {
         if self.writer.dry_run {
             return;
         }
-        for (name, uid) in records {
-            let _ = self.deletes.send(ObjectDelete::Fence(name, uid));
+        for record in records {
+            let _ = self.deletes.send(ObjectDelete::Fence(record));
         }
     }
 
-    /// Removes fence annotations `(key, value)` of `pool` whose entry is no longer fenced,
-    /// each pinned by a `test` of its value (nothing under `--dry-run`).
-    pub async fn clear_fences(&self, pool: &str, annotations: Vec<(String, String)>) {
+    /// Removes fence annotations of `pool` whose entry is no longer fenced, each pinned by a
+    /// `test` of its value (nothing under `--dry-run`).
+    pub async fn clear_fences(&self, pool: &str, annotations: Vec<FenceAnnotation>) {
         let named = annotations
             .into_iter()
-            .map(|(key, value)| (fence_annotation_key(&key), value))
+            .map(|a| (fence_annotation_key(&a.key), a.value))
             .collect();
         if let Err(e) = self.remove_annotations(pool, named).await {
             // Changed or gone meanwhile: the next pass sees the pool as it is now.
@@ -326,7 +334,10 @@ impl Writer {
             let mut outcome = outcome.unwrap_or(Err(ReleaseError::Stopped));
             match (&outcome, &records[i]) {
                 (Ok(ReleaseOutcome::Released), Some(Ok(object))) => {
-                    let object = (object.name.clone(), object.uid.clone());
+                    let object = ObjectId {
+                        name: object.name.clone(),
+                        uid: object.uid.clone(),
+                    };
                     self.record_fence(index.as_deref_mut(), req, object);
                     outcome = Ok(ReleaseOutcome::Fenced);
                 }
@@ -347,7 +358,10 @@ impl Writer {
                 (Ok(ReleaseOutcome::AlreadyGone | ReleaseOutcome::Changed), Some(Ok(o)))
                     if o.created =>
                 {
-                    after.push(ObjectDelete::Fence(o.name.clone(), o.uid.clone()))
+                    after.push(ObjectDelete::Fence(ObjectId {
+                        name: o.name.clone(),
+                        uid: o.uid.clone(),
+                    }))
                 }
                 (Err(e), _) => self.metrics.failed(e.cause()),
                 _ => {}
@@ -395,9 +409,13 @@ impl Writer {
         let mut reported = self.dry_run_reported.lock().expect("dry-run lock");
         if let Some(index) = &self.index {
             let index = index.read().expect("index lock");
-            reported.retain(|(p, k, i)| index.holds(p, k, i));
+            reported.retain(|r| index.holds(&r.pool, &r.key, &r.id));
         }
-        reported.insert((pool.to_owned(), key.to_owned(), id.to_owned()))
+        reported.insert(Reported {
+            pool: pool.to_owned(),
+            key: key.to_owned(),
+            id: id.to_owned(),
+        })
     }
 
     /// Writes `reqs`, one patch while it goes through. A refused patch (422 or 400) is looked
@@ -513,12 +531,7 @@ impl Writer {
     }
 
     /// Updates the state for a written fence.
-    fn record_fence(
-        &self,
-        index: Option<&mut Index>,
-        req: &ReleaseRequest,
-        object: (String, String),
-    ) {
+    fn record_fence(&self, index: Option<&mut Index>, req: &ReleaseRequest, object: ObjectId) {
         let (j, EntryWrite::Fence(record)) = (&req.judged, &req.write) else {
             return;
         };
@@ -540,12 +553,13 @@ impl Writer {
             None => Vec::new(),
         }
         .into_iter()
-        .map(|(name, uid)| {
-            ObjectDelete::Reservation(ReservationDelete::after_release(name, uid, podref, j))
-        })
+        .map(|r| ObjectDelete::Reservation(ReservationDelete::after_release(r, podref, j)))
         .collect();
         if let EntryWrite::Unfence(_, FenceSource::Object { name, uid }) = &req.write {
-            after.push(ObjectDelete::Fence(name.clone(), uid.clone()));
+            after.push(ObjectDelete::Fence(ObjectId {
+                name: name.clone(),
+                uid: uid.clone(),
+            }));
         }
         self.metrics.released(req.reason.as_str());
         if let Some(at) = req.deleted_at {

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::ScanRow;
 use crate::controller::duplicates::IP_ADDRESS_DUPLICATE;
-use crate::index::Duplicates;
+use crate::index::{Duplicates, Holder};
 
 /// The decision of a duplicate's row.
 pub const DUPLICATE: &str = "duplicate";
@@ -30,7 +30,10 @@ pub(super) fn rows(found: Duplicates, created: &BTreeMap<String, i64>) -> Vec<Sc
         .found
         .into_iter()
         .map(|d| {
-            let (podref, sandbox) = d.entry.unwrap_or_default();
+            let Holder {
+                podref,
+                id: sandbox,
+            } = d.entry.unwrap_or_default();
             ScanRow {
                 pool: d.pool.unwrap_or_default(),
                 ip: d.ip.to_string(),

@@ -63,7 +63,10 @@ fn a_cooling_pods_reservation_is_no_orphan_until_the_cooldown_ends() {
     let ended = ix.cooldown_ended(POOL, "5", "ns/old-0", "192.0.2.5".parse().unwrap());
     assert_eq!(
         ended,
-        [("192.0.2.5".to_string(), "uid-192.0.2.5".to_string())]
+        [crate::api::ObjectId {
+            name: "192.0.2.5".to_string(),
+            uid: "uid-192.0.2.5".to_string()
+        }]
     );
     assert_eq!(ix.pool_usage()[0].cooling, 1);
     assert_eq!(ix.orphan_reservations().len(), 1);

@@ -4,7 +4,7 @@ use std::net::IpAddr;
 use std::time::Instant;
 
 use super::*;
-use crate::index::Duplicate;
+use crate::index::{Duplicate, Holder};
 use crate::reclaim::Decision;
 
 /// A live pod `ns/<name>` (uid `uid-<name>`) with network-status `status` (raw JSON).
@@ -80,7 +80,7 @@ fn two_pods_listing_one_address_on_one_network_are_a_duplicate_and_nothing_is_re
                 },
             ],
             pool: Some("192.0.2.0-24".into()),
-            entry: Some(("ns/b".into(), "sb-b".into())),
+            entry: Some(holder("ns/b", "sb-b")),
         }]
     );
     assert_eq!(d.per_network().get("ns/net"), Some(&1));
@@ -264,7 +264,7 @@ fn the_pool_named_is_the_networks_and_else_one_whose_entry_names_a_pod() {
     ix.upsert_pool(&pool_named("192.0.2.0-24", &[("10", "sb-b", "ns/b")]));
     let d = &ix.duplicates().found[0];
     assert_eq!(d.pool.as_deref(), Some("192.0.2.0-24"));
-    assert_eq!(d.entry, Some(("ns/b".into(), "sb-b".into())));
+    assert_eq!(d.entry, Some(holder("ns/b", "sb-b")));
     // The network's own pool, even without an entry for the address.
     ix.upsert_nad(&nad("net", r#""range":"192.0.2.0/24","network_name":"n""#));
     ix.upsert_pool(&pool_named("n-192.0.2.0-24", &[]));
@@ -277,7 +277,7 @@ fn the_pool_named_is_the_networks_and_else_one_whose_entry_names_a_pod() {
     let cooling = [("10", marker.as_str(), "ns/gone:cooldown")];
     ix.upsert_pool(&pool_named("n-192.0.2.0-24", &cooling));
     let d = &ix.duplicates().found[0];
-    assert_eq!(d.entry, Some(("ns/gone:cooldown".into(), marker.clone())));
+    assert_eq!(d.entry, Some(holder("ns/gone:cooldown", &marker)));
 }
 
 /// The cost of a look at 20,000 pods (the controller looks once a second): printed, not
@@ -300,4 +300,11 @@ fn a_look_at_20000_pods_is_cheap() {
     let took = started.elapsed();
     assert_eq!(d.found.len(), 1);
     eprintln!("duplicates over 20001 live pods: {took:?} (this build's profile)");
+}
+
+fn holder(podref: &str, id: &str) -> Holder {
+    Holder {
+        podref: podref.into(),
+        id: id.into(),
+    }
 }

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::api::SandboxesGone;
-use crate::index::{FenceSource, InvalidKey};
+use crate::index::{FenceSource, InvalidKey, UnrecordedMark};
 use crate::reclaim::KeepReason;
 
 #[test]
@@ -33,15 +33,19 @@ fn fence_records_and_entries_are_joined_whichever_comes_first() {
         ix.set_pools_listed();
         let fenced = ix.fenced();
         assert_eq!(fenced.len(), 1);
-        assert_eq!(fenced[0].1.record.podref, "ns/web-0");
+        assert_eq!(fenced[0].record.podref, "ns/web-0");
         assert_eq!(
-            fenced[0].1.source,
+            fenced[0].source,
             FenceSource::Object {
                 name: "p-5".into(),
                 uid: "uid-p-5".into()
             }
         );
-        let pending: Vec<String> = ix.pending_fences().into_iter().map(|p| p.1.key).collect();
+        let pending: Vec<String> = ix
+            .pending_fences()
+            .into_iter()
+            .map(|p| p.entry.key)
+            .collect();
         assert_eq!(pending, ["6"]);
         let judged = ix.judge_all(&ReclaimConfig::default());
         let decision = |key: &str| judged.iter().find(|j| j.entry.key == key).unwrap().decision;
@@ -51,7 +55,11 @@ fn fence_records_and_entries_are_joined_whichever_comes_first() {
             "a pending fence's entry is never the sweep's"
         );
         assert!(matches!(decision("7"), Decision::Candidate(_)));
-        let mut stale: Vec<String> = ix.stale_fence_objects().into_iter().map(|s| s.0).collect();
+        let mut stale: Vec<String> = ix
+            .stale_fence_objects()
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
         stale.sort();
         assert_eq!(stale, ["p-7", "p-8"]);
         assert!(ix.unrecorded_marks().is_empty());
@@ -118,11 +126,11 @@ fn a_fenced_entry_without_a_record_is_reported_and_left_alone() {
     assert!(ix.judge_all(&ReclaimConfig::default()).is_empty());
     assert_eq!(
         ix.unrecorded_marks(),
-        [(
-            "p".to_string(),
-            "5".to_string(),
-            "ns/web-0:fenced".to_string()
-        )]
+        [UnrecordedMark {
+            pool: "p".to_string(),
+            key: "5".to_string(),
+            podref: "ns/web-0:fenced".to_string()
+        }]
     );
 }
 
@@ -152,7 +160,7 @@ fn a_fenced_entry_is_kept_out_of_judgement_and_a_stale_fence_record_is_found() {
     ix.upsert_pool(&annotated);
     let fenced = ix.fenced();
     assert_eq!(fenced.len(), 1);
-    assert_eq!(fenced[0].1.record.podref, "ns/web-0");
+    assert_eq!(fenced[0].record.podref, "ns/web-0");
     assert_eq!(
         ix.judge_all(&ReclaimConfig::default())
             .iter()
@@ -161,12 +169,12 @@ fn a_fenced_entry_is_kept_out_of_judgement_and_a_stale_fence_record_is_found() {
         ["ns/db-0"],
         "the fenced entry is the fence's, not the sweep's"
     );
-    assert_eq!(fenced[0].1.source, FenceSource::Annotation);
+    assert_eq!(fenced[0].source, FenceSource::Annotation);
     let stale = ix.stale_fence_annotations();
     assert_eq!(
         stale["p"]
             .iter()
-            .map(|(k, _)| k.as_str())
+            .map(|a| a.key.as_str())
             .collect::<Vec<_>>(),
         ["6", "7"]
     );

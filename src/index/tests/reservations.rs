@@ -1,6 +1,7 @@
 //! Reservations and their lookup by name.
 
 use super::*;
+use crate::api::ObjectId;
 
 #[test]
 fn reservations_are_found_by_name_bare_or_with_any_network_name_seen() {
@@ -19,9 +20,9 @@ fn reservations_are_found_by_name_bare_or_with_any_network_name_seen() {
             .reservations()
             .of(podref, ip.parse().unwrap())
             .into_iter()
-            .map(|(n, uid)| {
-                assert_eq!(uid, format!("uid-{n}"));
-                n
+            .map(|ObjectId { name, uid }| {
+                assert_eq!(uid, format!("uid-{name}"));
+                name
             })
             .collect();
         v.sort();
@@ -77,7 +78,10 @@ fn a_release_forgets_its_entry_and_names_that_pods_reservations_for_that_address
     let deletes = ix.released(POOL, "5", "ns/a", ip);
     assert_eq!(
         deletes,
-        [("192.0.2.5".to_string(), "uid-192.0.2.5".to_string())]
+        [ObjectId {
+            name: "192.0.2.5".to_string(),
+            uid: "uid-192.0.2.5".to_string()
+        }]
     );
     assert!(!ix.pools().has_allocations("ns/a"));
     assert_eq!(ix.entry(POOL, "5"), None);
