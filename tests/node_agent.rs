@@ -568,7 +568,7 @@ async fn a_report_for_a_replaced_fence_object_is_refused() {
         podlife::clock::RealClock::shared(),
         ipreclaim::telemetry::WriteMetrics::new(&mut Default::default()),
     );
-    let reporter = ipreclaim::node::fences::Reporter {
+    let reporter = ipreclaim::node::fences::FenceReporter {
         client: env.client.clone(),
         namespace: env.ns.clone(),
         node: node.clone(),
@@ -582,7 +582,9 @@ async fn a_report_for_a_replaced_fence_object_is_refused() {
     };
     let refused = reporter.report(&report("an-earlier-fence")).await;
     assert!(
-        refused.as_ref().is_err_and(|e| e.contains("code: 422")),
+        refused
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("code: 422")),
         "{refused:?}"
     );
     assert_eq!(env.report_of("web-0").await, None);

@@ -28,24 +28,56 @@ const NOT_LEADER_RETRY: Duration = Duration::from_secs(1);
 /// Retries of a fence that keeps failing, after the Warning, are spaced by this at most.
 const FENCE_RETRY_MAX: Duration = Duration::from_secs(30);
 
+/// What went wrong with a deletion-path item (its text goes into the Warning Event).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeletionError {
+    /// A blind tombstone's pod could not be read to confirm it is gone.
+    #[error("confirming pod {podref} is gone: {message}")]
+    Confirm {
+        /// The pod.
+        podref: String,
+        /// What the API said.
+        message: String,
+    },
+    /// Writes of the item's releases or fences failed.
+    #[error("{}", join(.0))]
+    Writes(Vec<ReleaseError>),
+}
+
+fn join(errors: &[ReleaseError]) -> String {
+    let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    errors.join("; ")
+}
+
+impl DeletionError {
+    /// A short stable name of what failed, for logs: `confirm`, or the first write's
+    /// `release_failures_total` cause.
+    pub fn label(&self) -> &'static str {
+        match self {
+            DeletionError::Confirm { .. } => "confirm",
+            DeletionError::Writes(errors) => errors.first().map_or("api", ReleaseError::label),
+        }
+    }
+}
+
 /// Why a queue item failed.
 #[derive(Debug)]
 struct Failure {
     /// What went wrong.
-    cause: String,
+    error: DeletionError,
     /// A fence could not be written: retried for as long as it fails.
     fence: bool,
     /// The deleted pod to name in a Warning, when known.
-    pod: Option<PodRef>,
+    pod: Option<Box<PodRef>>,
     /// Nothing was written because this replica does not lead: the item waits for
     /// leadership, without counting a retry.
     not_leader: bool,
 }
 
 impl Failure {
-    fn new(cause: String) -> Failure {
+    fn new(error: DeletionError) -> Failure {
         Failure {
-            cause,
+            error,
             fence: false,
             pod: None,
             not_leader: false,
@@ -110,12 +142,12 @@ impl Worker {
                 let n = queue.num_requeues(&key);
                 self.ctx.metrics.writes.fence_failures.inc();
                 self.ctx.metrics.retries.inc();
-                tracing::warn!(%podref, cause = %f.cause, attempt = n + 1, "fence could not be written; the address is kept and the fence retried");
+                tracing::warn!(%podref, cause = %f.error, kind = f.error.label(), attempt = n + 1, "fence could not be written; the address is kept and the fence retried");
                 if n == self.max_retries {
-                    let pod = f.pod.unwrap_or_else(|| self.pod_of(podref));
+                    let pod = f.pod.map_or_else(|| self.pod_of(podref), |p| *p);
                     let cause = format!(
                         "fence not written ({}); the address is kept and the fence retried until it is written or lifts",
-                        f.cause
+                        f.error
                     );
                     self.ctx.events.failed(&pod, &cause).await;
                 }
@@ -126,14 +158,14 @@ impl Worker {
                 }
             }
             Err(f) if queue.num_requeues(&key) < self.max_retries => {
-                tracing::warn!(%podref, cause = %f.cause, "release failed; retrying with backoff");
+                tracing::warn!(%podref, cause = %f.error, kind = f.error.label(), "release failed; retrying with backoff");
                 self.ctx.metrics.retries.inc();
                 queue.add_rate_limited(key.clone());
             }
             Err(f) => {
-                tracing::error!(%podref, cause = %f.cause, "release failed for good; the sweep keeps the leak");
-                let pod = f.pod.unwrap_or_else(|| self.pod_of(podref));
-                self.ctx.events.failed(&pod, &f.cause).await;
+                tracing::error!(%podref, cause = %f.error, kind = f.error.label(), "release failed for good; the sweep keeps the leak");
+                let pod = f.pod.map_or_else(|| self.pod_of(podref), |p| *p);
+                self.ctx.events.failed(&pod, &f.error.to_string()).await;
                 queue.forget(&key);
                 self.ctx
                     .state
@@ -220,7 +252,12 @@ impl Worker {
         let found = Api::<PodView>::namespaced(self.ctx.client.clone(), &pod.namespace)
             .get_opt(&pod.name)
             .await
-            .map_err(|e| Failure::new(format!("confirming pod {podref} is gone: {e}")))?;
+            .map_err(|e| {
+                Failure::new(DeletionError::Confirm {
+                    podref: podref.to_owned(),
+                    message: e.to_string(),
+                })
+            })?;
         let mut st = self.ctx.state.write().expect("state lock");
         if let Some(p) = &found
             && let Some(uid) = &p.metadata.uid
@@ -244,13 +281,13 @@ impl Worker {
             .filter_map(|(r, o)| Some((r, o.as_ref().err()?)))
             .collect();
         if let Some((first, _)) = failed.first() {
-            let errors: Vec<String> = failed.iter().map(|(_, e)| e.to_string()).collect();
+            let errors = failed.iter().map(|(_, e)| (*e).clone()).collect();
             return Err(Failure {
-                cause: errors.join("; "),
+                error: DeletionError::Writes(errors),
                 fence: failed
                     .iter()
                     .any(|(r, _)| matches!(r.write, EntryWrite::Fence(_))),
-                pod: Some(first.judged.pod.clone()).filter(|p| !p.uid.is_empty()),
+                pod: Some(Box::new(first.judged.pod.clone())).filter(|p| !p.uid.is_empty()),
                 not_leader: failed.iter().all(|(_, e)| **e == ReleaseError::NotLeader),
             });
         }
@@ -388,6 +425,25 @@ mod tests {
     use crate::api::slim::NodeReadyView;
     use crate::api::{IPAllocation, IPPool, IPPoolSpec};
     use crate::index::PodSeen;
+
+    #[test]
+    fn deletion_errors_read_as_the_warning_always_did_and_name_what_failed() {
+        let writes = DeletionError::Writes(vec![
+            ReleaseError::Conflict { pool: "p".into() },
+            ReleaseError::NotLeader,
+        ]);
+        assert_eq!(
+            writes.to_string(),
+            "pool p kept changing while releasing; not written: this replica does not lead"
+        );
+        assert_eq!(writes.label(), "conflict");
+        let confirm = DeletionError::Confirm {
+            podref: "ns/a".into(),
+            message: "boom".into(),
+        };
+        assert_eq!(confirm.to_string(), "confirming pod ns/a is gone: boom");
+        assert_eq!(confirm.label(), "confirm");
+    }
 
     const WEB: &str = "ns/web-0";
 

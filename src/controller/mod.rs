@@ -229,7 +229,7 @@ fn spawn_lifting(
             clock,
         ),
     };
-    let mut reporter = report::Reporter {
+    let mut reporter = report::ProblemReporter {
         events: ctx.events.clone(),
         metrics: ctx.metrics.clone(),
         reported: Default::default(),

@@ -133,14 +133,14 @@ pub fn problems(st: &Index, namespace: &str) -> Vec<Problem> {
 }
 
 /// Reports each problem once.
-pub struct Reporter {
+pub struct ProblemReporter {
     pub(crate) events: Events,
     pub(crate) metrics: ControllerMetrics,
     /// What was reported, by (reason, kind, namespace, name).
     pub(crate) reported: HashMap<(&'static str, String, String, String), String>,
 }
 
-impl Reporter {
+impl ProblemReporter {
     /// Sets the invalid-object gauges and, on the leader, logs and publishes what is new.
     pub async fn pass(&mut self, problems: Vec<Problem>, leader: bool) {
         let mut invalid: BTreeMap<String, i64> = KINDS.iter().map(|k| (k.to_string(), 0)).collect();

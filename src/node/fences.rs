@@ -11,6 +11,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
+use super::error::NodeError;
 use super::evidence::{Fence, Report};
 use crate::api::IPFence;
 use crate::api::lenient::Lenient;
@@ -91,7 +92,7 @@ pub fn watch(client: Client, namespace: &str, node: &str) -> (Fences, tokio::tas
 }
 
 /// Writes reports into fences' status.
-pub struct Reporter {
+pub struct FenceReporter {
     /// The client (the agent's ServiceAccount).
     pub client: Client,
     /// The whereabouts namespace, where the fences are.
@@ -105,10 +106,10 @@ pub struct Reporter {
     pub budgets: crate::release::Budgets,
 }
 
-impl Reporter {
+impl FenceReporter {
     /// Writes `r` into its fence's status, with the fence's uid as a precondition (a fence
     /// deleted and written again meanwhile is another object: refused with 422).
-    pub async fn report(&self, r: &Report) -> Result<(), String> {
+    pub async fn report(&self, r: &Report) -> Result<(), NodeError> {
         let observed_at = jiff::Timestamp::now().to_string();
         if self.dry_run {
             tracing::info!(fence = %r.name, pod_uid = %r.pod_uid, "dry-run: would report the fenced pod's sandboxes gone");
@@ -126,7 +127,7 @@ impl Reporter {
             }}},
         ]);
         let ops: json_patch::Patch =
-            serde_json::from_value(ops).map_err(|e| format!("report patch: {e}"))?;
+            serde_json::from_value(ops).map_err(|e| NodeError::ReportPatch(e.to_string()))?;
         let api = Api::<IPFence>::namespaced(self.client.clone(), &self.namespace);
         let (params, patch) = (PatchParams::default(), Patch::<()>::Json(ops));
         self.budgets
@@ -135,6 +136,6 @@ impl Reporter {
             })
             .await
             .map(|_| ())
-            .map_err(|e| e.to_string())
+            .map_err(|e| NodeError::Report(e.to_string()))
     }
 }

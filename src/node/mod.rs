@@ -12,6 +12,7 @@
 //! Imports `release` and below (and podlife), never `controller` or `scan`.
 
 pub mod cri;
+pub mod error;
 pub mod evidence;
 pub mod fences;
 pub mod plan;
@@ -44,6 +45,7 @@ use crate::reclaim::ReclaimConfig;
 use crate::release::{BudgetConfig, Budgets, Events, writer};
 use crate::telemetry::{Health, LogFormat, NodeMetrics, WriteMetrics};
 use cri::{CriCalls, CriPodSource, RuntimeView};
+use error::NodeError;
 use release::{ApiPod, Outcome, Releaser};
 use witness::{DeadSandbox, Witness};
 
@@ -177,7 +179,7 @@ struct Agent {
     pleg: PlegHandle,
     fences: fences::Fences,
     evidence: evidence::Evidence,
-    reporter: Arc<fences::Reporter>,
+    reporter: Arc<fences::FenceReporter>,
     /// The listing the evidence last looked at.
     evidence_listing: u64,
 }
@@ -186,7 +188,7 @@ struct Agent {
 struct ReportDone {
     fence_uid: String,
     pod_uid: String,
-    outcome: Result<(), String>,
+    outcome: Result<(), NodeError>,
 }
 
 impl Agent {
@@ -366,7 +368,7 @@ impl Agent {
             "failed"
         };
         if let Err(error) = &outcome {
-            tracing::warn!(%fence_uid, %pod_uid, %error, "reporting a fenced pod's sandboxes gone failed; retried");
+            tracing::warn!(%fence_uid, %pod_uid, %error, kind = error.label(), "reporting a fenced pod's sandboxes gone failed; retried");
         }
         self.metrics
             .fence_reports
@@ -397,11 +399,11 @@ impl Agent {
         self.metrics.sandbox_outcome(outcome.label());
         match outcome {
             Outcome::Failed(cause) if sb.attempts + 1 < MAX_ATTEMPTS => {
-                tracing::warn!(sandbox = %sb.id, %cause, attempt = sb.attempts + 1, "release failed; will retry");
+                tracing::warn!(sandbox = %sb.id, %cause, kind = cause.label(), attempt = sb.attempts + 1, "release failed; will retry");
                 self.witness.retry(sb, self.clock.now());
             }
             Outcome::Failed(cause) => {
-                tracing::error!(sandbox = %sb.id, %cause, "release failed for good; the controller's sweep still owns the leak");
+                tracing::error!(sandbox = %sb.id, %cause, kind = cause.label(), "release failed for good; the controller's sweep still owns the leak");
                 let pod = api_pod(&self.pods, &sb.pod_uid);
                 self.releaser.gave_up(&sb, pod, &cause).await;
             }
@@ -460,8 +462,8 @@ fn witness_recheck(args: &NodeAgentArgs) -> Duration {
 }
 
 /// The writer of this node's fence reports.
-fn reporter(client: &Client, args: &NodeAgentArgs, budgets: &Budgets) -> fences::Reporter {
-    fences::Reporter {
+fn reporter(client: &Client, args: &NodeAgentArgs, budgets: &Budgets) -> fences::FenceReporter {
+    fences::FenceReporter {
         client: client.clone(),
         namespace: args.whereabouts_namespace.clone(),
         node: args.node_name.clone(),

@@ -132,7 +132,7 @@ pub struct Written {
     /// Releases `--dry-run` only reported.
     pub dry_run: usize,
     /// The last failure, if any (what was written stays written; a retry finds the rest).
-    pub error: Option<String>,
+    pub error: Option<ReleaseError>,
 }
 
 impl Written {
@@ -154,7 +154,7 @@ impl Written {
                 }
                 Ok(ReleaseOutcome::DryRun) => out.dry_run += 1,
                 Ok(_) => {}
-                Err(e) => out.error = Some(e.to_string()),
+                Err(e) => out.error = Some(e.clone()),
             }
         }
         out

@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::{Client, ResourceExt};
 
+use super::error::NodeError;
 use super::plan::{PoolTarget, Written, plan_pool, pod_networks};
 use super::witness::DeadSandbox;
 use crate::api::lenient::Lenient;
@@ -40,7 +41,7 @@ pub enum Outcome {
     /// No live pod of that uid: a deleted pod is the controller's to clean up.
     PodGone,
     /// Something failed; retried later.
-    Failed(String),
+    Failed(NodeError),
 }
 
 impl Outcome {
@@ -87,8 +88,8 @@ pub struct Releaser {
     pub(crate) metrics: NodeMetrics,
 }
 
-fn failed(what: &str, e: kube::Error) -> Outcome {
-    Outcome::Failed(format!("{what}: {e}"))
+fn failed(what: String, e: kube::Error) -> Outcome {
+    Outcome::Failed(NodeError::read(what, &e))
 }
 
 impl Releaser {
@@ -168,7 +169,7 @@ impl Releaser {
         }
         Ok(match written.error {
             // Entries already written stay released; the retry finds only what is left.
-            Some(e) => Outcome::Failed(e),
+            Some(e) => Outcome::Failed(e.into()),
             None if written.dry_run > 0 => Outcome::DryRun(written.dry_run),
             None => Outcome::Released(written.addresses().len()),
         })
@@ -186,7 +187,7 @@ impl Releaser {
                 Ok(Some(p))
             }
             Ok(_) => Ok(None),
-            Err(e) => Err(failed(&format!("get pod {key}"), e)),
+            Err(e) => Err(failed(format!("get pod {key}"), e)),
         }
     }
 
@@ -200,7 +201,7 @@ impl Releaser {
                 return Ok(None);
             }
             Ok(None) => return Ok(None),
-            Err(e) => return Err(failed(&format!("get pool {pool}"), e)),
+            Err(e) => return Err(failed(format!("get pool {pool}"), e)),
         };
         match pool_allocations(&pool_object.spec) {
             Ok(a) => Ok(Some(a.entries)),
@@ -227,7 +228,7 @@ impl Releaser {
                 return Ok(Vec::new());
             }
             Ok(None) => return Ok(Vec::new()),
-            Err(e) => return Err(failed(&format!("get NAD {network}"), e)),
+            Err(e) => return Err(failed(format!("get NAD {network}"), e)),
         };
         let config = match nad.spec.config.as_deref().map(parse_nad_config) {
             Some(Ok(Some(c))) => c,
@@ -274,7 +275,7 @@ impl Releaser {
                 );
                 return Ok(Vec::new());
             }
-            Err(e) => return Err(failed(&format!("get NodeSlicePool {name}"), e)),
+            Err(e) => return Err(failed(format!("get NodeSlicePool {name}"), e)),
         };
         let slice = slices
             .status
@@ -326,7 +327,7 @@ impl Releaser {
     }
 
     /// Retries ran out: a Warning Event on the pod, naming the sandbox and the cause.
-    pub async fn gave_up(&self, sb: &DeadSandbox, pod: Option<ApiPod>, cause: &str) {
+    pub async fn gave_up(&self, sb: &DeadSandbox, pod: Option<ApiPod>, cause: &NodeError) {
         if let Some(ApiPod { key, .. }) = pod {
             let pod = PodRef {
                 key,
@@ -342,7 +343,7 @@ impl Releaser {
 
 #[cfg(test)]
 mod tests {
-    use super::Outcome;
+    use super::{NodeError, Outcome};
 
     #[test]
     fn every_outcome_label_is_listed() {
@@ -352,7 +353,7 @@ mod tests {
             Outcome::NoAllocation,
             Outcome::Kept,
             Outcome::PodGone,
-            Outcome::Failed("x".into()),
+            Outcome::Failed(NodeError::Report("x".into())),
         ];
         let labels: Vec<&str> = all.iter().map(Outcome::label).collect();
         assert_eq!(labels, Outcome::LABELS);

@@ -65,7 +65,7 @@ impl Writer {
             // Gone already, or replaced by a new record (uid changed): not ours.
             Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
             Err(e) => {
-                self.metrics.failed("reservation");
+                self.metrics.failed(Deleted::FAILED_LABEL);
                 tracing::warn!(record = %name, error = %e, "could not delete fence record");
             }
         }

@@ -135,7 +135,7 @@ impl Writer {
             }
             Ok(done) => done,
             Err(e) => {
-                self.metrics.failed("reservation");
+                self.metrics.failed(Deleted::FAILED_LABEL);
                 tracing::warn!(reservation = %d.name, error = %e, "could not delete reservation");
                 Deleted::Failed
             }
@@ -216,7 +216,7 @@ impl Writer {
                 Ok(Some(r)) if r.spec.podref == d.podref => Deleted::Restored,
                 _ => {
                     tracing::error!(reservation = %d.name, podref = %d.podref, "an allocation for the pod and address appeared while its reservation was deleted, and another pod's reservation now holds the address");
-                    self.metrics.failed("reservation");
+                    self.metrics.failed(Deleted::FAILED_LABEL);
                     Deleted::Failed
                 }
             },
@@ -227,7 +227,7 @@ impl Writer {
             }
             Err(e) => {
                 tracing::error!(reservation = %d.name, podref = %d.podref, error = %e, "an allocation for the pod and address appeared while its reservation was deleted, and it could not be put back");
-                self.metrics.failed("reservation");
+                self.metrics.failed(Deleted::FAILED_LABEL);
                 Deleted::Failed
             }
         }
@@ -313,7 +313,7 @@ fn looks(
                             look.retries += 1;
                             if look.retries > LOOK_RETRIES {
                                 tracing::error!(reservation = %look.d.name, podref = %look.d.podref, "gave up looking again after deleting a reservation: its pool could not be read or the reservation put back");
-                                writer.metrics.failed("reservation");
+                                writer.metrics.failed(Deleted::FAILED_LABEL);
                             } else {
                                 look.due = Instant::now() + LOOK_RETRY;
                                 waiting.push(look);

@@ -119,8 +119,8 @@ pub enum ReleaseError {
 }
 
 impl ReleaseError {
-    /// Label for the failures metric.
-    pub fn cause(&self) -> &'static str {
+    /// The `cause` label of `release_failures_total` (stable: dashboards and alerts use it).
+    pub fn label(&self) -> &'static str {
         match self {
             ReleaseError::Api { .. } => "api",
             ReleaseError::Conflict { .. } => "conflict",
@@ -174,4 +174,51 @@ pub enum Deleted {
     Restored,
     /// The apiserver failed.
     Failed,
+}
+
+impl Deleted {
+    /// The `cause` label of `release_failures_total` a failed reservation (or fence record)
+    /// delete counts under.
+    pub const FAILED_LABEL: &'static str = "reservation";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::telemetry::metrics::FAILURE_CAUSES;
+
+    #[test]
+    fn failure_labels_are_the_causes_the_metric_starts_with() {
+        let pool = || "p".to_string();
+        let errors = [
+            ReleaseError::Api {
+                pool: pool(),
+                message: "m".into(),
+            },
+            ReleaseError::Conflict { pool: pool() },
+            ReleaseError::Refused {
+                pool: pool(),
+                message: "m".into(),
+            },
+            ReleaseError::Stopped,
+            ReleaseError::NotLeader,
+        ];
+        let mut labels: Vec<&str> = errors.iter().map(ReleaseError::label).collect();
+        labels.push(Deleted::FAILED_LABEL);
+        assert_eq!(
+            labels,
+            [
+                "api",
+                "conflict",
+                "refused",
+                "stopped",
+                "not_leader",
+                "reservation"
+            ]
+        );
+        let mut causes = FAILURE_CAUSES.to_vec();
+        causes.sort();
+        labels.sort();
+        assert_eq!(labels, causes);
+    }
 }

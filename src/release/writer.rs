@@ -363,7 +363,7 @@ impl Writer {
                         uid: o.uid.clone(),
                     }))
                 }
-                (Err(e), _) => self.metrics.failed(e.cause()),
+                (Err(e), _) => self.metrics.failed(e.label()),
                 _ => {}
             }
             answers.push(outcome);

@@ -34,7 +34,7 @@ impl From<String> for NetworkLabel {
     }
 }
 
-/// A `kind` label.
+/// A `kind` label (an object kind, a PLEG event kind).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
     /// Object kind.

@@ -9,18 +9,13 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use super::metrics::KindLabel;
+
 /// A CRI `method` label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MethodLabel {
     /// The CRI method.
     pub method: String,
-}
-
-/// A `kind` label (PLEG event kind).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct KindLabel {
-    /// Event kind.
-    pub kind: String,
 }
 
 /// An `outcome` label.
