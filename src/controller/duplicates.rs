@@ -8,13 +8,10 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
 
-use super::report::{self, Problem};
+use super::report::{self, IP_ADDRESS_DUPLICATE, Problem};
 use crate::index::{Duplicate, Duplicates, Holder, Index};
 use crate::ipam::PodKey;
 use crate::telemetry::ControllerMetrics;
-
-/// Event reason: two or more live pods list the address on one network.
-pub const IP_ADDRESS_DUPLICATE: &str = "IPAddressDuplicate";
 
 /// Most duplicates named in one Event.
 const NAMED: usize = 5;

@@ -13,6 +13,9 @@ use crate::ipam::PodKey;
 use crate::release::Events;
 use crate::telemetry::ControllerMetrics;
 
+/// Event reason: two or more live pods list the address on one network.
+pub const IP_ADDRESS_DUPLICATE: &str = "IPAddressDuplicate";
+
 /// Event reason: an object was skipped because it does not fit the schema.
 pub const INVALID_OBJECT: &str = "InvalidObject";
 /// Event reason: a NAD's config cannot be used.
@@ -169,7 +172,7 @@ impl ProblemReporter {
             );
             if self.reported.get(&key) != Some(&p.message) {
                 // A duplicate address has its own log line (`duplicates`), per address.
-                if p.reason != super::duplicates::IP_ADDRESS_DUPLICATE {
+                if p.reason != IP_ADDRESS_DUPLICATE {
                     tracing::warn!(reason = p.reason, kind = %key.1, namespace = %key.2, name = %key.3, message = %p.message, "bad input");
                 }
                 self.events

@@ -310,7 +310,7 @@ mod tests {
         let entries = vec![entry("5", "sb", "net1"), entry("6", "sb", "net2")];
         let mut plan = plan_for("sb", live, entries);
         let now: jiff::Timestamp = "2026-11-25T10:00:00Z".parse().unwrap();
-        crate::release::cooling::set_cooldowns(
+        crate::release::types::set_cooldowns(
             &mut plan.releases,
             std::time::Duration::from_secs(30),
             now,

@@ -1,30 +1,14 @@
 //! The writer's side of `--release-cooldown`: which writes cool instead of removing, and the
 //! index and metrics after a cooling write or the end of a cooldown (see `ipam::cooldown`).
 
-use std::time::Duration;
-
 use super::types::{EntryWrite, ReleaseRequest};
 use super::writer::{ObjectDelete, Writer};
 use crate::api::ObjectId;
 use crate::index::Index;
 use crate::ipam::PoolEntry;
-use crate::ipam::cooldown::{cooldown_end, cooldown_id, cooling_podref};
+use crate::ipam::cooldown::{cooldown_id, cooling_podref};
 use crate::ipam::fence::FenceSource;
 use crate::release::types::ReservationDelete;
-
-/// Under a cooldown of `length` (zero: off), each release and fence lift in `reqs` cools until
-/// `now + length` instead of removing its entry. Fences and ends of cooldowns never do.
-pub fn set_cooldowns(reqs: &mut [ReleaseRequest], length: Duration, now: jiff::Timestamp) {
-    if length.is_zero() {
-        return;
-    }
-    let until = cooldown_end(now, length);
-    for r in reqs {
-        if matches!(r.write, EntryWrite::Remove | EntryWrite::Unfence(..)) {
-            r.cooldown = Some(until);
-        }
-    }
-}
 
 /// The entry as a cooling write of `req` leaves it.
 pub fn cooled_entry(req: &ReleaseRequest, until: jiff::Timestamp) -> PoolEntry {
@@ -92,7 +76,10 @@ impl Writer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
     use crate::release::fixtures::{record, request};
+    use crate::release::types::set_cooldowns;
 
     #[test]
     fn only_releases_and_lifts_cool_and_only_when_configured() {

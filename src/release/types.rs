@@ -182,6 +182,24 @@ impl Deleted {
     pub const FAILED_LABEL: &'static str = "reservation";
 }
 
+/// Under a cooldown of `length` (zero: off), each release and fence lift in `reqs` cools until
+/// `now + length` instead of removing its entry. Fences and ends of cooldowns never do.
+pub fn set_cooldowns(
+    reqs: &mut [ReleaseRequest],
+    length: std::time::Duration,
+    now: jiff::Timestamp,
+) {
+    if length.is_zero() {
+        return;
+    }
+    let until = crate::ipam::cooldown::cooldown_end(now, length);
+    for r in reqs {
+        if matches!(r.write, EntryWrite::Remove | EntryWrite::Unfence(..)) {
+            r.cooldown = Some(until);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -309,7 +309,7 @@ impl Writer {
             return Vec::new();
         }
         let (mut reqs, replies) = one_write_per_entry(items);
-        super::cooling::set_cooldowns(&mut reqs, self.cooldown, jiff::Timestamp::now());
+        super::types::set_cooldowns(&mut reqs, self.cooldown, jiff::Timestamp::now());
         // Fences: the record first. An entry whose record cannot be written is not touched.
         let records = self.write_fence_records(pool, &reqs).await;
         let ready: Vec<usize> = (0..reqs.len())

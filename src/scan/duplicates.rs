@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::ScanRow;
-use crate::controller::duplicates::IP_ADDRESS_DUPLICATE;
+use crate::controller::report::IP_ADDRESS_DUPLICATE;
 use crate::index::{Duplicates, Holder};
 
 /// The decision of a duplicate's row.
