@@ -57,6 +57,13 @@ fn kubeconfig() -> PathBuf {
 
 /// Runs `ipreclaim <args>` with no kubeconfig in the environment (`--kubeconfig` is passed
 /// where a test wants one).
+/// `ipreclaim scan <whereabouts-namespace flag> --kubeconfig <kc> <extra>`.
+fn scan(wns: &str, kc: &str, extra: &[&str]) -> Output {
+    let mut args = vec!["scan", wns, "--kubeconfig", kc];
+    args.extend_from_slice(extra);
+    ipreclaim(&args)
+}
+
 fn ipreclaim(args: &[&str]) -> Output {
     Command::new(BIN)
         .args(args)
@@ -111,11 +118,7 @@ async fn scan_prints_each_format_and_exits_like_kubectl_diff() {
     let kc = kubeconfig();
     let kc = kc.to_str().unwrap();
     let wns = format!("--whereabouts-namespace={ns}");
-    let scan = |extra: &[&str]| {
-        let mut args = vec!["scan", wns.as_str(), "--kubeconfig", kc];
-        args.extend_from_slice(extra);
-        ipreclaim(&args)
-    };
+    let scan = |extra: &[&str]| scan(&wns, kc, extra);
 
     // table (the default): a header, two rows, short sandbox ids, human ages, <none>.
     let out = scan(&[]);
@@ -426,11 +429,7 @@ async fn scan_shows_duplicate_addresses_in_their_own_section_and_never_as_releas
     let kc = cp.kubeconfig_path();
     let kc = kc.to_str().unwrap();
     let wns = format!("--whereabouts-namespace={ns}");
-    let scan = |extra: &[&str]| {
-        let mut args = vec!["scan", wns.as_str(), "--kubeconfig", kc];
-        args.extend_from_slice(extra);
-        ipreclaim(&args)
-    };
+    let scan = |extra: &[&str]| scan(&wns, kc, extra);
 
     let out = scan(&[]);
     assert_eq!(

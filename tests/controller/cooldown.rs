@@ -62,13 +62,7 @@ async fn a_released_address_cools_with_the_real_allocator_survives_a_restart_and
     let cni = WhereaboutsCni::new(cp, &env.ns, &cp.dir().join(&env.ns), RANGE).unwrap();
     env.nad_config("net", cni.netconf()).await;
     let x = env.pod_with_address(&cni, "a-0", "sandbox-a").await;
-    assert!(
-        env.reservations()
-            .get_opt(&x.to_string())
-            .await
-            .unwrap()
-            .is_some()
-    );
+    assert!(has_reservation(&env, x).await, "{x}'s reservation");
     env.start(&[COOLDOWN]).await;
 
     env.delete_pod("a-0").await;
@@ -101,13 +95,7 @@ async fn a_released_address_cools_with_the_real_allocator_survives_a_restart_and
         env.entry_of(POOL, x).await.is_some(),
         "the late DEL freed it"
     );
-    assert!(
-        env.reservations()
-            .get_opt(&x.to_string())
-            .await
-            .unwrap()
-            .is_some()
-    );
+    assert!(has_reservation(&env, x).await, "{x}'s reservation");
     let rows = ipreclaim::scan::scan(env.client.clone(), &env.ns, ReclaimConfig::default())
         .await
         .unwrap();
@@ -150,4 +138,13 @@ async fn a_released_address_cools_with_the_real_allocator_survives_a_restart_and
         let e = env.entry_of(POOL, ip).await.expect("live entry");
         assert!(!e.podref.ends_with(":cooldown"), "{e:?}");
     }
+}
+
+/// Whether the reservation of `ip` exists.
+async fn has_reservation(env: &Env, ip: Ipv4Addr) -> bool {
+    env.reservations()
+        .get_opt(&ip.to_string())
+        .await
+        .unwrap()
+        .is_some()
 }
