@@ -13,7 +13,7 @@
 //! `cargo bench --bench scale [-- --pods N --whereabouts-pods W --trickle M --rate R
 //! --footprint F --phases whereabouts,mass,restart,steady,footprint --steady-keepers K,...
 //! --controller-arg FLAG...]` (defaults: 2000, 100, 1000, 50, 20000, all phases, 64,300,600,
-//! ipreclaim's default flags). Each phase has 4 pools of its own; live pods ("keepers") in
+//! ipreclaim's default flags). Each phase has 4 pools of its own (the footprint one per 5,000 pods); live pods ("keepers") in
 //! them: W in the side-by-side, N/10 in the mass delete, 1.2 N in the restart (more than it
 //! deletes: the sweep's breaker holds a pool it would free more than half of), K per pool in
 //! each steady run; the pool patch's cost at the apiserver grows with the pool. Pods are the
@@ -42,6 +42,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use testenv::ControlPlane;
 
 const POOLS: usize = 4;
+/// Pods per pool in the footprint phase, at most.
+const PODS_PER_FOOTPRINT_POOL: usize = 5000;
 const NODE: &str = "bench-node";
 /// Deletes in flight at once.
 const CONCURRENT_DELETES: usize = 64;
@@ -312,12 +314,17 @@ impl Bench {
         Ok(bench)
     }
 
-    /// A new set of `POOLS` empty pools, each with its NAD, for the next phase: each phase
+    /// A new set of [`POOLS`] empty pools, each with its NAD, for the next phase: each phase
     /// has pools of its own size.
     async fn new_pools(&mut self) -> anyhow::Result<()> {
+        self.new_pools_of(POOLS).await
+    }
+
+    /// Like [`new_pools`](Self::new_pools), `count` of them.
+    async fn new_pools_of(&mut self, count: usize) -> anyhow::Result<()> {
         let nads: Api<NetworkAttachmentDefinition> = Api::namespaced(self.client.clone(), &self.ns);
-        self.in_use = (self.pools_made..self.pools_made + POOLS).collect();
-        self.pools_made += POOLS;
+        self.in_use = (self.pools_made..self.pools_made + count).collect();
+        self.pools_made += count;
         for &p in &self.in_use {
             let config = serde_json::json!({
                 "cniVersion": "0.3.1", "name": network(p), "type": "macvlan", "master": "eth0",
@@ -969,7 +976,11 @@ async fn next_sweep(addr: std::net::SocketAddr) {
 
 /// The controller's memory with `footprint` pods (with allocations and reservations).
 async fn footprint(bench: &mut Bench, o: &Options) -> anyhow::Result<()> {
-    bench.new_pools().await?;
+    // An IPPool is one etcd object (at most 1.5 MiB, about 12,000 entries): large clusters
+    // spread their pods over many pools.
+    bench
+        .new_pools_of(POOLS.max(o.footprint.div_ceil(PODS_PER_FOOTPRINT_POOL)))
+        .await?;
     let (ipreclaim, addr) = bench.start_ipreclaim(&o.controller_args).await?;
     let have = bench.tracker.lock().unwrap().keeper_entries.len();
     if o.footprint > have {
