@@ -23,9 +23,21 @@ pub struct DuplicateReporter {
     series: HashSet<String>,
     /// Duplicates logged (the leader's), with their pods.
     logged: HashMap<(String, IpAddr), Vec<String>>,
+    /// The last look, at this listing generation of the index.
+    last: Option<(u64, Duplicates)>,
 }
 
 impl DuplicateReporter {
+    /// The duplicates in `st`, looked for again only when what pods list, pools or NADs
+    /// changed since the last look (at 100,000 pods a look is a pass over them all).
+    pub fn found(&mut self, st: &Index) -> &Duplicates {
+        let generation = st.listing_generation();
+        if self.last.as_ref().is_none_or(|(g, _)| *g != generation) {
+            self.last = Some((generation, st.duplicates()));
+        }
+        &self.last.as_ref().expect("just set").1
+    }
+
     /// Sets the gauges (every replica), logs new and resolved duplicates (the leader), and
     /// returns the Events' problems (published by the leader's [`report::Reporter`]).
     pub fn pass(
@@ -177,4 +189,50 @@ fn message(texts: &[String]) -> String {
     }
     out.push_str(" (ipreclaim releases none of them; give one pod another address)");
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::time::Instant;
+
+    use super::*;
+    use crate::index::PodSeen;
+
+    fn listing(ix: &mut Index, name: &str, ip: &str) {
+        let status = serde_json::json!([{"name": "ns/net", "interface": "net1", "ips": [ip]}]);
+        let annotations = BTreeMap::from([(
+            crate::ipam::NETWORK_STATUS_ANNOTATION.to_string(),
+            status.to_string(),
+        )]);
+        let seen = PodSeen {
+            annotations: Some(&annotations),
+            ..Default::default()
+        };
+        ix.upsert_pod(&format!("ns/{name}"), name, seen, Instant::now());
+    }
+
+    #[test]
+    fn a_kept_look_is_renewed_as_soon_as_what_pods_list_changes() {
+        let mut ix = Index::default();
+        let nad = serde_json::json!({
+            "metadata": {"name": "net", "namespace": "ns"},
+            "spec": {"config": r#"{"cniVersion":"0.3.1","type":"macvlan","ipam":{"type":"whereabouts","range":"192.0.2.0/24"}}"#},
+        });
+        ix.upsert_nad(&serde_json::from_value(nad).unwrap());
+        let mut reporter = DuplicateReporter::default();
+        listing(&mut ix, "a", "192.0.2.10");
+        listing(&mut ix, "b", "192.0.2.10");
+        assert_eq!(reporter.found(&ix).found.len(), 1);
+        assert_eq!(
+            reporter.found(&ix).found.len(),
+            1,
+            "kept while nothing changed"
+        );
+        listing(&mut ix, "b", "192.0.2.11");
+        assert!(
+            reporter.found(&ix).found.is_empty(),
+            "renewed after b moved"
+        );
+    }
 }

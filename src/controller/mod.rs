@@ -248,7 +248,7 @@ fn spawn_lifting(
             let problems = {
                 let st = state.read().expect("state lock");
                 let mut problems = report::problems(&st, &ns);
-                let found = st.duplicates();
+                let found = duplicates.found(&st).clone();
                 problems.extend(duplicates.pass(&st, &found, &metrics, &ns, leads));
                 problems
             };

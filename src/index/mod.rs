@@ -82,6 +82,8 @@ pub struct Index {
     reservations: ReservationIndex,
     fences: FenceIndex,
     invalid: InvalidIndex,
+    /// Changes to pools and NADs (see [`Index::listing_generation`]).
+    pool_changes: u64,
 }
 
 impl Index {
@@ -113,6 +115,12 @@ impl Index {
     /// Objects skipped because they do not fit their type.
     pub fn invalid(&self) -> &InvalidIndex {
         &self.invalid
+    }
+
+    /// Grows with every change to what live pods list, to pools and to NADs: a look that
+    /// reads only these (duplicate addresses) gives the same answer while it stays.
+    pub fn listing_generation(&self) -> u64 {
+        self.pods.listing_changes() + self.pool_changes
     }
 
     /// Records a live pod; returns a tombstone if it replaced a pod of the same podref with
@@ -186,6 +194,7 @@ impl Index {
 
     /// Replaces a pool's parsed contents and its podref index.
     pub fn upsert_pool(&mut self, pool: &IPPool) {
+        self.pool_changes += 1;
         let info = PoolInfo::parse(pool);
         self.networks.pool_added(&info.name, info.range);
         self.pools.upsert(info);
@@ -193,6 +202,7 @@ impl Index {
 
     /// Forgets a pool.
     pub fn remove_pool(&mut self, name: &str) {
+        self.pool_changes += 1;
         self.networks.pool_removed(name);
         self.pools.remove(name);
     }
@@ -219,6 +229,7 @@ impl Index {
 
     /// Records a NAD's mapping to pools (or its config error).
     pub fn upsert_nad(&mut self, nad: &NetworkAttachmentDefinition) {
+        self.pool_changes += 1;
         let pools = self
             .pools
             .all()
@@ -229,6 +240,7 @@ impl Index {
 
     /// Forgets a NAD.
     pub fn remove_nad(&mut self, key: &str) {
+        self.pool_changes += 1;
         self.networks.remove(key);
     }
 
@@ -309,6 +321,7 @@ impl Index {
         record: &FenceRecord,
         object: ObjectId,
     ) {
+        self.pool_changes += 1;
         // Already marked (a late answer): only the record is news.
         self.pools.mark(pool, key, fenced_podref(&record.podref));
         let ObjectId { name, uid } = object;
@@ -355,6 +368,7 @@ impl Index {
     /// The writer released the entry at `key` of `pool` into its cooldown, rewriting it as
     /// `cooled`: it is no allocation and no leak until the cooldown ends.
     pub fn cooled(&mut self, pool: &str, key: &str, cooled: PoolEntry) {
+        self.pool_changes += 1;
         self.pools.forget_fenced(pool, key);
         self.pools.cool(pool, key, cooled);
     }
@@ -368,6 +382,7 @@ impl Index {
         podref: &str,
         ip: IpAddr,
     ) -> Vec<ObjectId> {
+        self.pool_changes += 1;
         self.pools.forget_cooling(pool, key);
         self.reservations.of(podref, ip)
     }
@@ -375,6 +390,7 @@ impl Index {
     /// The writer released the entry at `key` of `pool` (held by `podref`, address `ip`):
     /// forgets it, and returns that pod's reservations for that address.
     pub fn released(&mut self, pool: &str, key: &str, podref: &str, ip: IpAddr) -> Vec<ObjectId> {
+        self.pool_changes += 1;
         self.pools.forget_entry(pool, key);
         self.pools.forget_fenced(pool, key);
         self.reservations.of(podref, ip)

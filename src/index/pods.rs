@@ -26,6 +26,16 @@ pub struct LiveInfo {
     pub terminal: bool,
 }
 
+impl LiveInfo {
+    /// Whether `other` lists what this does: the same pod, networks, status error and phase.
+    fn lists_as(&self, other: &LiveInfo) -> bool {
+        self.uid == other.uid
+            && self.networks == other.networks
+            && self.malformed_status == other.malformed_status
+            && self.terminal == other.terminal
+    }
+}
+
 /// What one observation of a pod says.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PodSeen<'a> {
@@ -99,6 +109,9 @@ pub struct PodIndex {
     /// When each podref's network-status last listed each address: any such observation
     /// restarts a leak's grace, not only the sweep's samples.
     listed_at: HashMap<String, Vec<(IpAddr, Instant)>>,
+    /// Changes to what the live pods list (a pod added, removed, or its uid, networks or
+    /// phase changed): looks that read only that can be skipped while it stays.
+    listing_changes: u64,
 }
 
 /// A pod's secondary networks from its annotations, and why they cannot be read.
@@ -147,6 +160,9 @@ impl PodIndex {
             node: self.node_name(seen.node),
             terminal: seen.terminal,
         };
+        if self.live.get(podref).is_none_or(|old| !old.lists_as(&info)) {
+            self.listing_changes += 1;
+        }
         let old = self.live.insert(podref.to_owned(), info)?;
         (old.uid != uid).then_some(old)
     }
@@ -170,7 +186,13 @@ impl PodIndex {
     /// Removes the live pod `uid` of `podref` (deleted or vanished), returning it.
     pub fn remove_live(&mut self, podref: &str, uid: &str) -> Option<LiveInfo> {
         self.live.get(podref).filter(|l| l.uid == uid)?;
+        self.listing_changes += 1;
         self.live.remove(podref)
+    }
+
+    /// Changes so far to what the live pods list.
+    pub fn listing_changes(&self) -> u64 {
+        self.listing_changes
     }
 
     /// A tombstone for a pod deleted or vanished, from what is known of it.

@@ -35,6 +35,9 @@ pub enum Reason {
     /// Released by hand with `--force` although a live pod lists it (never decided by the
     /// rules).
     Forced,
+    /// The end of a release cooldown: the entry was released (under its own reason) when the
+    /// cooldown began; removing it only returns the address. Never counted as a release.
+    CooldownEnded,
 }
 
 impl Reason {
@@ -47,10 +50,11 @@ impl Reason {
             Reason::PodTerminal => "PodTerminal",
             Reason::SandboxGone => "SandboxGone",
             Reason::Forced => "Forced",
+            Reason::CooldownEnded => "CooldownEnded",
         }
     }
 
-    /// Every reason, for metrics.
+    /// Every reason a release is counted under, for metrics (not [`Reason::CooldownEnded`]).
     pub const ALL: [Reason; 6] = [
         Reason::PodDeleted,
         Reason::PodMissing,

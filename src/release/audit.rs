@@ -158,7 +158,7 @@ impl AuditRecord {
             network: j.network.clone(),
             sandbox: j.entry.id.clone(),
             interface: j.entry.ifname.clone(),
-            reason: "CooldownEnded",
+            reason: Reason::CooldownEnded.as_str(),
             evidence: format!(
                 "the release cooldown until {when} is over; the address is back in the pool"
             ),
@@ -213,6 +213,7 @@ fn evidence(reason: Reason, podref: &str, r: &AuditRecord) -> String {
             "released with --force although pod {podref} lists {} on network {}",
             r.address, r.network
         ),
+        Reason::CooldownEnded => "the release cooldown is over".to_owned(),
     }
 }
 
@@ -400,7 +401,7 @@ mod tests {
             Ok(ReleaseOutcome::Released),
         );
         assert_eq!(plain.unwrap().cooldown_until, None);
-        let mut end = request(Reason::PodDeleted, EntryWrite::EndCooldown);
+        let mut end = request(Reason::CooldownEnded, EntryWrite::EndCooldown);
         end.judged.entry.id = "ipreclaim-cooldown:2026-11-25T10:00:31Z".into();
         end.judged.entry.podref = "ns/web-0:cooldown".into();
         let e = AuditRecord::of(&end, &Ok(ReleaseOutcome::Released), None, None).unwrap();

@@ -386,7 +386,7 @@ fn end_cooldowns(index: &Index, ip: IpAddr, network: Option<&str>) -> Vec<Planne
             let write = EntryWrite::EndCooldown;
             Planned {
                 listed_by: listed_by(index, &pool, ip),
-                request: request(&pool, &c.entry, network, pod, Reason::PodDeleted, write),
+                request: request(&pool, &c.entry, network, pod, Reason::CooldownEnded, write),
             }
         })
         .collect()

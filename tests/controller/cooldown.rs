@@ -9,10 +9,10 @@ use ipreclaim::api::{IPAllocation, OverlappingRangeIPReservation};
 use ipreclaim::reclaim::ReclaimConfig;
 use kube::api::Api;
 use testenv::ControlPlane;
-use testenv::poll::wait_for;
+use testenv::poll::{metric_value, wait_for};
 use testenv::whereabouts::WhereaboutsCni;
 
-use crate::harness::Env;
+use crate::harness::{Env, PoolRefusal};
 
 const RANGE: &str = "198.18.7.0/29";
 const POOL: &str = "198.18.7.0-29";
@@ -147,4 +147,89 @@ async fn has_reservation(env: &Env, ip: Ipv4Addr) -> bool {
         .await
         .unwrap()
         .is_some()
+}
+
+/// A cooldown whose end the apiserver refuses: the entry and its reservation stay, the
+/// refusal is counted and retried after a backoff, and the other pool's cooldown ends
+/// meanwhile; once the refusal is lifted, the entry and the reservation go. The cooldowns were
+/// set by someone else (written here as a controller or node agent writes them, already due),
+/// and this controller's own `--release-cooldown` is off: the end is in the entry.
+#[tokio::test]
+async fn a_refused_cooldown_end_keeps_entry_and_reservation_and_the_other_pools_end() {
+    let mut env = Env::new("cooldown-refused").await;
+    env.nad("net-a", "198.18.8.0/28").await;
+    env.nad("net-b", "198.18.9.0/28").await;
+    let due = "ipreclaim-cooldown:2026-01-01T00:00:00Z";
+    env.pool(
+        "198.18.8.0-28",
+        "198.18.8.0/28",
+        &[(3, due, "a-0:cooldown")],
+    )
+    .await;
+    env.pool(
+        "198.18.9.0-28",
+        "198.18.9.0/28",
+        &[(4, due, "b-0:cooldown")],
+    )
+    .await;
+    env.reservation("198.18.8.3", "a-0").await;
+    env.reservation("198.18.9.4", "b-0").await;
+    let refusal = PoolRefusal::new(
+        &env,
+        "refuse-cooldown-end",
+        "object.metadata.name != '198.18.8.0-28' || '3' in object.spec.allocations",
+    )
+    .await;
+    let remove = serde_json::json!([{"op": "remove", "path": "/spec/allocations/3"}]);
+    PoolRefusal::wait_in_force(&env, "198.18.8.0-28", remove.clone(), true).await;
+    env.start(&[]).await;
+
+    env.wait_keys("198.18.9.0-28", &[]).await;
+    wait_for("b-0's reservation deleted after its cooldown", || async {
+        !env.reservation_names()
+            .await
+            .contains(&"198.18.9.4".to_string())
+    })
+    .await;
+    wait_for("the refused end counted", || async {
+        metric_value(
+            &env.metrics_text().await,
+            r#"ipreclaim_release_failures_total{cause="refused"}"#,
+        ) >= 1.0
+    })
+    .await;
+    env.wait_sweeps(2.0).await;
+    assert_eq!(
+        env.keys("198.18.8.0-28").await,
+        ["3"],
+        "a-0's cooling entry kept"
+    );
+    assert!(
+        env.reservation_names()
+            .await
+            .contains(&"198.18.8.3".to_string()),
+        "a-0's reservation kept while its entry stays"
+    );
+    let cooling = format!(
+        "ipreclaim_pool_cooling{{pool=\"{}/198.18.8.0-28\"}} 1",
+        env.ns
+    );
+    env.wait_metric(&cooling).await;
+
+    refusal.lift().await;
+    PoolRefusal::wait_in_force(&env, "198.18.8.0-28", remove, false).await;
+    testenv::poll::wait_for_within(
+        "a-0's cooldown ended once the refusal was lifted (retries are up to 30 s apart)",
+        std::time::Duration::from_secs(60),
+        std::time::Duration::from_millis(200),
+        || async {
+            env.keys("198.18.8.0-28").await.is_empty()
+                && !env
+                    .reservation_names()
+                    .await
+                    .contains(&"198.18.8.3".to_string())
+        },
+    )
+    .await;
+    env.stop().await;
 }

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, PostParams};
 use testenv::poll::{metric_value, wait_for};
 
-use crate::harness::{Env, FENCED};
+use crate::harness::{Env, FENCED, PoolRefusal};
 
 testenv::as_admin_and_as_the_chart!(
     Env,
@@ -297,68 +297,17 @@ async fn a_pod_deleted_right_after_its_node_goes_down_is_fenced() {
     env.delete_node(&node).await;
 }
 
-/// A ValidatingAdmissionPolicy (a real apiserver's admission, bound to the test's namespace)
-/// that refuses any pool write marking entry `key` fenced: stands for any refusal of one
-/// entry's write (too large, invalid, forbidden). Returns its name (also the binding's).
-async fn refuse_fencing_entry(env: &Env, key: &str) -> String {
-    use k8s_openapi::api::admissionregistration::v1::{
-        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-    };
-    let name = format!("{}-refuse-fence", env.ns);
-    let policy: ValidatingAdmissionPolicy = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {"resourceRules": [{
-                "apiGroups": ["whereabouts.cni.cncf.io"], "apiVersions": ["*"],
-                "operations": ["UPDATE"], "resources": ["ippools"],
-            }]},
-            "validations": [{
-                "expression": format!(
-                    "!('{key}' in object.spec.allocations) || !object.spec.allocations['{key}'].podref.endsWith(':fenced')"
-                ),
-                "message": "refused by the test's admission policy",
-            }],
-        },
-    }))
-    .unwrap();
-    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name},
-        "spec": {
-            "policyName": name,
-            "validationActions": ["Deny"],
-            "matchResources": {"namespaceSelector": {
-                "matchLabels": {"kubernetes.io/metadata.name": env.ns},
-            }},
-        },
-    }))
-    .unwrap();
-    Api::<ValidatingAdmissionPolicy>::all(env.client.clone())
-        .create(&PostParams::default(), &policy)
-        .await
-        .unwrap();
-    Api::<ValidatingAdmissionPolicyBinding>::all(env.client.clone())
-        .create(&PostParams::default(), &binding)
-        .await
-        .unwrap();
-    name
-}
-
-/// Waits until a dry-run of marking entry `key` of `pool` fenced is refused (`refused`) or not.
-async fn wait_fencing_refused(env: &Env, pool: &str, key: &str, refused: bool) {
-    let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+/// Refuses any pool write marking entry `key` fenced (see [`PoolRefusal`]), once in force.
+async fn refuse_fencing_entry(env: &Env, pool: &str, key: &str) -> PoolRefusal {
+    let expression = format!(
+        "!('{key}' in object.spec.allocations) || !object.spec.allocations['{key}'].podref.endsWith(':fenced')"
+    );
+    let refusal = PoolRefusal::new(env, "refuse-fence", &expression).await;
+    let patch = serde_json::json!([
         {"op": "replace", "path": format!("/spec/allocations/{key}/podref"), "value": "x/y:fenced"},
-    ]))
-    .unwrap();
-    wait_for("the admission policy in force", || async {
-        let params = kube::api::PatchParams::default().dry_run();
-        let result = env
-            .pools()
-            .patch(pool, &params, &kube::api::Patch::<()>::Json(patch.clone()))
-            .await;
-        result.is_err() == refused
-    })
-    .await;
+    ]);
+    PoolRefusal::wait_in_force(env, pool, patch, true).await;
+    refusal
 }
 
 /// A fence the apiserver refuses holds: the entry stays allocated, the failure is retried and
@@ -370,9 +319,6 @@ async fn wait_fencing_refused(env: &Env, pool: &str, key: &str, refused: bool) {
 /// after the settle.
 #[tokio::test]
 async fn a_fence_the_apiserver_refuses_holds_and_the_rest_of_the_pool_is_released() {
-    use k8s_openapi::api::admissionregistration::v1::{
-        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-    };
     let mut env = Env::new("ctl-fence-refused").await;
     let down = env.fence_node("Unknown").await;
     env.nad("macvlan", "192.0.2.0/24").await;
@@ -386,8 +332,7 @@ async fn a_fence_the_apiserver_refuses_holds_and_the_rest_of_the_pool_is_release
         ],
     )
     .await;
-    let policy = refuse_fencing_entry(&env, "10").await;
-    wait_fencing_refused(&env, "192.0.2.0-24", "10", true).await;
+    let refusal = refuse_fencing_entry(&env, "192.0.2.0-24", "10").await;
     let web = env
         .pod_on("web-0", "macvlan", Some(&["192.0.2.10"]), Some(&down))
         .await;
@@ -438,14 +383,7 @@ async fn a_fence_the_apiserver_refuses_holds_and_the_rest_of_the_pool_is_release
     // The node is back before the refusal ends. The deletion was seen while it was down, so
     // the retried fence is still written, and it lifts only after the settle.
     env.set_ready(&down, "True").await;
-    Api::<ValidatingAdmissionPolicyBinding>::all(env.client.clone())
-        .delete(&policy, &DeleteParams::default())
-        .await
-        .unwrap();
-    Api::<ValidatingAdmissionPolicy>::all(env.client.clone())
-        .delete(&policy, &DeleteParams::default())
-        .await
-        .unwrap();
+    refusal.lift().await;
     testenv::poll::wait_for_within(
         "web-0's fence written once the refusal ended (retries are up to 30 s apart)",
         Duration::from_secs(60),

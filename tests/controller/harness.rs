@@ -586,3 +586,89 @@ pub fn cli(env: &Env, command: &str, args: &[&str]) -> std::process::Output {
     );
     out
 }
+
+/// A ValidatingAdmissionPolicy and its binding (a real apiserver's admission, bound to the
+/// test's namespace) that refuse IPPool updates failing a CEL `expression`: stands for any
+/// refusal of one write (too large, invalid, forbidden). [`lift`](Self::lift) ends it.
+pub struct PoolRefusal {
+    name: String,
+    client: Client,
+}
+
+impl PoolRefusal {
+    /// Refuses the updates of the namespace's pools for which `expression` is false.
+    pub async fn new(env: &Env, tag: &str, expression: &str) -> PoolRefusal {
+        use k8s_openapi::api::admissionregistration::v1::{
+            ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+        };
+        let name = format!("{}-{tag}", env.ns);
+        let policy: ValidatingAdmissionPolicy = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [{
+                    "apiGroups": ["whereabouts.cni.cncf.io"], "apiVersions": ["*"],
+                    "operations": ["UPDATE"], "resources": ["ippools"],
+                }]},
+                "validations": [{
+                    "expression": expression,
+                    "message": "refused by the test's admission policy",
+                }],
+            },
+        }))
+        .unwrap();
+        let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {
+                "policyName": name,
+                "validationActions": ["Deny"],
+                "matchResources": {"namespaceSelector": {
+                    "matchLabels": {"kubernetes.io/metadata.name": env.ns},
+                }},
+            },
+        }))
+        .unwrap();
+        Api::<ValidatingAdmissionPolicy>::all(env.client.clone())
+            .create(&PostParams::default(), &policy)
+            .await
+            .unwrap();
+        Api::<ValidatingAdmissionPolicyBinding>::all(env.client.clone())
+            .create(&PostParams::default(), &binding)
+            .await
+            .unwrap();
+        PoolRefusal {
+            name,
+            client: env.client.clone(),
+        }
+    }
+
+    /// Waits until a dry-run JSON `patch` of `pool` is refused (`refused`) or accepted: the
+    /// apiserver applies a new policy a moment after it is created or deleted.
+    pub async fn wait_in_force(env: &Env, pool: &str, patch: serde_json::Value, refused: bool) {
+        let patch: json_patch::Patch = serde_json::from_value(patch).unwrap();
+        wait_for("the admission policy in force", || async {
+            let params = kube::api::PatchParams::default().dry_run();
+            let result = env
+                .pools()
+                .patch(pool, &params, &kube::api::Patch::<()>::Json(patch.clone()))
+                .await;
+            result.is_err() == refused
+        })
+        .await;
+    }
+
+    /// Ends the refusal.
+    pub async fn lift(self) {
+        use k8s_openapi::api::admissionregistration::v1::{
+            ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+        };
+        Api::<ValidatingAdmissionPolicyBinding>::all(self.client.clone())
+            .delete(&self.name, &DeleteParams::default())
+            .await
+            .unwrap();
+        Api::<ValidatingAdmissionPolicy>::all(self.client)
+            .delete(&self.name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+}

@@ -308,3 +308,26 @@ fn holder(podref: &str, id: &str) -> Holder {
         id: id.into(),
     }
 }
+
+#[test]
+fn the_listing_generation_moves_with_what_pods_list_and_with_pools_but_not_with_other_updates() {
+    let mut ix = Index::default();
+    let status = on("ns/net", &["192.0.2.10"]);
+    listing(&mut ix, "a", &status);
+    let g = ix.listing_generation();
+    // The same listing again (a readiness flip, a label): nothing a look reads changed.
+    listing(&mut ix, "a", &status);
+    ix.expire_listings(Instant::now());
+    assert_eq!(ix.listing_generation(), g);
+    listing(&mut ix, "a", &on("ns/net", &["192.0.2.11"]));
+    let g2 = ix.listing_generation();
+    assert!(g2 > g, "a changed address is a change");
+    listing(&mut ix, "b", &status);
+    let g3 = ix.listing_generation();
+    assert!(g3 > g2, "a new pod is a change");
+    ix.upsert_pool(&pool_named("192.0.2.0-24", &[("10", "sb-b", "ns/b")]));
+    let g4 = ix.listing_generation();
+    assert!(g4 > g3, "a pool change is a change");
+    ix.vanish_pod("ns/b", "uid-b", Instant::now());
+    assert!(ix.listing_generation() > g4, "a pod gone is a change");
+}
