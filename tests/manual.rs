@@ -554,6 +554,61 @@ async fn release_frees_an_entry_and_its_reservation_and_refuses_a_listed_address
     assert!(stdout(&out).contains("no allocation of 192.0.2.99"));
 }
 
+/// `release --release-cooldown`: the entry is marked cooling (podref `<ns>/<pod>:cooldown`, id
+/// `ipreclaim-cooldown:<end>`) in the same guarded write, the reservation stays, and the Event
+/// says until when; its dry run says so and writes nothing.
+#[tokio::test]
+async fn release_with_a_cooldown_marks_the_entry_and_keeps_the_reservation() {
+    let env = Env::new("release-cool", false, 7).await;
+    let ns = env.ns.clone();
+    let args = ["--ip", "192.0.2.30", "--release-cooldown", "10m"];
+
+    let before = env.pool_now(POOL).await.metadata.resource_version;
+    let out = env.run("release", &[&args[..], &["--dry-run"]].concat());
+    assert_eq!(code(&out), 0, "{}", explain(&out));
+    assert!(
+        stdout(&out).contains("would release 192.0.2.30 (pool 192.0.2.0-24)")
+            && stdout(&out).contains("would keep it out of the pool for 10m (release cooldown")
+            && !stdout(&out).contains("would delete reservation"),
+        "{}",
+        explain(&out)
+    );
+    assert_eq!(env.pool_now(POOL).await.metadata.resource_version, before);
+    assert_eq!(env.all_events().await, 0);
+
+    let started = jiff::Timestamp::now();
+    let out = env.run("release", &args);
+    assert_eq!(code(&out), 0, "{}", explain(&out));
+    assert!(
+        stdout(&out).contains("released 192.0.2.30 (pool 192.0.2.0-24) into its cooldown until"),
+        "{}",
+        explain(&out)
+    );
+    let entry = env.pool_now(POOL).await.spec.allocations["30"].clone();
+    assert_eq!(entry.podref, format!("{ns}/gone-0:cooldown"));
+    let until = ipreclaim::ipam::cooldown::cooldown_until(&entry.id).expect("a cooldown marker");
+    let left = until.duration_since(started).as_secs();
+    assert!(
+        (590..=610).contains(&left),
+        "ends {until}, {left}s after the start"
+    );
+    assert_eq!(
+        env.reservations().await,
+        ["192.0.2.10", "192.0.2.30"],
+        "kept while it cools"
+    );
+    let events = env.released("gone-0").await;
+    assert!(
+        events.len() == 1
+            && events[0].contains("released by hand")
+            && events[0].contains("(in cooldown until "),
+        "{events:?}"
+    );
+    // Released again: a cooling address is refused without --force.
+    let out = env.run("release", &["--ip", "192.0.2.30"]);
+    assert_eq!(code(&out), 1, "{}", explain(&out));
+}
+
 #[tokio::test]
 async fn release_of_an_address_in_several_pools_needs_its_network() {
     let env = Env::new("release-net", false, 5).await;

@@ -9,7 +9,7 @@ use ipreclaim::index::Index;
 use ipreclaim::ipam::PodKey;
 use ipreclaim::release::manual::{self, Planned, ReleaseTarget};
 use ipreclaim::release::reservation::ReservationDelete;
-use ipreclaim::release::{ReleaseError, ReleaseOutcome, ReleaseRequest};
+use ipreclaim::release::{EntryWrite, ReleaseError, ReleaseOutcome, ReleaseRequest};
 use kube::api::Api;
 
 use super::exit;
@@ -27,7 +27,9 @@ that pod holds the address again. Each release leaves a release Event on the pod
 instance `ipreclaim-cli`) and an audit log line on stderr. A fenced address is not released \
 here: `ipreclaim unfence --ip ADDR` lifts its fence. An address in its release cooldown \
 (`--release-cooldown`) is refused; with --force its cooldown ends now (the marked entry is \
-removed, then the old pod's reservation of it).
+removed, then the old pod's reservation of it). With --release-cooldown the released entries \
+are marked cooling instead of removed, as the controller's are under its flag: the controller's \
+leader returns them to the pool, and deletes the reservations, when the time is up.
 
 Exit status: 0 when everything asked for was released, 1 when something was refused (a live pod \
 lists the address; an address in several pools without --network), failed or not found, 2 on an \
@@ -48,6 +50,11 @@ pub struct ReleaseArgs {
     /// pod); with --ip, also end the address's release cooldown now.
     #[arg(long)]
     pub force: bool,
+    /// Keep each released address out of the pool this long (its entry is marked cooling, its
+    /// reservation kept; the controller's leader returns it), as the controller's flag does. 0:
+    /// removed now.
+    #[arg(long, value_name = "DURATION", env = "IPRECLAIM_RELEASE_COOLDOWN", default_value = "0s", value_parser = ipreclaim::flags::parse_duration)]
+    pub release_cooldown: std::time::Duration,
     #[command(flatten)]
     pub write: WriteArgs,
 }
@@ -91,18 +98,33 @@ async fn release(args: ReleaseArgs) -> anyhow::Result<u8> {
     if args.write.dry_run {
         for p in &go {
             let j = &p.request.judged;
-            let reservations = reservations_of(&index, &p.request);
+            let cools = cools(&args, &p.request);
+            let reservations = match cools {
+                true => Vec::new(),
+                false => reservations_of(&index, &p.request),
+            };
             println!(
-                "would release {}: held by {} (sandbox {}){}",
+                "would release {}: held by {} (sandbox {}){}{}",
                 place(&j.pool, j.entry.ip),
                 j.entry.podref,
                 ipreclaim::scan::short_id(&j.entry.id),
-                names(&reservations, "; would delete reservation ")
+                names(&reservations, "; would delete reservation "),
+                match cools {
+                    true => format!(
+                        "; would keep it out of the pool for {} (release cooldown; its reservation stays until then)",
+                        humantime::format_duration(args.release_cooldown)
+                    ),
+                    false => String::new(),
+                }
             );
         }
         return Ok(code);
     }
-    let session = Session::start(client.clone(), &args.write.whereabouts_namespace);
+    let session = Session::start(
+        client.clone(),
+        &args.write.whereabouts_namespace,
+        args.release_cooldown,
+    );
     let reqs: Vec<ReleaseRequest> = go.into_iter().map(|p| p.request).collect();
     let outcomes = session.writer.release(reqs.clone()).await;
     let how = match &target {
@@ -133,6 +155,11 @@ async fn release(args: ReleaseArgs) -> anyhow::Result<u8> {
         }
     }
     Ok(code)
+}
+
+/// Whether `r`, written, goes into a release cooldown (the end of one never does).
+fn cools(args: &ReleaseArgs, r: &ReleaseRequest) -> bool {
+    !args.release_cooldown.is_zero() && r.write != EntryWrite::EndCooldown
 }
 
 /// The reservations of the pod that held the address, for that address (found by name, as
@@ -194,6 +221,16 @@ async fn report(
                 ipreclaim::scan::short_id(&j.entry.id)
             );
             ok
+        }
+        Ok(ReleaseOutcome::Cooling(until)) => {
+            println!(
+                "released {at} into its cooldown until {until}: held by {} (sandbox {}); entry \
+                 marked cooling, reservation kept (the controller's leader returns both when the \
+                 time is up)",
+                j.entry.podref,
+                ipreclaim::scan::short_id(&j.entry.id)
+            );
+            true
         }
         other => writes::report_unwritten(&at, other),
     }

@@ -150,7 +150,12 @@ async fn unfence(args: UnfenceArgs) -> anyhow::Result<u8> {
         leftovers.print(true);
         return Ok(code);
     }
-    let session = Session::start(client.clone(), &args.write.whereabouts_namespace);
+    // No cooldown: `--all` is the uninstall path, which must leave no marked entry.
+    let session = Session::start(
+        client.clone(),
+        &args.write.whereabouts_namespace,
+        std::time::Duration::ZERO,
+    );
     let reqs: Vec<ReleaseRequest> = go.into_iter().map(|p| p.request).collect();
     let outcomes = session.writer.release(reqs.clone()).await;
     let results: Vec<_> = reqs.iter().zip(&outcomes).collect();

@@ -63,13 +63,14 @@ pub async fn index(args: &WriteArgs) -> anyhow::Result<(Client, Index)> {
 }
 
 impl Session {
-    /// Starts the writer and the Event publisher.
-    pub fn start(client: Client, namespace: &str) -> Session {
+    /// Starts the writer and the Event publisher; the writer's releases go into a `cooldown`
+    /// (zero: removed now).
+    pub fn start(client: Client, namespace: &str, cooldown: std::time::Duration) -> Session {
         let metrics = WriteMetrics::new(&mut Default::default());
         let budgets = Budgets::new(BUDGETS, RealClock::shared(), metrics.clone());
         let (events, published) =
             Events::flushed(client.clone(), INSTANCE, budgets.clone(), metrics.clone());
-        let w = Writer::new(client, namespace, budgets, events.clone(), metrics);
+        let w = Writer::new(client, namespace, budgets, events.clone(), metrics).cooldown(cooldown);
         let (writer, drained) = writer::spawn_drained(Arc::new(w));
         Session {
             writer,

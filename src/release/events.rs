@@ -341,9 +341,23 @@ impl Events {
     }
 
     /// A release would have been written (dry-run).
-    pub async fn dry_run(&self, pod: &PodRef, ip: IpAddr, network: &str, reason: Reason) {
-        let note =
+    /// `cooldown`: how long the release would keep the address out of the pool (zero: none).
+    pub async fn dry_run(
+        &self,
+        pod: &PodRef,
+        ip: IpAddr,
+        network: &str,
+        reason: Reason,
+        cooldown: std::time::Duration,
+    ) {
+        let mut note =
             format!("dry-run: would clean up IP address [{ip}] from network {network} ({reason})");
+        if !cooldown.is_zero() {
+            note.push_str(&format!(
+                " and keep it out of the pool for {} (release cooldown)",
+                humantime::format_duration(cooldown)
+            ));
+        }
         self.publish(
             EventType::Normal,
             GC_DRY_RUN,

@@ -291,10 +291,16 @@ async fn dry_run_reports_and_writes_nothing(mut env: Env) {
     env.pool("192.0.2.0-24", "192.0.2.0/24", &[(10, "sb-web", "web-0")])
         .await;
     env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
-    env.start(&["--dry-run"]).await;
+    env.start(&["--dry-run", "--release-cooldown=30s"]).await;
     env.delete_pod("web-0").await;
     let events = env.wait_events("IPAddressGarbageCollectionDryRun").await;
     assert!(events[0].2.contains("PodDeleted"), "{events:?}");
+    assert!(
+        events[0]
+            .2
+            .contains("and keep it out of the pool for 30s (release cooldown)"),
+        "the dry run says what the cooldown would do: {events:?}"
+    );
     assert_eq!(env.keys("192.0.2.0-24").await, ["10"], "nothing written");
     assert!(env.events("IPAddressGarbageCollected").await.is_empty());
     // The allocation stays (nothing is written), and later sweeps see it as PodMissing: the
