@@ -6,7 +6,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 start=$(date +%s)
 
-packages=(protobuf-compiler containerd runc containernetworking-plugins iproute2 iptables shellcheck gcc libc6-dev curl)
+packages=(protobuf-compiler containerd runc containernetworking-plugins iproute2 iptables shellcheck gcc libc6-dev curl wget)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -897,18 +897,24 @@ fn helm_test_asks_the_controllers_service_for_readyz() {
     let docs = template(&["controller.metricsPort=9090"]);
     let test = find(&docs, "Pod", "-test-readyz");
     assert_eq!(test["metadata"]["annotations"]["helm.sh/hook"], "test");
+    // Not deleted when it passes: `helm test --logs` reads its log after it ended.
+    assert_eq!(
+        test["metadata"]["annotations"]["helm.sh/hook-delete-policy"],
+        "before-hook-creation"
+    );
     let c = &test["spec"]["containers"][0];
     assert_eq!(
         c["command"],
         json!([
             "wget",
-            "-q",
             "-O-",
             "-T",
             "5",
-            "http://rel-ipreclaim-controller.ipr.svc:9090/readyz"
+            "http://$(REL_IPRECLAIM_CONTROLLER_SERVICE_HOST):9090/readyz"
         ])
     );
+    // The kubelet expands that from the Service's environment variables (no DNS needed).
+    assert_eq!(test["spec"]["enableServiceLinks"], true);
     // That Service exists, serves that port and selects the controller's pods.
     let svc = find(&docs, "Service", "-controller");
     assert_eq!(svc["metadata"]["name"], "rel-ipreclaim-controller");

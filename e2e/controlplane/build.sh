@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, kubectl, kubelet, kube-controller-manager, kube-scheduler, etcd and helm
+# Builds kube-apiserver, kubectl, kubelet, kube-controller-manager, kube-scheduler, kube-proxy, etcd and helm
 # from their Go modules, and the whereabouts and Multus CNI plugins from the release sources in
 # ../shared/third_party (the Go module proxy refuses those), into a cache outside the work tree;
 # reuses what is already there. Prints the bin directory last.
@@ -45,6 +45,7 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
 	_ "k8s.io/kubernetes/cmd/kubectl"
 	_ "k8s.io/kubernetes/cmd/kubelet"
 )
@@ -141,13 +142,13 @@ KUBE_CMDS=(kube-apiserver kubectl)
 start=$(date +%s)
 what=${1:-all}
 case $what in
-  all) KUBE_CMDS+=(kubelet kube-controller-manager kube-scheduler)
+  all) KUBE_CMDS+=(kubelet kube-controller-manager kube-scheduler kube-proxy)
        build_etcd; build_kubernetes
        build_plain helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION"
        build_whereabouts; build_whereabouts_controlloop; build_multus ;;
   controlplane) build_etcd; build_kubernetes
        build_plain helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" ;;
-  node) KUBE_CMDS+=(kubelet kube-controller-manager kube-scheduler); build_kubernetes
+  node) KUBE_CMDS+=(kubelet kube-controller-manager kube-scheduler kube-proxy); build_kubernetes
        build_whereabouts; build_whereabouts_controlloop; build_multus ;;
   kubernetes) build_kubernetes ;;
   etcd) build_etcd ;;
@@ -156,7 +157,7 @@ case $what in
 esac
 # Unversioned links so tools find the pinned build.
 link() { [[ -x "$bin/$2" ]] && ln -sf "$2" "$bin/$1"; return 0; }
-for n in kube-apiserver kubectl kubelet kube-controller-manager kube-scheduler; do link "$n" "$n-$KUBERNETES_VERSION"; done
+for n in kube-apiserver kubectl kubelet kube-controller-manager kube-scheduler kube-proxy; do link "$n" "$n-$KUBERNETES_VERSION"; done
 link etcd "etcd-$ETCD_VERSION"
 link helm "helm-$HELM_VERSION"
 link whereabouts "whereabouts-$WHEREABOUTS_VERSION"

@@ -18,6 +18,7 @@ mod support;
 mod cluster;
 mod duplicates;
 mod fencing;
+mod helm_test;
 mod local;
 mod node_only;
 

@@ -58,6 +58,31 @@ fn import_ipreclaim_image(node: &Node) {
         .expect("import the ipreclaim image");
 }
 
+/// The image the chart's `helm test` pod runs (`tests.image`): Debian's GNU wget (with its
+/// libraries) as `/bin/wget`, uid 65532, imported into the node's containerd. (Debian's busybox
+/// wget crashes on `-T`, which the test pod passes; the chart's default busybox does not.)
+pub const WGET_IMAGE: &str = "localhost/ipreclaim/wget:e2e";
+
+fn import_wget_image(node: &Node) {
+    let wget = std::path::Path::new("/usr/bin/wget");
+    assert!(
+        wget.exists(),
+        "/usr/bin/wget is missing: `apt-get install wget` (scripts/setup.sh installs it)"
+    );
+    let files = image::binary_image_files(wget, "/bin/wget").expect("wget image files");
+    let archive = node.dir().join("wget-image.tar");
+    let config = image::Config {
+        name: WGET_IMAGE,
+        entrypoint: &["/bin/wget"],
+        cmd: &["--help"],
+        user: "65532:65532",
+    };
+    image::write_oci_archive(&files, &config, &archive).expect("write the wget image");
+    node.containerd()
+        .import_image(&archive)
+        .expect("import the wget image");
+}
+
 /// whereabouts' and Multus's own CRDs, as they ship them, and ipreclaim's IPFence CRD.
 async fn install_upstream_crds(client: &Client) {
     let wb = unpacked_source(&format!(
@@ -95,9 +120,12 @@ async fn install_upstream_crds(client: &Client) {
 /// waits until its pods are Ready.
 pub async fn install_ipreclaim(node: &'static Node, client: &Client) {
     install_upstream_crds(client).await;
-    tokio::task::spawn_blocking(move || import_ipreclaim_image(node))
-        .await
-        .unwrap();
+    tokio::task::spawn_blocking(move || {
+        import_ipreclaim_image(node);
+        import_wget_image(node);
+    })
+    .await
+    .unwrap();
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": RELEASE_NS}})).unwrap();
     let _ = Api::<Namespace>::all(client.clone())
         .create(&PostParams::default(), &ns)
@@ -120,6 +148,12 @@ fn chart_values(node: &Node, extra: &[&str]) -> Vec<String> {
         format!("image.repository={repository}"),
         format!("image.tag={tag}"),
         "image.pullPolicy=Never".into(),
+        format!(
+            "tests.image.repository={}",
+            WGET_IMAGE.rsplit_once(':').unwrap().0
+        ),
+        format!("tests.image.tag={}", WGET_IMAGE.rsplit_once(':').unwrap().1),
+        "tests.image.pullPolicy=Never".into(),
         format!(
             "whereaboutsNamespace={}",
             testenv::node::WHEREABOUTS_NAMESPACE

@@ -17,6 +17,14 @@ pub const KUBELET_SYSCTLS: [&str; 3] = [
     "kernel.panic_on_oops",
 ];
 
+/// The sysctls the node sets for kube-proxy (forwarding, so that a Service address on the pod
+/// bridge reaches a pod on it) or that kube-proxy could set; put back when the node stops.
+pub const PROXY_SYSCTLS: [&str; 2] = ["net.ipv4.ip_forward", "net.ipv4.conf.all.route_localnet"];
+/// The filter chain that keeps forwarding to the pod bridge: pods reach each other through
+/// Service addresses, never other networks through this host. `KUBE-` so that the kube chain
+/// cleanup removes it.
+pub const ISOLATE_CHAIN: &str = "KUBE-TESTENV-ISOLATE";
+
 /// Everything a node changes on the host.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Changes {
@@ -35,6 +43,9 @@ pub struct Changes {
     pub cni_networks: Vec<String>,
     /// The cached results there before the node started (left alone).
     pub cni_results_before: Vec<String>,
+    /// [`PROXY_SYSCTLS`] before the node started (a record of an older run has none).
+    #[serde(default)]
+    pub proxy_sysctls: BTreeMap<String, String>,
 }
 
 impl Changes {
@@ -84,6 +95,7 @@ impl Changes {
             );
         }
         step("sysctls", restore_sysctls(&self.sysctls));
+        step("proxy sysctls", restore_sysctls(&self.proxy_sysctls));
         step(
             "cni cache",
             remove_cni_results(&self.cni_networks, &self.cni_results_before),
@@ -106,10 +118,60 @@ impl Changes {
 
 /// Reads the kubelet's sysctls.
 pub fn read_sysctls() -> Result<BTreeMap<String, String>> {
-    KUBELET_SYSCTLS
-        .iter()
+    read_sysctls_of(&KUBELET_SYSCTLS)
+}
+
+/// Reads `keys`.
+pub fn read_sysctls_of(keys: &[&str]) -> Result<BTreeMap<String, String>> {
+    keys.iter()
         .map(|k| Ok((k.to_string(), read_sysctl(k)?)))
         .collect()
+}
+
+/// Turns IP forwarding on, forwarding only from `bridge` back to `bridge` (a Service address
+/// rewritten to a pod's), through [`ISOLATE_CHAIN`] at the head of FORWARD.
+pub fn forward_within(bridge: &str) -> Result<()> {
+    let iptables = |args: &[&str]| -> Result<()> {
+        let out = Command::new("iptables").args(args).output()?;
+        if !out.status.success() {
+            anyhow::bail!(
+                "iptables {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(())
+    };
+    iptables(&["-t", "filter", "-N", ISOLATE_CHAIN])?;
+    iptables(&[
+        "-t",
+        "filter",
+        "-A",
+        ISOLATE_CHAIN,
+        "-i",
+        bridge,
+        "!",
+        "-o",
+        bridge,
+        "-j",
+        "DROP",
+    ])?;
+    iptables(&[
+        "-t",
+        "filter",
+        "-A",
+        ISOLATE_CHAIN,
+        "!",
+        "-i",
+        bridge,
+        "-o",
+        bridge,
+        "-j",
+        "DROP",
+    ])?;
+    iptables(&["-t", "filter", "-I", "FORWARD", "1", "-j", ISOLATE_CHAIN])?;
+    std::fs::write(sysctl_path("net.ipv4.ip_forward"), "1")
+        .context("write sysctl net.ipv4.ip_forward")
 }
 
 fn sysctl_path(key: &str) -> PathBuf {

@@ -89,6 +89,11 @@ fn take_lock() -> Result<std::fs::File> {
     Ok(file)
 }
 
+/// The Service range, which holds the apiserver's address.
+fn service_range() -> String {
+    Options::for_node(API_ADDRESS, NODE_NAME).service_cluster_ip_range
+}
+
 /// The CNI setup: plugins linked into `bin`, Multus's conflist in `conf`.
 fn write_cni(dir: &Path, cp: &ControlPlane, bin: &Path, conf: &Path) -> Result<()> {
     std::fs::create_dir_all(bin)?;
@@ -126,8 +131,9 @@ fn write_cni(dir: &Path, cp: &ControlPlane, bin: &Path, conf: &Path) -> Result<(
                 "ipam": {
                     "type": "host-local",
                     "ranges": [[{"subnet": POD_SUBNET, "gateway": POD_GATEWAY}]],
-                    // Only the apiserver: no route out of the pods.
-                    "routes": [{"dst": format!("{API_ADDRESS}/32")}],
+                    // Only the Service range (the apiserver's address is in it, and
+                    // kube-proxy rewrites the others to pods): no route out of the pods.
+                    "routes": [{"dst": service_range()}],
                     "dataDir": d("host-local"),
                 },
             }],
@@ -233,6 +239,7 @@ impl Node {
             "kubelet",
             "kube-controller-manager",
             "kube-scheduler",
+            "kube-proxy",
             "multus",
             "whereabouts",
         ] {
@@ -254,6 +261,7 @@ impl Node {
             sysctls: host::read_sysctls()?,
             cni_networks: vec![PRIMARY_NETWORK.into(), "cni-loopback".into()],
             cni_results_before: host::cni_results(),
+            proxy_sysctls: host::read_sysctls_of(&host::PROXY_SYSCTLS)?,
         };
         changes.record()?;
         match Self::start_recorded(dir, containerd_dir, changes.clone(), lock) {
@@ -372,6 +380,7 @@ impl Node {
             node.start_kubelet().await?;
             node.wait_default_service_account().await
         })?;
+        node.start_kube_proxy()?;
         eprintln!(
             "testenv: node {NODE_NAME} ready in {:.1}s ({})",
             started.elapsed().as_secs_f64(),
@@ -433,6 +442,33 @@ impl Node {
         }
         self.wait_node_ready(true).await?;
         host::restore_sysctls(&self.changes.sysctls)
+    }
+
+    /// kube-proxy in iptables mode, so that Service addresses reach pods (the `kubernetes`
+    /// Service needs none: its address is the apiserver's). Every Service connection is
+    /// masqueraded (`--masquerade-all`): a reply from a pod on the same bridge then goes back
+    /// through the host, which rewrites it. It sets no sysctl (conntrack and localhost node
+    /// ports are left alone); its `KUBE-*` chains go with [`host::remove_kube_chains`].
+    fn start_kube_proxy(&self) -> Result<()> {
+        host::forward_within(POD_BRIDGE)?;
+        let mut proxy = Command::new(binary("kube-proxy")?);
+        proxy.args([
+            format!("--kubeconfig={}", self.cp.kubeconfig_path().display()),
+            format!("--hostname-override={NODE_NAME}"),
+            "--proxy-mode=iptables".into(),
+            format!("--cluster-cidr={POD_SUBNET}"),
+            "--masquerade-all".into(),
+            "--conntrack-max-per-core=0".into(),
+            "--conntrack-tcp-timeout-established=0".into(),
+            "--conntrack-tcp-timeout-close-wait=0".into(),
+            "--iptables-localhost-nodeports=false".into(),
+            format!("--healthz-bind-address=127.0.0.1:{}", free_port()?),
+            format!("--metrics-bind-address=127.0.0.1:{}", free_port()?),
+            "--v=2".into(),
+        ]);
+        let child = spawn_supervised(proxy, &self.dir.join("kube-proxy.log"))?;
+        self.others.lock().expect("others lock").push(child);
+        Ok(())
     }
 
     /// Starts containerd and the kubelet where they are down (a scenario that crashed the node
