@@ -568,19 +568,19 @@ pub fn holder_pid(holder: &str) -> u32 {
         .unwrap_or_else(|| panic!("a pid in the identity {holder:?}"))
 }
 
-/// Runs `ipreclaim <command> <args>` as an operator would, against the test's namespace (also
-/// its whereabouts namespace); fails the test unless it exits 0.
+/// Runs `kubectl ipreclaim <command> <args>` as an operator would (the real kubectl running the
+/// built binary as its plugin), against the test's namespace (also its whereabouts namespace);
+/// fails the test unless it exits 0.
 pub fn cli(env: &Env, command: &str, args: &[&str]) -> std::process::Output {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ipreclaim"))
+    let out = support::kubectl_ipreclaim(&ControlPlane::shared().kubeconfig_path())
         .arg(command)
         .args(args)
         .arg(format!("--whereabouts-namespace={}", env.ns))
-        .env("KUBECONFIG", ControlPlane::shared().kubeconfig_path())
         .output()
-        .unwrap_or_else(|e| panic!("run ipreclaim {command}: {e}"));
+        .unwrap_or_else(|e| panic!("run kubectl ipreclaim {command}: {e}"));
     assert!(
         out.status.success(),
-        "ipreclaim {command} {args:?}: {}\n{}",
+        "kubectl ipreclaim {command} {args:?}: {}\n{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );

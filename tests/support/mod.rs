@@ -204,3 +204,30 @@ pub async fn reservation_names(client: &Client, ns: &str) -> Vec<String> {
         .filter_map(|r| r.metadata.name)
         .collect()
 }
+
+/// `kubectl ipreclaim` as an operator runs it: the real kubectl, with the built binary on its
+/// PATH as the `kubectl-ipreclaim` plugin, against `kubeconfig`. Add the subcommand and flags.
+pub fn kubectl_ipreclaim(kubeconfig: &std::path::Path) -> std::process::Command {
+    static PLUGIN_DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    let dir = PLUGIN_DIR.get_or_init(|| {
+        let dir = testenv::procs::run_dir("kubectl-plugin").expect("a run directory");
+        std::os::unix::fs::symlink(
+            env!("CARGO_BIN_EXE_ipreclaim"),
+            dir.join("kubectl-ipreclaim"),
+        )
+        .expect("symlink kubectl-ipreclaim");
+        dir
+    });
+    let kubectl = testenv::procs::binary("kubectl").expect("kubectl");
+    let path = format!(
+        "{}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut cmd = std::process::Command::new(kubectl);
+    cmd.arg("ipreclaim")
+        .env("PATH", path)
+        .env("KUBECONFIG", kubeconfig)
+        .env_remove("WHEREABOUTS_NAMESPACE");
+    cmd
+}
