@@ -96,31 +96,10 @@ async fn release(args: ReleaseArgs) -> anyhow::Result<u8> {
         code = exit::FOUND_OR_FAILED;
     }
     if args.write.dry_run {
-        for p in &go {
-            let j = &p.request.judged;
-            let cools = cools(&args, &p.request);
-            let reservations = match cools {
-                true => Vec::new(),
-                false => reservations_of(&index, &p.request),
-            };
-            println!(
-                "would release {}: held by {} (sandbox {}){}{}",
-                place(&j.pool, j.entry.ip),
-                j.entry.podref,
-                ipreclaim::scan::short_id(&j.entry.id),
-                names(&reservations, "; would delete reservation "),
-                match cools {
-                    true => format!(
-                        "; would keep it out of the pool for {} (release cooldown; its reservation stays until then)",
-                        humantime::format_duration(args.release_cooldown)
-                    ),
-                    false => String::new(),
-                }
-            );
-        }
+        print_dry_run(&args, &index, &go);
         return Ok(code);
     }
-    let session = Session::start(
+    let session = Session::start_cooling(
         client.clone(),
         &args.write.whereabouts_namespace,
         args.release_cooldown,
@@ -155,6 +134,32 @@ async fn release(args: ReleaseArgs) -> anyhow::Result<u8> {
         }
     }
     Ok(code)
+}
+
+/// Prints what `release --dry-run` would write.
+fn print_dry_run(args: &ReleaseArgs, index: &Index, go: &[Planned]) {
+    for p in go {
+        let j = &p.request.judged;
+        let cools = cools(args, &p.request);
+        let reservations = match cools {
+            true => Vec::new(),
+            false => reservations_of(index, &p.request),
+        };
+        println!(
+            "would release {}: held by {} (sandbox {}){}{}",
+            place(&j.pool, j.entry.ip),
+            j.entry.podref,
+            ipreclaim::scan::short_id(&j.entry.id),
+            names(&reservations, "; would delete reservation "),
+            match cools {
+                true => format!(
+                    "; would keep it out of the pool for {} (release cooldown; its reservation stays until then)",
+                    humantime::format_duration(args.release_cooldown)
+                ),
+                false => String::new(),
+            }
+        );
+    }
 }
 
 /// Whether `r`, written, goes into a release cooldown (the end of one never does).

@@ -150,12 +150,7 @@ async fn unfence(args: UnfenceArgs) -> anyhow::Result<u8> {
         leftovers.print(true);
         return Ok(code);
     }
-    // No cooldown: `--all` is the uninstall path, which must leave no marked entry.
-    let session = Session::start(
-        client.clone(),
-        &args.write.whereabouts_namespace,
-        std::time::Duration::ZERO,
-    );
+    let session = Session::start(client.clone(), &args.write.whereabouts_namespace);
     let reqs: Vec<ReleaseRequest> = go.into_iter().map(|p| p.request).collect();
     let outcomes = session.writer.release(reqs.clone()).await;
     let results: Vec<_> = reqs.iter().zip(&outcomes).collect();

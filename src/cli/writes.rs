@@ -63,9 +63,18 @@ pub async fn index(args: &WriteArgs) -> anyhow::Result<(Client, Index)> {
 }
 
 impl Session {
-    /// Starts the writer and the Event publisher; the writer's releases go into a `cooldown`
-    /// (zero: removed now).
-    pub fn start(client: Client, namespace: &str, cooldown: std::time::Duration) -> Session {
+    /// Starts the writer and the Event publisher. Releases go into no cooldown (`unfence`
+    /// never cools: `--all` is the uninstall path, which leaves no marked entry).
+    pub fn start(client: Client, namespace: &str) -> Session {
+        Session::start_cooling(client, namespace, std::time::Duration::ZERO)
+    }
+
+    /// [`Session::start`] whose releases go into a `cooldown` (zero: removed now).
+    pub fn start_cooling(
+        client: Client,
+        namespace: &str,
+        cooldown: std::time::Duration,
+    ) -> Session {
         let metrics = WriteMetrics::new(&mut Default::default());
         let budgets = Budgets::new(BUDGETS, RealClock::shared(), metrics.clone());
         let (events, published) =

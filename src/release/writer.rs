@@ -369,16 +369,7 @@ impl Writer {
             answers.push(outcome);
         }
         drop(index);
-        for (answer, reply) in replies {
-            let outcome = match answer {
-                Answer::By(i) => answers[i].clone(),
-                // Not written now: its owner tries again (a fence is never dropped this way).
-                Answer::Other => Err(ReleaseError::Conflict {
-                    pool: pool.to_owned(),
-                }),
-            };
-            let _ = reply.send(outcome);
-        }
+        send_answers(pool, replies, &answers);
         after
     }
 
@@ -574,6 +565,21 @@ impl Writer {
         }
         tracing::info!(pool = %j.pool, ip = %j.entry.ip, %podref, reason = %req.reason, "released");
         after
+    }
+}
+
+/// Answers each request of a batch: with its own write's outcome, or (a second request for an
+/// entry) a conflict.
+fn send_answers(pool: &str, replies: Vec<(Answer, Reply)>, answers: &[Outcome]) {
+    for (answer, reply) in replies {
+        let outcome = match answer {
+            Answer::By(i) => answers[i].clone(),
+            // Not written now: its owner tries again (a fence is never dropped this way).
+            Answer::Other => Err(ReleaseError::Conflict {
+                pool: pool.to_owned(),
+            }),
+        };
+        let _ = reply.send(outcome);
     }
 }
 
