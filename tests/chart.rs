@@ -892,6 +892,23 @@ fn every_new_value_reaches_its_place() {
     assert!(!docs.iter().any(|d| d["kind"] == "PodDisruptionBudget"));
 }
 
+/// The `helm test` pod's script run by sh with the Service's address `address` in its
+/// environment and a `wget` that prints its arguments.
+fn run_test_script(script: &str, address: &str) -> String {
+    let dir = testenv::procs::run_dir("chart-test-script").unwrap();
+    let wget = dir.join("wget");
+    std::fs::write(&wget, "#!/bin/sh\necho \"$@\"\n").unwrap();
+    std::fs::set_permissions(&wget, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let out = std::process::Command::new("sh")
+        .args(["-c", script])
+        .env("PATH", format!("{}:/usr/bin:/bin", dir.display()))
+        .env("REL_IPRECLAIM_CONTROLLER_SERVICE_HOST", address)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
 #[test]
 fn helm_test_asks_the_controllers_service_for_readyz() {
     let docs = template(&["controller.metricsPort=9090"]);
@@ -903,18 +920,22 @@ fn helm_test_asks_the_controllers_service_for_readyz() {
         "before-hook-creation"
     );
     let c = &test["spec"]["containers"][0];
-    assert_eq!(
-        c["command"],
-        json!([
-            "wget",
-            "-O-",
-            "-T",
-            "5",
-            "http://$(REL_IPRECLAIM_CONTROLLER_SERVICE_HOST):9090/readyz"
-        ])
-    );
-    // The kubelet expands that from the Service's environment variables (no DNS needed).
+    assert_eq!(c["command"][0], "sh");
+    assert_eq!(c["command"][1], "-c");
+    // The script asks the Service's address from its environment variables (no DNS needed;
+    // the kubelet sets them with enableServiceLinks), an IPv6 one in brackets.
     assert_eq!(test["spec"]["enableServiceLinks"], true);
+    let script = c["command"][2].as_str().unwrap();
+    for (address, url) in [
+        ("10.96.0.20", "http://10.96.0.20:9090/readyz"),
+        ("fd00::20", "http://[fd00::20]:9090/readyz"),
+    ] {
+        assert_eq!(
+            run_test_script(script, address),
+            format!("-O- -T 5 {url}"),
+            "{script}"
+        );
+    }
     // That Service exists, serves that port and selects the controller's pods.
     let svc = find(&docs, "Service", "-controller");
     assert_eq!(svc["metadata"]["name"], "rel-ipreclaim-controller");

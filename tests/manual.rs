@@ -257,6 +257,7 @@ impl Env {
             .arg(kc)
             .env_remove("KUBECONFIG")
             .env_remove("WHEREABOUTS_NAMESPACE")
+            .env_remove("IPRECLAIM_RELEASE_COOLDOWN")
             .env("HOME", "/nonexistent")
             .output()
             .expect("run the ipreclaim binary");
@@ -587,9 +588,10 @@ async fn release_with_a_cooldown_marks_the_entry_and_keeps_the_reservation() {
     let entry = env.pool_now(POOL).await.spec.allocations["30"].clone();
     assert_eq!(entry.podref, format!("{ns}/gone-0:cooldown"));
     let until = ipreclaim::ipam::cooldown::cooldown_until(&entry.id).expect("a cooldown marker");
+    // 10 minutes from the write, which came after `started` (and well within a minute).
     let left = until.duration_since(started).as_secs();
     assert!(
-        (590..=610).contains(&left),
+        (600..=660).contains(&left),
         "ends {until}, {left}s after the start"
     );
     assert_eq!(
@@ -604,9 +606,28 @@ async fn release_with_a_cooldown_marks_the_entry_and_keeps_the_reservation() {
             && events[0].contains("(in cooldown until "),
         "{events:?}"
     );
-    // Released again: a cooling address is refused without --force.
+    // Released again: a cooling address is refused without --force...
     let out = env.run("release", &["--ip", "192.0.2.30"]);
     assert_eq!(code(&out), 1, "{}", explain(&out));
+    assert!(
+        stdout(&out).contains("192.0.2.30 is cooling"),
+        "{}",
+        explain(&out)
+    );
+    // ...and with it the cooldown ends now, never into another one: entry and reservation go.
+    let out = env.run("release", &[&args[..], &["--force"]].concat());
+    assert_eq!(code(&out), 0, "{}", explain(&out));
+    assert!(
+        !env.entries(POOL).await.contains_key("30"),
+        "{}",
+        explain(&out)
+    );
+    assert_eq!(
+        env.reservations().await,
+        ["192.0.2.10"],
+        "{}",
+        explain(&out)
+    );
 }
 
 #[tokio::test]

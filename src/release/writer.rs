@@ -375,20 +375,17 @@ impl Writer {
 
     /// `--dry-run`: reports each decision once (Event, metric) and writes nothing.
     async fn report_dry_run(&self, pool: &str, items: Vec<(ReleaseRequest, Reply)>) {
-        // The cooldown a removal would go into (the end of one goes into none).
-        let cooldown = |r: &ReleaseRequest| match r.write {
-            EntryWrite::EndCooldown => Duration::ZERO,
-            _ => self.cooldown,
-        };
         for (req, reply) in items {
             let j = &req.judged;
             if let EntryWrite::Fence(record) = &req.write {
                 if self.first_dry_run_report(pool, &j.entry.key, &j.entry.id) {
                     self.events.fenced(&j.pod, j.entry.ip, record, true).await;
                 }
+            } else if req.write == EntryWrite::EndCooldown {
+                // Not a release: nothing to report (no cooldown starts or ends in a dry run).
             } else if self.first_dry_run_report(pool, &j.entry.key, &j.entry.id) {
                 self.events
-                    .dry_run(&j.pod, j.entry.ip, &j.network, req.reason, cooldown(&req))
+                    .dry_run(&j.pod, j.entry.ip, &j.network, req.reason, self.cooldown)
                     .await;
                 self.metrics
                     .dry_run_releases

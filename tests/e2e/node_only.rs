@@ -58,8 +58,8 @@ fn import_ipreclaim_image(node: &Node) {
         .expect("import the ipreclaim image");
 }
 
-/// The image the chart's `helm test` pod runs (`tests.image`): Debian's GNU wget (with its
-/// libraries) as `/bin/wget`, uid 65532, imported into the node's containerd. (Debian's busybox
+/// The image the chart's `helm test` pod runs (`tests.image`): Debian's GNU wget and dash (with
+/// their libraries) as `/bin/wget` and `/bin/sh`, uid 65532, imported into the node's containerd. (Debian's busybox
 /// wget crashes on `-T`, which the test pod passes; the chart's default busybox does not.)
 pub const WGET_IMAGE: &str = "localhost/ipreclaim/wget:e2e";
 
@@ -69,7 +69,14 @@ fn import_wget_image(node: &Node) {
         wget.exists(),
         "/usr/bin/wget is missing: `apt-get install wget` (scripts/setup.sh installs it)"
     );
-    let files = image::binary_image_files(wget, "/bin/wget").expect("wget image files");
+    let mut files = image::binary_image_files(wget, "/bin/wget").expect("wget image files");
+    // The test pod runs its request through `sh -c`: Debian's dash as /bin/sh.
+    let dash = std::path::Path::new("/bin/dash");
+    for f in image::binary_image_files(dash, "/bin/sh").expect("dash image files") {
+        if !files.iter().any(|have| have.path == f.path) {
+            files.push(f);
+        }
+    }
     let archive = node.dir().join("wget-image.tar");
     let config = image::Config {
         name: WGET_IMAGE,

@@ -228,6 +228,7 @@ pub fn kubectl_ipreclaim(kubeconfig: &std::path::Path) -> std::process::Command 
     cmd.arg("ipreclaim")
         .env("PATH", path)
         .env("KUBECONFIG", kubeconfig)
-        .env_remove("WHEREABOUTS_NAMESPACE");
+        .env_remove("WHEREABOUTS_NAMESPACE")
+        .env_remove("IPRECLAIM_RELEASE_COOLDOWN");
     cmd
 }

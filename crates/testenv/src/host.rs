@@ -20,10 +20,11 @@ pub const KUBELET_SYSCTLS: [&str; 3] = [
 /// The sysctls the node sets for kube-proxy (forwarding, so that a Service address on the pod
 /// bridge reaches a pod on it) or that kube-proxy could set; put back when the node stops.
 pub const PROXY_SYSCTLS: [&str; 2] = ["net.ipv4.ip_forward", "net.ipv4.conf.all.route_localnet"];
-/// The filter chain that keeps forwarding to the pod bridge: pods reach each other through
-/// Service addresses, never other networks through this host. `KUBE-` so that the kube chain
-/// cleanup removes it.
+/// The mangle chain that keeps forwarding to the pod bridge (see [`forward_within`]). `KUBE-`
+/// so that the kube chain cleanup removes it.
 pub const ISOLATE_CHAIN: &str = "KUBE-TESTENV-ISOLATE";
+/// The filter chain after kube-proxy's (see [`forward_within`]).
+pub const GUARD_CHAIN: &str = "KUBE-TESTENV-GUARD";
 
 /// Everything a node changes on the host.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -77,6 +78,8 @@ impl Changes {
                 failures.push(format!("{what}: {e:#}"));
             }
         };
+        // Forwarding off first: its isolation goes with the iptables chains below.
+        step("proxy sysctls", restore_sysctls(&self.proxy_sysctls));
         step("kill pod processes", kill_pod_processes());
         step("kill shims", kill_shims(&self.containerd_socket));
         step("unmount", unmount_under(&self.dir));
@@ -95,7 +98,6 @@ impl Changes {
             );
         }
         step("sysctls", restore_sysctls(&self.sysctls));
-        step("proxy sysctls", restore_sysctls(&self.proxy_sysctls));
         step(
             "cni cache",
             remove_cni_results(&self.cni_networks, &self.cni_results_before),
@@ -128,26 +130,55 @@ pub fn read_sysctls_of(keys: &[&str]) -> Result<BTreeMap<String, String>> {
         .collect()
 }
 
-/// Turns IP forwarding on, forwarding only from `bridge` back to `bridge` (a Service address
-/// rewritten to a pod's), through [`ISOLATE_CHAIN`] at the head of FORWARD.
-pub fn forward_within(bridge: &str) -> Result<()> {
-    let iptables = |args: &[&str]| -> Result<()> {
-        let out = Command::new("iptables").args(args).output()?;
+/// Turns IP forwarding on for one purpose: a packet from a pod on `bridge` to a Service address
+/// (in `services`) that kube-proxy rewrites to another pod on `bridge`, or rejects when the
+/// Service has no endpoint. [`ISOLATE_CHAIN`], hooked at the head of the mangle table's FORWARD
+/// (before the filter table, where kube-proxy puts its own accepts), lets bridged frames (not
+/// routing), `bridge` back to `bridge`, and `bridge` to `services` through; the rest is dropped
+/// when the host did not forward before (`was_forwarding`), else only what enters or leaves
+/// `bridge` (the host's own routing goes on). [`GUARD_CHAIN`], at the end of the filter table's
+/// FORWARD, drops what kube-proxy neither rewrote nor rejected (an address no Service has).
+pub fn forward_within(bridge: &str, services: &str, was_forwarding: bool) -> Result<()> {
+    let iptables = |table: &str, rule: &[&str]| -> Result<()> {
+        let out = Command::new("iptables")
+            .args(["-t", table])
+            .args(rule)
+            .output()?;
         if !out.status.success() {
             anyhow::bail!(
-                "iptables {}: {}",
-                args.join(" "),
+                "iptables -t {table} {}: {}",
+                rule.join(" "),
                 String::from_utf8_lossy(&out.stderr).trim()
             );
         }
         Ok(())
     };
-    iptables(&["-t", "filter", "-N", ISOLATE_CHAIN])?;
-    iptables(&[
-        "-t",
-        "filter",
+    let mangle = |rule: &[&str]| iptables("mangle", rule);
+    let chain = ISOLATE_CHAIN;
+    mangle(&["-N", chain])?;
+    mangle(&[
         "-A",
-        ISOLATE_CHAIN,
+        chain,
+        "-m",
+        "physdev",
+        "--physdev-is-bridged",
+        "-j",
+        "RETURN",
+    ])?;
+    mangle(&["-A", chain, "-i", bridge, "-o", bridge, "-j", "RETURN"])?;
+    mangle(&["-A", chain, "-i", bridge, "-d", services, "-j", "RETURN"])?;
+    if was_forwarding {
+        mangle(&["-A", chain, "-i", bridge, "-j", "DROP"])?;
+        mangle(&["-A", chain, "-o", bridge, "-j", "DROP"])?;
+    } else {
+        mangle(&["-A", chain, "-j", "DROP"])?;
+    }
+    mangle(&["-I", "FORWARD", "1", "-j", chain])?;
+    let filter = |rule: &[&str]| iptables("filter", rule);
+    filter(&["-N", GUARD_CHAIN])?;
+    filter(&[
+        "-A",
+        GUARD_CHAIN,
         "-i",
         bridge,
         "!",
@@ -156,20 +187,7 @@ pub fn forward_within(bridge: &str) -> Result<()> {
         "-j",
         "DROP",
     ])?;
-    iptables(&[
-        "-t",
-        "filter",
-        "-A",
-        ISOLATE_CHAIN,
-        "!",
-        "-i",
-        bridge,
-        "-o",
-        bridge,
-        "-j",
-        "DROP",
-    ])?;
-    iptables(&["-t", "filter", "-I", "FORWARD", "1", "-j", ISOLATE_CHAIN])?;
+    filter(&["-A", "FORWARD", "-j", GUARD_CHAIN])?;
     std::fs::write(sysctl_path("net.ipv4.ip_forward"), "1")
         .context("write sysctl net.ipv4.ip_forward")
 }

@@ -450,7 +450,9 @@ impl Node {
     /// through the host, which rewrites it. It sets no sysctl (conntrack and localhost node
     /// ports are left alone); its `KUBE-*` chains go with [`host::remove_kube_chains`].
     fn start_kube_proxy(&self) -> Result<()> {
-        host::forward_within(POD_BRIDGE)?;
+        let was_forwarding = self.changes.proxy_sysctls.get("net.ipv4.ip_forward");
+        let was_forwarding = was_forwarding.is_some_and(|v| v == "1");
+        host::forward_within(POD_BRIDGE, &service_range(), was_forwarding)?;
         let mut proxy = Command::new(binary("kube-proxy")?);
         proxy.args([
             format!("--kubeconfig={}", self.cp.kubeconfig_path().display()),
@@ -568,7 +570,10 @@ impl Node {
         if let Err(e) = rt.block_on(self.delete_all_pods()) {
             eprintln!("testenv: node stop: deleting pods: {e:#}");
         }
-        self.kill_kubelet()?;
+        // Each step best-effort: the host is put back whatever failed before.
+        if let Err(e) = self.kill_kubelet() {
+            eprintln!("testenv: node stop: killing the kubelet: {e:#}");
+        }
         for mut c in self.others.lock().expect("others lock").drain(..) {
             let _ = c.kill();
             let _ = c.wait();
@@ -576,7 +581,9 @@ impl Node {
         if let Err(e) = rt.block_on(self.containerd.remove_all_sandboxes()) {
             eprintln!("testenv: node stop: removing sandboxes: {e:#}");
         }
-        self.containerd.stop()?;
+        if let Err(e) = self.containerd.stop() {
+            eprintln!("testenv: node stop: stopping containerd: {e:#}");
+        }
         self.changes.put_back()
     }
 
