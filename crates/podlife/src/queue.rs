@@ -22,12 +22,40 @@ pub trait RateLimiter<T>: Send + Sync {
     fn num_requeues(&self, item: &T) -> u32;
 }
 
+/// Failures counted per item (what the per-item limiters share).
+#[derive(Debug)]
+struct Failures<T>(Mutex<HashMap<T, u32>>);
+
+impl<T: Hash + Eq + Clone> Failures<T> {
+    fn new() -> Self {
+        Failures(Mutex::new(HashMap::new()))
+    }
+
+    /// Counts a failure of `item`; returns the failures counted before it.
+    fn count(&self, item: &T) -> u32 {
+        let mut failures = self.0.lock().expect("limiter poisoned");
+        let n = failures.entry(item.clone()).or_insert(0);
+        let before = *n;
+        *n = n.saturating_add(1);
+        before
+    }
+
+    fn forget(&self, item: &T) {
+        self.0.lock().expect("limiter poisoned").remove(item);
+    }
+
+    fn get(&self, item: &T) -> u32 {
+        let failures = self.0.lock().expect("limiter poisoned");
+        failures.get(item).copied().unwrap_or(0)
+    }
+}
+
 /// Per-item exponential backoff: `base * 2^failures`, capped at `max`.
 #[derive(Debug)]
 pub struct ItemExponentialFailureRateLimiter<T> {
     base: Duration,
     max: Duration,
-    failures: Mutex<HashMap<T, u32>>,
+    failures: Failures<T>,
 }
 
 impl<T: Hash + Eq + Clone> ItemExponentialFailureRateLimiter<T> {
@@ -36,17 +64,14 @@ impl<T: Hash + Eq + Clone> ItemExponentialFailureRateLimiter<T> {
         ItemExponentialFailureRateLimiter {
             base,
             max,
-            failures: Mutex::new(HashMap::new()),
+            failures: Failures::new(),
         }
     }
 }
 
 impl<T: Hash + Eq + Clone + Send> RateLimiter<T> for ItemExponentialFailureRateLimiter<T> {
     fn when(&self, item: &T) -> Duration {
-        let mut failures = self.failures.lock().expect("limiter poisoned");
-        let n = failures.entry(item.clone()).or_insert(0);
-        let exp = *n;
-        *n = n.saturating_add(1);
+        let exp = self.failures.count(item);
         // Computed in floating point so that large exponents saturate instead of overflowing.
         let nanos = self.base.as_nanos() as f64 * 2f64.powi(exp.min(1023) as i32);
         if !nanos.is_finite() || nanos >= self.max.as_nanos() as f64 {
@@ -56,12 +81,11 @@ impl<T: Hash + Eq + Clone + Send> RateLimiter<T> for ItemExponentialFailureRateL
     }
 
     fn forget(&self, item: &T) {
-        self.failures.lock().expect("limiter poisoned").remove(item);
+        self.failures.forget(item);
     }
 
     fn num_requeues(&self, item: &T) -> u32 {
-        let failures = self.failures.lock().expect("limiter poisoned");
-        failures.get(item).copied().unwrap_or(0)
+        self.failures.get(item)
     }
 }
 
@@ -71,7 +95,7 @@ pub struct ItemFastSlowRateLimiter<T> {
     fast: Duration,
     slow: Duration,
     max_fast: u32,
-    failures: Mutex<HashMap<T, u32>>,
+    failures: Failures<T>,
 }
 
 impl<T: Hash + Eq + Clone> ItemFastSlowRateLimiter<T> {
@@ -81,17 +105,15 @@ impl<T: Hash + Eq + Clone> ItemFastSlowRateLimiter<T> {
             fast,
             slow,
             max_fast,
-            failures: Mutex::new(HashMap::new()),
+            failures: Failures::new(),
         }
     }
 }
 
 impl<T: Hash + Eq + Clone + Send> RateLimiter<T> for ItemFastSlowRateLimiter<T> {
     fn when(&self, item: &T) -> Duration {
-        let mut failures = self.failures.lock().expect("limiter poisoned");
-        let n = failures.entry(item.clone()).or_insert(0);
-        *n = n.saturating_add(1);
-        if *n <= self.max_fast {
+        let n = self.failures.count(item).saturating_add(1);
+        if n <= self.max_fast {
             self.fast
         } else {
             self.slow
@@ -99,12 +121,11 @@ impl<T: Hash + Eq + Clone + Send> RateLimiter<T> for ItemFastSlowRateLimiter<T> 
     }
 
     fn forget(&self, item: &T) {
-        self.failures.lock().expect("limiter poisoned").remove(item);
+        self.failures.forget(item);
     }
 
     fn num_requeues(&self, item: &T) -> u32 {
-        let failures = self.failures.lock().expect("limiter poisoned");
-        failures.get(item).copied().unwrap_or(0)
+        self.failures.get(item)
     }
 }
 
