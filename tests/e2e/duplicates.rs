@@ -169,13 +169,7 @@ pub(crate) async fn a_real_duplicate_address_is_warned_on_and_never_released(mut
 }
 
 mod duplicate_scenarios {
-    use crate::cluster::Cluster;
-
-    #[tokio::test]
-    async fn a_real_duplicate_address_is_warned_on_and_never_released() {
-        super::a_real_duplicate_address_is_warned_on_and_never_released(
-            Cluster::node("dup-address").await,
-        )
-        .await
+    on_the_node! {
+        a_real_duplicate_address_is_warned_on_and_never_released: "dup-address",
     }
 }

@@ -468,46 +468,11 @@ async fn a_fence_lifts_on_the_node_agents_evidence_once_the_old_sandbox_is_gone(
 }
 
 mod fencing_scenarios {
-    use crate::cluster::Cluster;
-
-    #[tokio::test]
-    async fn a_statefulset_pod_force_deleted_from_a_notready_node_keeps_its_address_until_the_node_settles()
-     {
-        super::a_statefulset_pod_force_deleted_from_a_notready_node_keeps_its_address_until_the_node_settles(
-            Cluster::node("fence-settle").await,
-        )
-        .await
-    }
-
-    #[tokio::test]
-    async fn a_fence_timeout_or_fencing_off_releases_with_the_node_down() {
-        super::a_fence_timeout_or_fencing_off_releases_with_the_node_down(
-            Cluster::node("fence-values").await,
-        )
-        .await
-    }
-
-    #[tokio::test]
-    async fn a_fence_lifts_on_the_node_agents_evidence_once_the_old_sandbox_is_gone() {
-        super::a_fence_lifts_on_the_node_agents_evidence_once_the_old_sandbox_is_gone(
-            Cluster::node("fence-evidence").await,
-        )
-        .await
-    }
-
-    #[tokio::test]
-    async fn a_fence_lifts_at_once_when_the_node_is_tainted_out_of_service() {
-        super::a_fence_lifts_at_once_when_the_node_is_tainted_out_of_service(
-            Cluster::node("fence-oos").await,
-        )
-        .await
-    }
-
-    #[tokio::test]
-    async fn a_fence_lifts_at_once_when_the_node_object_is_deleted() {
-        super::a_fence_lifts_at_once_when_the_node_object_is_deleted(
-            Cluster::node("fence-node-gone").await,
-        )
-        .await
+    on_the_node! {
+        a_statefulset_pod_force_deleted_from_a_notready_node_keeps_its_address_until_the_node_settles: "fence-settle",
+        a_fence_timeout_or_fencing_off_releases_with_the_node_down: "fence-values",
+        a_fence_lifts_on_the_node_agents_evidence_once_the_old_sandbox_is_gone: "fence-evidence",
+        a_fence_lifts_at_once_when_the_node_is_tainted_out_of_service: "fence-oos",
+        a_fence_lifts_at_once_when_the_node_object_is_deleted: "fence-node-gone",
     }
 }

@@ -15,6 +15,19 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+/// One `#[tokio::test]` per `scenario: "prefix"`, running the scenario of the enclosing file on
+/// testenv's real node (`Cluster::node(prefix)`). Defined before the modules that use it.
+macro_rules! on_the_node {
+    ($($scenario:ident: $prefix:literal),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $scenario() {
+                super::$scenario(crate::cluster::Cluster::node($prefix).await).await
+            }
+        )*
+    };
+}
+
 mod cluster;
 mod duplicates;
 mod fencing;
