@@ -20,17 +20,15 @@ use serde_json::{Value, json};
 use testenv::ControlPlane;
 use testenv::helm::{chart_dir, helm, install_in, service_account_client};
 
+/// A program's flags (`ControllerArgs`, `NodeAgentArgs`) as a command line.
 #[derive(Parser)]
-struct ControllerCli {
+struct Cli<A: clap::Args> {
     #[command(flatten)]
-    args: ControllerArgs,
+    args: A,
 }
 
-#[derive(Parser)]
-struct NodeCli {
-    #[command(flatten)]
-    args: NodeAgentArgs,
-}
+type ControllerCli = Cli<ControllerArgs>;
+type NodeCli = Cli<NodeAgentArgs>;
 
 fn long_flags(cmd: clap::Command) -> BTreeSet<String> {
     cmd.get_arguments()

@@ -6,23 +6,18 @@ use clap::Parser;
 use ipreclaim::controller::ControllerArgs;
 use ipreclaim::node::NodeAgentArgs;
 
+/// A program's flags (`ControllerArgs`, `NodeAgentArgs`) as a command line.
 #[derive(Parser)]
-struct ControllerCli {
+struct Cli<A: clap::Args> {
     #[command(flatten)]
-    args: ControllerArgs,
-}
-
-#[derive(Parser)]
-struct NodeCli {
-    #[command(flatten)]
-    args: NodeAgentArgs,
+    args: A,
 }
 
 /// A flag given twice takes the last value (clap's `args_override_self`), for every kind of
 /// flag: durations, numbers, strings, optional values, `=BOOL` and plain switches.
 #[test]
 fn a_repeated_flag_takes_its_last_value() {
-    let parsed = ControllerCli::try_parse_from([
+    let parsed = Cli::<ControllerArgs>::try_parse_from([
         "controller",
         "--sweep-interval",
         "1m",
@@ -51,7 +46,7 @@ fn a_repeated_flag_takes_its_last_value() {
     assert_eq!(a.max_retries, 9);
     assert!(a.dry_run);
 
-    let parsed = NodeCli::try_parse_from([
+    let parsed = Cli::<NodeAgentArgs>::try_parse_from([
         "node-agent",
         "--node-name=a",
         "--node-name=b",
