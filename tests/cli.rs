@@ -13,6 +13,7 @@ use kube::Client;
 use kube::api::{Api, PostParams};
 use serde_json::Value;
 use testenv::ControlPlane;
+use testenv::procs::{exit_code, explain};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ipreclaim");
 /// A sandbox id as containerd writes them (64 hex digits).
@@ -57,11 +58,21 @@ fn kubeconfig() -> PathBuf {
 
 /// Runs `ipreclaim <args>` with no kubeconfig in the environment (`--kubeconfig` is passed
 /// where a test wants one).
-/// `ipreclaim scan <whereabouts-namespace flag> --kubeconfig <kc> <extra>`.
-fn scan(wns: &str, kc: &str, extra: &[&str]) -> Output {
-    let mut args = vec!["scan", wns, "--kubeconfig", kc];
-    args.extend_from_slice(extra);
-    ipreclaim(&args)
+/// `ipreclaim scan --whereabouts-namespace=<ns> --kubeconfig <kc> <extra>`, for each `extra`.
+fn scanner(ns: &str, kc: &Path) -> impl Fn(&[&str]) -> Output + use<> {
+    let wns = format!("--whereabouts-namespace={ns}");
+    let kc = kc.to_str().unwrap().to_string();
+    move |extra| {
+        let mut args = vec!["scan", &wns, "--kubeconfig", &kc];
+        args.extend_from_slice(extra);
+        ipreclaim(&args)
+    }
+}
+
+/// What `out` printed, once it exited `want` (`why` says why it should).
+fn printed(out: &Output, want: i32, why: &str) -> String {
+    assert_eq!(exit_code(out), want, "{why}: {}", explain(out));
+    stdout(out)
 }
 
 /// `rows` without their `pod_age_seconds`.
@@ -84,21 +95,8 @@ fn ipreclaim(args: &[&str]) -> Output {
         .expect("run the ipreclaim binary")
 }
 
-fn code(out: &Output) -> i32 {
-    out.status.code().expect("exited, not killed")
-}
-
 fn stdout(out: &Output) -> String {
     String::from_utf8(out.stdout.clone()).expect("UTF-8 output")
-}
-
-fn explain(out: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status.code(),
-        stdout(out),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 /// (ip, decision, reason) of each JSON row.
@@ -125,20 +123,10 @@ fn expected_rows() -> Vec<(String, String, String)> {
 #[tokio::test]
 async fn scan_prints_each_format_and_exits_like_kubectl_diff() {
     let (_client, ns) = leaky_namespace("cli-scan").await;
-    let kc = kubeconfig();
-    let kc = kc.to_str().unwrap();
-    let wns = format!("--whereabouts-namespace={ns}");
-    let scan = |extra: &[&str]| scan(&wns, kc, extra);
+    let scan = scanner(&ns, &kubeconfig());
 
     // table (the default): a header, two rows, short sandbox ids, human ages, <none>.
-    let out = scan(&[]);
-    assert_eq!(
-        code(&out),
-        1,
-        "something would be released: {}",
-        explain(&out)
-    );
-    let table = stdout(&out);
+    let table = printed(&scan(&[]), 1, "something would be released");
     let lines: Vec<&str> = table.lines().collect();
     assert_eq!(lines.len(), 3, "{table}");
     assert!(
@@ -166,7 +154,7 @@ async fn scan_prints_each_format_and_exits_like_kubectl_diff() {
 
     // wide: the whole id.
     let out = scan(&["-o", "wide"]);
-    assert_eq!(code(&out), 1, "{}", explain(&out));
+    assert_eq!(exit_code(&out), 1, "{}", explain(&out));
     assert!(stdout(&out).contains(LONG_ID), "{}", explain(&out));
     assert!(
         stdout(&out)
@@ -178,34 +166,39 @@ async fn scan_prints_each_format_and_exits_like_kubectl_diff() {
 
     // json and yaml: the same rows.
     let out = scan(&["-o", "json"]);
-    assert_eq!(code(&out), 1, "{}", explain(&out));
+    assert_eq!(exit_code(&out), 1, "{}", explain(&out));
     assert_eq!(json_rows(&stdout(&out)), expected_rows());
     let json: Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert_eq!(json[1]["sandbox"], LONG_ID, "JSON keeps the whole id");
     let out = scan(&["--output=yaml"]);
-    assert_eq!(code(&out), 1, "{}", explain(&out));
+    assert_eq!(exit_code(&out), 1, "{}", explain(&out));
     let yaml: Value = serde_norway::from_str(&stdout(&out)).expect("YAML");
     // Two scans a second apart may see a pod one second older.
     assert_eq!(without_ages(yaml), without_ages(json));
 
     // -n filters by the pods' namespace: nothing of another namespace, exit 0.
     let out = scan(&["-n", "elsewhere", "-o", "json"]);
-    assert_eq!(code(&out), 0, "nothing to release there: {}", explain(&out));
+    assert_eq!(
+        exit_code(&out),
+        0,
+        "nothing to release there: {}",
+        explain(&out)
+    );
     assert_eq!(stdout(&out).trim(), "[]");
     let out = scan(&["-n", &ns, "-o", "json"]);
-    assert_eq!(code(&out), 1, "{}", explain(&out));
+    assert_eq!(exit_code(&out), 1, "{}", explain(&out));
     assert_eq!(json_rows(&stdout(&out)).len(), 2);
     let out = scan(&["-A", "--no-headers"]);
-    assert_eq!(code(&out), 1, "{}", explain(&out));
+    assert_eq!(exit_code(&out), 1, "{}", explain(&out));
     assert_eq!(stdout(&out).lines().count(), 2, "{}", explain(&out));
     let out = scan(&["-A", "-n", &ns]);
-    assert_eq!(code(&out), 2, "-A and -n conflict: {}", explain(&out));
+    assert_eq!(exit_code(&out), 2, "-A and -n conflict: {}", explain(&out));
 
     // --context: the kubeconfig's own context works, an unknown one is an error (2).
     let out = scan(&["--context", "testenv", "-o", "json"]);
-    assert_eq!(code(&out), 1, "{}", explain(&out));
+    assert_eq!(exit_code(&out), 1, "{}", explain(&out));
     let out = scan(&["--context", "no-such-context"]);
-    assert_eq!(code(&out), 2, "{}", explain(&out));
+    assert_eq!(exit_code(&out), 2, "{}", explain(&out));
     assert!(
         out.stdout.is_empty(),
         "no report on an error: {}",
@@ -218,15 +211,15 @@ async fn scan_prints_each_format_and_exits_like_kubectl_diff() {
     );
 
     // Errors: an unreadable kubeconfig, and a pools namespace scan may not list. 2 each.
-    let out = ipreclaim(&["scan", &wns, "--kubeconfig", "/nonexistent/kubeconfig"]);
-    assert_eq!(code(&out), 2, "{}", explain(&out));
+    let out = scanner(&ns, Path::new("/nonexistent/kubeconfig"))(&[]);
+    assert_eq!(exit_code(&out), 2, "{}", explain(&out));
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("/nonexistent/kubeconfig"),
         "{}",
         explain(&out)
     );
     let out = ipreclaim(&["scan", "-o", "name"]);
-    assert_eq!(code(&out), 2, "an unknown format: {}", explain(&out));
+    assert_eq!(exit_code(&out), 2, "an unknown format: {}", explain(&out));
 }
 
 #[tokio::test]
@@ -240,7 +233,7 @@ async fn scan_of_a_clean_namespace_exits_zero_with_kubeconfig_from_the_environme
         .env("KUBECONFIG", kubeconfig())
         .output()
         .unwrap();
-    assert_eq!(code(&out), 0, "{}", explain(&out));
+    assert_eq!(exit_code(&out), 0, "{}", explain(&out));
     assert_eq!(stdout(&out).trim(), "[]");
 }
 
@@ -282,7 +275,7 @@ async fn kubectl_runs_the_binary_as_its_ipreclaim_plugin() {
     let wns = format!("--whereabouts-namespace={ns}");
     let out = kubectl(&dir, &["ipreclaim", "scan", "-o", "json", &wns]);
     assert_eq!(
-        code(&out),
+        exit_code(&out),
         1,
         "kubectl passes the exit code on: {}",
         explain(&out)
@@ -293,7 +286,7 @@ async fn kubectl_runs_the_binary_as_its_ipreclaim_plugin() {
         &dir,
         &["ipreclaim", "scan", &wns, "-n", "elsewhere", "-o", "yaml"],
     );
-    assert_eq!(code(&out), 0, "{}", explain(&out));
+    assert_eq!(exit_code(&out), 0, "{}", explain(&out));
     assert_eq!(stdout(&out).trim(), "[]");
 
     let kc = kubeconfig();
@@ -309,11 +302,11 @@ async fn kubectl_runs_the_binary_as_its_ipreclaim_plugin() {
             "no-such-context",
         ],
     );
-    assert_eq!(code(&out), 2, "{}", explain(&out));
+    assert_eq!(exit_code(&out), 2, "{}", explain(&out));
 
     // kubectl-style usage.
     let out = kubectl(&dir, &["ipreclaim", "--help"]);
-    assert_eq!(code(&out), 0, "{}", explain(&out));
+    assert_eq!(exit_code(&out), 0, "{}", explain(&out));
     let help = stdout(&out);
     assert!(
         help.contains("Usage: kubectl ipreclaim <COMMAND>"),
@@ -437,19 +430,9 @@ async fn scan_shows_duplicate_addresses_in_their_own_section_and_never_as_releas
             .await
             .unwrap();
     }
-    let kc = cp.kubeconfig_path();
-    let kc = kc.to_str().unwrap();
-    let wns = format!("--whereabouts-namespace={ns}");
-    let scan = |extra: &[&str]| scan(&wns, kc, extra);
+    let scan = scanner(&ns, &cp.kubeconfig_path());
 
-    let out = scan(&[]);
-    assert_eq!(
-        code(&out),
-        0,
-        "a duplicate is no release: {}",
-        explain(&out)
-    );
-    let table = stdout(&out);
+    let table = printed(&scan(&[]), 0, "a duplicate is no release");
     let lines: Vec<&str> = table.lines().collect();
     assert_eq!(lines.len(), 5, "{table}");
     assert!(
@@ -482,7 +465,7 @@ async fn scan_shows_duplicate_addresses_in_their_own_section_and_never_as_releas
     );
 
     let out = scan(&["-o", "json"]);
-    assert_eq!(code(&out), 0, "{}", explain(&out));
+    assert_eq!(exit_code(&out), 0, "{}", explain(&out));
     let json: Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert_eq!(json.as_array().unwrap().len(), 1, "{json}");
     let d = &json[0];

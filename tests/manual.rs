@@ -18,6 +18,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, PostParams};
 use testenv::ControlPlane;
+use testenv::procs::{exit_code, explain, stdout};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ipreclaim");
 const POOL: &str = "192.0.2.0-24";
@@ -276,23 +277,6 @@ impl Env {
     }
 }
 
-fn code(out: &Output) -> i32 {
-    out.status.code().expect("exited, not killed")
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn explain(out: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status.code(),
-        stdout(out),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
 fn fenced(ns: &str, pod: &str) -> String {
     format!("{ns}/{pod}:fenced")
 }
@@ -303,7 +287,7 @@ async fn unfence_ip_lifts_one_fence_and_leaves_the_others() {
     let ns = env.ns.clone();
 
     let out = env.run("unfence", &["--ip", "192.0.2.10"]);
-    assert_eq!(code(&out), 0, "{}", explain(&out));
+    assert_eq!(exit_code(&out), 0, "{}", explain(&out));
     assert!(
         stdout(&out).contains("unfenced 192.0.2.10 (pool 192.0.2.0-24)")
             && stdout(&out).contains("IPFence 192.0.2.0-24-10 deleted"),
@@ -342,7 +326,7 @@ async fn unfence_ip_lifts_one_fence_and_leaves_the_others() {
 
     // Lifted already: nothing of that address is fenced now (1, and nothing written).
     let out = env.run("unfence", &["--ip", "192.0.2.10"]);
-    assert_eq!(code(&out), 1, "{}", explain(&out));
+    assert_eq!(exit_code(&out), 1, "{}", explain(&out));
     assert!(stdout(&out).contains("no fence of address 192.0.2.10"));
 }
 
@@ -354,7 +338,7 @@ async fn unfence_refuses_a_live_pods_address_unless_forced_and_a_dry_run_writes_
 
     // A dry run of the whole node: says what it would do, writes nothing.
     let out = env.run("unfence", &["--node", "node-1", "--dry-run", "--force"]);
-    assert_eq!(code(&out), 0, "{}", explain(&out));
+    assert_eq!(exit_code(&out), 0, "{}", explain(&out));
     let text = stdout(&out);
     assert!(
         text.contains("would unfence 192.0.2.10") && text.contains("would unfence 192.0.2.12"),
@@ -367,7 +351,7 @@ async fn unfence_refuses_a_live_pods_address_unless_forced_and_a_dry_run_writes_
 
     // web-0 lists 192.0.2.12: refused (exit 1), nothing written.
     let out = env.run("unfence", &["--ip", "192.0.2.12"]);
-    assert_eq!(code(&out), 1, "{}", explain(&out));
+    assert_eq!(exit_code(&out), 1, "{}", explain(&out));
     assert!(
         stdout(&out).contains("refused 192.0.2.12")
             && stdout(&out).contains(&format!("live pod {ns}/web-0 lists the address")),
@@ -384,7 +368,7 @@ async fn unfence_refuses_a_live_pods_address_unless_forced_and_a_dry_run_writes_
         "{help}"
     );
     let out = env.run("unfence", &["--ip", "192.0.2.12", "--force"]);
-    assert_eq!(code(&out), 0, "{}", explain(&out));
+    assert_eq!(exit_code(&out), 0, "{}", explain(&out));
     let entries = env.entries(POOL).await;
     assert!(!entries.contains_key("12"), "{entries:?}");
     assert_eq!(entries["10"], fenced(&ns, "a"));
@@ -433,7 +417,7 @@ async fn unfence_all_leaves_no_fenced_entry_record_or_annotation() {
 
     // The dry run lists all of it and writes nothing.
     let out = env.run("unfence", &["--all", "--dry-run"]);
-    assert_eq!(code(&out), 0, "{}", explain(&out));
+    assert_eq!(exit_code(&out), 0, "{}", explain(&out));
     let text = stdout(&out);
     for want in [
         "would unfence 192.0.2.10",
@@ -450,7 +434,7 @@ async fn unfence_all_leaves_no_fenced_entry_record_or_annotation() {
     assert_eq!(env.all_events().await, 0);
 
     let out = env.run("unfence", &["--all"]);
-    assert_eq!(code(&out), 0, "{}", explain(&out));
+    assert_eq!(exit_code(&out), 0, "{}", explain(&out));
     assert!(
         stdout(&out).contains("no :fenced entry, IPFence or fence annotation is left"),
         "{}",
@@ -493,7 +477,7 @@ async fn unfence_all_leaves_no_fenced_entry_record_or_annotation() {
 
     // Nothing left: a second run has nothing to do and says so (0).
     let out = env.run("unfence", &["--all"]);
-    assert_eq!(code(&out), 0, "{}", explain(&out));
+    assert_eq!(exit_code(&out), 0, "{}", explain(&out));
 }
 
 #[tokio::test]
@@ -504,7 +488,7 @@ async fn release_frees_an_entry_and_its_reservation_and_refuses_a_listed_address
     // A dry run: says what it would do (the reservation too), writes nothing.
     let before = env.pool_now(POOL).await.metadata.resource_version;
     let out = env.run("release", &["--ip", "192.0.2.30", "--dry-run"]);
-    assert_eq!(code(&out), 0, "{}", explain(&out));
+    assert_eq!(exit_code(&out), 0, "{}", explain(&out));
     assert!(
         stdout(&out).contains("would release 192.0.2.30 (pool 192.0.2.0-24)")
             && stdout(&out).contains("would delete reservation 192.0.2.30"),
@@ -516,7 +500,7 @@ async fn release_frees_an_entry_and_its_reservation_and_refuses_a_listed_address
     assert_eq!(env.all_events().await, 0);
 
     let out = env.run("release", &["--ip", "192.0.2.30"]);
-    assert_eq!(code(&out), 0, "{}", explain(&out));
+    assert_eq!(exit_code(&out), 0, "{}", explain(&out));
     assert!(
         stdout(&out).contains("released 192.0.2.30")
             && stdout(&out).contains("reservation 192.0.2.30 deleted"),
@@ -535,7 +519,7 @@ async fn release_frees_an_entry_and_its_reservation_and_refuses_a_listed_address
     let before = env.pool_now(POOL).await.metadata.resource_version;
     for args in [["--ip", "192.0.2.20"], ["--pod", &format!("{ns}/web-0")]] {
         let out = env.run("release", &args);
-        assert_eq!(code(&out), 1, "{}", explain(&out));
+        assert_eq!(exit_code(&out), 1, "{}", explain(&out));
         assert!(
             stdout(&out).contains("refused 192.0.2.20")
                 && stdout(&out).contains(&format!("live pod {ns}/web-0 lists the address")),
@@ -547,11 +531,11 @@ async fn release_frees_an_entry_and_its_reservation_and_refuses_a_listed_address
 
     // A fenced address is unfence's.
     let out = env.run("release", &["--ip", "192.0.2.11"]);
-    assert_eq!(code(&out), 1, "{}", explain(&out));
+    assert_eq!(exit_code(&out), 1, "{}", explain(&out));
     assert!(stdout(&out).contains("unfence --ip 192.0.2.11"));
     // Nothing at that address.
     let out = env.run("release", &["--ip", "192.0.2.99"]);
-    assert_eq!(code(&out), 1, "{}", explain(&out));
+    assert_eq!(exit_code(&out), 1, "{}", explain(&out));
     assert!(stdout(&out).contains("no allocation of 192.0.2.99"));
 }
 
@@ -640,7 +624,7 @@ async fn release_of_an_address_in_several_pools_needs_its_network() {
     env.reservation("blue-192.0.2.30", "x-0").await;
 
     let out = env.run("release", &["--ip", "192.0.2.30"]);
-    assert_eq!(code(&out), 1, "{}", explain(&out));
+    assert_eq!(exit_code(&out), 1, "{}", explain(&out));
     let text = stdout(&out);
     assert!(
         text.contains("several pools")
@@ -652,7 +636,7 @@ async fn release_of_an_address_in_several_pools_needs_its_network() {
 
     let blue = format!("{ns}/blue");
     let out = env.run("release", &["--ip", "192.0.2.30", "--network", &blue]);
-    assert_eq!(code(&out), 0, "{}", explain(&out));
+    assert_eq!(exit_code(&out), 0, "{}", explain(&out));
     assert!(
         stdout(&out).contains("reservation blue-192.0.2.30 deleted"),
         "{}",
@@ -667,7 +651,7 @@ async fn release_of_an_address_in_several_pools_needs_its_network() {
 
     // --pod: every allocation of the pod (gone-0 holds 30 in the macvlan pool).
     let out = env.run("release", &["--pod", &format!("{ns}/gone-0")]);
-    assert_eq!(code(&out), 0, "{}", explain(&out));
+    assert_eq!(exit_code(&out), 0, "{}", explain(&out));
     assert!(!env.entries(POOL).await.contains_key("30"));
     assert_eq!(env.reservations().await, ["192.0.2.10"]);
 }
@@ -723,7 +707,7 @@ async fn kubectl_ipreclaim_unfence_lifts_a_fence() {
         &["ipreclaim", "unfence", "--ip", "192.0.2.12", &wns],
     );
     assert_eq!(
-        code(&out),
+        exit_code(&out),
         1,
         "refused, and kubectl passes the code on: {}",
         explain(&out)
@@ -733,12 +717,12 @@ async fn kubectl_ipreclaim_unfence_lifts_a_fence() {
         &dir,
         &["ipreclaim", "unfence", "--ip", "192.0.2.11", &wns],
     );
-    assert_eq!(code(&out), 0, "{}", explain(&out));
+    assert_eq!(exit_code(&out), 0, "{}", explain(&out));
     assert!(!env.entries(POOL).await.contains_key("11"));
     assert_eq!(env.fences().await, ["192.0.2.0-24-10", "192.0.2.0-24-12"]);
     assert_eq!(env.released("b").await.len(), 1);
 
     // Flags: neither --ip nor --node nor --all is a usage error (2).
     let out = kubectl(&env, &dir, &["ipreclaim", "unfence", &wns]);
-    assert_eq!(code(&out), 2, "{}", explain(&out));
+    assert_eq!(exit_code(&out), 2, "{}", explain(&out));
 }

@@ -3,7 +3,7 @@
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::sync::mpsc;
 
@@ -247,4 +247,24 @@ impl CtrlC {
         // SAFETY: sigwait on a set of blocked signals.
         unsafe { libc::sigwait(&self.0, &mut sig) };
     }
+}
+
+/// A finished command's exit code (a test fails if a signal killed it).
+pub fn exit_code(out: &Output) -> i32 {
+    out.status.code().expect("exited, not killed")
+}
+
+/// A finished command's stdout as text (bytes that are not UTF-8 replaced).
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A finished command's exit code, stdout and stderr, for a failure message.
+pub fn explain(out: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status.code(),
+        stdout(out),
+        String::from_utf8_lossy(&out.stderr)
+    )
 }
