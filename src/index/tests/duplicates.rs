@@ -9,20 +9,8 @@ use crate::reclaim::Decision;
 
 /// A live pod `ns/<name>` (uid `uid-<name>`) with network-status `status` (raw JSON).
 fn listing(ix: &mut Index, name: &str, status: &str) {
-    let annotations = BTreeMap::from([(
-        crate::ipam::NETWORK_STATUS_ANNOTATION.to_string(),
-        status.to_string(),
-    )]);
-    let seen = PodSeen {
-        annotations: Some(&annotations),
-        ..Default::default()
-    };
-    ix.upsert_pod(
-        &format!("ns/{name}"),
-        &format!("uid-{name}"),
-        seen,
-        Instant::now(),
-    );
+    let (podref, uid) = (format!("ns/{name}"), format!("uid-{name}"));
+    live_annotated(ix, &podref, &uid, &network_status(status));
 }
 
 /// Network-status listing `ips` on network `network`, after the cluster network's entry.

@@ -71,12 +71,19 @@ fn pool(allocations: &[(&str, &str, &str)]) -> IPPool {
     pool_named(POOL, allocations)
 }
 
-/// The network-status annotation listing `ip` on `ns/net`.
-fn status(ip: &str) -> BTreeMap<String, String> {
+/// The network-status annotation `raw` (JSON, or anything a test gives).
+fn network_status(raw: &str) -> BTreeMap<String, String> {
     BTreeMap::from([(
         crate::ipam::NETWORK_STATUS_ANNOTATION.to_string(),
-        format!(r#"[{{"name":"ns/net","interface":"net1","ips":["{ip}"]}}]"#),
+        raw.to_string(),
     )])
+}
+
+/// The network-status annotation listing `ip` on `ns/net`.
+fn status(ip: &str) -> BTreeMap<String, String> {
+    network_status(&format!(
+        r#"[{{"name":"ns/net","interface":"net1","ips":["{ip}"]}}]"#
+    ))
 }
 
 /// Pod `ns/<name>` on node-a, listing `ip` when given.
@@ -94,9 +101,13 @@ fn pod(name: &str, uid: &str, ip: Option<&str>) -> PodView {
 
 /// A live pod listing `ip`, recorded directly.
 fn live(ix: &mut Index, podref: &str, uid: &str, ip: &str) {
-    let annotations = status(ip);
+    live_annotated(ix, podref, uid, &status(ip));
+}
+
+/// A live pod with `annotations`, recorded directly.
+fn live_annotated(ix: &mut Index, podref: &str, uid: &str, annotations: &BTreeMap<String, String>) {
     let seen = PodSeen {
-        annotations: Some(&annotations),
+        annotations: Some(annotations),
         ..Default::default()
     };
     ix.upsert_pod(podref, uid, seen, Instant::now());

@@ -28,15 +28,7 @@ fn slice_pool() -> IPPool {
 /// `ns/web` lives, listing another address on the slice network.
 fn live_web(ix: &mut Index) {
     let status = r#"[{"name":"ns/slicenet","interface":"net1","ips":["10.0.4.9"]}]"#;
-    let annotations = BTreeMap::from([(
-        crate::ipam::NETWORK_STATUS_ANNOTATION.to_string(),
-        status.to_string(),
-    )]);
-    let seen = PodSeen {
-        annotations: Some(&annotations),
-        ..Default::default()
-    };
-    ix.upsert_pod("ns/web", "uid-web", seen, Instant::now());
+    live_annotated(ix, "ns/web", "uid-web", &network_status(status));
 }
 
 fn decision(ix: &Index) -> (Decision, String) {
