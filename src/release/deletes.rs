@@ -54,9 +54,7 @@ impl Writer {
         };
         let api: Api<IPFence> = Api::namespaced(self.client.clone(), &self.namespace);
         let result = self
-            .budgets
-            .send(WriteKind::Reservation, || {
-                self.metrics.write("delete");
+            .counted(WriteKind::Reservation, "delete", || {
                 api.delete(&name, &params)
             })
             .await;

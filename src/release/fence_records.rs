@@ -81,9 +81,7 @@ impl Writer {
                 crate::ipam::fence::node_label_value(&spec.node),
             )]));
             let created = self
-                .budgets
-                .send(WriteKind::Reservation, || {
-                    self.metrics.write("create");
+                .counted(WriteKind::Reservation, "create", || {
                     api.create(&params, &object)
                 })
                 .await;

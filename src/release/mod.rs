@@ -27,3 +27,12 @@ pub use budget::{BudgetConfig, Budgets, WriteKind};
 pub use events::Events;
 pub use types::{EntryWrite, Judged, PodRef, ReleaseError, ReleaseOutcome, ReleaseRequest};
 pub use writer::{Writer, WriterHandle};
+
+/// Sleeps until `next`, or for ever when there is none (the wake-up arm of a writer's
+/// `select!` loop).
+async fn sleep_until(next: Option<std::time::Instant>) {
+    match next {
+        Some(t) => tokio::time::sleep_until(t.into()).await,
+        None => std::future::pending().await,
+    }
+}

@@ -204,11 +204,7 @@ impl Writer {
         );
         let params = PostParams::default();
         let created = self
-            .budgets
-            .send(WriteKind::Reservation, || {
-                self.metrics.write("create");
-                api.create(&params, &r)
-            })
+            .counted(WriteKind::Reservation, "create", || api.create(&params, &r))
             .await;
         match created {
             // Already back (someone put it back first): fine when it names this pod.
@@ -272,12 +268,7 @@ fn looks(
         let mut open = true;
         while open || !waiting.is_empty() {
             let next = waiting.iter().map(|l| l.due).min();
-            let wake = async {
-                match next {
-                    Some(t) => tokio::time::sleep_until(t.into()).await,
-                    None => std::future::pending().await,
-                }
-            };
+            let wake = super::sleep_until(next);
             tokio::select! {
                 d = rx.recv(), if open => match d {
                     Some(d) if d.ip.is_some() => waiting.push(Look {

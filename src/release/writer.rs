@@ -118,6 +118,25 @@ impl Writer {
         self.index = Some(index);
         self
     }
+
+    /// Sends one write of `kind` within the budgets ([`Budgets::send`]), counting each
+    /// request it sends as an API write of `verb`.
+    pub(crate) async fn counted<T, F, Fut>(
+        &self,
+        kind: WriteKind,
+        verb: &str,
+        mut write: F,
+    ) -> Result<T, kube::Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, kube::Error>>,
+    {
+        let write = || {
+            self.metrics.write(verb);
+            write()
+        };
+        self.budgets.send(kind, write).await
+    }
 }
 
 /// A handle to submit releases to the batching writer.
@@ -178,9 +197,7 @@ impl WriterHandle {
         let patch = patch::typed(patch::annotations_patch(&annotations)).expect("a JSON patch");
         let pools = self.writer.pools();
         self.writer
-            .budgets
-            .send(WriteKind::Pool, || {
-                self.writer.metrics.write("patch");
+            .counted(WriteKind::Pool, "patch", || {
                 let patch = Patch::<()>::Json(patch.clone());
                 let pools = pools.clone();
                 async move { pools.patch(pool, &PatchParams::default(), &patch).await }
@@ -269,12 +286,7 @@ async fn batch(
             return;
         }
         let next = schedule.next_wake(now);
-        let wake = async {
-            match next {
-                Some(t) => tokio::time::sleep_until(t.into()).await,
-                None => std::future::pending().await,
-            }
-        };
+        let wake = super::sleep_until(next);
         tokio::select! {
             item = rx.recv(), if open => match item {
                 Some(item) => {
@@ -505,22 +517,20 @@ impl Writer {
         let patch = patch::typed(patch).map_err(kube::Error::SerdeError)?;
         let pools = self.pools();
         self.metrics.pool_patch_entries.observe(batch.len() as f64);
-        self.budgets
-            .send(WriteKind::Pool, || {
-                self.metrics.write("patch");
-                let patch = Patch::<()>::Json(patch.clone());
-                let (pools, metrics) = (pools.clone(), self.metrics.clone());
-                async move {
-                    let started = Instant::now();
-                    let result = pools.patch(pool, &PatchParams::default(), &patch).await;
-                    metrics
-                        .pool_patch_seconds
-                        .observe(started.elapsed().as_secs_f64());
-                    result
-                }
-            })
-            .await
-            .map(|_| ())
+        self.counted(WriteKind::Pool, "patch", || {
+            let patch = Patch::<()>::Json(patch.clone());
+            let (pools, metrics) = (pools.clone(), self.metrics.clone());
+            async move {
+                let started = Instant::now();
+                let result = pools.patch(pool, &PatchParams::default(), &patch).await;
+                metrics
+                    .pool_patch_seconds
+                    .observe(started.elapsed().as_secs_f64());
+                result
+            }
+        })
+        .await
+        .map(|_| ())
     }
 
     /// Updates the state for a written fence.
