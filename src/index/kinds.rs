@@ -136,24 +136,35 @@ fn clear_invalid_named<K: Resource<DynamicType = ()>>(ix: &mut Index, name: &str
     }
 }
 
-/// Pools in the whereabouts namespace.
-pub struct Pools;
+/// A kind of the whereabouts namespace (one namespace is watched), keyed by name and read
+/// leniently: what does not fit is recorded as invalid. Its deletion and its vanishing from a
+/// re-list are the same: the name is forgotten, usable or not.
+pub trait Named {
+    /// The resource watched.
+    type Resource: Resource<DynamicType = ()>;
 
-impl Kind for Pools {
+    /// Records `object` under `name`: its usable part, or that it does not fit.
+    fn record(ix: &mut Index, name: &str, object: Lenient<Self::Resource>);
+    /// Forgets the usable part of `name`.
+    fn remove(ix: &mut Index, name: &str);
+    /// The names whose usable part the index holds.
+    fn names(ix: &Index) -> Vec<String>;
+    /// The re-list is complete.
+    fn listed(_ix: &mut Index) {}
+}
+
+impl<N: Named> Kind for N {
     type Store = Index;
-    type Object = Lenient<IPPool>;
+    type Object = Lenient<N::Resource>;
     type Key = String;
     type Effect = ();
 
-    fn key(p: &Self::Object) -> Option<String> {
-        name_of(p)
+    fn key(object: &Self::Object) -> Option<String> {
+        name_of(object)
     }
 
-    fn apply(ix: &mut Index, name: &String, p: Self::Object, _: Instant) -> Option<()> {
-        match (fit(ix, &p), &p) {
-            (true, Lenient::Valid(pool)) => ix.upsert_pool(pool),
-            _ => ix.remove_pool(name),
-        }
+    fn apply(ix: &mut Index, name: &String, object: Self::Object, _: Instant) -> Option<()> {
+        N::record(ix, name, object);
         None
     }
 
@@ -162,15 +173,41 @@ impl Kind for Pools {
     }
 
     fn vanish(ix: &mut Index, name: &String, _: Instant) -> Option<()> {
-        clear_invalid_named::<IPPool>(ix, name);
-        ix.remove_pool(name);
+        clear_invalid_named::<N::Resource>(ix, name);
+        N::remove(ix, name);
         None
     }
 
     fn known(ix: &Index) -> Vec<String> {
-        let mut keys: Vec<String> = ix.pools().all().keys().cloned().collect();
-        keys.extend(invalid_names::<IPPool>(ix));
+        let mut keys = N::names(ix);
+        keys.extend(invalid_names::<N::Resource>(ix));
         keys
+    }
+
+    fn listed(ix: &mut Index) {
+        N::listed(ix);
+    }
+}
+
+/// Pools in the whereabouts namespace.
+pub struct Pools;
+
+impl Named for Pools {
+    type Resource = IPPool;
+
+    fn record(ix: &mut Index, name: &str, p: Lenient<IPPool>) {
+        match (fit(ix, &p), &p) {
+            (true, Lenient::Valid(pool)) => ix.upsert_pool(pool),
+            _ => ix.remove_pool(name),
+        }
+    }
+
+    fn remove(ix: &mut Index, name: &str) {
+        ix.remove_pool(name);
+    }
+
+    fn names(ix: &Index) -> Vec<String> {
+        ix.pools().all().keys().cloned().collect()
     }
 
     fn listed(ix: &mut Index) {
@@ -181,38 +218,22 @@ impl Kind for Pools {
 /// Reservations in the whereabouts namespace.
 pub struct Reservations;
 
-impl Kind for Reservations {
-    type Store = Index;
-    type Object = Lenient<OverlappingRangeIPReservation>;
-    type Key = String;
-    type Effect = ();
+impl Named for Reservations {
+    type Resource = OverlappingRangeIPReservation;
 
-    fn key(r: &Self::Object) -> Option<String> {
-        name_of(r)
-    }
-
-    fn apply(ix: &mut Index, name: &String, r: Self::Object, _: Instant) -> Option<()> {
+    fn record(ix: &mut Index, name: &str, r: Lenient<OverlappingRangeIPReservation>) {
         match (fit(ix, &r), &r) {
             (true, Lenient::Valid(r)) => ix.upsert_reservation(r),
             _ => ix.remove_reservation(name),
         }
-        None
     }
 
-    fn delete(ix: &mut Index, name: &String, _: Self::Object, now: Instant) -> Option<()> {
-        Self::vanish(ix, name, now)
-    }
-
-    fn vanish(ix: &mut Index, name: &String, _: Instant) -> Option<()> {
-        clear_invalid_named::<OverlappingRangeIPReservation>(ix, name);
+    fn remove(ix: &mut Index, name: &str) {
         ix.remove_reservation(name);
-        None
     }
 
-    fn known(ix: &Index) -> Vec<String> {
-        let mut keys = ix.reservations().names();
-        keys.extend(invalid_names::<OverlappingRangeIPReservation>(ix));
-        keys
+    fn names(ix: &Index) -> Vec<String> {
+        ix.reservations().names()
     }
 }
 
@@ -220,21 +241,14 @@ impl Kind for Reservations {
 /// reported; its entry stays fenced (marked) and is left alone.
 pub struct Fences;
 
-impl Kind for Fences {
-    type Store = Index;
-    type Object = Lenient<IPFence>;
-    type Key = String;
-    type Effect = ();
+impl Named for Fences {
+    type Resource = IPFence;
 
-    fn key(f: &Self::Object) -> Option<String> {
-        name_of(f)
-    }
-
-    fn apply(ix: &mut Index, name: &String, f: Self::Object, _: Instant) -> Option<()> {
+    fn record(ix: &mut Index, name: &str, f: Lenient<IPFence>) {
         let parsed = match &f {
             Lenient::Valid(fence) => fence_record(&fence.spec).map(|record| {
                 let object = FenceObject {
-                    name: name.clone(),
+                    name: name.to_owned(),
                     uid: fence.metadata.uid.clone().unwrap_or_default(),
                     sandbox: fence.spec.sandbox.clone(),
                     record,
@@ -256,23 +270,14 @@ impl Kind for Fences {
                 ix.remove_fence_object(name);
             }
         }
-        None
     }
 
-    fn delete(ix: &mut Index, name: &String, _: Self::Object, now: Instant) -> Option<()> {
-        Self::vanish(ix, name, now)
-    }
-
-    fn vanish(ix: &mut Index, name: &String, _: Instant) -> Option<()> {
-        clear_invalid_named::<IPFence>(ix, name);
+    fn remove(ix: &mut Index, name: &str) {
         ix.remove_fence_object(name);
-        None
     }
 
-    fn known(ix: &Index) -> Vec<String> {
-        let mut keys = ix.fence_objects().names();
-        keys.extend(invalid_names::<IPFence>(ix));
-        keys
+    fn names(ix: &Index) -> Vec<String> {
+        ix.fence_objects().names()
     }
 }
 
