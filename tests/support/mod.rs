@@ -11,6 +11,7 @@
 #![allow(dead_code)] // each test binary uses a part of this module
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::net::SocketAddr;
 
 use clap::Parser;
@@ -20,10 +21,12 @@ use ipreclaim::api::{
 };
 use ipreclaim::controller::{self, ControllerArgs};
 use ipreclaim::node::{self, NodeAgentArgs};
+use ipreclaim::telemetry::Health;
 use kube::Client;
 use kube::api::{Api, ListParams, PostParams};
 use testenv::poll::{http_get, metric_value};
-use testenv::program::InProcess;
+use testenv::program::{InProcess, Shutdown};
+use tokio::sync::oneshot;
 
 /// The controller's timings in tests: a sweep every 200 ms, no leak grace.
 pub const TEST_TIMINGS: &[&str] = &["--sweep-interval=200ms", "--leak-grace=0s"];
@@ -57,38 +60,40 @@ pub struct Program {
     pub metrics: SocketAddr,
 }
 
+/// Starts `run` (a program's `run`, sending its health and metrics address once it serves)
+/// as `what` in this process; returns once it is ready.
+async fn start<F, Fut>(what: &str, run: F) -> Program
+where
+    F: FnOnce(Shutdown, oneshot::Sender<(Health, SocketAddr)>) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
+{
+    let ready = |(health, _): &(Health, SocketAddr)| health.is_ready();
+    let (program, (_, metrics)) = InProcess::start(what, run, ready).await;
+    Program { program, metrics }
+}
+
 /// Runs `ipreclaim controller` with `flags` through `client`, watching pools in `namespace`;
 /// returns once it is ready (caches synced).
 pub async fn controller(client: Client, namespace: &str, flags: &[&str]) -> Program {
     let args: ControllerArgs = parse("controller", namespace, flags);
-    let (program, (_, metrics)) = InProcess::start(
-        "controller",
-        |shutdown, started| {
-            controller::run(client, args, shutdown, move |running| {
-                let _ = started.send((running.health.clone(), running.metrics_addr));
-            })
-        },
-        |(health, _)| health.is_ready(),
-    )
-    .await;
-    Program { program, metrics }
+    start("controller", |shutdown, started| {
+        controller::run(client, args, shutdown, move |running| {
+            let _ = started.send((running.health.clone(), running.metrics_addr));
+        })
+    })
+    .await
 }
 
 /// Runs `ipreclaim node-agent` with `flags` (its CRI endpoint and node name among them)
 /// through `client`, for pools in `namespace`; returns once it is ready.
 pub async fn node_agent(client: Client, namespace: &str, flags: &[&str]) -> Program {
     let args: NodeAgentArgs = parse("node-agent", namespace, flags);
-    let (program, (_, metrics)) = InProcess::start(
-        "node agent",
-        |shutdown, started| {
-            node::run(client, args, shutdown, move |running| {
-                let _ = started.send((running.health.clone(), running.metrics_addr));
-            })
-        },
-        |(health, _)| health.is_ready(),
-    )
-    .await;
-    Program { program, metrics }
+    start("node agent", |shutdown, started| {
+        node::run(client, args, shutdown, move |running| {
+            let _ = started.send((running.health.clone(), running.metrics_addr));
+        })
+    })
+    .await
 }
 
 impl Program {
