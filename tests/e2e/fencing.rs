@@ -140,6 +140,39 @@ async fn crash_and_force_delete_web_0(c: &Cluster, ip: &str, id: &str) {
     );
 }
 
+/// web-0 of a one-pod StatefulSet, fenced: its node crashed and it was force-deleted (see
+/// [`crash_and_force_delete_web_0`]). Returns its address and sandbox id.
+async fn fenced_web_0(c: &mut Cluster) -> (String, String) {
+    c.scale_statefulset(1).await;
+    wait_pool_matches_live_pods(c).await;
+    let (ip, id) = web_0_entry(c).await;
+    crash_and_force_delete_web_0(c, &ip, &id).await;
+    (ip, id)
+}
+
+/// Waits until `ip` is released by ipreclaim (its entry and fence record gone, a release Event
+/// for web-0) with the kubelet still down; `what` says why it should be.
+async fn wait_released_with_the_kubelet_down(c: &Cluster, ip: &str, what: &str) {
+    let ns = c.ns().to_string();
+    wait_long(what, || async {
+        let entries = pool_entries(c).await;
+        !entries.iter().any(|(_, i, _)| *i == ip)
+            && fence_records(c).await.is_empty()
+            && kubectl_events(c.node_handle(), &ns, GC_DONE)
+                .iter()
+                .any(|e| e.starts_with("web-0 ") && e.contains(&format!("[{ip}]")))
+    })
+    .await;
+}
+
+/// Starts the kubelet again and waits until web-0's replacement runs with an address and the
+/// pool matches the live pods.
+async fn kubelet_back(c: &Cluster) {
+    c.node_handle().start_kubelet().await.unwrap();
+    c.wait_running_with_address("web-0").await;
+    wait_pool_matches_live_pods(c).await;
+}
+
 async fn a_statefulset_pod_force_deleted_from_a_notready_node_keeps_its_address_until_the_node_settles(
     mut c: Cluster,
 ) {
@@ -240,11 +273,7 @@ async fn a_statefulset_pod_force_deleted_from_a_notready_node_keeps_its_address_
 }
 
 async fn a_fence_lifts_at_once_when_the_node_object_is_deleted(mut c: Cluster) {
-    let node = c.node_handle();
-    c.scale_statefulset(1).await;
-    wait_pool_matches_live_pods(&c).await;
-    let (ip, id) = web_0_entry(&c).await;
-    crash_and_force_delete_web_0(&c, &ip, &id).await;
+    let (ip, _) = fenced_web_0(&mut c).await;
 
     // The operator declares the node dead. (Its kubelet is started again right after: pods
     // bound to a missing Node are garbage-collected after 40 s, the chart's included.)
@@ -252,22 +281,13 @@ async fn a_fence_lifts_at_once_when_the_node_object_is_deleted(mut c: Cluster) {
         .delete(NODE_NAME, &DeleteParams::default())
         .await
         .unwrap();
-    let ns = c.ns().to_string();
-    wait_long(
+    wait_released_with_the_kubelet_down(
+        &c,
+        &ip,
         "web-0's address released with the kubelet still down",
-        || async {
-            let entries = pool_entries(&c).await;
-            !entries.iter().any(|(_, i, _)| *i == ip)
-                && fence_records(&c).await.is_empty()
-                && kubectl_events(node, &ns, GC_DONE)
-                    .iter()
-                    .any(|e| e.starts_with("web-0 ") && e.contains(&format!("[{ip}]")))
-        },
     )
     .await;
-    node.start_kubelet().await.unwrap();
-    c.wait_running_with_address("web-0").await;
-    wait_pool_matches_live_pods(&c).await;
+    kubelet_back(&c).await;
     expect_clean_releases(&c).await;
 }
 
@@ -304,30 +324,17 @@ const OUT_OF_SERVICE: &str = "node.kubernetes.io/out-of-service";
 /// still down (the settle is the chart's 30 s default and would not start before the kubelet
 /// is back).
 async fn a_fence_lifts_at_once_when_the_node_is_tainted_out_of_service(mut c: Cluster) {
-    let node = c.node_handle();
-    c.scale_statefulset(1).await;
-    wait_pool_matches_live_pods(&c).await;
-    let (ip, id) = web_0_entry(&c).await;
-    crash_and_force_delete_web_0(&c, &ip, &id).await;
+    let (ip, _) = fenced_web_0(&mut c).await;
     taint_out_of_service(&c, true).await;
-    let ns = c.ns().to_string();
-    wait_long(
+    wait_released_with_the_kubelet_down(
+        &c,
+        &ip,
         "web-0's address released on the out-of-service taint, the kubelet still down",
-        || async {
-            let entries = pool_entries(&c).await;
-            !entries.iter().any(|(_, i, _)| *i == ip)
-                && fence_records(&c).await.is_empty()
-                && kubectl_events(node, &ns, GC_DONE)
-                    .iter()
-                    .any(|e| e.starts_with("web-0 ") && e.contains(&format!("[{ip}]")))
-        },
     )
     .await;
     // The node is repaired: the operator removes the taint and the kubelet comes back.
     taint_out_of_service(&c, false).await;
-    node.start_kubelet().await.unwrap();
-    c.wait_running_with_address("web-0").await;
-    wait_pool_matches_live_pods(&c).await;
+    kubelet_back(&c).await;
     expect_clean_releases(&c).await;
 }
 
@@ -337,10 +344,7 @@ async fn a_fence_timeout_or_fencing_off_releases_with_the_node_down(mut c: Clust
     let node = c.node_handle();
     let client = c.client().clone();
     set_chart_values(node, &client, &["controller.fence.timeout=20s"]).await;
-    c.scale_statefulset(1).await;
-    wait_pool_matches_live_pods(&c).await;
-    let (ip, id) = web_0_entry(&c).await;
-    crash_and_force_delete_web_0(&c, &ip, &id).await;
+    let (ip, _) = fenced_web_0(&mut c).await;
     let fenced_at = std::time::Instant::now();
     let ns = c.ns().to_string();
     wait_long("the fence to time out with the node down", || async {
@@ -359,9 +363,7 @@ async fn a_fence_timeout_or_fencing_off_releases_with_the_node_down(mut c: Clust
         "released by ipreclaim (the kubelet is still down)"
     );
     node.wait_node_ready(false).await.unwrap();
-    node.start_kubelet().await.unwrap();
-    c.wait_running_with_address("web-0").await;
-    wait_pool_matches_live_pods(&c).await;
+    kubelet_back(&c).await;
 
     set_chart_values(node, &client, &["controller.fence.unreadyNodes=false"]).await;
     let (ip, _) = web_0_entry(&c).await;
@@ -381,9 +383,7 @@ async fn a_fence_timeout_or_fencing_off_releases_with_the_node_down(mut c: Clust
         fenced_before,
         "no Fenced Event created or updated with fencing off"
     );
-    node.start_kubelet().await.unwrap();
-    c.wait_running_with_address("web-0").await;
-    wait_pool_matches_live_pods(&c).await;
+    kubelet_back(&c).await;
     set_chart_values(node, &client, &[]).await;
     expect_clean_releases(&c).await;
 }
@@ -417,10 +417,7 @@ async fn a_fence_lifts_on_the_node_agents_evidence_once_the_old_sandbox_is_gone(
     let node = c.node_handle();
     let client = c.client().clone();
     set_chart_values(node, &client, &["controller.fence.settle=10m"]).await;
-    c.scale_statefulset(1).await;
-    wait_pool_matches_live_pods(&c).await;
-    let (ip, id) = web_0_entry(&c).await;
-    crash_and_force_delete_web_0(&c, &ip, &id).await;
+    let (ip, id) = fenced_web_0(&mut c).await;
     let fences = Api::<IPFence>::namespaced(client.clone(), c.pool_ns());
     let fence = fences
         .list(&Default::default())
@@ -460,9 +457,7 @@ async fn a_fence_lifts_on_the_node_agents_evidence_once_the_old_sandbox_is_gone(
         "{released:?}"
     );
 
-    node.start_kubelet().await.unwrap();
-    c.wait_running_with_address("web-0").await;
-    wait_pool_matches_live_pods(&c).await;
+    kubelet_back(&c).await;
     set_chart_values(node, &client, &[]).await;
     expect_clean_releases(&c).await;
 }
