@@ -155,13 +155,7 @@ impl NodeEnv {
             BTreeMap::from([(NETWORKS_ANNOTATION.to_string(), "macvlan".to_string())]);
         let mut pod = testenv::fixtures::pod(name, Some(annotations));
         pod.spec.as_mut().unwrap().node_name = Some(self.node.clone());
-        self.pods()
-            .create(&PostParams::default(), &pod)
-            .await
-            .unwrap()
-            .metadata
-            .uid
-            .unwrap()
+        testenv::fixtures::create(&self.pods(), &pod).await
     }
 
     /// Multus's network-status for `name`: `ip` on the macvlan network.
@@ -169,10 +163,7 @@ impl NodeEnv {
         let status = support::network_status(&self.ns, "macvlan", &[ip]);
         let patch =
             serde_json::json!({"metadata": {"annotations": {NETWORK_STATUS_ANNOTATION: status}}});
-        self.pods()
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .unwrap();
+        testenv::fixtures::merge(&self.pods(), name, patch).await;
     }
 
     async fn run_sandbox(&self, name: &str, uid: &str) -> String {
@@ -454,13 +445,8 @@ impl NodeEnv {
             ipreclaim::ipam::fence::NODE_LABEL.to_string(),
             ipreclaim::ipam::fence::node_label_value(&self.node),
         )]));
-        Api::<ipreclaim::api::IPFence>::namespaced(self.client.clone(), &self.ns)
-            .create(&PostParams::default(), &fence)
-            .await
-            .unwrap()
-            .metadata
-            .uid
-            .unwrap()
+        let fences = Api::<ipreclaim::api::IPFence>::namespaced(self.client.clone(), &self.ns);
+        testenv::fixtures::create(&fences, &fence).await
     }
 
     /// The node agent's report in fence `pod`'s status, if any.

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
-use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use serde_json::{Map, Value};
 use testenv::ControlPlane;
 use testenv::poll::{http_get, metric_value, wait_for};
@@ -131,13 +131,7 @@ async fn pod(client: &Client, ns: &str, name: &str, ip: &str, node: Option<&str>
     if let Some(node) = node {
         pod.spec.as_mut().unwrap().node_name = Some(node.into());
     }
-    Api::<Pod>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &pod)
-        .await
-        .unwrap()
-        .metadata
-        .uid
-        .unwrap()
+    testenv::fixtures::create(&Api::<Pod>::namespaced(client.clone(), ns), &pod).await
 }
 
 /// A Node whose Ready condition is Unknown (its kubelet stopped reporting).
@@ -156,10 +150,7 @@ async fn unready_node(client: &Client, name: &str) {
         "type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
         "lastHeartbeatTime": now, "lastTransitionTime": now,
     }]}});
-    nodes
-        .patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
-        .await
-        .unwrap();
+    testenv::fixtures::merge_status(&nodes, name, patch).await;
 }
 
 /// Checks the process metrics and build info of a /metrics text.

@@ -44,14 +44,7 @@ impl Env {
     async fn merge_pods_annotation(&self, name: &str, status: &str) {
         let patch = serde_json::json!({"metadata": {"annotations": {
             ipreclaim::ipam::NETWORK_STATUS_ANNOTATION: status}}});
-        self.pods()
-            .patch(
-                name,
-                &kube::api::PatchParams::default(),
-                &kube::api::Patch::Merge(patch),
-            )
-            .await
-            .unwrap();
+        testenv::fixtures::merge(&self.pods(), name, patch).await;
     }
 }
 

@@ -40,9 +40,7 @@ async fn deleted_pod_is_released_with_an_event_and_the_live_pod_is_untouched(mut
 
 testenv::as_admin_and_as_the_chart!(Env, statefulset_pod_recreated_keeps_its_new_ip, "ctl-sts");
 async fn statefulset_pod_recreated_keeps_its_new_ip(mut env: Env) {
-    env.nad("macvlan", "192.0.2.0/24").await;
-    env.pool("192.0.2.0-24", "192.0.2.0/24", &[(10, "sb-old", "web-0")])
-        .await;
+    env.macvlan(&[(10, "sb-old", "web-0")]).await;
     env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
     env.start(&[]).await;
 
@@ -55,11 +53,7 @@ async fn statefulset_pod_recreated_keeps_its_new_ip(mut env: Env) {
 
     env.wait_keys("192.0.2.0-24", &["20"]).await;
     // Several sweeps later the new pod's address is still there.
-    let sweeps = env.sweeps().await;
-    wait_for("two more sweeps", || async {
-        env.sweeps().await >= sweeps + 2
-    })
-    .await;
+    env.wait_sweeps(2.0).await;
     assert_eq!(env.keys("192.0.2.0-24").await, ["20"]);
     let pod = env.pods().get("web-0").await.unwrap();
     assert_eq!(pod.metadata.uid.unwrap(), new_uid);
@@ -200,9 +194,7 @@ async fn a_release_that_keeps_failing_ends_in_a_warning_event_with_the_cause() {
         ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject,
     };
     let mut env = Env::new("ctl-fail").await;
-    env.nad("macvlan", "192.0.2.0/24").await;
-    env.pool("192.0.2.0-24", "192.0.2.0/24", &[(10, "sb-web", "web-0")])
-        .await;
+    env.macvlan(&[(10, "sb-web", "web-0")]).await;
     env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
 
     // A ServiceAccount that may read everything it watches and write Events, but not patch pools.
@@ -287,9 +279,7 @@ async fn a_release_that_keeps_failing_ends_in_a_warning_event_with_the_cause() {
 
 testenv::as_admin_and_as_the_chart!(Env, dry_run_reports_and_writes_nothing, "ctl-dry");
 async fn dry_run_reports_and_writes_nothing(mut env: Env) {
-    env.nad("macvlan", "192.0.2.0/24").await;
-    env.pool("192.0.2.0-24", "192.0.2.0/24", &[(10, "sb-web", "web-0")])
-        .await;
+    env.macvlan(&[(10, "sb-web", "web-0")]).await;
     env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
     env.start(&["--dry-run", "--release-cooldown=30s"]).await;
     env.delete_pod("web-0").await;

@@ -111,14 +111,8 @@ async fn a_node_tainted_out_of_service_lifts_its_fences_at_once() {
     let taint = serde_json::json!({"spec": {"taints": [{
         "key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute",
     }]}});
-    Api::<k8s_openapi::api::core::v1::Node>::all(env.client.clone())
-        .patch(
-            &node,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(taint),
-        )
-        .await
-        .unwrap();
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(env.client.clone());
+    testenv::fixtures::merge(&nodes, &node, taint).await;
     env.wait_web_0_released(&uid).await;
     env.delete_pod("db-0").await;
     env.wait_keys("192.0.2.0-24", &[]).await;
@@ -244,9 +238,7 @@ async fn with_fencing_off_a_pod_of_an_unready_node_is_released_at_once_and_old_f
 async fn a_pod_deleted_from_a_ready_node_is_released_unfenced() {
     let mut env = Env::new("ctl-fence-ready").await;
     let node = env.fence_node("True").await;
-    env.nad("macvlan", "192.0.2.0/24").await;
-    env.pool("192.0.2.0-24", "192.0.2.0/24", &[(10, "sb-web-0", "web-0")])
-        .await;
+    env.macvlan(&[(10, "sb-web-0", "web-0")]).await;
     env.pod_on("web-0", "macvlan", Some(&["192.0.2.10"]), Some(&node))
         .await;
     env.start(&[]).await;
@@ -266,13 +258,8 @@ async fn a_pod_deleted_from_a_ready_node_is_released_unfenced() {
 async fn a_pod_deleted_right_after_its_node_goes_down_is_fenced() {
     let mut env = Env::new("ctl-fence-now").await;
     let node = env.fence_node("True").await;
-    env.nad("macvlan", "192.0.2.0/24").await;
-    env.pool(
-        "192.0.2.0-24",
-        "192.0.2.0/24",
-        &[(10, "sb-web-0", "web-0"), (11, "sb-db-0", "db-0")],
-    )
-    .await;
+    env.macvlan(&[(10, "sb-web-0", "web-0"), (11, "sb-db-0", "db-0")])
+        .await;
     env.reservation("192.0.2.10", "web-0").await;
     let uid = env
         .pod_on("web-0", "macvlan", Some(&["192.0.2.10"]), Some(&node))
@@ -321,16 +308,11 @@ async fn refuse_fencing_entry(env: &Env, pool: &str, key: &str) -> PoolRefusal {
 async fn a_fence_the_apiserver_refuses_holds_and_the_rest_of_the_pool_is_released() {
     let mut env = Env::new("ctl-fence-refused").await;
     let down = env.fence_node("Unknown").await;
-    env.nad("macvlan", "192.0.2.0/24").await;
-    env.pool(
-        "192.0.2.0-24",
-        "192.0.2.0/24",
-        &[
-            (10, "sb-web-0", "web-0"),
-            (11, "sb-db-0", "db-0"),
-            (12, "sb-x-0", "x-0"),
-        ],
-    )
+    env.macvlan(&[
+        (10, "sb-web-0", "web-0"),
+        (11, "sb-db-0", "db-0"),
+        (12, "sb-x-0", "x-0"),
+    ])
     .await;
     let refusal = refuse_fencing_entry(&env, "192.0.2.0-24", "10").await;
     let web = env
@@ -418,9 +400,7 @@ async fn a_replacement_known_before_the_deletion_is_judged_still_gets_the_old_ad
     let (cp, mut env) = Env::private("ctl-fence-replaced").await;
     let ns = env.ns.clone();
     let down = env.fence_node("Unknown").await;
-    env.nad("macvlan", "192.0.2.0/24").await;
-    env.pool("192.0.2.0-24", "192.0.2.0/24", &[(10, "sb-web-0", "web-0")])
-        .await;
+    env.macvlan(&[(10, "sb-web-0", "web-0")]).await;
     let old = env
         .pod_on("web-0", "macvlan", Some(&["192.0.2.10"]), Some(&down))
         .await;

@@ -149,28 +149,23 @@ impl Env {
         support::create_pool(&self.client, &self.ns, name, range, allocations).await;
     }
 
+    /// The macvlan NAD over 192.0.2.0/24 and its pool 192.0.2.0-24 holding (offset, sandbox,
+    /// pod name) allocations: what most scenarios start from.
+    pub async fn macvlan(&self, allocations: &[(u32, &str, &str)]) {
+        self.nad("macvlan", "192.0.2.0/24").await;
+        self.pool("192.0.2.0-24", "192.0.2.0/24", allocations).await;
+    }
+
     /// Merge-patches pool `pool` with `patch` (entries written as the CNI or a person would).
     pub async fn merge_pool(&self, pool: &str, patch: serde_json::Value) {
-        self.pools()
-            .patch(
-                pool,
-                &kube::api::PatchParams::default(),
-                &kube::api::Patch::Merge(patch),
-            )
-            .await
-            .unwrap();
+        testenv::fixtures::merge(&self.pools(), pool, patch).await;
     }
 
     /// The usual pair: the macvlan NAD over 192.0.2.0/24, web-0 (192.0.2.10, sandbox sb-web)
     /// and db-0 (192.0.2.11, sb-db) with their entries in pool 192.0.2.0-24. Returns web-0's uid.
     pub async fn web_0_and_db_0(&self) -> String {
-        self.nad("macvlan", "192.0.2.0/24").await;
-        self.pool(
-            "192.0.2.0-24",
-            "192.0.2.0/24",
-            &[(10, "sb-web", "web-0"), (11, "sb-db", "db-0")],
-        )
-        .await;
+        self.macvlan(&[(10, "sb-web", "web-0"), (11, "sb-db", "db-0")])
+            .await;
         let web_uid = self.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
         self.pod("db-0", "macvlan", Some(&["192.0.2.11"])).await;
         web_uid
@@ -209,12 +204,7 @@ impl Env {
         if let (Some(spec), Some(node)) = (pod.spec.as_mut(), node) {
             spec.node_name = Some(node.into());
         }
-        let created = self
-            .pods()
-            .create(&PostParams::default(), &pod)
-            .await
-            .unwrap();
-        created.metadata.uid.unwrap()
+        testenv::fixtures::create(&self.pods(), &pod).await
     }
 
     pub async fn delete_pod(&self, name: &str) {
@@ -255,15 +245,6 @@ impl Env {
     pub async fn wait_events(&self, reason: &str) -> Vec<(String, String, String)> {
         let events = testenv::events::wait_with_reason(&self.client, &self.ns, reason).await;
         events.into_iter().map(name_uid_message).collect()
-    }
-
-    /// Sweeps done so far.
-    pub async fn sweeps(&self) -> u64 {
-        let text = self.metrics_text().await;
-        text.lines()
-            .find_map(|l| l.strip_prefix("ipreclaim_sweep_duration_seconds_count "))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0)
     }
 
     /// Waits until /metrics has a line starting with `line`: counters are bumped when the
@@ -349,14 +330,7 @@ impl Env {
             "type": "Ready", "status": status, "reason": "SetByTest",
             "lastHeartbeatTime": now, "lastTransitionTime": now,
         }]}});
-        Api::<Node>::all(self.client.clone())
-            .patch_status(
-                node,
-                &kube::api::PatchParams::default(),
-                &kube::api::Patch::Merge(patch),
-            )
-            .await
-            .unwrap();
+        testenv::fixtures::merge_status(&Api::<Node>::all(self.client.clone()), node, patch).await;
     }
 
     pub async fn delete_node(&self, node: &str) {
@@ -396,13 +370,8 @@ impl Env {
     /// web-0 (192.0.2.10, with its reservation) and db-0 (192.0.2.11) on `node`; the
     /// controller runs with `extra`; web-0 is force-deleted and its Fenced Event awaited.
     pub async fn fenced_web_0(&mut self, node: &str, extra: &[&str]) -> String {
-        self.nad("macvlan", "192.0.2.0/24").await;
-        self.pool(
-            "192.0.2.0-24",
-            "192.0.2.0/24",
-            &[(10, "sb-web-0", "web-0"), (11, "sb-db-0", "db-0")],
-        )
-        .await;
+        self.macvlan(&[(10, "sb-web-0", "web-0"), (11, "sb-db-0", "db-0")])
+            .await;
         self.reservation("192.0.2.10", "web-0").await;
         let uid = self
             .pod_on("web-0", "macvlan", Some(&["192.0.2.10"]), Some(node))
@@ -483,14 +452,12 @@ impl Env {
     /// Writes `gone` as the node agent's report into fence `name`'s status.
     pub async fn report_gone(&self, name: &str, gone: serde_json::Value) {
         let status = serde_json::json!({"status": {"sandboxesGone": gone}});
-        Api::<ipreclaim::api::IPFence>::namespaced(self.client.clone(), &self.ns)
-            .patch_status(
-                name,
-                &kube::api::PatchParams::default(),
-                &kube::api::Patch::Merge(status),
-            )
-            .await
-            .unwrap();
+        testenv::fixtures::merge_status(
+            &Api::<ipreclaim::api::IPFence>::namespaced(self.client.clone(), &self.ns),
+            name,
+            status,
+        )
+        .await;
     }
 }
 

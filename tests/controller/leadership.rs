@@ -49,13 +49,8 @@ async fn with_two_replicas_only_the_lease_holder_writes() {
 #[tokio::test]
 async fn when_the_leader_stops_the_standby_takes_over_and_nothing_is_released_twice() {
     let mut first = Env::new("ctl-failover").await;
-    first.nad("macvlan", "192.0.2.0/24").await;
     first
-        .pool(
-            "192.0.2.0-24",
-            "192.0.2.0/24",
-            &[(10, "sb-a", "a-0"), (11, "sb-b", "b-0")],
-        )
+        .macvlan(&[(10, "sb-a", "a-0"), (11, "sb-b", "b-0")])
         .await;
     first.pod("a-0", "macvlan", Some(&["192.0.2.10"])).await;
     first.pod("b-0", "macvlan", Some(&["192.0.2.11"])).await;

@@ -12,8 +12,7 @@ async fn every_metric_the_readme_names_is_on_metrics() {
     let mut env = Env::new("ctl-metrics-doc").await;
     // A pool and its network, so that the per-pool and per-network series exist; nothing
     // else has happened yet.
-    env.nad("macvlan", "192.0.2.0/24").await;
-    env.pool("192.0.2.0-24", "192.0.2.0/24", &[]).await;
+    env.macvlan(&[]).await;
     env.start(&[]).await;
     let ns = env.ns.clone();
     for series in [

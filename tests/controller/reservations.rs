@@ -14,9 +14,7 @@ testenv::as_admin_and_as_the_chart!(
     "ctl-orip"
 );
 async fn orphaned_reservations_are_swept_and_live_ones_kept(mut env: Env) {
-    env.nad("macvlan", "192.0.2.0/24").await;
-    env.pool("192.0.2.0-24", "192.0.2.0/24", &[(10, "sb-web", "web-0")])
-        .await;
+    env.macvlan(&[(10, "sb-web", "web-0")]).await;
     env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
     for (name, pod) in [("192.0.2.10", "web-0"), ("192.0.2.99", "ghost-0")] {
         env.reservation_of(name, "sb", pod).await;
@@ -50,13 +48,8 @@ async fn web_0_recreated_with_its_address(env: &Env) {
 #[tokio::test]
 async fn a_reservation_whose_address_a_recreated_pod_got_back_is_never_deleted() {
     let mut env = Env::new("ctl-res-guard").await;
-    env.nad("macvlan", "192.0.2.0/24").await;
-    env.pool(
-        "192.0.2.0-24",
-        "192.0.2.0/24",
-        &[(10, "sb-web-0", "web-0"), (11, "sb-a-0", "a-0")],
-    )
-    .await;
+    env.macvlan(&[(10, "sb-web-0", "web-0"), (11, "sb-a-0", "a-0")])
+        .await;
     env.reservation("192.0.2.10", "web-0").await;
     env.reservation("192.0.2.11", "a-0").await;
     env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
@@ -96,9 +89,7 @@ async fn a_reservation_whose_address_a_recreated_pod_got_back_is_never_deleted()
 async fn a_look_that_cannot_read_the_pool_tries_again_and_puts_the_reservation_back() {
     use testenv::faultproxy::{Action, FaultProxy, Rule};
     let mut env = Env::new("ctl-look-retry").await;
-    env.nad("macvlan", "192.0.2.0/24").await;
-    env.pool("192.0.2.0-24", "192.0.2.0/24", &[(10, "sb-web-0", "web-0")])
-        .await;
+    env.macvlan(&[(10, "sb-web-0", "web-0")]).await;
     env.reservation("192.0.2.10", "web-0").await;
     env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
     let proxy = FaultProxy::start(env.client.clone(), 1).await.unwrap();

@@ -43,23 +43,16 @@ testenv::as_admin_and_as_the_chart!(
     "ctl-done"
 );
 async fn a_succeeded_pod_is_released_and_a_late_orphan_waits_for_the_grace(mut env: Env) {
-    env.nad("macvlan", "192.0.2.0/24").await;
-    env.pool(
-        "192.0.2.0-24",
-        "192.0.2.0/24",
-        &[(10, "sb-job", "job-0"), (11, "sb-web", "web-0")],
-    )
-    .await;
+    env.macvlan(&[(10, "sb-job", "job-0"), (11, "sb-web", "web-0")])
+        .await;
     env.pod("job-0", "macvlan", Some(&["192.0.2.10"])).await;
     env.pod("web-0", "macvlan", Some(&["192.0.2.11"])).await;
-    env.pods()
-        .patch_status(
-            "job-0",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(serde_json::json!({"status": {"phase": "Succeeded"}})),
-        )
-        .await
-        .unwrap();
+    testenv::fixtures::merge_status(
+        &env.pods(),
+        "job-0",
+        serde_json::json!({"status": {"phase": "Succeeded"}}),
+    )
+    .await;
     env.start(&["--leak-grace=3s"]).await;
     env.wait_keys("192.0.2.0-24", &["11"]).await;
     env.wait_metric(r#"ipreclaim_releases_total{reason="PodTerminal"} 1"#)
@@ -70,11 +63,7 @@ async fn a_succeeded_pod_is_released_and_a_late_orphan_waits_for_the_grace(mut e
     let patch = serde_json::json!({"spec": {"allocations": {"12": {"id": "sb-x", "podref": format!("{}/ghost", env.ns)}}}});
     env.merge_pool("192.0.2.0-24", patch).await;
     let appeared = std::time::Instant::now();
-    let sweeps = env.sweeps().await;
-    wait_for("two sweeps that see the orphan", || async {
-        env.sweeps().await >= sweeps + 2
-    })
-    .await;
+    env.wait_sweeps(2.0).await;
     if appeared.elapsed() < Duration::from_secs(3) {
         assert_eq!(
             env.keys("192.0.2.0-24").await,
@@ -190,9 +179,7 @@ async fn a_restart_never_releases_what_the_breaker_holds_and_pods_gone_meanwhile
 #[tokio::test]
 async fn a_pod_that_lists_its_address_between_sweeps_keeps_it() {
     let mut env = Env::new("ctl-flap").await;
-    env.nad("macvlan", "192.0.2.0/24").await;
-    env.pool("192.0.2.0-24", "192.0.2.0/24", &[(10, "sb-web", "web-0")])
-        .await;
+    env.macvlan(&[(10, "sb-web", "web-0")]).await;
     env.pod("web-0", "macvlan", Some(&["192.0.2.99"])).await;
     env.start(&["--leak-grace=1s"]).await;
     let status = |ip: &str| {
@@ -205,14 +192,7 @@ async fn a_pod_that_lists_its_address_between_sweeps_keeps_it() {
     // other one, but the address never goes a whole grace (1 s) unlisted.
     for _ in 0..15 {
         for (ip, ms) in [("192.0.2.10", 50), ("192.0.2.99", 350)] {
-            env.pods()
-                .patch(
-                    "web-0",
-                    &kube::api::PatchParams::default(),
-                    &kube::api::Patch::Merge(status(ip)),
-                )
-                .await
-                .unwrap();
+            testenv::fixtures::merge(&env.pods(), "web-0", status(ip)).await;
             tokio::time::sleep(Duration::from_millis(ms)).await;
         }
         assert_eq!(
@@ -229,16 +209,11 @@ async fn a_pod_that_lists_its_address_between_sweeps_keeps_it() {
 #[tokio::test]
 async fn scan_reports_what_the_rules_would_release_and_writes_nothing() {
     let env = Env::new("scan").await;
-    env.nad("macvlan", "192.0.2.0/24").await;
-    env.pool(
-        "192.0.2.0-24",
-        "192.0.2.0/24",
-        &[
-            (10, "sb-a", "gone-0"),
-            (20, "sb-1", "web-0"),
-            (21, "sb-2", "web-0"),
-        ],
-    )
+    env.macvlan(&[
+        (10, "sb-a", "gone-0"),
+        (20, "sb-1", "web-0"),
+        (21, "sb-2", "web-0"),
+    ])
     .await;
     env.pod("web-0", "macvlan", Some(&["192.0.2.21"])).await;
     let rows = ipreclaim::scan::scan(env.client.clone(), &env.ns, Default::default())

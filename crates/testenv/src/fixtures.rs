@@ -3,7 +3,9 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
-use kube::api::ObjectMeta;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 use crate::containerd::SANDBOX_IMAGE;
 
@@ -31,4 +33,40 @@ pub fn pod(name: &str, annotations: Option<BTreeMap<String, String>>) -> Pod {
 /// `NETWORK_STATUS_ANNOTATION`, which this crate cannot name).
 pub fn annotated_pod(name: &str, key: &str, value: &str) -> Pod {
     pod(name, Some(BTreeMap::from([(key.into(), value.into())])))
+}
+
+/// Creates `object` through `api` and returns its uid (the test fails if it cannot).
+pub async fn create<K>(api: &Api<K>, object: &K) -> String
+where
+    K: kube::Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
+{
+    let created = api.create(&PostParams::default(), object).await.unwrap();
+    created
+        .meta()
+        .uid
+        .clone()
+        .expect("a created object has a uid")
+}
+
+/// Merge-patches object `name` through `api` with `patch` (the test fails if it cannot).
+pub async fn merge<K>(api: &Api<K>, name: &str, patch: serde_json::Value)
+where
+    K: Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let params = PatchParams::default();
+    api.patch(name, &params, &Patch::Merge(patch))
+        .await
+        .unwrap();
+}
+
+/// Merge-patches the status of object `name` through `api` with `patch` (the test fails if it
+/// cannot).
+pub async fn merge_status<K>(api: &Api<K>, name: &str, patch: serde_json::Value)
+where
+    K: Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let params = PatchParams::default();
+    api.patch_status(name, &params, &Patch::Merge(patch))
+        .await
+        .unwrap();
 }
