@@ -35,11 +35,13 @@ pub fn annotated_pod(name: &str, key: &str, value: &str) -> Pod {
     pod(name, Some(BTreeMap::from([(key.into(), value.into())])))
 }
 
+/// What a typed [`Api`] reads back.
+pub trait Object: Clone + DeserializeOwned + std::fmt::Debug {}
+
+impl<K: Clone + DeserializeOwned + std::fmt::Debug> Object for K {}
+
 /// Creates `object` through `api` and returns its uid (the test fails if it cannot).
-pub async fn create<K>(api: &Api<K>, object: &K) -> String
-where
-    K: kube::Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
-{
+pub async fn create<K: Object + kube::Resource + Serialize>(api: &Api<K>, object: &K) -> String {
     let created = api.create(&PostParams::default(), object).await.unwrap();
     created
         .meta()
@@ -49,22 +51,14 @@ where
 }
 
 /// Merge-patches object `name` through `api` with `patch` (the test fails if it cannot).
-pub async fn merge<K>(api: &Api<K>, name: &str, patch: serde_json::Value)
-where
-    K: Clone + DeserializeOwned + std::fmt::Debug,
-{
-    let params = PatchParams::default();
-    api.patch(name, &params, &Patch::Merge(patch))
+pub async fn merge<K: Object>(api: &Api<K>, name: &str, patch: serde_json::Value) {
+    api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
         .await
         .unwrap();
 }
 
-/// Merge-patches the status of object `name` through `api` with `patch` (the test fails if it
-/// cannot).
-pub async fn merge_status<K>(api: &Api<K>, name: &str, patch: serde_json::Value)
-where
-    K: Clone + DeserializeOwned + std::fmt::Debug,
-{
+/// Merge-patches the status of object `name` through `api` with `patch`.
+pub async fn merge_status<K: Object>(api: &Api<K>, name: &str, patch: serde_json::Value) {
     let params = PatchParams::default();
     api.patch_status(name, &params, &Patch::Merge(patch))
         .await
