@@ -53,17 +53,15 @@ async fn a_pod_deleted_from_an_unready_node_is_fenced_across_a_restart_until_the
     env.wait_metric(r#"ipreclaim_releases_total{reason="PodDeleted"} 1"#)
         .await;
     assert_eq!(env.keys("192.0.2.0-24").await, ["11"], "db-0 untouched");
-    env.stop().await;
-    env.delete_node(&node).await;
+    env.finish(&node).await;
 }
 
 /// A node whose clock lags an hour comes back: its Ready transition reads an hour ago, yet the
 /// fence holds for the whole settle on the controller's own clock (it lifted at once before).
 #[tokio::test]
 async fn a_node_back_with_a_lagging_clock_still_waits_the_settle() {
-    let mut env = Env::new("ctl-fence-lag").await;
-    let node = env.fence_node("Unknown").await;
-    let uid = env.fenced_web_0(&node, &["--fence-settle=5s"]).await;
+    let (mut env, node, uid) =
+        Env::with_web_0_fenced("ctl-fence-lag", &["--fence-settle=5s"]).await;
     env.assert_web_0_fenced(&node).await;
     // The node stays down longer than the settle: a settle counted from the fence (or from the
     // node's lagging transition time) would be over the moment it is back.
@@ -83,15 +81,12 @@ async fn a_node_back_with_a_lagging_clock_still_waits_the_settle() {
         "released {:?} after the node was set Ready, settle 5s",
         set_ready.elapsed()
     );
-    env.stop().await;
-    env.delete_node(&node).await;
+    env.finish(&node).await;
 }
 
 #[tokio::test]
 async fn a_fence_lifts_at_once_when_its_node_is_deleted() {
-    let mut env = Env::new("ctl-fence-gone").await;
-    let node = env.fence_node("Unknown").await;
-    let uid = env.fenced_web_0(&node, &[]).await;
+    let (mut env, node, uid) = Env::with_web_0_fenced("ctl-fence-gone", &[]).await;
     env.assert_web_0_fenced(&node).await;
     env.delete_node(&node).await;
     env.wait_web_0_released(&uid).await;
@@ -104,9 +99,7 @@ async fn a_fence_lifts_at_once_when_its_node_is_deleted() {
 /// is released, not fenced.
 #[tokio::test]
 async fn a_node_tainted_out_of_service_lifts_its_fences_at_once() {
-    let mut env = Env::new("ctl-fence-oos").await;
-    let node = env.fence_node("Unknown").await;
-    let uid = env.fenced_web_0(&node, &[]).await;
+    let (mut env, node, uid) = Env::with_web_0_fenced("ctl-fence-oos", &[]).await;
     env.assert_web_0_fenced(&node).await;
     let taint = serde_json::json!({"spec": {"taints": [{
         "key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute",
@@ -117,19 +110,16 @@ async fn a_node_tainted_out_of_service_lifts_its_fences_at_once() {
     env.delete_pod("db-0").await;
     env.wait_keys("192.0.2.0-24", &[]).await;
     assert_eq!(env.events(FENCED).await.len(), 1, "db-0 was not fenced");
-    env.stop().await;
-    env.delete_node(&node).await;
+    env.finish(&node).await;
 }
 
 #[tokio::test]
 async fn a_fence_timeout_releases_with_the_node_still_down() {
-    let mut env = Env::new("ctl-fence-timeout").await;
-    let node = env.fence_node("Unknown").await;
-    let uid = env.fenced_web_0(&node, &["--fence-timeout=5s"]).await;
+    let (mut env, node, uid) =
+        Env::with_web_0_fenced("ctl-fence-timeout", &["--fence-timeout=5s"]).await;
     env.assert_web_0_fenced(&node).await;
     env.wait_web_0_released(&uid).await;
-    env.stop().await;
-    env.delete_node(&node).await;
+    env.finish(&node).await;
 }
 
 /// The node agent's evidence lifts a fence at once though the settle is an hour and the node
@@ -139,9 +129,8 @@ async fn a_fence_timeout_releases_with_the_node_still_down() {
 /// through a pass that saw it.
 #[tokio::test]
 async fn a_fence_lifts_at_once_on_its_node_agents_evidence_and_never_on_wrong_or_stale_evidence() {
-    let mut env = Env::new("ctl-fence-evidence").await;
-    let node = env.fence_node("Unknown").await;
-    let uid = env.fenced_web_0(&node, &["--fence-settle=1h"]).await;
+    let (mut env, node, uid) =
+        Env::with_web_0_fenced("ctl-fence-evidence", &["--fence-settle=1h"]).await;
     env.assert_web_0_fenced_alone(&node).await;
     let name = ipreclaim::ipam::fence::fence_object_name("192.0.2.0-24", "10");
     let fence = Api::<ipreclaim::api::IPFence>::namespaced(env.client.clone(), &env.ns)
@@ -186,19 +175,15 @@ async fn a_fence_lifts_at_once_on_its_node_agents_evidence_and_never_on_wrong_or
         env.entry_and_fence("192.0.2.0-24", "10").await == (None, None)
     })
     .await;
-    let released = env.wait_events("IPAddressGarbageCollected").await;
-    assert_eq!(released.len(), 1, "{released:?}");
-    assert_eq!(
-        (released[0].0.as_str(), released[0].1.as_str()),
-        ("web-0", uid.as_str())
-    );
+    let released = env
+        .wait_one_event("IPAddressGarbageCollected", "web-0", &uid)
+        .await;
     assert!(
-        released[0].2.starts_with(&format!(
+        released.starts_with(&format!(
             "successful cleanup of IP address [192.0.2.10] from network {}/macvlan (fence lifted: the node agent on its node saw the pod's sandboxes gone)",
             env.ns
         )),
-        "{}",
-        released[0].2
+        "{released}"
     );
     wait_for("web-0's reservation deleted", || async {
         env.reservation_names().await.is_empty()
@@ -208,15 +193,12 @@ async fn a_fence_lifts_at_once_on_its_node_agents_evidence_and_never_on_wrong_or
         "lifted {:?} after the report (settle 1h)",
         reported.elapsed()
     );
-    env.stop().await;
-    env.delete_node(&node).await;
+    env.finish(&node).await;
 }
 
 #[tokio::test]
 async fn with_fencing_off_a_pod_of_an_unready_node_is_released_at_once_and_old_fences_lift() {
-    let mut env = Env::new("ctl-fence-off").await;
-    let node = env.fence_node("Unknown").await;
-    let uid = env.fenced_web_0(&node, &[]).await;
+    let (mut env, node, uid) = Env::with_web_0_fenced("ctl-fence-off", &[]).await;
     env.assert_web_0_fenced(&node).await;
     env.stop().await;
     // Restarted with fencing off: the fence an earlier run set is released.
@@ -230,8 +212,7 @@ async fn with_fencing_off_a_pod_of_an_unready_node_is_released_at_once_and_old_f
         1,
         "only web-0's, from the first run"
     );
-    env.stop().await;
-    env.delete_node(&node).await;
+    env.finish(&node).await;
 }
 
 #[tokio::test]
@@ -246,8 +227,7 @@ async fn a_pod_deleted_from_a_ready_node_is_released_unfenced() {
     env.wait_keys("192.0.2.0-24", &[]).await;
     env.wait_events("IPAddressGarbageCollected").await;
     assert!(env.events(FENCED).await.is_empty());
-    env.stop().await;
-    env.delete_node(&node).await;
+    env.finish(&node).await;
 }
 
 /// The node goes down while the controller runs and the pod is deleted as soon as the controller
@@ -280,8 +260,7 @@ async fn a_pod_deleted_right_after_its_node_goes_down_is_fenced() {
         [("web-0", uid.as_str())]
     );
     env.assert_web_0_fenced(&node).await;
-    env.stop().await;
-    env.delete_node(&node).await;
+    env.finish(&node).await;
 }
 
 /// Refuses any pool write marking entry `key` fenced (see [`PoolRefusal`]), once in force.
@@ -386,8 +365,7 @@ async fn a_fence_the_apiserver_refuses_holds_and_the_rest_of_the_pool_is_release
         "released {:?} after the fence was written, settle 5s",
         fenced_at.elapsed()
     );
-    env.stop().await;
-    env.delete_node(&down).await;
+    env.finish(&down).await;
 }
 
 /// The controller's watch resumes after an outage of the apiserver it watches through, during

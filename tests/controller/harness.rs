@@ -241,6 +241,15 @@ impl Env {
         events.into_iter().map(name_uid_message).collect()
     }
 
+    /// Waits for the Event with `reason`: there is one, about `pod` (`uid`). Returns its message.
+    pub async fn wait_one_event(&self, reason: &str, pod: &str, uid: &str) -> String {
+        let events = self.wait_events(reason).await;
+        assert_eq!(events.len(), 1, "{events:?}");
+        let (name, u, message) = events.into_iter().next().unwrap();
+        assert_eq!((name.as_str(), u.as_str()), (pod, uid));
+        message
+    }
+
     /// Waits until at least one Event with `reason` exists and returns them.
     pub async fn wait_events(&self, reason: &str) -> Vec<(String, String, String)> {
         let events = testenv::events::wait_with_reason(&self.client, &self.ns, reason).await;
@@ -367,6 +376,23 @@ impl Env {
         (podref, fence)
     }
 
+    /// A test namespace with web-0 fenced on an unready node (see
+    /// [`fenced_web_0`](Self::fenced_web_0)), the controller running with `extra`. Returns it,
+    /// the node and web-0's uid.
+    pub async fn with_web_0_fenced(prefix: &str, extra: &[&str]) -> (Env, String, String) {
+        let mut env = Env::new(prefix).await;
+        let node = env.fence_node("Unknown").await;
+        let uid = env.fenced_web_0(&node, extra).await;
+        (env, node, uid)
+    }
+
+    /// Stops the controller, then deletes `node` (Nodes are not namespaced: each test removes
+    /// its own).
+    pub async fn finish(&mut self, node: &str) {
+        self.stop().await;
+        self.delete_node(node).await;
+    }
+
     /// web-0 (192.0.2.10, with its reservation) and db-0 (192.0.2.11) on `node`; the
     /// controller runs with `extra`; web-0 is force-deleted and its Fenced Event awaited.
     pub async fn fenced_web_0(&mut self, node: &str, extra: &[&str]) -> String {
@@ -380,18 +406,12 @@ impl Env {
             .await;
         self.start(extra).await;
         self.delete_pod("web-0").await;
-        let events = self.wait_events(FENCED).await;
-        assert_eq!(events.len(), 1, "{events:?}");
-        assert_eq!(
-            (events[0].0.as_str(), events[0].1.as_str()),
-            ("web-0", uid.as_str())
-        );
+        let message = self.wait_one_event(FENCED, "web-0", &uid).await;
         assert!(
-            events[0].2.contains(&format!(
+            message.contains(&format!(
                 "node {node} was not Ready (Ready=Unknown (SetByTest))"
             )),
-            "{}",
-            events[0].2
+            "{message}"
         );
         uid
     }

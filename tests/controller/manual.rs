@@ -53,6 +53,5 @@ async fn the_controllers_index_follows_a_manual_unfence_and_a_forced_release() {
             .any(|l| l.starts_with("ipreclaim_release_failures_total{") && !l.ends_with(" 0")),
         "{metrics}"
     );
-    env.stop().await;
-    env.delete_node(&node).await;
+    env.finish(&node).await;
 }
