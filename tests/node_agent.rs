@@ -184,6 +184,23 @@ impl NodeEnv {
     }
 
     /// Stops and removes a sandbox the way a crashed node loses it: no CNI DEL reaches the pool.
+    /// web-0 with sandbox S1 holding `first` (offset, address), the agent running with a 5 s
+    /// sandbox grace (it covers the time Multus takes to list S2's address instead of S1's).
+    /// S1 is lost without a CNI DEL; the kubelet starts S2, which allocates `second` anew.
+    /// Returns S1's id.
+    async fn web_0_sandbox_replaced(&mut self, first: (u32, &str), second: (u32, &str)) -> String {
+        let uid = self.pod("web-0").await;
+        let s1 = self
+            .sandbox_with_address("web-0", &uid, first.0, first.1)
+            .await;
+        self.start(&["--sandbox-grace=5s"]).await;
+        self.wait_metric(STARTED, 1.0).await;
+        self.remove_sandbox(&s1).await;
+        self.sandbox_with_address("web-0", &uid, second.0, second.1)
+            .await;
+        s1
+    }
+
     async fn remove_sandbox(&self, id: &str) {
         self.stop_sandbox(id).await;
         self.delete_sandbox(id).await;
@@ -267,16 +284,8 @@ async fn a_dead_sandboxs_entry_is_released_after_the_grace_and_the_new_sandboxs_
     mut env: NodeEnv,
 ) {
     env.nad().await;
-    let uid = env.pod("web-0").await;
     let s1 = env
-        .sandbox_with_address("web-0", &uid, 10, "192.0.2.10")
-        .await;
-    env.start(&["--sandbox-grace=5s"]).await;
-    env.wait_metric(STARTED, 1.0).await;
-
-    // The sandbox is lost without a CNI DEL; the kubelet starts S2, which allocates anew.
-    env.remove_sandbox(&s1).await;
-    env.sandbox_with_address("web-0", &uid, 11, "192.0.2.11")
+        .web_0_sandbox_replaced((10, "192.0.2.10"), (11, "192.0.2.11"))
         .await;
 
     env.wait_metric(PENDING, 1.0).await;
@@ -326,16 +335,7 @@ testenv::as_admin_and_as_the_chart!(
 );
 async fn a_node_slice_networks_entry_is_released_from_this_nodes_slice_pool(mut env: NodeEnv) {
     env.slice_nad().await;
-    let uid = env.pod("web-0").await;
-    let s1 = env
-        .sandbox_with_address("web-0", &uid, 2, "192.0.2.18")
-        .await;
-    // The grace covers the time Multus takes to list S2's address instead of S1's.
-    env.start(&["--sandbox-grace=5s"]).await;
-    env.wait_metric(STARTED, 1.0).await;
-
-    env.remove_sandbox(&s1).await;
-    env.sandbox_with_address("web-0", &uid, 3, "192.0.2.19")
+    env.web_0_sandbox_replaced((2, "192.0.2.18"), (3, "192.0.2.19"))
         .await;
 
     wait_for(
@@ -653,15 +653,7 @@ async fn a_runtime_outage_fails_healthz_and_recovers_without_lost_or_duplicated_
     .await;
     env.wait_metric(DIED, 1.0).await;
     // Several more relists: nothing is reported twice, nothing extra appears.
-    let relists = env
-        .metric("ipreclaim_node_relist_duration_seconds_count")
-        .await;
-    wait_for("five more relists", || async {
-        env.metric("ipreclaim_node_relist_duration_seconds_count")
-            .await
-            >= relists + 5.0
-    })
-    .await;
+    env.wait_relists(5.0).await;
     assert_eq!(env.metric(STARTED).await, 2.0);
     assert_eq!(env.metric(DIED).await, 1.0);
     assert_eq!(env.metric(REMOVED).await, 0.0);
@@ -691,15 +683,7 @@ async fn dry_run_reports_a_dead_sandbox_and_writes_nothing() {
     // so the entry is still there to be reported again).
     env.delete_sandbox(&s1).await;
     env.wait_metric(REMOVED, 1.0).await;
-    let relists = env
-        .metric("ipreclaim_node_relist_duration_seconds_count")
-        .await;
-    wait_for("three more relists", || async {
-        env.metric("ipreclaim_node_relist_duration_seconds_count")
-            .await
-            >= relists + 3.0
-    })
-    .await;
+    env.wait_relists(3.0).await;
     assert_eq!(
         env.metric(r#"ipreclaim_node_dead_sandboxes_total{outcome="dry_run"}"#)
             .await,
