@@ -248,6 +248,13 @@ impl Env {
             .len()
     }
 
+    /// [`run`](Self::run)s the command and checks it exited `want`.
+    fn run_exits(&self, command: &str, args: &[&str], want: i32) -> Output {
+        let out = self.run(command, args);
+        assert_eq!(exit_code(&out), want, "{}", explain(&out));
+        out
+    }
+
     /// Runs `ipreclaim <command> <args> --whereabouts-namespace <ns> --kubeconfig <path>`.
     fn run(&self, command: &str, args: &[&str]) -> Output {
         let kc = ControlPlane::shared().kubeconfig_path();
@@ -286,8 +293,7 @@ async fn unfence_ip_lifts_one_fence_and_leaves_the_others() {
     let env = Env::new("unfence-ip", true, 1).await;
     let ns = env.ns.clone();
 
-    let out = env.run("unfence", &["--ip", "192.0.2.10"]);
-    assert_eq!(exit_code(&out), 0, "{}", explain(&out));
+    let out = env.run_exits("unfence", &["--ip", "192.0.2.10"], 0);
     assert!(
         stdout(&out).contains("unfenced 192.0.2.10 (pool 192.0.2.0-24)")
             && stdout(&out).contains("IPFence 192.0.2.0-24-10 deleted"),
@@ -325,8 +331,7 @@ async fn unfence_ip_lifts_one_fence_and_leaves_the_others() {
     );
 
     // Lifted already: nothing of that address is fenced now (1, and nothing written).
-    let out = env.run("unfence", &["--ip", "192.0.2.10"]);
-    assert_eq!(exit_code(&out), 1, "{}", explain(&out));
+    let out = env.run_exits("unfence", &["--ip", "192.0.2.10"], 1);
     assert!(stdout(&out).contains("no fence of address 192.0.2.10"));
 }
 
@@ -337,8 +342,7 @@ async fn unfence_refuses_a_live_pods_address_unless_forced_and_a_dry_run_writes_
     let before = env.pool_now(POOL).await.metadata.resource_version;
 
     // A dry run of the whole node: says what it would do, writes nothing.
-    let out = env.run("unfence", &["--node", "node-1", "--dry-run", "--force"]);
-    assert_eq!(exit_code(&out), 0, "{}", explain(&out));
+    let out = env.run_exits("unfence", &["--node", "node-1", "--dry-run", "--force"], 0);
     let text = stdout(&out);
     assert!(
         text.contains("would unfence 192.0.2.10") && text.contains("would unfence 192.0.2.12"),
@@ -350,8 +354,7 @@ async fn unfence_refuses_a_live_pods_address_unless_forced_and_a_dry_run_writes_
     assert_eq!(env.all_events().await, 0, "a dry run publishes no Event");
 
     // web-0 lists 192.0.2.12: refused (exit 1), nothing written.
-    let out = env.run("unfence", &["--ip", "192.0.2.12"]);
-    assert_eq!(exit_code(&out), 1, "{}", explain(&out));
+    let out = env.run_exits("unfence", &["--ip", "192.0.2.12"], 1);
     assert!(
         stdout(&out).contains("refused 192.0.2.12")
             && stdout(&out).contains(&format!("live pod {ns}/web-0 lists the address")),
@@ -367,8 +370,7 @@ async fn unfence_refuses_a_live_pods_address_unless_forced_and_a_dry_run_writes_
         help.contains("--force") && help.contains("live pod's network-status lists"),
         "{help}"
     );
-    let out = env.run("unfence", &["--ip", "192.0.2.12", "--force"]);
-    assert_eq!(exit_code(&out), 0, "{}", explain(&out));
+    let out = env.run_exits("unfence", &["--ip", "192.0.2.12", "--force"], 0);
     let entries = env.entries(POOL).await;
     assert!(!entries.contains_key("12"), "{entries:?}");
     assert_eq!(entries["10"], fenced(&ns, "a"));
@@ -416,8 +418,7 @@ async fn unfence_all_leaves_no_fenced_entry_record_or_annotation() {
         .unwrap();
 
     // The dry run lists all of it and writes nothing.
-    let out = env.run("unfence", &["--all", "--dry-run"]);
-    assert_eq!(exit_code(&out), 0, "{}", explain(&out));
+    let out = env.run_exits("unfence", &["--all", "--dry-run"], 0);
     let text = stdout(&out);
     for want in [
         "would unfence 192.0.2.10",
@@ -433,8 +434,7 @@ async fn unfence_all_leaves_no_fenced_entry_record_or_annotation() {
     assert_eq!(env.fences().await.len(), 5);
     assert_eq!(env.all_events().await, 0);
 
-    let out = env.run("unfence", &["--all"]);
-    assert_eq!(exit_code(&out), 0, "{}", explain(&out));
+    let out = env.run_exits("unfence", &["--all"], 0);
     assert!(
         stdout(&out).contains("no :fenced entry, IPFence or fence annotation is left"),
         "{}",
@@ -476,8 +476,7 @@ async fn unfence_all_leaves_no_fenced_entry_record_or_annotation() {
     }
 
     // Nothing left: a second run has nothing to do and says so (0).
-    let out = env.run("unfence", &["--all"]);
-    assert_eq!(exit_code(&out), 0, "{}", explain(&out));
+    let out = env.run_exits("unfence", &["--all"], 0);
 }
 
 #[tokio::test]
@@ -487,8 +486,7 @@ async fn release_frees_an_entry_and_its_reservation_and_refuses_a_listed_address
 
     // A dry run: says what it would do (the reservation too), writes nothing.
     let before = env.pool_now(POOL).await.metadata.resource_version;
-    let out = env.run("release", &["--ip", "192.0.2.30", "--dry-run"]);
-    assert_eq!(exit_code(&out), 0, "{}", explain(&out));
+    let out = env.run_exits("release", &["--ip", "192.0.2.30", "--dry-run"], 0);
     assert!(
         stdout(&out).contains("would release 192.0.2.30 (pool 192.0.2.0-24)")
             && stdout(&out).contains("would delete reservation 192.0.2.30"),
@@ -499,8 +497,7 @@ async fn release_frees_an_entry_and_its_reservation_and_refuses_a_listed_address
     assert_eq!(env.reservations().await, ["192.0.2.10", "192.0.2.30"]);
     assert_eq!(env.all_events().await, 0);
 
-    let out = env.run("release", &["--ip", "192.0.2.30"]);
-    assert_eq!(exit_code(&out), 0, "{}", explain(&out));
+    let out = env.run_exits("release", &["--ip", "192.0.2.30"], 0);
     assert!(
         stdout(&out).contains("released 192.0.2.30")
             && stdout(&out).contains("reservation 192.0.2.30 deleted"),
@@ -518,8 +515,7 @@ async fn release_frees_an_entry_and_its_reservation_and_refuses_a_listed_address
     // web-0 lists 192.0.2.20: refused, nothing written; --pod of web-0 is refused the same way.
     let before = env.pool_now(POOL).await.metadata.resource_version;
     for args in [["--ip", "192.0.2.20"], ["--pod", &format!("{ns}/web-0")]] {
-        let out = env.run("release", &args);
-        assert_eq!(exit_code(&out), 1, "{}", explain(&out));
+        let out = env.run_exits("release", &args, 1);
         assert!(
             stdout(&out).contains("refused 192.0.2.20")
                 && stdout(&out).contains(&format!("live pod {ns}/web-0 lists the address")),
@@ -530,12 +526,10 @@ async fn release_frees_an_entry_and_its_reservation_and_refuses_a_listed_address
     assert_eq!(env.pool_now(POOL).await.metadata.resource_version, before);
 
     // A fenced address is unfence's.
-    let out = env.run("release", &["--ip", "192.0.2.11"]);
-    assert_eq!(exit_code(&out), 1, "{}", explain(&out));
+    let out = env.run_exits("release", &["--ip", "192.0.2.11"], 1);
     assert!(stdout(&out).contains("unfence --ip 192.0.2.11"));
     // Nothing at that address.
-    let out = env.run("release", &["--ip", "192.0.2.99"]);
-    assert_eq!(exit_code(&out), 1, "{}", explain(&out));
+    let out = env.run_exits("release", &["--ip", "192.0.2.99"], 1);
     assert!(stdout(&out).contains("no allocation of 192.0.2.99"));
 }
 
@@ -623,8 +617,7 @@ async fn release_of_an_address_in_several_pools_needs_its_network() {
     env.pool("blue-192.0.2.0-24", allocations, None).await;
     env.reservation("blue-192.0.2.30", "x-0").await;
 
-    let out = env.run("release", &["--ip", "192.0.2.30"]);
-    assert_eq!(exit_code(&out), 1, "{}", explain(&out));
+    let out = env.run_exits("release", &["--ip", "192.0.2.30"], 1);
     let text = stdout(&out);
     assert!(
         text.contains("several pools")
@@ -635,8 +628,7 @@ async fn release_of_an_address_in_several_pools_needs_its_network() {
     assert!(env.entries(POOL).await.contains_key("30"));
 
     let blue = format!("{ns}/blue");
-    let out = env.run("release", &["--ip", "192.0.2.30", "--network", &blue]);
-    assert_eq!(exit_code(&out), 0, "{}", explain(&out));
+    let out = env.run_exits("release", &["--ip", "192.0.2.30", "--network", &blue], 0);
     assert!(
         stdout(&out).contains("reservation blue-192.0.2.30 deleted"),
         "{}",
@@ -650,8 +642,7 @@ async fn release_of_an_address_in_several_pools_needs_its_network() {
     assert_eq!(env.reservations().await, ["192.0.2.10", "192.0.2.30"]);
 
     // --pod: every allocation of the pod (gone-0 holds 30 in the macvlan pool).
-    let out = env.run("release", &["--pod", &format!("{ns}/gone-0")]);
-    assert_eq!(exit_code(&out), 0, "{}", explain(&out));
+    let out = env.run_exits("release", &["--pod", &format!("{ns}/gone-0")], 0);
     assert!(!env.entries(POOL).await.contains_key("30"));
     assert_eq!(env.reservations().await, ["192.0.2.10"]);
 }
