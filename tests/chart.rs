@@ -1315,10 +1315,7 @@ async fn the_chart_with_every_new_value_installs_with_the_real_monitor_crds() {
 async fn upstreams_crds_stay_as_they_are_with_and_without_skip_crds() {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     use testenv::procs::{pinned_version, unpacked_source};
-    let cp = tokio::task::spawn_blocking(ControlPlane::start)
-        .await
-        .unwrap()
-        .expect("private control plane");
+    let cp = ControlPlane::start_for_test().await;
     let client = cp.client().await;
     let source = |name: &str, pin: &str| {
         unpacked_source(&format!("{name}-{}", pinned_version(pin).unwrap()))

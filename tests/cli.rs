@@ -405,10 +405,7 @@ fn ipreclaim_plugin_name_is(name: &str) -> bool {
 /// must not see these.
 #[tokio::test]
 async fn scan_shows_duplicate_addresses_in_their_own_section_and_never_as_releases() {
-    let cp = tokio::task::spawn_blocking(ControlPlane::start)
-        .await
-        .unwrap()
-        .expect("a private control plane");
+    let cp = ControlPlane::start_for_test().await;
     let client = cp.client().await;
     cp.install_crds(&client).await.expect("install crds/");
     let ns = cp.namespace(&client, "cli-dup").await;

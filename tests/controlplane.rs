@@ -104,10 +104,7 @@ async fn graceful_delete_without_kubelet_leaves_the_pod_terminating() {
 #[tokio::test]
 async fn watch_survives_an_apiserver_restart() {
     // A private control plane: restarting the shared one would disturb the other tests.
-    let cp = tokio::task::spawn_blocking(ControlPlane::start)
-        .await
-        .unwrap()
-        .expect("start a private control plane");
+    let cp = ControlPlane::start_for_test().await;
     let client = cp.client().await;
     let ns = cp.namespace(&client, "cp-restart").await;
     let pods = Api::<Pod>::namespaced(client.clone(), &ns);

@@ -55,10 +55,7 @@ impl Env {
     /// An environment on a control plane of its own (started here; it stops when the returned
     /// handle is dropped), with the CRDs and a namespace.
     pub async fn private(prefix: &str) -> (ControlPlane, Env) {
-        let cp = tokio::task::spawn_blocking(ControlPlane::start)
-            .await
-            .unwrap()
-            .expect("private control plane");
+        let cp = ControlPlane::start_for_test().await;
         let client = cp.client().await;
         cp.install_crds(&client).await.expect("install crds/");
         let ns = cp.namespace(&client, prefix).await;

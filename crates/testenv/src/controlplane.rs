@@ -211,6 +211,15 @@ impl ControlPlane {
         Self::start_with(Options::default())
     }
 
+    /// A private control plane ([`start`](Self::start)) from async code; a test that cannot
+    /// get one fails with the reason.
+    pub async fn start_for_test() -> ControlPlane {
+        tokio::task::spawn_blocking(ControlPlane::start)
+            .await
+            .expect("control plane start task")
+            .unwrap_or_else(|e| panic!("cannot start a private control plane: {e:#}"))
+    }
+
     /// [`start`](Self::start) with `options`.
     pub fn start_with(options: Options) -> Result<ControlPlane> {
         let etcd_bin = binary("etcd")?;
