@@ -100,9 +100,7 @@ async fn squeezed_by_priority_and_fairness_every_release_lands_after_waiting_out
     .await
     .unwrap()
     .expect("a control plane with API Priority and Fairness on");
-    let client = cp.client().await;
-    cp.install_crds(&client).await.expect("install crds/");
-    let ns = cp.namespace(&client, "apf").await;
+    let (client, ns) = cp.client_crds_and_namespace("apf").await;
 
     // The pods, their allocations and their reservations.
     let pods = Api::<Pod>::namespaced(client.clone(), &ns);

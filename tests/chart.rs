@@ -323,9 +323,7 @@ struct Installed {
 
 async fn install_chart(prefix: &str) -> Installed {
     let cp = ControlPlane::shared();
-    let client = cp.client().await;
-    cp.install_crds(&client).await.expect("install crds/");
-    let ns = cp.namespace(&client, prefix).await;
+    let (client, ns) = cp.client_crds_and_namespace(prefix).await;
     let manifest = install_in(cp, &ns).expect("helm install");
     Installed {
         client,

@@ -24,9 +24,7 @@ const LONG_ID: &str = "3f9c2a7be41d5c06a8f1e2d3c4b5a69788796a5b4c3d2e1f0a9b8c7d6
 /// 192.0.2.20 for web-0 (not listed: IPNotOnPod) and 192.0.2.21 for web-0 (kept).
 async fn leaky_namespace(prefix: &str) -> (Client, String) {
     let cp = ControlPlane::shared();
-    let client = cp.client().await;
-    cp.install_crds(&client).await.expect("install crds/");
-    let ns = cp.namespace(&client, prefix).await;
+    let (client, ns) = cp.client_crds_and_namespace(prefix).await;
     let config = r#"{"cniVersion":"0.3.1","type":"macvlan","ipam":{"type":"whereabouts","range":"192.0.2.0/24"}}"#;
     support::create_nad(&client, &ns, "macvlan", config).await;
     let entry = |id: &str, pod: &str| support::allocation(&ns, pod, id);
@@ -225,9 +223,7 @@ async fn scan_prints_each_format_and_exits_like_kubectl_diff() {
 #[tokio::test]
 async fn scan_of_a_clean_namespace_exits_zero_with_kubeconfig_from_the_environment() {
     let cp = ControlPlane::shared();
-    let client = cp.client().await;
-    cp.install_crds(&client).await.expect("install crds/");
-    let ns = cp.namespace(&client, "cli-scan-clean").await;
+    let (_, ns) = cp.client_crds_and_namespace("cli-scan-clean").await;
     let out = Command::new(BIN)
         .args(["scan", "-o", "json", "--whereabouts-namespace", &ns])
         .env("KUBECONFIG", kubeconfig())
@@ -406,9 +402,7 @@ fn ipreclaim_plugin_name_is(name: &str) -> bool {
 #[tokio::test]
 async fn scan_shows_duplicate_addresses_in_their_own_section_and_never_as_releases() {
     let cp = ControlPlane::start_for_test().await;
-    let client = cp.client().await;
-    cp.install_crds(&client).await.expect("install crds/");
-    let ns = cp.namespace(&client, "cli-dup").await;
+    let (client, ns) = cp.client_crds_and_namespace("cli-dup").await;
     let config = r#"{"cniVersion":"0.3.1","type":"macvlan","ipam":{"type":"whereabouts","range":"192.0.2.0/24"}}"#;
     support::create_nad(&client, &ns, "macvlan", config).await;
     // b-0 holds 192.0.2.10 (a-0's entry was removed by hand); both list it.

@@ -57,9 +57,7 @@ impl Env {
     async fn new(prefix: &str, listed: bool, n: u8) -> Env {
         assert!((1..10).contains(&n));
         let cp = ControlPlane::shared();
-        let client = cp.client().await;
-        cp.install_crds(&client).await.expect("install crds/");
-        let ns = cp.namespace(&client, prefix).await;
+        let (client, ns) = cp.client_crds_and_namespace(prefix).await;
         let net = format!("198.18.{n}");
         let env = Env { client, ns, net };
         env.nad("macvlan", None).await;
@@ -370,7 +368,7 @@ async fn unfence_refuses_a_live_pods_address_unless_forced_and_a_dry_run_writes_
         help.contains("--force") && help.contains("live pod's network-status lists"),
         "{help}"
     );
-    let out = env.run_exits("unfence", &["--ip", "192.0.2.12", "--force"], 0);
+    env.run_exits("unfence", &["--ip", "192.0.2.12", "--force"], 0);
     let entries = env.entries(POOL).await;
     assert!(!entries.contains_key("12"), "{entries:?}");
     assert_eq!(entries["10"], fenced(&ns, "a"));
@@ -476,7 +474,7 @@ async fn unfence_all_leaves_no_fenced_entry_record_or_annotation() {
     }
 
     // Nothing left: a second run has nothing to do and says so (0).
-    let out = env.run_exits("unfence", &["--all"], 0);
+    env.run_exits("unfence", &["--all"], 0);
 }
 
 #[tokio::test]
@@ -642,7 +640,7 @@ async fn release_of_an_address_in_several_pools_needs_its_network() {
     assert_eq!(env.reservations().await, ["192.0.2.10", "192.0.2.30"]);
 
     // --pod: every allocation of the pod (gone-0 holds 30 in the macvlan pool).
-    let out = env.run_exits("release", &["--pod", &format!("{ns}/gone-0")], 0);
+    env.run_exits("release", &["--pod", &format!("{ns}/gone-0")], 0);
     assert!(!env.entries(POOL).await.contains_key("30"));
     assert_eq!(env.reservations().await, ["192.0.2.10"]);
 }

@@ -38,9 +38,7 @@ struct NodeEnv {
 impl NodeEnv {
     async fn new(prefix: &str) -> NodeEnv {
         let cp = ControlPlane::shared();
-        let client = cp.client().await;
-        cp.install_crds(&client).await.expect("install crds/");
-        let ns = cp.namespace(&client, prefix).await;
+        let (client, ns) = cp.client_crds_and_namespace(prefix).await;
         let containerd = Containerd::start_for_test().await;
         NodeEnv {
             node: format!("node-{ns}"),

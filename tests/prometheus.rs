@@ -69,9 +69,7 @@ async fn wait_evaluated_after(prom: &Prometheus, since: jiff::Timestamp) {
 #[tokio::test]
 async fn pool_nearly_full_fires_and_resolves_and_every_dashboard_query_runs() {
     let cp = ControlPlane::shared();
-    let client = cp.client().await;
-    cp.install_crds(&client).await.expect("install crds/");
-    let ns = cp.namespace(&client, "prom-alerts").await;
+    let (client, ns) = cp.client_crds_and_namespace("prom-alerts").await;
     // A /28 and its network: 14 addresses to hand out (no network, no broadcast).
     let config = r#"{"cniVersion":"0.3.1","type":"macvlan","master":"eth0","ipam":{"type":"whereabouts","range":"192.0.2.0/28"}}"#;
     support::create_nad(&client, &ns, "macvlan", config).await;

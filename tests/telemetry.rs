@@ -112,11 +112,9 @@ fn flat(line: &str) -> Map<String, Value> {
 }
 
 async fn setup(prefix: &str) -> (Client, String) {
-    let cp = ControlPlane::shared();
-    let client = cp.client().await;
-    cp.install_crds(&client).await.expect("install crds/");
-    let ns = cp.namespace(&client, prefix).await;
-    (client, ns)
+    ControlPlane::shared()
+        .client_crds_and_namespace(prefix)
+        .await
 }
 
 /// A pod listing `ip` on `ns/macvlan`, on `node` if given; its uid.

@@ -34,9 +34,7 @@ pub struct Env {
 impl Env {
     pub async fn new(prefix: &str) -> Env {
         let cp = ControlPlane::shared();
-        let client = cp.client().await;
-        cp.install_crds(&client).await.expect("install crds/");
-        let ns = cp.namespace(&client, prefix).await;
+        let (client, ns) = cp.client_crds_and_namespace(prefix).await;
         Env::with(client, ns)
     }
 
@@ -56,9 +54,7 @@ impl Env {
     /// handle is dropped), with the CRDs and a namespace.
     pub async fn private(prefix: &str) -> (ControlPlane, Env) {
         let cp = ControlPlane::start_for_test().await;
-        let client = cp.client().await;
-        cp.install_crds(&client).await.expect("install crds/");
-        let ns = cp.namespace(&client, prefix).await;
+        let (client, ns) = cp.client_crds_and_namespace(prefix).await;
         (cp, Env::with(client, ns))
     }
 

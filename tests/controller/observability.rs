@@ -58,9 +58,7 @@ async fn every_metric_the_readme_names_is_on_metrics() {
 #[tokio::test]
 async fn text_logs_to_a_pipe_carry_no_colour_codes() {
     let cp = ControlPlane::shared();
-    let client = cp.client().await;
-    cp.install_crds(&client).await.expect("install crds/");
-    let ns = cp.namespace(&client, "ctl-log-colour").await;
+    let (_, ns) = cp.client_crds_and_namespace("ctl-log-colour").await;
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_ipreclaim"))
         .args([
             "controller",

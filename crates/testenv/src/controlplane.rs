@@ -577,6 +577,15 @@ impl ControlPlane {
         install_crds_from(client, &workspace_root().join("crds")).await
     }
 
+    /// An admin client with the CRDs of `crds/` installed, and a fresh namespace named after
+    /// `prefix`: where most tests start. Fails the test if the CRDs cannot be installed.
+    pub async fn client_crds_and_namespace(&self, prefix: &str) -> (Client, String) {
+        let client = self.client().await;
+        self.install_crds(&client).await.expect("install crds/");
+        let ns = self.namespace(&client, prefix).await;
+        (client, ns)
+    }
+
     /// A client that acts as ServiceAccount `namespace/name` (created if missing), with a
     /// token from the TokenRequest API.
     pub async fn service_account_client(
