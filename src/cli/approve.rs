@@ -34,22 +34,10 @@ pub struct ApproveArgs {
 
 /// Runs `approve-hold`.
 pub fn run(args: ApproveArgs) -> ExitCode {
-    ipreclaim::telemetry::init_logging(ipreclaim::telemetry::LogFormat::Text);
-    let done = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(anyhow::Error::from)
-        .and_then(|rt| rt.block_on(approve(&args)));
-    match done {
-        Ok(message) => {
-            println!("{message}");
-            ExitCode::from(exit::OK)
-        }
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::from(exit::ERROR)
-        }
-    }
+    super::writes::run(async {
+        println!("{}", approve(&args).await?);
+        Ok(exit::OK)
+    })
 }
 
 async fn approve(args: &ApproveArgs) -> anyhow::Result<String> {

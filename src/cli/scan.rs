@@ -64,28 +64,11 @@ pub struct ScanArgs {
 
 /// Runs the scan: the report on stdout, errors on stderr; the exit code says what it found.
 pub fn run(args: ScanArgs) -> ExitCode {
-    ipreclaim::telemetry::init_logging(ipreclaim::telemetry::LogFormat::Text);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build();
-    let rows = runtime
-        .map_err(anyhow::Error::from)
-        .and_then(|rt| rt.block_on(rows(&args)));
-    let rows = match rows {
-        Ok(rows) => rows,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            return ExitCode::from(exit::ERROR);
-        }
-    };
-    match render(&rows, args.output, !args.no_headers) {
-        Ok(text) => print!("{text}"),
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            return ExitCode::from(exit::ERROR);
-        }
-    }
-    ExitCode::from(code(&rows))
+    super::writes::run(async {
+        let rows = rows(&args).await?;
+        print!("{}", render(&rows, args.output, !args.no_headers)?);
+        Ok(code(&rows))
+    })
 }
 
 async fn rows(args: &ScanArgs) -> anyhow::Result<Vec<ScanRow>> {

@@ -105,8 +105,8 @@ impl Session {
     }
 }
 
-/// Runs `main` on a runtime of its own, with logs as text on stderr: its exit code, or 2 on an
-/// error (printed).
+/// Runs a command's `main` on a runtime of its own, with logs as text on stderr: its exit
+/// code, or 2 on an error (printed). (Every one-shot command: scan and approve-hold too.)
 pub fn run<F>(main: F) -> ExitCode
 where
     F: std::future::Future<Output = anyhow::Result<u8>>,

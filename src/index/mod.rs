@@ -133,11 +133,14 @@ impl Index {
         now: Instant,
     ) -> Option<Tombstone> {
         let old = self.pods.upsert(podref, uid, seen, now)?;
+        Some(self.bury_live(podref, old, now))
+    }
+
+    /// Buries `live`, a pod gone as last known, with the entries of `podref` held now.
+    fn bury_live(&mut self, podref: &str, live: LiveInfo, now: Instant) -> Tombstone {
         let held = self.pools.held_by(podref);
-        Some(
-            self.pods
-                .bury(podref, old.uid, old.networks, old.node, held, now),
-        )
+        self.pods
+            .bury(podref, live.uid, live.networks, live.node, held, now)
     }
 
     /// Records a deleted pod (from its final state); returns the tombstone.
@@ -158,11 +161,7 @@ impl Index {
     /// A pod that vanished without a Delete event (watch gap): tombstone from what was known.
     pub fn vanish_pod(&mut self, podref: &str, uid: &str, now: Instant) -> Option<Tombstone> {
         let live = self.pods.remove_live(podref, uid)?;
-        let held = self.pools.held_by(podref);
-        Some(
-            self.pods
-                .bury(podref, live.uid, live.networks, live.node, held, now),
-        )
+        Some(self.bury_live(podref, live, now))
     }
 
     /// Records, on the tombstones of `podref` just made, why their node was not trusted then.

@@ -198,6 +198,18 @@ mod tests {
     }
 
     /// The plan for `sandbox`'s entries among `entries` of pod `ns/web-0` living as `live`.
+    /// The plan of a running pod listing no network, with entries 5 (net1) and 6 (net2) of its
+    /// sandbox `sb`: both released.
+    fn two_releases() -> PoolPlan {
+        let live = LivePod {
+            uid: "u",
+            phase: PodPhase::Running,
+            networks: Some(&[]),
+        };
+        let entries = vec![entry("5", "sb", "net1"), entry("6", "sb", "net2")];
+        plan_for("sb", live, entries)
+    }
+
     fn plan_for(sandbox: &str, live: LivePod<'_>, entries: Vec<PoolEntry>) -> PoolPlan {
         let pod = PodRef::from_podref("ns/web-0", "u".into());
         plan_pool(
@@ -276,13 +288,7 @@ mod tests {
 
     #[test]
     fn the_writers_answers_are_tallied_by_network_and_a_failure_is_kept() {
-        let live = LivePod {
-            uid: "u",
-            phase: PodPhase::Running,
-            networks: Some(&[]),
-        };
-        let entries = vec![entry("5", "sb", "net1"), entry("6", "sb", "net2")];
-        let plan = plan_for("sb", live, entries);
+        let plan = two_releases();
         assert_eq!(plan.releases.len(), 2);
         let answers = [
             Ok(ReleaseOutcome::Released),
@@ -302,13 +308,7 @@ mod tests {
     /// count) but its reservation is not deleted.
     #[test]
     fn a_release_into_cooldown_counts_as_released_and_keeps_its_reservation() {
-        let live = LivePod {
-            uid: "u",
-            phase: PodPhase::Running,
-            networks: Some(&[]),
-        };
-        let entries = vec![entry("5", "sb", "net1"), entry("6", "sb", "net2")];
-        let mut plan = plan_for("sb", live, entries);
+        let mut plan = two_releases();
         let now: jiff::Timestamp = "2026-11-25T10:00:00Z".parse().unwrap();
         crate::release::types::set_cooldowns(
             &mut plan.releases,
