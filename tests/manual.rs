@@ -541,8 +541,7 @@ async fn release_with_a_cooldown_marks_the_entry_and_keeps_the_reservation() {
     let args = ["--ip", "192.0.2.30", "--release-cooldown", "10m"];
 
     let before = env.pool_now(POOL).await.metadata.resource_version;
-    let out = env.run("release", &[&args[..], &["--dry-run"]].concat());
-    assert_eq!(code(&out), 0, "{}", explain(&out));
+    let out = env.run_exits("release", &[&args[..], &["--dry-run"]].concat(), 0);
     assert!(
         stdout(&out).contains("would release 192.0.2.30 (pool 192.0.2.0-24)")
             && stdout(&out).contains("would keep it out of the pool for 10m (release cooldown")
@@ -554,8 +553,7 @@ async fn release_with_a_cooldown_marks_the_entry_and_keeps_the_reservation() {
     assert_eq!(env.all_events().await, 0);
 
     let started = jiff::Timestamp::now();
-    let out = env.run("release", &args);
-    assert_eq!(code(&out), 0, "{}", explain(&out));
+    let out = env.run_exits("release", &args, 0);
     assert!(
         stdout(&out).contains("released 192.0.2.30 (pool 192.0.2.0-24) into its cooldown until"),
         "{}",
@@ -583,16 +581,14 @@ async fn release_with_a_cooldown_marks_the_entry_and_keeps_the_reservation() {
         "{events:?}"
     );
     // Released again: a cooling address is refused without --force...
-    let out = env.run("release", &["--ip", "192.0.2.30"]);
-    assert_eq!(code(&out), 1, "{}", explain(&out));
+    let out = env.run_exits("release", &["--ip", "192.0.2.30"], 1);
     assert!(
         stdout(&out).contains("192.0.2.30 is cooling"),
         "{}",
         explain(&out)
     );
     // ...and with it the cooldown ends now, never into another one: entry and reservation go.
-    let out = env.run("release", &[&args[..], &["--force"]].concat());
-    assert_eq!(code(&out), 0, "{}", explain(&out));
+    let out = env.run_exits("release", &[&args[..], &["--force"]].concat(), 0);
     assert!(
         !env.entries(POOL).await.contains_key("30"),
         "{}",
