@@ -102,6 +102,15 @@ fn flags_in(args: &[String]) -> BTreeSet<String> {
         .collect()
 }
 
+/// The long flags of `cmd` that `args` does not give, but for `unless` (given only when set).
+fn missing_flags(cmd: clap::Command, args: &[String], unless: &[&str]) -> Vec<String> {
+    long_flags(cmd)
+        .difference(&flags_in(args))
+        .filter(|f| !unless.contains(&f.as_str()))
+        .cloned()
+        .collect()
+}
+
 #[test]
 fn the_charts_crds_are_the_repositorys_crds() {
     let root = chart_dir().join("../..");
@@ -136,12 +145,12 @@ fn helm_lint_and_template_pass_and_every_flag_is_reachable() {
     assert_eq!(deployment["spec"]["replicas"], 2);
     let controller_args = args_of(deployment);
     assert_eq!(controller_args[0], "controller");
-    let mut missing: Vec<_> = long_flags(ControllerCli::command())
-        .difference(&flags_in(&controller_args))
-        .cloned()
-        .collect();
     // Only given when on or set (checked below).
-    missing.retain(|f| f != "--dry-run" && f != "--fence-timeout");
+    let missing = missing_flags(
+        ControllerCli::command(),
+        &controller_args,
+        &["--dry-run", "--fence-timeout"],
+    );
     assert!(
         missing.is_empty(),
         "controller flags not set from values: {missing:?}"
@@ -172,12 +181,12 @@ fn helm_lint_and_template_pass_and_every_flag_is_reachable() {
     let daemonset = find(&docs, "DaemonSet", "-node-agent");
     let agent_args = args_of(daemonset);
     assert_eq!(agent_args[0], "node-agent");
-    let mut missing: Vec<_> = long_flags(NodeCli::command())
-        .difference(&flags_in(&agent_args))
-        .cloned()
-        .collect();
     // The node name comes from the downward API; --dry-run only when on (checked below).
-    missing.retain(|f| f != "--node-name" && f != "--dry-run");
+    let missing = missing_flags(
+        NodeCli::command(),
+        &agent_args,
+        &["--node-name", "--dry-run"],
+    );
     assert!(
         missing.is_empty(),
         "node-agent flags not set from values: {missing:?}"
