@@ -73,15 +73,23 @@ fn events(client: kube::Client, m: &WriteMetrics) -> Events {
     Events::new(client, "test", budgets, m.clone())
 }
 
-#[tokio::test]
-async fn events_that_fail_while_the_apiserver_is_unavailable_are_retried_not_lost() {
+/// Publishes `n` release Events (pods p-0.., addresses 192.0.2.0..) to an apiserver that
+/// answers the first `fail` creates with `status`. Returns the creates that went through, the
+/// metrics, and the publisher (kept while the test waits).
+async fn publish(n: usize, fail: usize, status: u16) -> (Arc<AtomicUsize>, WriteMetrics, Events) {
     let created = Arc::new(AtomicUsize::new(0));
     let m = metrics();
-    let events = events(apiserver(5, 503, created.clone()), &m);
-    for i in 0..50 {
+    let events = events(apiserver(fail, status, created.clone()), &m);
+    for i in 0..n {
         let ip = format!("192.0.2.{i}").parse().unwrap();
         events.released(&pod(i), &[ip], "ns/net").await;
     }
+    (created, m, events)
+}
+
+#[tokio::test]
+async fn events_that_fail_while_the_apiserver_is_unavailable_are_retried_not_lost() {
+    let (created, m, _events) = publish(50, 5, 503).await;
     wait_for("every event published", || async {
         m.events_published.get() == 50
     })
@@ -92,13 +100,7 @@ async fn events_that_fail_while_the_apiserver_is_unavailable_are_retried_not_los
 
 #[tokio::test]
 async fn an_event_the_apiserver_refuses_is_dropped_and_counted() {
-    let created = Arc::new(AtomicUsize::new(0));
-    let m = metrics();
-    let events = events(apiserver(1, 422, created.clone()), &m);
-    for i in 0..3 {
-        let ip = format!("192.0.2.{i}").parse().unwrap();
-        events.released(&pod(i), &[ip], "ns/net").await;
-    }
+    let (_, m, _events) = publish(3, 1, 422).await;
     wait_for("two published, one dropped", || async {
         m.events_published.get() == 2 && m.events_dropped.get() == 1
     })
@@ -107,13 +109,7 @@ async fn an_event_the_apiserver_refuses_is_dropped_and_counted() {
 
 #[tokio::test]
 async fn a_429_pauses_for_its_retry_after_and_the_event_is_sent_again() {
-    let created = Arc::new(AtomicUsize::new(0));
-    let m = metrics();
-    let events = events(apiserver(2, 429, created.clone()), &m);
-    for i in 0..3 {
-        let ip = format!("192.0.2.{i}").parse().unwrap();
-        events.released(&pod(i), &[ip], "ns/net").await;
-    }
+    let (created, m, _events) = publish(3, 2, 429).await;
     wait_for("every event published", || async {
         m.events_published.get() == 3
     })
