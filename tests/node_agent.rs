@@ -57,10 +57,7 @@ impl NodeEnv {
     async fn new_chart(prefix: &str) -> NodeEnv {
         let mut env = NodeEnv::new(&format!("{prefix}-sa")).await;
         let cp = ControlPlane::shared();
-        testenv::helm::install_in(cp, &env.ns).expect("helm install");
-        env.chart = Some(
-            testenv::helm::service_account_client(cp, &env.client, &env.ns, "node-agent").await,
-        );
+        env.chart = Some(testenv::helm::install_as(cp, &env.client, &env.ns, "node-agent").await);
         env
     }
 

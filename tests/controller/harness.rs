@@ -43,10 +43,7 @@ impl Env {
     pub async fn new_chart(prefix: &str) -> Env {
         let mut env = Env::new(&format!("{prefix}-sa")).await;
         let cp = ControlPlane::shared();
-        testenv::helm::install_in(cp, &env.ns).expect("helm install");
-        env.chart = Some(
-            testenv::helm::service_account_client(cp, &env.client, &env.ns, "controller").await,
-        );
+        env.chart = Some(testenv::helm::install_as(cp, &env.client, &env.ns, "controller").await);
         env
     }
 

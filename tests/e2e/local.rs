@@ -48,9 +48,7 @@ impl Local {
         cp.install_crds(&client).await.expect("install crds/");
         let short: String = prefix.chars().take(20).collect();
         let ns = cp.namespace(&client, &short).await;
-        testenv::helm::install_in(cp, &ns).expect("helm install");
-        let controller_client =
-            testenv::helm::service_account_client(cp, &client, &ns, "controller").await;
+        let controller_client = testenv::helm::install_as(cp, &client, &ns, "controller").await;
         create_nad(&client, &ns, &macvlan_config()).await;
         support::create_pool(&client, &ns, POOL, RANGE, BTreeMap::new()).await;
         let mut local = Local {

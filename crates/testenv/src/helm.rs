@@ -99,6 +99,18 @@ pub fn service_account(ns: &str, component: &str) -> String {
     format!("{ns}-ipreclaim-{component}")
 }
 
+/// Installs the chart into the test namespace `ns` ([`install_in`]) and returns a client acting
+/// as its ServiceAccount of `component` (`controller` or `node-agent`).
+pub async fn install_as(
+    cp: &ControlPlane,
+    admin: &kube::Client,
+    ns: &str,
+    component: &str,
+) -> kube::Client {
+    install_in(cp, ns).expect("helm install");
+    service_account_client(cp, admin, ns, component).await
+}
+
 /// A client acting as that ServiceAccount, with its own token.
 pub async fn service_account_client(
     cp: &ControlPlane,
