@@ -40,8 +40,8 @@ async fn fenced_event_versions(c: &Cluster) -> Vec<(String, String)> {
         .collect()
 }
 
-/// The pool's fence records (`IPFence` objects in the pools' namespace) as "name=spec".
-async fn fence_records(c: &Cluster) -> Vec<String> {
+/// The pool's fence records (`IPFence` objects in the pools' namespace).
+async fn fences(c: &Cluster) -> Vec<IPFence> {
     Api::<IPFence>::namespaced(c.client().clone(), c.pool_ns())
         .list(&Default::default())
         .await
@@ -49,6 +49,14 @@ async fn fence_records(c: &Cluster) -> Vec<String> {
         .items
         .into_iter()
         .filter(|f| f.spec.pool == c.pool())
+        .collect()
+}
+
+/// The pool's fence records as "name=spec".
+async fn fence_records(c: &Cluster) -> Vec<String> {
+    fences(c)
+        .await
+        .into_iter()
         .map(|f| {
             let spec = serde_json::to_string(&f.spec).unwrap();
             format!("{}={spec}", f.metadata.name.unwrap_or_default())
@@ -418,15 +426,7 @@ async fn a_fence_lifts_on_the_node_agents_evidence_once_the_old_sandbox_is_gone(
     let client = c.client().clone();
     set_chart_values(node, &client, &["controller.fence.settle=10m"]).await;
     let (ip, id) = fenced_web_0(&mut c).await;
-    let fences = Api::<IPFence>::namespaced(client.clone(), c.pool_ns());
-    let fence = fences
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .find(|f| f.spec.pool == c.pool())
-        .expect("web-0's fence");
+    let fence = fences(&c).await.into_iter().next().expect("web-0's fence");
     assert_eq!(
         fence.status.and_then(|s| s.sandboxes_gone),
         None,
