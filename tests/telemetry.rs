@@ -29,7 +29,7 @@ struct Proc {
 }
 
 impl Proc {
-    fn spawn(args: &[String], env: &[(&str, &str)]) -> Proc {
+    fn spawn<S: AsRef<std::ffi::OsStr>>(args: &[S], env: &[(&str, &str)]) -> Proc {
         let mut cmd = tokio::process::Command::new(BIN);
         cmd.args(args)
             .env_remove("RUST_LOG")
@@ -225,7 +225,11 @@ async fn json_logs_are_flat_and_a_release_and_a_fence_each_leave_an_audit_line()
     let web_uid = pod(&client, &ns, "web-0", "192.0.2.10", None).await;
     let db_uid = pod(&client, &ns, "db-0", "192.0.2.11", Some(&node)).await;
 
-    let args: Vec<String> = [
+    let (wns, lns) = (
+        format!("--whereabouts-namespace={ns}"),
+        format!("--lease-namespace={ns}"),
+    );
+    let args = [
         "controller",
         "--log-format=json",
         "--metrics-addr=[::]:0",
@@ -234,14 +238,9 @@ async fn json_logs_are_flat_and_a_release_and_a_fence_each_leave_an_audit_line()
         "--sweep-interval=1h",
         "--leak-grace=1h",
         "--fence-settle=1h",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .chain([
-        format!("--whereabouts-namespace={ns}"),
-        format!("--lease-namespace={ns}"),
-    ])
-    .collect();
+        &wns,
+        &lns,
+    ];
     let mut controller = Proc::spawn(&args, &[]);
     let addr = controller.metrics_addr("controller starting").await;
     controller
@@ -318,19 +317,18 @@ async fn json_logs_are_flat_and_a_release_and_a_fence_each_leave_an_audit_line()
 #[tokio::test]
 async fn the_node_agent_serves_build_info_and_process_metrics_on_both_families() {
     let (_client, ns) = setup("tel-agent").await;
-    let args: Vec<String> = [
+    let (node, wns) = (
+        format!("--node-name={ns}-node"),
+        format!("--whereabouts-namespace={ns}"),
+    );
+    let args = [
         "node-agent",
         "--log-format=json",
         "--metrics-addr=[::]:0",
         "--cri-endpoint=unix:///nonexistent/ipreclaim-test.sock",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .chain([
-        format!("--node-name={ns}-node"),
-        format!("--whereabouts-namespace={ns}"),
-    ])
-    .collect();
+        &node,
+        &wns,
+    ];
     let mut agent = Proc::spawn(&args, &[]);
     let addr = agent.metrics_addr("node agent starting").await;
     metrics_both_ways(addr, "node agent").await;
@@ -340,8 +338,7 @@ async fn the_node_agent_serves_build_info_and_process_metrics_on_both_families()
 
 /// Runs the binary to its end; (exit code, stderr lines).
 async fn run_to_end(args: &[&str], env: &[(&str, &str)]) -> (i32, Vec<String>) {
-    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    let mut p = Proc::spawn(&args, env);
+    let mut p = Proc::spawn(args, env);
     let status = tokio::time::timeout(testenv::poll::WAIT, p.child.wait())
         .await
         .expect("the binary exits")
