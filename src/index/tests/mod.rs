@@ -172,6 +172,19 @@ fn decisions(ix: &Index, podref: &str) -> Vec<Decision> {
         .collect()
 }
 
+/// A whole re-list of `objects` (begin, each listed, done) through `relist`; every effect.
+fn relisted<K: Kind>(
+    relist: &mut Relist<K>,
+    store: &mut K::Store,
+    objects: impl IntoIterator<Item = K::Object>,
+) -> Vec<K::Effect> {
+    let listed = objects.into_iter().map(Step::Listed);
+    let steps = std::iter::once(Step::Begin)
+        .chain(listed)
+        .chain([Step::Done]);
+    feed(relist, store, steps)
+}
+
 /// Feeds `steps` to `store` through one driver; returns every effect.
 fn feed<K: Kind>(
     relist: &mut Relist<K>,

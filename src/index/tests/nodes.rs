@@ -12,15 +12,13 @@ use crate::reclaim::fence::{FencePolicy, Lift, Moment, lift};
 fn a_pod_of_a_node_that_is_not_ready_is_distrusted_from_the_moment_the_node_is_seen() {
     let mut v = NodeIndex::default();
     let mut r = Relist::<Nodes>::default();
-    let transitions = feed(
+    let transitions = relisted(
         &mut r,
         &mut v,
         [
-            Step::Begin,
-            Step::Listed(node("a", Some("True"))),
-            Step::Listed(node("b", Some("Unknown"))),
-            Step::Listed(node("c", None)),
-            Step::Done,
+            node("a", Some("True")),
+            node("b", Some("Unknown")),
+            node("c", None),
         ],
     );
     assert_eq!(transitions.len(), 2, "b and c are seen not Ready");
@@ -51,15 +49,7 @@ fn a_pod_of_a_node_that_is_not_ready_is_distrusted_from_the_moment_the_node_is_s
     assert_eq!(v.distrust(Some("b")), None);
 
     // A re-list that no longer lists "c" forgets it; "a" is Ready again.
-    let back = feed(
-        &mut r,
-        &mut v,
-        [
-            Step::Begin,
-            Step::Listed(node("a", Some("True"))),
-            Step::Done,
-        ],
-    );
+    let back = relisted(&mut r, &mut v, [node("a", Some("True"))]);
     assert_eq!(back, [Transition::ReadyAgain { node: "a".into() }]);
     assert_eq!((v.distrust(Some("c")), v.unready()), (None, 0));
 }

@@ -23,15 +23,13 @@ fn pods_gone_across_a_relist_become_tombstones() {
         ("12", "sb-c", "ns/c"),
     ]));
     let mut r = Relist::<Pods>::default();
-    let listed = feed(
+    let listed = relisted(
         &mut r,
         &mut ix,
         [
-            Step::Begin,
-            Step::Listed(pod("a", "uid-a", Some("192.0.2.10"))),
-            Step::Listed(pod("b", "uid-b", Some("192.0.2.11"))),
-            Step::Listed(pod("c", "uid-c", Some("192.0.2.12"))),
-            Step::Done,
+            pod("a", "uid-a", Some("192.0.2.10")),
+            pod("b", "uid-b", Some("192.0.2.11")),
+            pod("c", "uid-c", Some("192.0.2.12")),
         ],
     );
     assert_eq!(listed, []);
@@ -82,14 +80,12 @@ fn a_deleted_pods_node_and_a_finished_pods_phase_come_from_the_pod_watch() {
     let mut ix = Index::default();
     ix.upsert_pool(&pool(&[("10", "sb-a", "ns/a"), ("11", "sb-b", "ns/b")]));
     let mut r = Relist::<Pods>::default();
-    feed(
+    relisted(
         &mut r,
         &mut ix,
         [
-            Step::Begin,
-            Step::Listed(pod("a", "uid-a", Some("192.0.2.10"))),
-            Step::Listed(pod("b", "uid-b", Some("192.0.2.11"))),
-            Step::Done,
+            pod("a", "uid-a", Some("192.0.2.10")),
+            pod("b", "uid-b", Some("192.0.2.11")),
         ],
     );
     assert_eq!(
@@ -116,7 +112,7 @@ fn a_deleted_pods_node_and_a_finished_pods_phase_come_from_the_pod_watch() {
     assert_eq!(node(&ix, "ns/a", "other"), None);
 
     // "b" vanishes in a gap: its tombstone keeps its node too.
-    feed(&mut r, &mut ix, [Step::Begin, Step::Done]);
+    relisted(&mut r, &mut ix, []);
     assert_eq!(node(&ix, "ns/b", "uid-b").as_deref(), Some("node-a"));
 }
 

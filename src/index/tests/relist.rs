@@ -33,28 +33,22 @@ fn invalid_names(ix: &Index) -> Vec<String> {
 fn pools_not_listed_again_are_forgotten_with_their_podrefs_and_invalid_reports() {
     let mut ix = Index::default();
     let mut r = Relist::<Pools>::default();
-    feed(
+    relisted(
         &mut r,
         &mut ix,
         [
-            Step::Begin,
-            Step::Listed(Lenient::Valid(pool_named("a", &[("1", "sb", "ns/x")]))),
-            Step::Listed(Lenient::Valid(pool_named("b", &[("2", "sb", "ns/y")]))),
-            Step::Listed(invalid("ns", "bad")),
-            Step::Done,
+            Lenient::Valid(pool_named("a", &[("1", "sb", "ns/x")])),
+            Lenient::Valid(pool_named("b", &[("2", "sb", "ns/y")])),
+            invalid("ns", "bad"),
         ],
     );
     assert!(ix.pools().listed());
     assert_eq!(invalid_names(&ix), ["bad"]);
     assert!(ix.pools().has_allocations("ns/x"));
-    feed(
+    relisted(
         &mut r,
         &mut ix,
-        [
-            Step::Begin,
-            Step::Listed(Lenient::Valid(pool_named("b", &[("2", "sb", "ns/y")]))),
-            Step::Done,
-        ],
+        [Lenient::Valid(pool_named("b", &[("2", "sb", "ns/y")]))],
     );
     let mut names: Vec<&String> = ix.pools().all().keys().collect();
     names.sort();
@@ -83,15 +77,13 @@ fn a_pool_that_stops_fitting_is_forgotten_and_reported_and_comes_back_when_it_fi
 fn reservations_and_fences_not_listed_again_are_forgotten() {
     let mut ix = Index::default();
     let mut reservations = Relist::<Reservations>::default();
-    feed(
+    relisted(
         &mut reservations,
         &mut ix,
         [
-            Step::Begin,
-            Step::Listed(Lenient::Valid(reservation("192.0.2.1", "ns/a"))),
-            Step::Listed(Lenient::Valid(reservation("192.0.2.2", "ns/b"))),
-            Step::Listed(invalid("ns", "192.0.2.3")),
-            Step::Done,
+            Lenient::Valid(reservation("192.0.2.1", "ns/a")),
+            Lenient::Valid(reservation("192.0.2.2", "ns/b")),
+            invalid("ns", "192.0.2.3"),
         ],
     );
     let vanished = reservations
@@ -129,22 +121,9 @@ fn reservations_and_fences_not_listed_again_are_forgotten() {
         Lenient::Valid(f)
     };
     let mut fences = Relist::<Fences>::default();
-    feed(
-        &mut fences,
-        &mut ix,
-        [
-            Step::Begin,
-            Step::Listed(fence("p-5", "5")),
-            Step::Listed(fence("p-6", "6")),
-            Step::Done,
-        ],
-    );
+    relisted(&mut fences, &mut ix, [fence("p-5", "5"), fence("p-6", "6")]);
     assert_eq!(ix.fence_objects().names().len(), 2);
-    feed(
-        &mut fences,
-        &mut ix,
-        [Step::Begin, Step::Listed(fence("p-6", "6")), Step::Done],
-    );
+    relisted(&mut fences, &mut ix, [fence("p-6", "6")]);
     assert_eq!(ix.fence_objects().names(), ["p-6"]);
 }
 
@@ -152,22 +131,20 @@ fn reservations_and_fences_not_listed_again_are_forgotten() {
 fn nads_not_listed_again_are_forgotten_usable_or_not() {
     let mut ix = Index::default();
     let mut r = Relist::<Nads>::default();
-    feed(
+    relisted(
         &mut r,
         &mut ix,
         [
-            Step::Begin,
-            Step::Listed(Lenient::Valid(nad("a", r#""range":"192.0.2.0/24""#))),
-            Step::Listed(Lenient::Valid(nad("b", r#""range":"bad""#))),
-            Step::Listed(invalid("ns", "c")),
-            Step::Done,
+            Lenient::Valid(nad("a", r#""range":"192.0.2.0/24""#)),
+            Lenient::Valid(nad("b", r#""range":"bad""#)),
+            invalid("ns", "c"),
         ],
     );
     let mut keys = ix.networks().keys();
     keys.sort();
     assert_eq!(keys, ["ns/a", "ns/b"]);
     assert_eq!(invalid_names(&ix), ["c"]);
-    feed(&mut r, &mut ix, [Step::Begin, Step::Done]);
+    relisted(&mut r, &mut ix, []);
     assert!(ix.networks().keys().is_empty());
     assert!(ix.networks().errors().is_empty());
     assert!(invalid_names(&ix).is_empty());
