@@ -26,6 +26,12 @@ fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
+/// A duplicate as [`found`] reports it: `address` on `ns/net`, listed by `podrefs`.
+fn net_dup(address: &str, podrefs: &[&str]) -> (String, IpAddr, Vec<String>) {
+    let podrefs = podrefs.iter().map(|p| p.to_string()).collect();
+    ("ns/net".to_string(), ip(address), podrefs)
+}
+
 /// (network, address, podrefs) of each duplicate.
 fn found(ix: &Index) -> Vec<(String, IpAddr, Vec<String>)> {
     ix.duplicates()
@@ -90,11 +96,7 @@ fn three_pods_are_one_duplicate_and_a_bare_network_name_is_in_the_pods_namespace
     listing(&mut ix, "c", &on("ns/net", &["192.0.2.10"]));
     assert_eq!(
         found(&ix),
-        [(
-            "ns/net".to_string(),
-            ip("192.0.2.10"),
-            vec!["ns/a".to_string(), "ns/b".into(), "ns/c".into()]
-        )]
+        [net_dup("192.0.2.10", &["ns/a", "ns/b", "ns/c"])]
     );
     // A whereabouts NAD, no pool yet: the duplicate names none (its Events go on the NAD).
     assert_eq!(ix.duplicates().found[0].pool, None);
@@ -145,14 +147,7 @@ fn one_address_on_two_networks_or_twice_on_one_pod_is_no_duplicate() {
     assert_eq!(found(&ix), []);
     // One more on a's network: a and e only.
     listing(&mut ix, "e", &on("ns/net", &["192.0.2.10"]));
-    assert_eq!(
-        found(&ix),
-        [(
-            "ns/net".to_string(),
-            ip("192.0.2.10"),
-            vec!["ns/a".to_string(), "ns/e".into()]
-        )]
-    );
+    assert_eq!(found(&ix), [net_dup("192.0.2.10", &["ns/a", "ns/e"])]);
 }
 
 #[test]
@@ -165,8 +160,7 @@ fn a_terminal_or_deleted_pod_is_no_duplicate() {
 
     // b finishes (Succeeded): its address is a terminal pod's, not a live duplicate.
     let status = on("ns/net", &["192.0.2.10"]);
-    let annotations =
-        BTreeMap::from([(crate::ipam::NETWORK_STATUS_ANNOTATION.to_string(), status)]);
+    let annotations = network_status(&status);
     let done = PodSeen {
         annotations: Some(&annotations),
         terminal: true,
@@ -197,16 +191,8 @@ fn ipv6_addresses_compare_in_canonical_form() {
     assert_eq!(
         found(&ix),
         [
-            (
-                "ns/net".to_string(),
-                ip("192.0.2.10"),
-                vec!["ns/c".to_string(), "ns/d".into()]
-            ),
-            (
-                "ns/net".to_string(),
-                ip("2001:db8::a"),
-                vec!["ns/a".to_string(), "ns/b".into()]
-            ),
+            net_dup("192.0.2.10", &["ns/c", "ns/d"]),
+            net_dup("2001:db8::a", &["ns/a", "ns/b"]),
         ]
     );
 }
