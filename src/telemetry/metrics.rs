@@ -61,8 +61,21 @@ pub struct VerbLabel {
     pub verb: String,
 }
 
-fn labels<L: From<String>>(s: &str) -> L {
+/// The label set of one label `s` (`ReasonLabel`, `KindLabel`, ...).
+pub(super) fn labels<L: From<String>>(s: &str) -> L {
     L::from(s.to_string())
+}
+
+/// Creates the series of `family` for each of `values` at 0: a family without series is not on
+/// /metrics at all, and rate() and alerts need the zero.
+pub(super) fn zero<'a, L, M>(family: &Family<L, M>, values: impl IntoIterator<Item = &'a str>)
+where
+    L: From<String> + Clone + std::hash::Hash + Eq,
+    M: Default,
+{
+    for value in values {
+        let _ = family.get_or_create(&labels(value));
+    }
 }
 
 impl From<String> for ReasonLabel {
@@ -154,18 +167,12 @@ impl WriteMetrics {
             pool_patch_seconds: Histogram::new(LATENCY_BUCKETS),
             pool_patch_entries: Histogram::new(BATCH_BUCKETS),
         };
-        // Every known series from the start at 0: a family without series is not on /metrics
-        // at all, and rate() and alerts need the zero.
-        for reason in crate::reclaim::Reason::ALL {
-            let _ = m.releases.get_or_create(&labels(reason.as_str()));
-            let _ = m.dry_run_releases.get_or_create(&labels(reason.as_str()));
-        }
-        for cause in FAILURE_CAUSES {
-            let _ = m.failures.get_or_create(&labels(cause));
-        }
-        for verb in ["patch", "delete"] {
-            let _ = m.api_writes.get_or_create(&labels(verb));
-        }
+        // Every known series from the start at 0.
+        let reasons = crate::reclaim::Reason::ALL.map(|r| r.as_str());
+        zero(&m.releases, reasons);
+        zero(&m.dry_run_releases, reasons);
+        zero(&m.failures, FAILURE_CAUSES);
+        zero(&m.api_writes, ["patch", "delete"]);
         m.register_releases(r);
         m.register_writes(r);
         m
@@ -386,17 +393,14 @@ impl ControllerMetrics {
             "Node agent reports on fences that did not count (another node, pod or fence; malformed), by reason",
             self.fence_evidence_rejected.clone(),
         );
-        for reason in [
+        let reasons = [
             "unbound",
             "malformed",
             "wrong_node",
             "wrong_pod",
             "other_fence",
-        ] {
-            let _ = self.fence_evidence_rejected.get_or_create(&ReasonLabel {
-                reason: reason.into(),
-            });
-        }
+        ];
+        zero(&self.fence_evidence_rejected, reasons);
     }
 
     /// Pools and the sweep: allocations, unreadable entries, candidates, holds.

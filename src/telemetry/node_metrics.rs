@@ -9,13 +9,19 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use super::metrics::KindLabel;
+use super::metrics::{KindLabel, labels, zero};
 
 /// A CRI `method` label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MethodLabel {
     /// The CRI method.
     pub method: String,
+}
+
+impl From<String> for MethodLabel {
+    fn from(method: String) -> Self {
+        MethodLabel { method }
+    }
 }
 
 /// An `outcome` label.
@@ -25,11 +31,23 @@ pub struct OutcomeLabel {
     pub outcome: String,
 }
 
+impl From<String> for OutcomeLabel {
+    fn from(outcome: String) -> Self {
+        OutcomeLabel { outcome }
+    }
+}
+
 /// A `state` label (a fenced pod's lifecycle state).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabel {
     /// The state.
     pub state: String,
+}
+
+impl From<String> for StateLabel {
+    fn from(state: String) -> Self {
+        StateLabel { state }
+    }
 }
 
 /// Every node agent metric.
@@ -88,22 +106,10 @@ impl NodeMetrics {
         super::process::register(registry);
         let r = registry.sub_registry_with_prefix("ipreclaim_node");
         r.register("cri_calls", "CRI calls, by method", m.cri_calls.clone());
-        for state in ["terminating", "terminated", "finished"] {
-            let _ = m.fenced_pods.get_or_create(&StateLabel {
-                state: state.into(),
-            });
-        }
-        for outcome in ["reported", "failed"] {
-            let _ = m.fence_reports.get_or_create(&OutcomeLabel {
-                outcome: outcome.into(),
-            });
-        }
-        // Known series at 0 from the start: an empty family is not on /metrics at all.
-        for kind in EventKind::SENT {
-            let _ = m.pleg_events.get_or_create(&KindLabel {
-                kind: kind.as_str().into(),
-            });
-        }
+        // Known series at 0 from the start.
+        zero(&m.fenced_pods, ["terminating", "terminated", "finished"]);
+        zero(&m.fence_reports, ["reported", "failed"]);
+        zero(&m.pleg_events, EventKind::SENT.iter().map(|k| k.as_str()));
         m.register_pleg(r);
         m.register_sandboxes(r);
         m
@@ -179,11 +185,7 @@ impl NodeMetrics {
 
     /// Creates the dead-sandbox outcome series at 0 (the labels are the node agent's).
     pub fn zero_outcomes(&self, outcomes: &[&str]) {
-        for outcome in outcomes {
-            let _ = self.dead_sandboxes.get_or_create(&OutcomeLabel {
-                outcome: (*outcome).into(),
-            });
-        }
+        zero(&self.dead_sandboxes, outcomes.iter().copied());
     }
 
     /// Records one relist (the PLEG's observer).
@@ -208,19 +210,11 @@ impl NodeMetrics {
 
     /// Counts a PLEG event handled.
     pub fn pleg_event(&self, kind: EventKind) {
-        self.pleg_events
-            .get_or_create(&KindLabel {
-                kind: kind.as_str().into(),
-            })
-            .inc();
+        self.pleg_events.get_or_create(&labels(kind.as_str())).inc();
     }
 
     /// Counts a dead sandbox handled.
     pub fn sandbox_outcome(&self, outcome: &str) {
-        self.dead_sandboxes
-            .get_or_create(&OutcomeLabel {
-                outcome: outcome.into(),
-            })
-            .inc();
+        self.dead_sandboxes.get_or_create(&labels(outcome)).inc();
     }
 }
