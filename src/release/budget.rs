@@ -158,6 +158,28 @@ impl Budgets {
     }
 }
 
+impl Budgets {
+    /// [`send`](Self::send)s one write of `kind`, counting each request it sends as an API
+    /// write of `verb` in `metrics`.
+    pub async fn send_counted<T, F, Fut>(
+        &self,
+        kind: WriteKind,
+        metrics: &WriteMetrics,
+        verb: &str,
+        mut write: F,
+    ) -> Result<T, kube::Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, kube::Error>>,
+    {
+        let write = || {
+            metrics.write(verb);
+            write()
+        };
+        self.send(kind, write).await
+    }
+}
+
 /// The delay a `429` asks for (its `Retry-After`, which the apiserver also puts in the
 /// Status details), within bounds.
 fn retry_after(status: &Status) -> Duration {

@@ -54,7 +54,8 @@ impl Writer {
         };
         let api: Api<IPFence> = Api::namespaced(self.client.clone(), &self.namespace);
         let result = self
-            .counted(WriteKind::Reservation, "delete", || {
+            .budgets
+            .send_counted(WriteKind::Reservation, &self.metrics, "delete", || {
                 api.delete(&name, &params)
             })
             .await;

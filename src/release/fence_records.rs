@@ -81,7 +81,8 @@ impl Writer {
                 crate::ipam::fence::node_label_value(&spec.node),
             )]));
             let created = self
-                .counted(WriteKind::Reservation, "create", || {
+                .budgets
+                .send_counted(WriteKind::Reservation, &self.metrics, "create", || {
                     api.create(&params, &object)
                 })
                 .await;

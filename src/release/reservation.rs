@@ -204,7 +204,10 @@ impl Writer {
         );
         let params = PostParams::default();
         let created = self
-            .counted(WriteKind::Reservation, "create", || api.create(&params, &r))
+            .budgets
+            .send_counted(WriteKind::Reservation, &self.metrics, "create", || {
+                api.create(&params, &r)
+            })
             .await;
         match created {
             // Already back (someone put it back first): fine when it names this pod.

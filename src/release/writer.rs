@@ -118,25 +118,6 @@ impl Writer {
         self.index = Some(index);
         self
     }
-
-    /// Sends one write of `kind` within the budgets ([`Budgets::send`]), counting each
-    /// request it sends as an API write of `verb`.
-    pub(crate) async fn counted<T, F, Fut>(
-        &self,
-        kind: WriteKind,
-        verb: &str,
-        mut write: F,
-    ) -> Result<T, kube::Error>
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = Result<T, kube::Error>>,
-    {
-        let write = || {
-            self.metrics.write(verb);
-            write()
-        };
-        self.budgets.send(kind, write).await
-    }
 }
 
 /// A handle to submit releases to the batching writer.
@@ -196,8 +177,10 @@ impl WriterHandle {
         }
         let patch = patch::typed(patch::annotations_patch(&annotations)).expect("a JSON patch");
         let pools = self.writer.pools();
+        let metrics = &self.writer.metrics;
         self.writer
-            .counted(WriteKind::Pool, "patch", || {
+            .budgets
+            .send_counted(WriteKind::Pool, metrics, "patch", || {
                 let patch = Patch::<()>::Json(patch.clone());
                 let pools = pools.clone();
                 async move { pools.patch(pool, &PatchParams::default(), &patch).await }
@@ -517,20 +500,21 @@ impl Writer {
         let patch = patch::typed(patch).map_err(kube::Error::SerdeError)?;
         let pools = self.pools();
         self.metrics.pool_patch_entries.observe(batch.len() as f64);
-        self.counted(WriteKind::Pool, "patch", || {
-            let patch = Patch::<()>::Json(patch.clone());
-            let (pools, metrics) = (pools.clone(), self.metrics.clone());
-            async move {
-                let started = Instant::now();
-                let result = pools.patch(pool, &PatchParams::default(), &patch).await;
-                metrics
-                    .pool_patch_seconds
-                    .observe(started.elapsed().as_secs_f64());
-                result
-            }
-        })
-        .await
-        .map(|_| ())
+        self.budgets
+            .send_counted(WriteKind::Pool, &self.metrics, "patch", || {
+                let patch = Patch::<()>::Json(patch.clone());
+                let (pools, metrics) = (pools.clone(), self.metrics.clone());
+                async move {
+                    let started = Instant::now();
+                    let result = pools.patch(pool, &PatchParams::default(), &patch).await;
+                    metrics
+                        .pool_patch_seconds
+                        .observe(started.elapsed().as_secs_f64());
+                    result
+                }
+            })
+            .await
+            .map(|_| ())
     }
 
     /// Updates the state for a written fence.
