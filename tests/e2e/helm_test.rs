@@ -187,13 +187,7 @@ pub async fn helm_test_passes_with_default_and_non_default_security_contexts(mut
 }
 
 mod node_scenarios {
-    use crate::cluster::Cluster;
-
-    #[tokio::test]
-    async fn helm_test_passes_with_default_and_non_default_security_contexts() {
-        super::helm_test_passes_with_default_and_non_default_security_contexts(
-            Cluster::node("helm-test").await,
-        )
-        .await
+    on_the_node! {
+        helm_test_passes_with_default_and_non_default_security_contexts: "helm-test",
     }
 }
