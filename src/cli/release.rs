@@ -82,17 +82,9 @@ async fn release(args: ReleaseArgs) -> anyhow::Result<u8> {
         }
     };
     let mut code = exit::OK;
-    let (go, refused): (Vec<Planned>, Vec<Planned>) = planned
-        .into_iter()
-        .partition(|p| p.listed_by.is_empty() || args.force);
-    for p in &refused {
-        let j = &p.request.judged;
-        println!(
-            "refused {}: held by {}; live pod {} lists the address (--force releases it anyway)",
-            place(&j.pool, j.entry.ip),
-            j.entry.podref,
-            p.listed_by.join(", ")
-        );
+    let held = |p: &Planned| format!("held by {}", p.request.judged.entry.podref);
+    let (go, any_refused) = writes::refuse_listed(planned, args.force, held, "releases it");
+    if any_refused {
         code = exit::FOUND_OR_FAILED;
     }
     if args.write.dry_run {

@@ -124,17 +124,9 @@ async fn unfence(args: UnfenceArgs) -> anyhow::Result<u8> {
         println!("no fence of {what}");
         code = exit::FOUND_OR_FAILED;
     }
-    let (go, refused): (Vec<Planned>, Vec<Planned>) = planned
-        .into_iter()
-        .partition(|p| p.listed_by.is_empty() || args.force);
-    for p in &refused {
-        let j = &p.request.judged;
-        println!(
-            "refused {}: {}; live pod {} lists the address (--force lifts it anyway)",
-            place(&j.pool, j.entry.ip),
-            fence_of(&p.request),
-            p.listed_by.join(", ")
-        );
+    let fence = |p: &Planned| fence_of(&p.request);
+    let (go, any_refused) = writes::refuse_listed(planned, args.force, fence, "lifts it");
+    if any_refused {
         code = exit::FOUND_OR_FAILED;
     }
     let leftovers = Leftovers::of(&index, &select);

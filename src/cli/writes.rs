@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use ipreclaim::index::Index;
+use ipreclaim::release::manual::Planned;
 use ipreclaim::release::writer::{self, WriterHandle};
 use ipreclaim::release::{BudgetConfig, Budgets, Events, Writer};
 use ipreclaim::release::{ReleaseError, ReleaseOutcome};
@@ -125,6 +126,30 @@ where
             ExitCode::from(exit::ERROR)
         }
     }
+}
+
+/// Splits `planned` into what goes ahead and what a live pod's network-status refuses (unless
+/// `force`), printing each refusal as `refused <place>: <what>; live pod <pods> lists the
+/// address (--force <overrides> anyway)`; whether anything was refused.
+pub fn refuse_listed(
+    planned: Vec<Planned>,
+    force: bool,
+    what: impl Fn(&Planned) -> String,
+    overrides: &str,
+) -> (Vec<Planned>, bool) {
+    let (go, refused): (Vec<Planned>, Vec<Planned>) = planned
+        .into_iter()
+        .partition(|p| p.listed_by.is_empty() || force);
+    for p in &refused {
+        let j = &p.request.judged;
+        println!(
+            "refused {}: {}; live pod {} lists the address (--force {overrides} anyway)",
+            place(&j.pool, j.entry.ip),
+            what(p),
+            p.listed_by.join(", ")
+        );
+    }
+    (go, !refused.is_empty())
 }
 
 /// `what` (`pool`, address) as the commands print it.

@@ -22,7 +22,7 @@ pub mod pools;
 pub mod relist;
 pub mod reservations;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::net::IpAddr;
 use std::time::Instant;

@@ -398,27 +398,9 @@ mod tests {
     use std::time::Instant;
 
     use super::*;
-    use crate::api::{IPAllocation, IPPool, IPPoolSpec};
     use crate::index::{FenceObject, PodSeen};
 
-    fn pool(name: &str, allocations: &[(&str, &str, &str)]) -> IPPool {
-        let entry = |id: &str, podref: &str| IPAllocation {
-            id: id.into(),
-            podref: podref.into(),
-            ifname: Some("net1".into()),
-            ipamclaimref: None,
-        };
-        IPPool::new(
-            name,
-            IPPoolSpec {
-                range: "192.0.2.0/24".into(),
-                allocations: allocations
-                    .iter()
-                    .map(|(k, id, podref)| (k.to_string(), entry(id, podref)))
-                    .collect(),
-            },
-        )
-    }
+    use crate::index::tests::pool_named as pool;
 
     fn record(podref: &str, node: &str) -> FenceRecord {
         FenceRecord {

@@ -52,8 +52,8 @@ fn entry(id: &str, podref: &str) -> IPAllocation {
     }
 }
 
-/// Pool `name` on 192.0.2.0/24 with entries (key, sandbox, podref).
-fn pool_named(name: &str, allocations: &[(&str, &str, &str)]) -> IPPool {
+/// Pool `name` on 192.0.2.0/24 with entries (key, sandbox, podref). Also the release tests'.
+pub(crate) fn pool_named(name: &str, allocations: &[(&str, &str, &str)]) -> IPPool {
     IPPool::new(
         name,
         IPPoolSpec {
