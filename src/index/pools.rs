@@ -75,14 +75,18 @@ impl PoolInfo {
                 ))
             })
             .collect();
-        // A marked entry is the fence's, whether or not its record is known yet.
-        let (marked, entries): (BTreeMap<_, _>, BTreeMap<_, _>) = entries
+        // A marked entry is the fence's, whether or not its record is known yet. Split as
+        // Vecs and collected once each: a map collected whole is built with full nodes, one
+        // filled an insert at a time is left about half empty (a third more memory).
+        let (marked, entries): (Vec<_>, Vec<_>) = entries
             .into_iter()
             .map(|e| (e.key.clone(), e))
             .partition(|(_, e)| e.podref.ends_with(FENCED_PODREF_SUFFIX));
-        let (cooling, entries): (BTreeMap<_, _>, BTreeMap<_, _>) = entries
+        let (cooling, entries): (Vec<_>, Vec<_>) = entries
             .into_iter()
             .partition(|(_, e)| is_cooling(&e.podref));
+        let marked: BTreeMap<String, PoolEntry> = marked.into_iter().collect();
+        let entries: BTreeMap<String, PoolEntry> = entries.into_iter().collect();
         let cooling: BTreeMap<String, CoolingEntry> = cooling
             .into_iter()
             .map(|(k, e)| (k, CoolingEntry::of(e)))
