@@ -14,9 +14,9 @@ impl Index {
     pub fn judge_podref(&self, podref: &str, config: &ReclaimConfig) -> Vec<Judged> {
         let slots = self.pools.slots(podref);
         let mut out = Vec::with_capacity(slots.len());
-        for s in slots {
-            if let Some(entry) = self.pools.entry(&s.pool, &s.key) {
-                out.push(self.judge(&s.pool, entry, config));
+        for (pool, key) in slots {
+            if let Some(entry) = self.pools.entry(pool, key) {
+                out.push(self.judge(pool, entry, config));
             }
         }
         out.sort_by(|a, b| (&a.pool, &a.entry.key).cmp(&(&b.pool, &b.entry.key)));

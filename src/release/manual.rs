@@ -293,8 +293,7 @@ fn targeted(index: &Index, target: &ReleaseTarget) -> Vec<(String, PoolEntry)> {
             .collect(),
         ReleaseTarget::Pod(pod) => pools
             .slots(&pod.podref())
-            .iter()
-            .filter_map(|s| Some((s.pool.clone(), pools.entry(&s.pool, &s.key)?.clone())))
+            .filter_map(|(pool, key)| Some((pool.to_owned(), pools.entry(pool, key)?.clone())))
             .collect(),
     };
     found.sort_by(|a, b| (&a.0, a.1.ip).cmp(&(&b.0, b.1.ip)));
