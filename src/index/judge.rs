@@ -133,7 +133,7 @@ fn listed_network(
         .chain(live.and_then(|l| l.networks.as_deref()))
         .flatten()
         .find(|n| n.ips.contains(&entry.ip))
-        .map(|n| n.name.clone())
+        .map(|n| n.name.to_string())
 }
 
 /// The newest deleted pod that held the entry's address (or listed nothing).

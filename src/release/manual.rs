@@ -45,8 +45,10 @@ pub fn listed_by(index: &Index, pool: &str, ip: IpAddr) -> Vec<String> {
         .filter_map(|PodUid { podref, .. }| {
             let live = pods.live(&podref)?;
             let lists = live.networks.as_ref().is_some_and(|n| {
-                n.iter()
-                    .any(|a| a.ips.contains(&ip) && networks.is_none_or(|ns| ns.contains(&a.name)))
+                n.iter().any(|a| {
+                    a.ips.contains(&ip)
+                        && networks.is_none_or(|ns| ns.iter().any(|m| *m == *a.name))
+                })
             });
             (lists && !live.terminal).then_some(podref)
         })
