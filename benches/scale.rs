@@ -214,7 +214,8 @@ struct Bench {
     rounds: usize,
 }
 
-/// A process and how to read its CPU time and memory.
+/// A process and how to read its CPU time and memory. Killed when dropped still running (a
+/// phase that fails leaves no controller behind).
 struct Proc {
     child: Child,
     name: &'static str,
@@ -256,6 +257,15 @@ impl Proc {
         let _ = self.child.kill();
         let _ = self.child.wait();
         eprintln!("{} did not stop on SIGTERM; killed", self.name);
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 
@@ -582,7 +592,7 @@ impl Bench {
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()?;
-        let proc = Proc {
+        let mut proc = Proc {
             child,
             name: "ipreclaim",
         };
@@ -590,6 +600,12 @@ impl Bench {
             .await
             .is_ok_and(|r| r.starts_with("HTTP/1.1 200"))
         {
+            if let Some(status) = proc.child.try_wait()? {
+                bail!(
+                    "the controller exited before it was ready ({status}): see its log in {}",
+                    self.cp.dir().display()
+                );
+            }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         Ok((proc, addr))

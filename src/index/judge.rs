@@ -14,9 +14,9 @@ impl Index {
     pub fn judge_podref(&self, podref: &str, config: &ReclaimConfig) -> Vec<Judged> {
         let slots = self.pools.slots(podref);
         let mut out = Vec::with_capacity(slots.len());
-        for s in slots {
-            if let Some(entry) = self.pools.entry(&s.pool, &s.key) {
-                out.push(self.judge(&s.pool, entry, config));
+        for (pool, key) in slots {
+            if let Some(entry) = self.pools.entry(pool, key) {
+                out.push(self.judge(pool, entry, config));
             }
         }
         out.sort_by(|a, b| (&a.pool, &a.entry.key).cmp(&(&b.pool, &b.entry.key)));
@@ -133,7 +133,7 @@ fn listed_network(
         .chain(live.and_then(|l| l.networks.as_deref()))
         .flatten()
         .find(|n| n.ips.contains(&entry.ip))
-        .map(|n| n.name.clone())
+        .map(|n| n.name.to_string())
 }
 
 /// The newest deleted pod that held the entry's address (or listed nothing).

@@ -19,7 +19,7 @@ pub struct LiveInfo {
     /// Secondary networks, `None` when the annotation is missing or malformed.
     pub networks: Option<Arc<[NetworkAttachment]>>,
     /// Why the annotation, present, cannot be read.
-    pub malformed_status: Option<String>,
+    pub malformed_status: Option<Box<str>>,
     /// The node it is bound to.
     pub node: Option<Arc<str>>,
     /// Succeeded or Failed.
@@ -102,9 +102,10 @@ pub struct MalformedStatus {
 
 #[derive(Debug, Default)]
 pub struct PodIndex {
-    live: HashMap<String, LiveInfo>,
-    /// Node names, shared by the pods on each node.
-    node_names: HashSet<Arc<str>>,
+    /// By podref (boxed: 100,000 keys).
+    live: HashMap<Box<str>, LiveInfo>,
+    /// Node names, network names and interface names, one copy of each shared by all pods.
+    names: HashSet<Arc<str>>,
     tombstones: HashMap<String, Vec<Tombstone>>,
     /// When each podref's network-status last listed each address: any such observation
     /// restarts a leak's grace, not only the sweep's samples.
@@ -114,29 +115,42 @@ pub struct PodIndex {
     listing_changes: u64,
 }
 
-/// A pod's secondary networks from its annotations, and why they cannot be read.
-fn networks_of(
-    annotations: Option<&BTreeMap<String, String>>,
-) -> (Option<Arc<[NetworkAttachment]>>, Option<String>) {
-    match annotations.and_then(|a| a.get(crate::ipam::NETWORK_STATUS_ANNOTATION)) {
-        None => (None, None),
-        Some(s) => match parse_network_status(s) {
-            Ok(n) => (Some(n.into()), None),
-            Err(e) => (None, Some(e.to_string())),
-        },
-    }
-}
-
 impl PodIndex {
+    /// The shared copy of a name.
+    fn shared(&mut self, name: &str) -> Arc<str> {
+        if let Some(n) = self.names.get(name) {
+            return n.clone();
+        }
+        let n: Arc<str> = name.into();
+        self.names.insert(n.clone());
+        n
+    }
+
     /// The shared copy of a node name.
     fn node_name(&mut self, node: Option<&str>) -> Option<Arc<str>> {
-        let node = node?;
-        if let Some(n) = self.node_names.get(node) {
-            return Some(n.clone());
+        Some(self.shared(node?))
+    }
+
+    /// A pod's secondary networks from its annotations (their names shared), and why they
+    /// cannot be read.
+    fn networks_of(
+        &mut self,
+        annotations: Option<&BTreeMap<String, String>>,
+    ) -> (Option<Arc<[NetworkAttachment]>>, Option<Box<str>>) {
+        match annotations.and_then(|a| a.get(crate::ipam::NETWORK_STATUS_ANNOTATION)) {
+            None => (None, None),
+            Some(s) => match parse_network_status(s) {
+                Ok(n) => {
+                    let n = n.into_iter().map(|mut a| {
+                        a.name = self.shared(&a.name);
+                        a.interface = a.interface.map(|i| self.shared(&i));
+                        a
+                    });
+                    (Some(n.collect()), None)
+                }
+                Err(e) => (None, Some(e.to_string().into())),
+            },
         }
-        let n: Arc<str> = node.into();
-        self.node_names.insert(n.clone());
-        Some(n)
     }
 
     /// Records a live pod; returns the pod it replaced if that had another uid (a deletion
@@ -148,7 +162,7 @@ impl PodIndex {
         seen: PodSeen<'_>,
         now: Instant,
     ) -> Option<LiveInfo> {
-        let (networks, malformed_status) = networks_of(seen.annotations);
+        let (networks, malformed_status) = self.networks_of(seen.annotations);
         if let Some(old) = self.live.get(podref).filter(|l| l.uid == uid) {
             let dropped = dropped_addresses(old, networks.as_deref());
             self.listed_until(podref, dropped, now);
@@ -163,7 +177,13 @@ impl PodIndex {
         if self.live.get(podref).is_none_or(|old| !old.lists_as(&info)) {
             self.listing_changes += 1;
         }
-        let old = self.live.insert(podref.to_owned(), info)?;
+        let old = match self.live.get_mut(podref) {
+            Some(l) => std::mem::replace(l, info),
+            None => {
+                self.live.insert(podref.into(), info);
+                return None;
+            }
+        };
         (old.uid != uid).then_some(old)
     }
 
@@ -228,7 +248,7 @@ impl PodIndex {
         known: Option<LiveInfo>,
         seen: PodSeen<'_>,
     ) -> (Option<Arc<[NetworkAttachment]>>, Option<Arc<str>>) {
-        let (networks, _) = networks_of(seen.annotations);
+        let (networks, _) = self.networks_of(seen.annotations);
         let node = self.node_name(seen.node).or(known.and_then(|l| l.node));
         (networks, node)
     }
@@ -309,8 +329,8 @@ impl PodIndex {
             ts.drain(..extra);
             !ts.is_empty()
         });
-        // Names no pod refers to any more (nodes replaced by autoscaling).
-        self.node_names.retain(|n| Arc::strong_count(n) > 1);
+        // Names no pod refers to any more (nodes replaced by autoscaling, networks removed).
+        self.names.retain(|n| Arc::strong_count(n) > 1);
     }
 
     /// When a pod of `podref` last stopped listing `ip` in its network-status.
@@ -332,7 +352,7 @@ impl PodIndex {
         self.live
             .iter()
             .map(|(p, l)| PodUid {
-                podref: p.clone(),
+                podref: p.to_string(),
                 uid: l.uid.clone(),
             })
             .collect()
@@ -340,7 +360,7 @@ impl PodIndex {
 
     /// Live pods by podref.
     pub fn live_iter(&self) -> impl Iterator<Item = (&str, &LiveInfo)> {
-        self.live.iter().map(|(p, l)| (p.as_str(), l))
+        self.live.iter().map(|(p, l)| (&**p, l))
     }
 
     /// The live pod of a podref.
@@ -372,9 +392,9 @@ impl PodIndex {
             .iter()
             .filter_map(|(p, l)| {
                 Some(MalformedStatus {
-                    podref: p.clone(),
+                    podref: p.to_string(),
                     uid: l.uid.clone(),
-                    error: l.malformed_status.clone()?,
+                    error: l.malformed_status.as_deref()?.to_owned(),
                 })
             })
             .collect()

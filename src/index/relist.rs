@@ -76,13 +76,16 @@ impl<K: Kind> Default for Applied<K> {
 
 /// Re-list bookkeeping for one watch of kind `K`.
 pub struct Relist<K: Kind> {
-    /// Keys listed since `Begin` (`None` outside a re-list).
-    listed: Option<HashSet<K::Key>>,
+    /// Keys the store knew at `Begin` that the re-list has not listed yet (`None` outside a
+    /// re-list). Only these can vanish: so the first list, into an empty store, keeps no set
+    /// at all (a set of every key listed, 100,000 pods, would cost megabytes for nothing and
+    /// leave its holes all over the heap).
+    unlisted: Option<HashSet<K::Key>>,
 }
 
 impl<K: Kind> Default for Relist<K> {
     fn default() -> Self {
-        Relist { listed: None }
+        Relist { unlisted: None }
     }
 }
 
@@ -96,13 +99,13 @@ impl<K: Kind> Relist<K> {
     ) -> Applied<K> {
         let mut out = Applied::default();
         match step {
-            Step::Begin => self.listed = Some(HashSet::new()),
+            Step::Begin => self.unlisted = Some(K::known(store).into_iter().collect()),
             Step::Listed(object) | Step::Changed(object) => {
                 let Some(key) = K::key(&object) else {
                     return out;
                 };
-                if let Some(listed) = &mut self.listed {
-                    listed.insert(key.clone());
+                if let Some(unlisted) = &mut self.unlisted {
+                    unlisted.remove(&key);
                 }
                 out.effects.extend(K::apply(store, &key, object, now));
             }
@@ -114,14 +117,15 @@ impl<K: Kind> Relist<K> {
             Step::Done => {
                 // Dropped, not cleared: a cleared set keeps its table (megabytes at scale).
                 // A `Done` without its `Begin` says nothing of what vanished.
-                let Some(listed) = self.listed.take() else {
-                    K::listed(store);
-                    return out;
-                };
-                for key in K::known(store) {
-                    if !listed.contains(&key) {
-                        out.effects.extend(K::vanish(store, &key, now));
-                        out.vanished.push(key);
+                let unlisted = self.unlisted.take().unwrap_or_default();
+                if !unlisted.is_empty() {
+                    // Known then and now, and not listed: gone. (A key known at `Begin` and
+                    // forgotten since, a pod replaced under its name, has nothing to forget.)
+                    for key in K::known(store) {
+                        if unlisted.contains(&key) {
+                            out.effects.extend(K::vanish(store, &key, now));
+                            out.vanished.push(key);
+                        }
                     }
                 }
                 K::listed(store);

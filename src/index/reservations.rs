@@ -7,13 +7,13 @@ use std::net::IpAddr;
 use crate::api::{ObjectId, OverlappingRangeIPReservation};
 use crate::ipam::{reservation_name, reservation_prefixes};
 
-/// A reservation, stripped.
+/// A reservation, stripped (boxed strings: a third smaller than `String`s, 100,000 times).
 #[derive(Debug, Clone)]
 pub struct ReservationInfo {
     /// Its uid (for the delete precondition).
-    pub uid: String,
+    pub uid: Box<str>,
     /// The podref it names.
-    pub podref: String,
+    pub podref: Box<str>,
 }
 
 /// A reservation by name, with its uid and podref.
@@ -40,7 +40,7 @@ impl NamedReservation {
 /// Reservations.
 #[derive(Debug, Default)]
 pub struct ReservationIndex {
-    by_name: HashMap<String, ReservationInfo>,
+    by_name: HashMap<Box<str>, ReservationInfo>,
     /// The `<network_name>` parts of reservation names, with how many names have each.
     prefixes: HashMap<String, usize>,
 }
@@ -50,10 +50,10 @@ impl ReservationIndex {
     pub fn upsert(&mut self, r: &OverlappingRangeIPReservation) {
         let Some(name) = &r.metadata.name else { return };
         let info = ReservationInfo {
-            uid: r.metadata.uid.clone().unwrap_or_default(),
-            podref: r.spec.podref.clone(),
+            uid: r.metadata.uid.as_deref().unwrap_or_default().into(),
+            podref: r.spec.podref.as_str().into(),
         };
-        if self.by_name.insert(name.clone(), info).is_none() {
+        if self.by_name.insert(name.as_str().into(), info).is_none() {
             for p in reservation_prefixes(name) {
                 *self.prefixes.entry(p.to_owned()).or_default() += 1;
             }
@@ -83,10 +83,10 @@ impl ReservationIndex {
         std::iter::once(bare)
             .chain(prefixed)
             .filter_map(|name| {
-                let r = self.by_name.get(&name)?;
-                (r.podref == podref).then(|| ObjectId {
+                let r = self.by_name.get(name.as_str())?;
+                (&*r.podref == podref).then(|| ObjectId {
                     name,
-                    uid: r.uid.clone(),
+                    uid: r.uid.to_string(),
                 })
             })
             .collect()
@@ -95,15 +95,15 @@ impl ReservationIndex {
     /// Every reservation.
     pub fn iter(&self) -> impl Iterator<Item = NamedReservation> + '_ {
         self.by_name.iter().map(|(name, r)| NamedReservation {
-            name: name.clone(),
-            uid: r.uid.clone(),
-            podref: r.podref.clone(),
+            name: name.to_string(),
+            uid: r.uid.to_string(),
+            podref: r.podref.to_string(),
         })
     }
 
     /// Every reservation's name.
     pub fn names(&self) -> Vec<String> {
-        self.by_name.keys().cloned().collect()
+        self.by_name.keys().map(|n| n.to_string()).collect()
     }
 
     /// Whether a network-name prefix is known (tests).

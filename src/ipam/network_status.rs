@@ -2,6 +2,7 @@
 
 use std::borrow::Cow;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use serde::Deserialize;
 
@@ -11,10 +12,11 @@ pub const NETWORK_STATUS_ANNOTATION: &str = "k8s.v1.cni.cncf.io/network-status";
 /// One secondary network attachment of a pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NetworkAttachment {
-    /// `namespace/nad-name` of the network.
-    pub name: String,
-    /// Interface inside the pod.
-    pub interface: Option<String>,
+    /// `namespace/nad-name` of the network (shared: the controller keeps one copy of each
+    /// name for all its pods, see `index::pods`).
+    pub name: Arc<str>,
+    /// Interface inside the pod (shared likewise).
+    pub interface: Option<Arc<str>>,
     /// Addresses of that interface.
     pub ips: Vec<IpAddr>,
 }
@@ -60,8 +62,8 @@ pub fn parse_network_status(
                 })
                 .collect::<Result<_, _>>()?;
             Ok(NetworkAttachment {
-                name: e.name,
-                interface: e.interface.filter(|i| !i.is_empty()),
+                name: e.name.into(),
+                interface: e.interface.filter(|i| !i.is_empty()).map(Into::into),
                 ips,
             })
         })
@@ -91,7 +93,7 @@ mod tests {
         ]"#;
         let got = parse_network_status(status).unwrap();
         assert_eq!(got.len(), 2);
-        assert_eq!(got[0].name, "ns1/macvlan");
+        assert_eq!(&*got[0].name, "ns1/macvlan");
         assert_eq!(got[0].interface.as_deref(), Some("net1"));
         assert_eq!(
             got[0].ips,

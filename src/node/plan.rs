@@ -54,7 +54,7 @@ pub fn pod_networks(annotations: &BTreeMap<String, String>, namespace: &str) -> 
             Err(e) => out.ignored.push(format!("networks annotation: {e}")),
         }
     }
-    let listed = out.attached.iter().flatten().map(|n| n.name.clone());
+    let listed = out.attached.iter().flatten().map(|n| n.name.to_string());
     out.names.extend(listed);
     out
 }

@@ -210,7 +210,8 @@ fn describes_network(
     pool: &PoolContext<'_>,
 ) -> bool {
     networks.iter().any(|n| {
-        pool.networks.is_some_and(|names| names.contains(&n.name))
+        pool.networks
+            .is_some_and(|names| names.iter().any(|m| *m == *n.name))
             || alloc
                 .ifname
                 .is_some_and(|i| n.interface.as_deref() == Some(i))

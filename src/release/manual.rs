@@ -45,8 +45,10 @@ pub fn listed_by(index: &Index, pool: &str, ip: IpAddr) -> Vec<String> {
         .filter_map(|PodUid { podref, .. }| {
             let live = pods.live(&podref)?;
             let lists = live.networks.as_ref().is_some_and(|n| {
-                n.iter()
-                    .any(|a| a.ips.contains(&ip) && networks.is_none_or(|ns| ns.contains(&a.name)))
+                n.iter().any(|a| {
+                    a.ips.contains(&ip)
+                        && networks.is_none_or(|ns| ns.iter().any(|m| *m == *a.name))
+                })
             });
             (lists && !live.terminal).then_some(podref)
         })
@@ -293,8 +295,7 @@ fn targeted(index: &Index, target: &ReleaseTarget) -> Vec<(String, PoolEntry)> {
             .collect(),
         ReleaseTarget::Pod(pod) => pools
             .slots(&pod.podref())
-            .iter()
-            .filter_map(|s| Some((s.pool.clone(), pools.entry(&s.pool, &s.key)?.clone())))
+            .filter_map(|(pool, key)| Some((pool.to_owned(), pools.entry(pool, key)?.clone())))
             .collect(),
     };
     found.sort_by(|a, b| (&a.0, a.1.ip).cmp(&(&b.0, b.1.ip)));

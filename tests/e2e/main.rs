@@ -88,7 +88,7 @@ fn test_network_ips(pod: &Pod, network: &str) -> BTreeSet<String> {
         .and_then(|s| parse_network_status(s).ok())
         .unwrap_or_default()
         .into_iter()
-        .filter(|n| n.name == network)
+        .filter(|n| *n.name == *network)
         .flat_map(|n| n.ips)
         .map(|ip| ip.to_string())
         .collect()
