@@ -62,7 +62,7 @@ impl DeletionError {
 
 /// Why a queue item failed.
 #[derive(Debug)]
-struct Failure {
+pub(crate) struct Failure {
     /// What went wrong.
     error: DeletionError,
     /// A fence could not be written: retried for as long as it fails.
@@ -75,7 +75,7 @@ struct Failure {
 }
 
 impl Failure {
-    fn new(error: DeletionError) -> Failure {
+    pub(crate) fn new(error: DeletionError) -> Failure {
         Failure {
             error,
             fence: false,
@@ -193,15 +193,21 @@ impl Worker {
     async fn process(&self, podref: &str) -> Result<Processed, Failure> {
         let started = Instant::now();
         // One look at the index decides, unless the tombstone is blind.
-        let decided = {
+        let (decided, seen) = {
             let st = self.ctx.state.read().expect("state lock");
             let blind = st.pods().live(podref).is_none() && st.pods().blind_tombstone(podref);
-            (!blind).then(|| self.decide(&st, podref))
+            let seen = st.pods().tombstones(podref).iter().map(|t| t.seen_at).max();
+            ((!blind).then(|| self.decide(&st, podref)), seen)
         };
-        let releases = match decided {
+        let mut releases = match decided {
             Some(releases) => releases,
             None => self.decide_blind(podref, started).await?,
         };
+        let seen = seen.unwrap_or(started);
+        if super::fresh_node::distrusted_when_read(&self.ctx, podref, &releases, seen).await? {
+            let st = self.ctx.state.read().expect("state lock");
+            releases = self.decide(&st, podref);
+        }
         if releases.is_empty() {
             self.ctx
                 .state

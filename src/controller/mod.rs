@@ -11,6 +11,7 @@ pub mod deletion;
 pub mod duplicates;
 mod election;
 pub mod fence;
+mod fresh_node;
 mod housekeeping;
 pub mod leadership;
 pub mod report;

@@ -11,6 +11,8 @@ use crate::reclaim::fence::{NodeReadiness, distrust};
 #[derive(Debug, Default)]
 pub struct NodeIndex {
     nodes: HashMap<String, NodeReadiness>,
+    /// When each node's last fresh read (a GET, not the watch) began.
+    read: HashMap<String, Instant>,
 }
 
 /// A node's Ready condition changed in a way worth a log line.
@@ -71,6 +73,17 @@ impl NodeIndex {
     /// Forgets a Node.
     pub fn remove(&mut self, name: &str) {
         self.nodes.remove(name);
+        self.read.remove(name);
+    }
+
+    /// Records a fresh read of `name` (a GET) begun at `began`.
+    pub fn record_read(&mut self, name: &str, began: Instant) {
+        self.read.insert(name.to_owned(), began);
+    }
+
+    /// Whether a fresh read of `name` began at or after `since`.
+    pub fn read_since(&self, name: &str, since: Instant) -> bool {
+        self.read.get(name).is_some_and(|at| *at >= since)
     }
 
     /// The Nodes known.

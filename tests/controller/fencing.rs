@@ -263,6 +263,55 @@ async fn a_pod_deleted_right_after_its_node_goes_down_is_fenced() {
     env.finish(&node).await;
 }
 
+/// The Node watch lags the pod watch (a fault proxy delivers the controller's Node watch
+/// events 8 s late): the pod's Delete event comes while the cache still says its node is Ready.
+/// The deletion path reads the node fresh before it releases, finds it not Ready and fences.
+/// (Before, web-0 was released unfenced: seen in a CI run on a loaded machine.)
+#[tokio::test]
+async fn a_deletion_seen_before_its_nodes_not_ready_update_is_still_fenced() {
+    use testenv::ControlPlane;
+    use testenv::faultproxy::{Action, FaultProxy, Rule};
+    let mut env = Env::new("ctl-fence-lagging-nodes").await;
+    let node = env.fence_node("True").await;
+    env.macvlan(&[(10, "sb-web-0", "web-0"), (11, "sb-db-0", "db-0")])
+        .await;
+    env.reservation("192.0.2.10", "web-0").await;
+    let uid = env
+        .pod_on("web-0", "macvlan", Some(&["192.0.2.10"]), Some(&node))
+        .await;
+    env.pod_on("db-0", "macvlan", Some(&["192.0.2.11"]), Some(&node))
+        .await;
+    let proxy = FaultProxy::start(env.client.clone(), 5).await.unwrap();
+    proxy.set_rules(vec![Rule::new(
+        Some("watch"),
+        Some("nodes"),
+        Action::DelayEvents(Duration::from_secs(8)),
+    )]);
+    let through = ControlPlane::shared().client_through_faults(&proxy).await;
+    env.start_as(through, &[]).await;
+    env.set_ready(&node, "Unknown").await;
+    env.delete_pod("web-0").await;
+    let events = env.wait_events(FENCED).await;
+    assert_eq!(
+        events
+            .iter()
+            .map(|(name, u, _)| (name.as_str(), u.as_str()))
+            .collect::<Vec<_>>(),
+        [("web-0", uid.as_str())]
+    );
+    assert!(
+        env.events("IPAddressGarbageCollected").await.is_empty(),
+        "released unfenced"
+    );
+    assert!(
+        proxy.injected().values().sum::<u64>() > 0,
+        "the Node watch was delayed: {:?}",
+        proxy.injected()
+    );
+    env.assert_web_0_fenced(&node).await;
+    env.finish(&node).await;
+}
+
 /// Refuses any pool write marking entry `key` fenced (see [`PoolRefusal`]), once in force.
 async fn refuse_fencing_entry(env: &Env, pool: &str, key: &str) -> PoolRefusal {
     let expression = format!(

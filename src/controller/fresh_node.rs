@@ -1,0 +1,68 @@
+//! The pod watch and the Node watch are separate streams: a pod's Delete event can come before
+//! its node's NotReady update. So before a deletion's allocations are removed on the word of
+//! the Node cache, each node the cache still trusts is read fresh (one read serves every
+//! deletion seen before it began); a node found not Ready is recorded in the cache, and the
+//! deletion is judged again: its releases become fences.
+
+use std::time::Instant;
+
+use kube::api::Api;
+
+use super::Ctx;
+use super::deletion::{DeletionError, Failure};
+use crate::api::slim::NodeReadyView;
+use crate::release::{EntryWrite, ReleaseRequest};
+
+/// Reads fresh the nodes whose allocations `releases` would remove while the cache trusts
+/// them (unless a read begun after `deleted_seen` already did); whether one turned out not
+/// Ready, so that the deletion must be judged again. A read that fails fails the item (it is
+/// retried): nothing is removed on a word that could not be checked.
+pub(crate) async fn distrusted_when_read(
+    ctx: &Ctx,
+    podref: &str,
+    releases: &[ReleaseRequest],
+    deleted_seen: Instant,
+) -> Result<bool, Failure> {
+    let Some(view) = &ctx.nodes else {
+        return Ok(false);
+    };
+    let mut nodes: Vec<&str> = releases
+        .iter()
+        .filter(|r| r.write == EntryWrite::Remove)
+        .filter_map(|r| r.judged.node.as_deref())
+        .collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    let to_read: Vec<String> = {
+        let v = view.read().expect("node view lock");
+        nodes
+            .into_iter()
+            .filter(|n| v.node(n).is_some() && v.distrust(Some(n)).is_none())
+            .filter(|n| !v.read_since(n, deleted_seen))
+            .map(str::to_owned)
+            .collect()
+    };
+    let mut distrusted = false;
+    for node in to_read {
+        let began = Instant::now();
+        let fresh = Api::<NodeReadyView>::all(ctx.client.clone())
+            .get_opt(&node)
+            .await
+            .map_err(|e| {
+                Failure::new(DeletionError::Confirm {
+                    podref: podref.to_owned(),
+                    message: format!("reading its node {node}: {e}"),
+                })
+            })?;
+        // Gone: the Node watch will drop it, and a pod of a deleted Node is released.
+        let Some(fresh) = fresh else { continue };
+        let mut v = view.write().expect("node view lock");
+        v.upsert(&fresh, began);
+        v.record_read(&node, began);
+        if let Some(why) = v.distrust(Some(&node)) {
+            tracing::info!(%podref, %node, %why, "a fresh read of the node says it is not Ready: fenced, not released");
+            distrusted = true;
+        }
+    }
+    Ok(distrusted)
+}
