@@ -62,7 +62,7 @@ impl DeletionError {
 
 /// Why a queue item failed.
 #[derive(Debug)]
-pub(crate) struct Failure {
+struct Failure {
     /// What went wrong.
     error: DeletionError,
     /// A fence could not be written: retried for as long as it fails.
@@ -75,7 +75,7 @@ pub(crate) struct Failure {
 }
 
 impl Failure {
-    pub(crate) fn new(error: DeletionError) -> Failure {
+    fn new(error: DeletionError) -> Failure {
         Failure {
             error,
             fence: false,
@@ -204,7 +204,14 @@ impl Worker {
             None => self.decide_blind(podref, started).await?,
         };
         let seen = seen.unwrap_or(started);
-        if super::fresh_node::distrusted_when_read(&self.ctx, podref, &releases, seen).await? {
+        let distrusted =
+            super::fresh_node::distrusted_when_read(&self.ctx, podref, &releases, seen)
+                .await
+                .map_err(|message| {
+                    let podref = podref.to_owned();
+                    Failure::new(DeletionError::Confirm { podref, message })
+                })?;
+        if distrusted {
             let st = self.ctx.state.read().expect("state lock");
             releases = self.decide(&st, podref);
         }

@@ -9,20 +9,19 @@ use std::time::Instant;
 use kube::api::Api;
 
 use super::Ctx;
-use super::deletion::{DeletionError, Failure};
 use crate::api::slim::NodeReadyView;
 use crate::release::{EntryWrite, ReleaseRequest};
 
 /// Reads fresh the nodes whose allocations `releases` would remove while the cache trusts
 /// them (unless a read begun after `deleted_seen` already did); whether one turned out not
-/// Ready, so that the deletion must be judged again. A read that fails fails the item (it is
-/// retried): nothing is removed on a word that could not be checked.
+/// Ready, so that the deletion must be judged again. A read that fails is returned (the caller
+/// retries the item): nothing is removed on a word that could not be checked.
 pub(crate) async fn distrusted_when_read(
     ctx: &Ctx,
     podref: &str,
     releases: &[ReleaseRequest],
     deleted_seen: Instant,
-) -> Result<bool, Failure> {
+) -> Result<bool, String> {
     let Some(view) = &ctx.nodes else {
         return Ok(false);
     };
@@ -48,12 +47,7 @@ pub(crate) async fn distrusted_when_read(
         let fresh = Api::<NodeReadyView>::all(ctx.client.clone())
             .get_opt(&node)
             .await
-            .map_err(|e| {
-                Failure::new(DeletionError::Confirm {
-                    podref: podref.to_owned(),
-                    message: format!("reading its node {node}: {e}"),
-                })
-            })?;
+            .map_err(|e| format!("reading its node {node}: {e}"))?;
         // Gone: the Node watch will drop it, and a pod of a deleted Node is released.
         let Some(fresh) = fresh else { continue };
         let mut v = view.write().expect("node view lock");

@@ -230,13 +230,9 @@ async fn a_pod_deleted_from_a_ready_node_is_released_unfenced() {
     env.finish(&node).await;
 }
 
-/// The node goes down while the controller runs and the pod is deleted as soon as the controller
-/// has seen it: the pod's node is known from the pod watch, so nothing has to be listed first.
-/// (Before, the pods of a node were listed only once it went down, and a pod deleted before that
-/// list was released unfenced.)
-#[tokio::test]
-async fn a_pod_deleted_right_after_its_node_goes_down_is_fenced() {
-    let mut env = Env::new("ctl-fence-now").await;
+/// web-0 (192.0.2.10, with its reservation) and db-0 (192.0.2.11) on a new Ready node: the
+/// node and web-0's uid.
+async fn web_0_and_db_0_on_a_ready_node(env: &Env) -> (String, String) {
     let node = env.fence_node("True").await;
     env.macvlan(&[(10, "sb-web-0", "web-0"), (11, "sb-db-0", "db-0")])
         .await;
@@ -246,6 +242,17 @@ async fn a_pod_deleted_right_after_its_node_goes_down_is_fenced() {
         .await;
     env.pod_on("db-0", "macvlan", Some(&["192.0.2.11"]), Some(&node))
         .await;
+    (node, uid)
+}
+
+/// The node goes down while the controller runs and the pod is deleted as soon as the controller
+/// has seen it: the pod's node is known from the pod watch, so nothing has to be listed first.
+/// (Before, the pods of a node were listed only once it went down, and a pod deleted before that
+/// list was released unfenced.)
+#[tokio::test]
+async fn a_pod_deleted_right_after_its_node_goes_down_is_fenced() {
+    let mut env = Env::new("ctl-fence-now").await;
+    let (node, uid) = web_0_and_db_0_on_a_ready_node(&env).await;
     env.start(&[]).await;
     env.wait_metric("ipreclaim_unready_nodes 0").await;
     env.set_ready(&node, "Unknown").await;
@@ -272,15 +279,7 @@ async fn a_deletion_seen_before_its_nodes_not_ready_update_is_still_fenced() {
     use testenv::ControlPlane;
     use testenv::faultproxy::{Action, FaultProxy, Rule};
     let mut env = Env::new("ctl-fence-lagging-nodes").await;
-    let node = env.fence_node("True").await;
-    env.macvlan(&[(10, "sb-web-0", "web-0"), (11, "sb-db-0", "db-0")])
-        .await;
-    env.reservation("192.0.2.10", "web-0").await;
-    let uid = env
-        .pod_on("web-0", "macvlan", Some(&["192.0.2.10"]), Some(&node))
-        .await;
-    env.pod_on("db-0", "macvlan", Some(&["192.0.2.11"]), Some(&node))
-        .await;
+    let (node, uid) = web_0_and_db_0_on_a_ready_node(&env).await;
     let proxy = FaultProxy::start(env.client.clone(), 5).await.unwrap();
     proxy.set_rules(vec![Rule::new(
         Some("watch"),
