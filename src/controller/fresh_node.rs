@@ -52,8 +52,11 @@ pub(crate) async fn distrusted_when_read(
         let Some(fresh) = fresh else { continue };
         let mut v = view.write().expect("node view lock");
         v.upsert(&fresh, began);
-        v.record_read(&node, began);
-        if let Some(why) = v.distrust(Some(&node)) {
+        let why = v.distrust(Some(&node));
+        // Only a read that found it Ready spares later reads: a watch event older than a
+        // NotReady read may still arrive and say Ready again.
+        v.record_read(&node, began, why.is_none());
+        if let Some(why) = why {
             tracing::info!(%podref, %node, %why, "a fresh read of the node says it is not Ready: fenced, not released");
             distrusted = true;
         }

@@ -76,12 +76,17 @@ impl NodeIndex {
         self.read.remove(name);
     }
 
-    /// Records a fresh read of `name` (a GET) begun at `began`.
-    pub fn record_read(&mut self, name: &str, began: Instant) {
-        self.read.insert(name.to_owned(), began);
+    /// Records a fresh read of `name` (a GET) begun at `began` that found it `ready`; one that
+    /// did not forgets the last Ready read.
+    pub fn record_read(&mut self, name: &str, began: Instant, ready: bool) {
+        if ready {
+            self.read.insert(name.to_owned(), began);
+        } else {
+            self.read.remove(name);
+        }
     }
 
-    /// Whether a fresh read of `name` began at or after `since`.
+    /// Whether a fresh read of `name` that found it Ready began at or after `since`.
     pub fn read_since(&self, name: &str, since: Instant) -> bool {
         self.read.get(name).is_some_and(|at| *at >= since)
     }

@@ -100,3 +100,24 @@ fn ready_counts_from_our_observation_not_from_the_nodes_lagging_transition_time(
         Some(Lift::NodeSettled)
     );
 }
+
+#[test]
+fn only_a_fresh_read_that_found_the_node_ready_spares_later_reads() {
+    let mut v = NodeIndex::default();
+    let t0 = std::time::Instant::now();
+    let later = t0 + Duration::from_secs(1);
+    assert!(!v.read_since("a", t0), "never read");
+    v.record_read("a", later, true);
+    assert!(
+        v.read_since("a", t0),
+        "a Ready read after the deletion serves it"
+    );
+    assert!(
+        !v.read_since("a", later + Duration::from_secs(1)),
+        "not a deletion seen after it"
+    );
+    // A read that found it not Ready: a stale watch event may say Ready again, so the next
+    // deletion reads again.
+    v.record_read("a", later, false);
+    assert!(!v.read_since("a", t0));
+}
