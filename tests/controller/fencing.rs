@@ -258,14 +258,7 @@ async fn a_pod_deleted_right_after_its_node_goes_down_is_fenced() {
     env.set_ready(&node, "Unknown").await;
     env.wait_metric("ipreclaim_unready_nodes 1").await;
     env.delete_pod("web-0").await;
-    let events = env.wait_events(FENCED).await;
-    assert_eq!(
-        events
-            .iter()
-            .map(|(name, u, _)| (name.as_str(), u.as_str()))
-            .collect::<Vec<_>>(),
-        [("web-0", uid.as_str())]
-    );
+    env.wait_one_event(FENCED, "web-0", &uid).await;
     env.assert_web_0_fenced(&node).await;
     env.finish(&node).await;
 }
@@ -290,14 +283,7 @@ async fn a_deletion_seen_before_its_nodes_not_ready_update_is_still_fenced() {
     env.start_as(through, &[]).await;
     env.set_ready(&node, "Unknown").await;
     env.delete_pod("web-0").await;
-    let events = env.wait_events(FENCED).await;
-    assert_eq!(
-        events
-            .iter()
-            .map(|(name, u, _)| (name.as_str(), u.as_str()))
-            .collect::<Vec<_>>(),
-        [("web-0", uid.as_str())]
-    );
+    env.wait_one_event(FENCED, "web-0", &uid).await;
     assert!(
         env.events("IPAddressGarbageCollected").await.is_empty(),
         "released unfenced"

@@ -45,17 +45,27 @@ fn release_binary() -> PathBuf {
 fn import_ipreclaim_image(node: &Node) {
     let bin = release_binary();
     let files = image::binary_image_files(&bin, "/usr/local/bin/ipreclaim").expect("image files");
-    let archive = node.dir().join("ipreclaim-image.tar");
+    import_image(node, &files, IMAGE, "/usr/local/bin/ipreclaim");
+}
+
+/// `files` as image `name` (entrypoint `entrypoint --help`, uid 65532), imported into the
+/// node's containerd.
+fn import_image(node: &Node, files: &[image::File], name: &str, entrypoint: &str) {
+    let archive = node.dir().join(format!(
+        "{}.tar",
+        name.rsplit('/').next().unwrap().replace(':', "-")
+    ));
     let config = image::Config {
-        name: IMAGE,
-        entrypoint: &["/usr/local/bin/ipreclaim"],
+        name,
+        entrypoint: &[entrypoint],
         cmd: &["--help"],
         user: "65532:65532",
     };
-    image::write_oci_archive(&files, &config, &archive).expect("write the image");
+    image::write_oci_archive(files, &config, &archive)
+        .unwrap_or_else(|e| panic!("write the image {name}: {e:#}"));
     node.containerd()
         .import_image(&archive)
-        .expect("import the ipreclaim image");
+        .unwrap_or_else(|e| panic!("import the image {name}: {e:#}"));
 }
 
 /// The image the chart's `helm test` pod runs (`tests.image`): Debian's GNU wget and dash (with
@@ -77,17 +87,7 @@ fn import_wget_image(node: &Node) {
             files.push(f);
         }
     }
-    let archive = node.dir().join("wget-image.tar");
-    let config = image::Config {
-        name: WGET_IMAGE,
-        entrypoint: &["/bin/wget"],
-        cmd: &["--help"],
-        user: "65532:65532",
-    };
-    image::write_oci_archive(&files, &config, &archive).expect("write the wget image");
-    node.containerd()
-        .import_image(&archive)
-        .expect("import the wget image");
+    import_image(node, &files, WGET_IMAGE, "/bin/wget");
 }
 
 /// whereabouts' and Multus's own CRDs, as they ship them, and ipreclaim's IPFence CRD.
