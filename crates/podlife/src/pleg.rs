@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use crate::backoff::Backoff;
 use crate::cache::{PodStatusCache, preserve_ips};
 use crate::clock::SharedClock;
-use crate::pod::{ContainerState, PodStatus, PodUid, RuntimePod, SourceError};
+use crate::pod::{ContainerState, ListingCounts, PodStatus, PodUid, RuntimePod, SourceError};
 
 /// Default period between relists.
 pub const DEFAULT_RELIST_PERIOD: Duration = Duration::from_secs(1);
@@ -211,13 +211,17 @@ impl PlegHandle {
 struct PodRecord {
     old: Option<RuntimePod>,
     current: Option<RuntimePod>,
+    /// The relist that last listed this pod.
+    listing: u64,
 }
 
 /// The relisting PLEG over a [`PodSource`].
 pub struct Pleg<S> {
     source: S,
     cache: Option<Arc<PodStatusCache>>,
-    records: HashMap<PodUid, PodRecord>,
+    records: foldhash::HashMap<PodUid, PodRecord>,
+    /// Relists that listed successfully, numbering [`PodRecord::listing`].
+    listing: u64,
     to_reinspect: HashMap<PodUid, RuntimePod>,
     events: mpsc::Sender<PodLifecycleEvent>,
     relist_period: Duration,
@@ -310,7 +314,8 @@ impl<S: PodSource> Pleg<S> {
             backoff,
             source,
             cache,
-            records: HashMap::new(),
+            records: foldhash::HashMap::default(),
+            listing: 0,
             to_reinspect: HashMap::new(),
             events: tx,
             relist_period: config.relist_period,
@@ -361,8 +366,8 @@ impl<S: PodSource> Pleg<S> {
             Ok(pods) => {
                 *self.shared.last_relist.lock().expect("pleg poisoned") = Some(timestamp);
                 self.backoff.gc();
-                self.record_counts(&pods);
-                self.set_current(pods);
+                let counts = self.set_current(pods);
+                self.record_counts(counts);
                 self.diff_and_inspect(timestamp).await;
             }
         }
@@ -384,43 +389,29 @@ impl<S: PodSource> Pleg<S> {
         }
     }
 
-    fn record_counts(&self, pods: &[RuntimePod]) {
-        const STATES: [ContainerState; 4] = [
-            ContainerState::Created,
-            ContainerState::Running,
-            ContainerState::Exited,
-            ContainerState::Unknown,
-        ];
-        let mut counts = [0usize; STATES.len()];
-        let mut running_pods = 0;
-        for pod in pods {
-            for c in &pod.containers {
-                counts[c.state as usize] += 1;
-            }
-            if pod
-                .sandboxes
-                .iter()
-                .any(|s| s.state == ContainerState::Running)
-            {
-                running_pods += 1;
-            }
-        }
+    fn record_counts(&self, counts: ListingCounts) {
         let mut m = self.metrics();
-        m.containers_by_state = STATES
+        m.containers_by_state = ContainerState::ALL
             .into_iter()
-            .zip(counts)
+            .zip(counts.containers)
             .filter(|(_, n)| *n > 0)
             .collect();
-        m.running_pods = running_pods;
+        m.running_pods = counts.running_pods;
     }
 
-    fn set_current(&mut self, pods: Vec<RuntimePod>) {
-        for rec in self.records.values_mut() {
-            rec.current = None;
-        }
+    /// Makes `pods` the current listing (one pass over it and one over the records: this runs
+    /// every second over every pod), and counts it for the metrics.
+    fn set_current(&mut self, pods: Vec<RuntimePod>) -> ListingCounts {
+        self.listing += 1;
+        let listing = self.listing;
+        let mut counts = ListingCounts::default();
         for pod in pods {
+            counts.add(&pod);
             match self.records.get_mut(&pod.uid) {
-                Some(rec) => rec.current = Some(pod),
+                Some(rec) => {
+                    rec.current = Some(pod);
+                    rec.listing = listing;
+                }
                 None => {
                     let uid = pod.uid.clone();
                     self.records.insert(
@@ -428,14 +419,20 @@ impl<S: PodSource> Pleg<S> {
                         PodRecord {
                             old: None,
                             current: Some(pod),
+                            listing,
                         },
                     );
                 }
             }
         }
-        // A pod that never produced an event and vanished has nothing left to compare.
-        self.records
-            .retain(|_, r| r.old.is_some() || r.current.is_some());
+        self.records.retain(|_, r| {
+            if r.listing != listing {
+                r.current = None;
+            }
+            // A pod that never produced an event and vanished has nothing left to compare.
+            r.old.is_some() || r.current.is_some()
+        });
+        counts
     }
 
     async fn diff_and_inspect(&mut self, timestamp: Instant) {

@@ -20,6 +20,14 @@ pub enum ContainerState {
 }
 
 impl ContainerState {
+    /// Every state, in discriminant order.
+    pub const ALL: [ContainerState; 4] = [
+        ContainerState::Created,
+        ContainerState::Running,
+        ContainerState::Exited,
+        ContainerState::Unknown,
+    ];
+
     /// Lower-case name, as used in metric labels.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -82,6 +90,30 @@ impl RuntimePod {
     /// The state of a container or sandbox by id, if listed.
     pub fn state_of(&self, id: &str) -> Option<ContainerState> {
         self.all_containers().find(|c| c.id == id).map(|c| c.state)
+    }
+}
+
+/// What a listing holds, for the metrics.
+#[derive(Debug, Default)]
+pub(crate) struct ListingCounts {
+    /// Containers (not sandboxes) by [`ContainerState`] discriminant.
+    pub(crate) containers: [usize; ContainerState::ALL.len()],
+    /// Pods with a running sandbox.
+    pub(crate) running_pods: usize,
+}
+
+impl ListingCounts {
+    pub(crate) fn add(&mut self, pod: &RuntimePod) {
+        for c in &pod.containers {
+            self.containers[c.state as usize] += 1;
+        }
+        if pod
+            .sandboxes
+            .iter()
+            .any(|s| s.state == ContainerState::Running)
+        {
+            self.running_pods += 1;
+        }
     }
 }
 
