@@ -12,13 +12,12 @@ use std::time::{Duration, Instant};
 use kube::api::Api;
 use tokio::sync::watch;
 
-use super::fence::record_for;
+use super::fresh_node::NodeReadError;
+use super::plan::{plan_fences, releases_of};
 use crate::api::slim::PodView;
-use crate::index::NodeIndex;
-use crate::index::{Index, Tombstone};
+use crate::index::Index;
 use crate::ipam::PodKey;
-use crate::reclaim::{Decision, Reason, ReclaimConfig};
-use crate::reclaim::{Judged, PodRef};
+use crate::reclaim::{PodRef, ReclaimConfig};
 use crate::release::{EntryWrite, ReleaseError, ReleaseOutcome, ReleaseRequest};
 
 /// An item a replica could not write because it does not lead waits this long before a worker
@@ -39,6 +38,9 @@ pub enum DeletionError {
         /// What the API said.
         message: String,
     },
+    /// The node of the deleted pod could not be read fresh, so nothing was removed.
+    #[error("{0}")]
+    NodeRead(#[from] NodeReadError),
     /// Writes of the item's releases or fences failed.
     #[error("{}", join(.0))]
     Writes(Vec<ReleaseError>),
@@ -55,6 +57,7 @@ impl DeletionError {
     pub fn label(&self) -> &'static str {
         match self {
             DeletionError::Confirm { .. } => "confirm",
+            DeletionError::NodeRead(_) => "node_read",
             DeletionError::Writes(errors) => errors.first().map_or("api", ReleaseError::label),
         }
     }
@@ -207,10 +210,7 @@ impl Worker {
         let distrusted =
             super::fresh_node::distrusted_when_read(&self.ctx, podref, &releases, seen)
                 .await
-                .map_err(|message| {
-                    let podref = podref.to_owned();
-                    Failure::new(DeletionError::Confirm { podref, message })
-                })?;
+                .map_err(|e| Failure::new(e.into()))?;
         if distrusted {
             let st = self.ctx.state.read().expect("state lock");
             releases = self.decide(&st, podref);
@@ -329,115 +329,9 @@ impl Worker {
     }
 }
 
-/// The releases the judgement calls for (deleted at `deleted_at`, for the latency metric).
-fn releases_of(judged: &[Judged], deleted_at: Option<Instant>) -> Vec<ReleaseRequest> {
-    judged
-        .iter()
-        .filter_map(|j| match j.decision {
-            Decision::Release(reason) => Some(ReleaseRequest {
-                judged: j.clone(),
-                reason,
-                deleted_at,
-                cooldown: None,
-                write: Default::default(),
-            }),
-            _ => None,
-        })
-        .collect()
-}
-
-/// Why the deletion `t` is fenced: its node was not trusted when the deletion was seen, or is
-/// not now; never when its Node is gone or tainted out-of-service now (declared dead).
-fn fence_reason(t: &Tombstone, view: &NodeIndex) -> Option<String> {
-    let node = t.node.as_deref()?;
-    let now = view.node(node)?;
-    if now.out_of_service {
-        return None;
-    }
-    t.distrust.clone().or_else(|| view.distrust(Some(node)))
-}
-
-/// The fences a deletion calls for, whatever the cache holds now. The node of a deleted pod
-/// is known whenever its deletion was observed (a Delete event, a re-list's diff, a pod
-/// replaced under its name), and the fence follows from that node: a release of a pod deleted
-/// from a node that is not Ready becomes a fence; so does an allocation that pod held (same
-/// pool, key and sandbox id as when its deletion was seen, its address listed by it) that is
-/// judged kept only because a replacement of the same name is known without network-status
-/// yet. Left unfenced, that entry would later be released as `IPNotOnPod`, its node still down.
-pub(crate) fn plan_fences(
-    st: &Index,
-    view: &NodeIndex,
-    podref: &str,
-    judged: &[Judged],
-    releases: &mut Vec<ReleaseRequest>,
-) {
-    for r in releases.iter_mut() {
-        if r.reason != Reason::PodDeleted || r.judged.pod.uid.is_empty() {
-            continue;
-        }
-        let Some(t) = st.pods().deleted_pod(podref, &r.judged.pod.uid) else {
-            continue;
-        };
-        if let Some(why) = fence_reason(t, view) {
-            let node = t.node.as_deref().unwrap_or_default().to_owned();
-            r.write = EntryWrite::Fence(record_for(&r.judged, node, why));
-        }
-    }
-    let live = st.pods().live(podref);
-    let live_lists = |ip| {
-        live.and_then(|l| l.networks.as_deref())
-            .is_some_and(|n| n.iter().any(|a| a.ips.contains(&ip)))
-    };
-    for t in st.pods().tombstones(podref) {
-        let Some(why) = fence_reason(t, view) else {
-            continue;
-        };
-        if t.uid.is_empty() {
-            continue;
-        }
-        for j in judged {
-            let e = &j.entry;
-            let planned = releases
-                .iter()
-                .any(|r| (&r.judged.pool, &r.judged.entry.key) == (&j.pool, &e.key));
-            let held = t
-                .held
-                .iter()
-                .any(|h| (&h.pool, &h.key, &h.id) == (&j.pool, &e.key, &e.id));
-            let listed = match t.networks.as_deref() {
-                Some(n) => n.iter().any(|a| a.ips.contains(&e.ip)),
-                // Without its network-status, only while no pod of the name lives.
-                None => live.is_none(),
-            };
-            if planned || !held || !listed || live_lists(e.ip) {
-                continue;
-            }
-            let mut fenced = j.clone();
-            fenced.decision = Decision::Release(Reason::PodDeleted);
-            fenced.pod.uid = t.uid.clone();
-            let node = t.node.as_deref().unwrap_or_default().to_owned();
-            let record = record_for(&fenced, node, why.clone());
-            releases.push(ReleaseRequest {
-                judged: fenced,
-                reason: Reason::PodDeleted,
-                deleted_at: Some(t.seen_at),
-                cooldown: None,
-                write: EntryWrite::Fence(record),
-            });
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
-    use k8s_openapi::api::core::v1::NodeCondition;
-
     use super::*;
-    use crate::api::slim::NodeReadyView;
-    use crate::api::{IPAllocation, IPPool, IPPoolSpec};
-    use crate::index::PodSeen;
 
     #[test]
     fn deletion_errors_read_as_the_warning_always_did_and_name_what_failed() {
@@ -456,138 +350,15 @@ mod tests {
         };
         assert_eq!(confirm.to_string(), "confirming pod ns/a is gone: boom");
         assert_eq!(confirm.label(), "confirm");
-    }
-
-    const WEB: &str = "ns/web-0";
-
-    fn status(ip: &str) -> BTreeMap<String, String> {
-        let s = format!(r#"[{{"name":"ns/net","interface":"net1","ips":["{ip}"]}}]"#);
-        BTreeMap::from([(crate::ipam::NETWORK_STATUS_ANNOTATION.to_string(), s)])
-    }
-
-    fn pool(id: &str) -> IPPool {
-        let entry = IPAllocation {
-            id: id.into(),
-            podref: WEB.into(),
-            ifname: Some("net1".into()),
-            ipamclaimref: None,
-        };
-        IPPool::new(
-            "192.0.2.0-24",
-            IPPoolSpec {
-                range: "192.0.2.0/24".into(),
-                allocations: BTreeMap::from([("10".to_string(), entry)]),
-            },
-        )
-    }
-
-    fn view(ready: &str) -> NodeIndex {
-        let mut n = NodeReadyView::default();
-        n.metadata.name = Some("node-a".into());
-        n.ready = Some(NodeCondition {
-            type_: "Ready".into(),
-            status: ready.into(),
-            reason: Some("NodeStatusUnknown".into()),
-            ..Default::default()
+        let node = DeletionError::from(NodeReadError {
+            node: "n1".into(),
+            message: "boom".into(),
         });
-        let mut v = NodeIndex::default();
-        v.upsert(&n, Instant::now());
-        v
-    }
-
-    /// web-0 (old-uid, 192.0.2.10, sandbox sb-old) on node-a was deleted; then a replacement
-    /// web-0 (new-uid) is known, with the network-status `replacement` (None: not yet).
-    fn replaced(replacement: Option<&str>) -> Index {
-        let mut st = Index::default();
-        st.upsert_pool(&pool("sb-old"));
-        let old = status("192.0.2.10");
-        let on_a = |annotations| PodSeen {
-            annotations,
-            node: Some("node-a"),
-            terminal: false,
-        };
-        let now = Instant::now();
-        st.upsert_pod(WEB, "old-uid", on_a(Some(&old)), now);
-        st.delete_pod(WEB, "old-uid", on_a(Some(&old)), now);
-        let new = replacement.map(status);
-        let seen = PodSeen {
-            annotations: new.as_ref(),
-            node: Some("node-b"),
-            terminal: false,
-        };
-        st.upsert_pod(WEB, "new-uid", seen, now);
-        st
-    }
-
-    fn plan(st: &Index, v: &NodeIndex) -> Vec<(String, String, bool)> {
-        let judged = st.judge_podref(WEB, &ReclaimConfig::default());
-        let mut releases = releases_of(&judged, None);
-        plan_fences(st, v, WEB, &judged, &mut releases);
-        releases
-            .into_iter()
-            .map(|r| {
-                let fence = matches!(r.write, EntryWrite::Fence(_));
-                (r.judged.entry.key, r.judged.pod.uid, fence)
-            })
-            .collect()
-    }
-
-    #[test]
-    fn the_deleted_pods_node_decides_the_fence_even_when_the_replacement_is_known_first() {
-        // The replacement has no network-status yet: the cache alone judges the entry kept
-        // (the allocation may be racing the annotation), and it used to be left unfenced.
-        let st = replaced(None);
-        let judged = st.judge_podref(WEB, &ReclaimConfig::default());
-        assert!(
-            matches!(judged[0].decision, Decision::Keep(_)),
-            "{judged:?}"
-        );
         assert_eq!(
-            plan(&st, &view("Unknown")),
-            [("10".to_string(), "old-uid".to_string(), true)]
+            node.to_string(),
+            "reading node n1 before releasing its addresses: boom"
         );
-        // On a Ready node nothing is fenced, and a kept entry stays kept.
-        assert_eq!(plan(&st, &view("True")), []);
-    }
-
-    #[test]
-    fn a_replacement_that_lists_the_address_or_reused_the_entry_is_never_fenced() {
-        // It lists the address (whereabouts gave it back by podref): it is the replacement's.
-        assert_eq!(plan(&replaced(Some("192.0.2.10")), &view("Unknown")), []);
-        // The entry's sandbox changed since the deletion was seen (reused by the replacement).
-        let mut st = replaced(None);
-        st.upsert_pool(&pool("sb-new"));
-        assert_eq!(plan(&st, &view("Unknown")), []);
-    }
-
-    #[test]
-    fn a_replacement_listing_another_address_makes_the_old_one_a_fence() {
-        assert_eq!(
-            plan(&replaced(Some("192.0.2.20")), &view("Unknown")),
-            [("10".to_string(), "old-uid".to_string(), true)]
-        );
-    }
-
-    #[test]
-    fn a_deletion_seen_while_its_node_was_down_is_fenced_even_if_the_node_is_back_when_judged() {
-        let mut st = replaced(Some("192.0.2.20"));
-        let down = view("Unknown");
-        st.judge_deleted_nodes(WEB, |node| down.distrust(node));
-        // Judged later: the node is Ready again (its settle has not passed).
-        assert_eq!(
-            plan(&st, &view("True")),
-            [("10".to_string(), "old-uid".to_string(), true)]
-        );
-        // Declared dead since: released, not fenced.
-        let mut gone = view("Unknown");
-        let mut tainted = NodeReadyView::default();
-        tainted.metadata.name = Some("node-a".into());
-        tainted.out_of_service = true;
-        gone.upsert(&tainted, Instant::now());
-        assert_eq!(
-            plan(&st, &gone),
-            [("10".to_string(), "old-uid".to_string(), false)]
-        );
+        assert_eq!(node.label(), "node_read");
     }
 
     #[test]

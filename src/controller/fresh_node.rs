@@ -12,6 +12,16 @@ use super::Ctx;
 use crate::api::slim::NodeReadyView;
 use crate::release::{EntryWrite, ReleaseRequest};
 
+/// A node of a deletion could not be read fresh.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("reading node {node} before releasing its addresses: {message}")]
+pub struct NodeReadError {
+    /// The node.
+    pub node: String,
+    /// What the API said.
+    pub message: String,
+}
+
 /// Reads fresh the nodes whose allocations `releases` would remove while the cache trusts
 /// them (unless a read begun after `deleted_seen` already did); whether one turned out not
 /// Ready, so that the deletion must be judged again. A read that fails is returned (the caller
@@ -21,7 +31,7 @@ pub(crate) async fn distrusted_when_read(
     podref: &str,
     releases: &[ReleaseRequest],
     deleted_seen: Instant,
-) -> Result<bool, String> {
+) -> Result<bool, NodeReadError> {
     let Some(view) = &ctx.nodes else {
         return Ok(false);
     };
@@ -47,7 +57,10 @@ pub(crate) async fn distrusted_when_read(
         let fresh = Api::<NodeReadyView>::all(ctx.client.clone())
             .get_opt(&node)
             .await
-            .map_err(|e| format!("reading its node {node}: {e}"))?;
+            .map_err(|e| NodeReadError {
+                node: node.clone(),
+                message: e.to_string(),
+            })?;
         // Gone: the Node watch will drop it, and a pod of a deleted Node is released.
         let Some(fresh) = fresh else { continue };
         let mut v = view.write().expect("node view lock");

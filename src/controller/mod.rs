@@ -14,6 +14,7 @@ pub mod fence;
 mod fresh_node;
 mod housekeeping;
 pub mod leadership;
+pub mod plan;
 pub mod report;
 pub mod sweep;
 pub mod watch;
