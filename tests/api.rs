@@ -103,8 +103,7 @@ async fn a_refused_watch_backs_off_instead_of_relisting_five_times_a_second() {
     use kube::runtime::watcher;
 
     let cp = ControlPlane::shared();
-    let admin = cp.client().await;
-    let ns = cp.namespace(&admin, "api-refused-watch").await;
+    let (admin, ns) = cp.client_and_namespace("api-refused-watch").await;
     let client = cp
         .service_account_client(&admin, &ns, "no-rights")
         .await

@@ -102,13 +102,24 @@ fn flags_in(args: &[String]) -> BTreeSet<String> {
         .collect()
 }
 
-/// The long flags of `cmd` that `args` does not give, but for `unless` (given only when set).
-fn missing_flags(cmd: clap::Command, args: &[String], unless: &[&str]) -> Vec<String> {
-    long_flags(cmd)
+/// Every long flag of `program`'s `cmd` is in `args`, but for `unless` (given only when set).
+fn assert_flags_set(program: &str, cmd: clap::Command, args: &[String], unless: &[&str]) {
+    let missing: Vec<String> = long_flags(cmd)
         .difference(&flags_in(args))
         .filter(|f| !unless.contains(&f.as_str()))
         .cloned()
-        .collect()
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{program} flags not set from values: {missing:?}"
+    );
+}
+
+/// Each of `wants` is one of `args`.
+fn assert_args_contain(args: &[String], wants: &[&str]) {
+    for want in wants {
+        assert!(args.contains(&want.to_string()), "{want} in {args:?}");
+    }
 }
 
 #[test]
@@ -146,14 +157,11 @@ fn helm_lint_and_template_pass_and_every_flag_is_reachable() {
     let controller_args = args_of(deployment);
     assert_eq!(controller_args[0], "controller");
     // Only given when on or set (checked below).
-    let missing = missing_flags(
+    assert_flags_set(
+        "controller",
         ControllerCli::command(),
         &controller_args,
         &["--dry-run", "--fence-timeout"],
-    );
-    assert!(
-        missing.is_empty(),
-        "controller flags not set from values: {missing:?}"
     );
     let pod = &deployment["spec"]["template"]["spec"];
     assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
@@ -182,14 +190,11 @@ fn helm_lint_and_template_pass_and_every_flag_is_reachable() {
     let agent_args = args_of(daemonset);
     assert_eq!(agent_args[0], "node-agent");
     // The node name comes from the downward API; --dry-run only when on (checked below).
-    let missing = missing_flags(
+    assert_flags_set(
+        "node-agent",
         NodeCli::command(),
         &agent_args,
         &["--node-name", "--dry-run"],
-    );
-    assert!(
-        missing.is_empty(),
-        "node-agent flags not set from values: {missing:?}"
     );
     let pod = &daemonset["spec"]["template"]["spec"];
     let c = &pod["containers"][0];
@@ -243,24 +248,20 @@ fn helm_lint_and_template_pass_and_every_flag_is_reachable() {
         "whereaboutsNamespace=ipam",
     ]);
     let controller_args = args_of(find(&docs, "Deployment", "-controller"));
-    for want in [
-        "--dry-run",
-        "--leak-grace=5m",
-        "--fence-timeout=10m",
-        "--whereabouts-namespace=ipam",
-    ] {
-        assert!(
-            controller_args.contains(&want.to_string()),
-            "{want} in {controller_args:?}"
-        );
-    }
+    assert_args_contain(
+        &controller_args,
+        &[
+            "--dry-run",
+            "--leak-grace=5m",
+            "--fence-timeout=10m",
+            "--whereabouts-namespace=ipam",
+        ],
+    );
     let agent_args = args_of(find(&docs, "DaemonSet", "-node-agent"));
-    for want in ["--cri-endpoint=unix:///run/crio/crio.sock", "--dry-run"] {
-        assert!(
-            agent_args.contains(&want.to_string()),
-            "{want} in {agent_args:?}"
-        );
-    }
+    assert_args_contain(
+        &agent_args,
+        &["--cri-endpoint=unix:///run/crio/crio.sock", "--dry-run"],
+    );
     let monitors: Vec<_> = docs
         .iter()
         .filter(|d| d["kind"] == "ServiceMonitor" || d["kind"] == "PodMonitor")

@@ -46,8 +46,7 @@ fn is_apply_of(e: &Event<Pod>, name: &str) -> bool {
 #[tokio::test]
 async fn pod_with_network_status_is_created_watched_and_deleted() {
     let cp = ControlPlane::shared();
-    let client = cp.client().await;
-    let ns = cp.namespace(&client, "cp-pod").await;
+    let (client, ns) = cp.client_and_namespace("cp-pod").await;
     let pods = Api::<Pod>::namespaced(client, &ns);
     let mut events = watcher::watcher(pods.clone(), watcher::Config::default()).boxed();
     next_matching(&mut events, "initial list", |e| {
@@ -85,8 +84,7 @@ async fn pod_with_network_status_is_created_watched_and_deleted() {
 #[tokio::test]
 async fn graceful_delete_without_kubelet_leaves_the_pod_terminating() {
     let cp = ControlPlane::shared();
-    let client = cp.client().await;
-    let ns = cp.namespace(&client, "cp-terminating").await;
+    let (client, ns) = cp.client_and_namespace("cp-terminating").await;
     let pods = Api::<Pod>::namespaced(client, &ns);
     let mut p = pod("web-0", STATUS_JSON);
     p.spec.as_mut().unwrap().node_name = Some("node-a".into());
@@ -105,8 +103,7 @@ async fn graceful_delete_without_kubelet_leaves_the_pod_terminating() {
 async fn watch_survives_an_apiserver_restart() {
     // A private control plane: restarting the shared one would disturb the other tests.
     let cp = ControlPlane::start_for_test().await;
-    let client = cp.client().await;
-    let ns = cp.namespace(&client, "cp-restart").await;
+    let (client, ns) = cp.client_and_namespace("cp-restart").await;
     let pods = Api::<Pod>::namespaced(client.clone(), &ns);
     pods.create(&PostParams::default(), &pod("before", STATUS_JSON))
         .await
@@ -141,8 +138,7 @@ async fn watch_survives_an_apiserver_restart() {
 #[tokio::test]
 async fn service_account_without_permissions_gets_403() {
     let cp = ControlPlane::shared();
-    let admin = cp.client().await;
-    let ns = cp.namespace(&admin, "cp-rbac").await;
+    let (admin, ns) = cp.client_and_namespace("cp-rbac").await;
     let sa = cp
         .service_account_client(&admin, &ns, "nobody")
         .await
@@ -200,8 +196,7 @@ async fn crds_install_and_an_ippool_is_created() {
 async fn the_fault_proxy_forwards_refuses_holds_and_cuts_watches() {
     use testenv::faultproxy::{Action, FaultProxy, Rule};
     let cp = ControlPlane::shared();
-    let admin = cp.client().await;
-    let ns = cp.namespace(&admin, "faults").await;
+    let (admin, ns) = cp.client_and_namespace("faults").await;
     let proxy = FaultProxy::start(admin.clone(), 7).await.unwrap();
     let client = cp.client_through_faults(&proxy).await;
     let maps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client, &ns);

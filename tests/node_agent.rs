@@ -19,6 +19,15 @@ use testenv::{Containerd, ControlPlane};
 
 use crate::support::Program;
 
+// The scenarios run twice, as admin and as the chart's ServiceAccount.
+testenv::as_admin_and_as_the_chart!(NodeEnv {
+    a_dead_sandboxs_entry_is_released_after_the_grace_and_the_new_sandboxs_kept: "node-restart",
+    a_node_slice_networks_entry_is_released_from_this_nodes_slice_pool: "node-slice",
+    a_pod_deleted_from_the_api_is_left_to_the_controller: "node-deleted",
+    sandboxes_without_an_api_pod_are_counted_as_orphaned_runtime_pods: "node-orphans",
+    a_fenced_pod_is_reported_gone_only_once_its_sandbox_is_removed: "node-evidence",
+});
+
 const RANGE: &str = "192.0.2.0/24";
 const POOL: &str = "192.0.2.0-24";
 
@@ -270,11 +279,6 @@ const STARTED: &str = r#"ipreclaim_node_pleg_events_total{kind="ContainerStarted
 const REMOVED: &str = r#"ipreclaim_node_pleg_events_total{kind="ContainerRemoved"}"#;
 const PENDING: &str = "ipreclaim_node_dead_sandboxes_pending";
 
-testenv::as_admin_and_as_the_chart!(
-    NodeEnv,
-    a_dead_sandboxs_entry_is_released_after_the_grace_and_the_new_sandboxs_kept,
-    "node-restart"
-);
 async fn a_dead_sandboxs_entry_is_released_after_the_grace_and_the_new_sandboxs_kept(
     mut env: NodeEnv,
 ) {
@@ -323,11 +327,6 @@ async fn a_dead_sandboxs_entry_is_released_after_the_grace_and_the_new_sandboxs_
     env.stop().await;
 }
 
-testenv::as_admin_and_as_the_chart!(
-    NodeEnv,
-    a_node_slice_networks_entry_is_released_from_this_nodes_slice_pool,
-    "node-slice"
-);
 async fn a_node_slice_networks_entry_is_released_from_this_nodes_slice_pool(mut env: NodeEnv) {
     env.slice_nad().await;
     env.web_0_sandbox_replaced((2, "192.0.2.18"), (3, "192.0.2.19"))
@@ -356,11 +355,6 @@ async fn a_node_slice_networks_entry_is_released_from_this_nodes_slice_pool(mut 
     env.stop().await;
 }
 
-testenv::as_admin_and_as_the_chart!(
-    NodeEnv,
-    a_pod_deleted_from_the_api_is_left_to_the_controller,
-    "node-deleted"
-);
 async fn a_pod_deleted_from_the_api_is_left_to_the_controller(mut env: NodeEnv) {
     env.nad().await;
     let uid = env.pod("gone-0").await;
@@ -400,11 +394,6 @@ async fn a_pod_deleted_from_the_api_is_left_to_the_controller(mut env: NodeEnv) 
     env.stop().await;
 }
 
-testenv::as_admin_and_as_the_chart!(
-    NodeEnv,
-    sandboxes_without_an_api_pod_are_counted_as_orphaned_runtime_pods,
-    "node-orphans"
-);
 async fn sandboxes_without_an_api_pod_are_counted_as_orphaned_runtime_pods(mut env: NodeEnv) {
     let uid = env.pod("known-0").await;
     env.run_sandbox("known-0", &uid).await;
@@ -469,11 +458,6 @@ const TERMINATING: &str = r#"ipreclaim_node_fenced_pods{state="terminating"}"#;
 const TERMINATED: &str = r#"ipreclaim_node_fenced_pods{state="terminated"}"#;
 const REPORTED: &str = r#"ipreclaim_node_fence_reports_total{outcome="reported"}"#;
 
-testenv::as_admin_and_as_the_chart!(
-    NodeEnv,
-    a_fenced_pod_is_reported_gone_only_once_its_sandbox_is_removed,
-    "node-evidence"
-);
 /// A pod force-deleted while this node was down, its address fenced: while its sandbox runs,
 /// and while it is stopped but still there, nothing is reported; once containerd no longer
 /// lists it, the fence's status names this node, the pod and the fence object. A fence

@@ -1,64 +1,24 @@
 //! The controller's and the node agent's metrics, all prefixed `ipreclaim_`.
 
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-/// A `reason` label.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabel {
-    /// Reason code.
-    pub reason: String,
-}
-
-/// A `pool` label (`namespace/name`).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PoolLabel {
-    /// The pool.
-    pub pool: String,
-}
-
-/// A `network` label (`namespace/nad`).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct NetworkLabel {
-    /// The network.
-    pub network: String,
-}
-
-impl From<String> for NetworkLabel {
-    fn from(network: String) -> Self {
-        NetworkLabel { network }
-    }
-}
-
-/// A `kind` label (an object kind, a PLEG event kind).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct KindLabel {
-    /// Object kind.
-    pub kind: String,
-}
-
-impl From<String> for KindLabel {
-    fn from(kind: String) -> Self {
-        KindLabel { kind }
-    }
-}
-
-/// A `cause` label.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CauseLabel {
-    /// Failure cause.
-    pub cause: String,
-}
-
-/// A `verb` label.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct VerbLabel {
-    /// API verb.
-    pub verb: String,
+one_label! {
+    /// A `reason` label.
+    ReasonLabel { reason }
+    /// A `pool` label (`namespace/name`).
+    PoolLabel { pool }
+    /// A `network` label (`namespace/nad`).
+    NetworkLabel { network }
+    /// A `kind` label (an object kind, a PLEG event kind).
+    KindLabel { kind }
+    /// A `cause` label.
+    CauseLabel { cause }
+    /// A `verb` label.
+    VerbLabel { verb }
 }
 
 /// The label set of one label `s` (`ReasonLabel`, `KindLabel`, ...).
@@ -75,27 +35,6 @@ where
 {
     for value in values {
         let _ = family.get_or_create(&labels(value));
-    }
-}
-
-impl From<String> for ReasonLabel {
-    fn from(reason: String) -> Self {
-        ReasonLabel { reason }
-    }
-}
-impl From<String> for PoolLabel {
-    fn from(pool: String) -> Self {
-        PoolLabel { pool }
-    }
-}
-impl From<String> for CauseLabel {
-    fn from(cause: String) -> Self {
-        CauseLabel { cause }
-    }
-}
-impl From<String> for VerbLabel {
-    fn from(verb: String) -> Self {
-        VerbLabel { verb }
     }
 }
 
@@ -173,87 +112,25 @@ impl WriteMetrics {
         zero(&m.dry_run_releases, reasons);
         zero(&m.failures, FAILURE_CAUSES);
         zero(&m.api_writes, ["patch", "delete"]);
-        m.register_releases(r);
-        m.register_writes(r);
+        register_metrics!(r;
+            // Releases, fences and reservations: what was written and why.
+            "releases", "Addresses released, by reason", m.releases;
+            "dry_run_releases", "Releases decided but not written (dry-run), by reason", m.dry_run_releases;
+            "release_failures", "Release failures, by cause", m.failures;
+            "deletion_to_release_seconds", "Time from seeing a pod deletion to its addresses being released", m.deletion_to_release_seconds;
+            "fences", "Addresses fenced: kept allocated because the deleted pod's node was not Ready", m.fences;
+            "fence_write_failures", "Fence writes that failed: the address is kept and the fence retried with backoff, never released instead", m.fence_failures;
+            "reservations_kept", "Reservation deletes not sent because a live allocation of the pod holds the address", m.reservations_kept;
+            "reservations_restored", "Reservations put back because an allocation for the pod and address appeared as they were deleted", m.reservations_restored;
+            // The API writes themselves: patches, throttling, Events.
+            "api_writes", "API write requests, by verb", m.api_writes;
+            "api_throttled", "Writes the apiserver answered 429 Too Many Requests; every write then paused for its Retry-After", m.throttled;
+            "pool_patch_duration_seconds", "Time of one pool patch request (the apiserver's cost grows with the pool's size)", m.pool_patch_seconds;
+            "pool_patch_entries", "Entries released or fenced by one pool patch", m.pool_patch_entries;
+            "events_published", "Kubernetes Events published", m.events_published;
+            "events_dropped", "Kubernetes Events dropped: queue full, or refused or failing for two minutes", m.events_dropped;
+        );
         m
-    }
-
-    /// Releases, fences and reservations: what was written and why.
-    fn register_releases(&self, r: &mut Registry) {
-        r.register(
-            "releases",
-            "Addresses released, by reason",
-            self.releases.clone(),
-        );
-        r.register(
-            "dry_run_releases",
-            "Releases decided but not written (dry-run), by reason",
-            self.dry_run_releases.clone(),
-        );
-        r.register(
-            "release_failures",
-            "Release failures, by cause",
-            self.failures.clone(),
-        );
-        r.register(
-            "deletion_to_release_seconds",
-            "Time from seeing a pod deletion to its addresses being released",
-            self.deletion_to_release_seconds.clone(),
-        );
-        r.register(
-            "fences",
-            "Addresses fenced: kept allocated because the deleted pod's node was not Ready",
-            self.fences.clone(),
-        );
-        r.register(
-            "fence_write_failures",
-            "Fence writes that failed: the address is kept and the fence retried with backoff, never released instead",
-            self.fence_failures.clone(),
-        );
-        r.register(
-            "reservations_kept",
-            "Reservation deletes not sent because a live allocation of the pod holds the address",
-            self.reservations_kept.clone(),
-        );
-        r.register(
-            "reservations_restored",
-            "Reservations put back because an allocation for the pod and address appeared as they were deleted",
-            self.reservations_restored.clone(),
-        );
-    }
-
-    /// The API writes themselves: patches, throttling, Events.
-    fn register_writes(&self, r: &mut Registry) {
-        r.register(
-            "api_writes",
-            "API write requests, by verb",
-            self.api_writes.clone(),
-        );
-        r.register(
-            "api_throttled",
-            "Writes the apiserver answered 429 Too Many Requests; every write then paused for its Retry-After",
-            self.throttled.clone(),
-        );
-        r.register(
-            "pool_patch_duration_seconds",
-            "Time of one pool patch request (the apiserver's cost grows with the pool's size)",
-            self.pool_patch_seconds.clone(),
-        );
-        r.register(
-            "pool_patch_entries",
-            "Entries released or fenced by one pool patch",
-            self.pool_patch_entries.clone(),
-        );
-        r.register(
-            "events_published",
-            "Kubernetes Events published",
-            self.events_published.clone(),
-        );
-        r.register(
-            "events_dropped",
-            "Kubernetes Events dropped: queue full, or refused or failing for two minutes",
-            self.events_dropped.clone(),
-        );
     }
 
     /// Counts a release.
@@ -354,136 +231,51 @@ impl ControllerMetrics {
             leader: Gauge::default(),
             invalid_objects: Family::default(),
         };
-        m.pools.register(r);
-        r.register(
-            "pool_leak_candidates",
-            "Allocations of the pool seen as garbage, waiting for their grace (the leader's; a standby has none)",
-            m.pool_leak_candidates.clone(),
-        );
-        r.register(
-            "pool_held",
-            "1 while the breaker holds the pool's sweep for an operator (the leader's; a standby has none)",
-            m.pool_held.clone(),
-        );
-        m.register_fencing(r);
-        m.register_sweep(r);
-        m.register_cache(r);
-        m
-    }
-
-    /// Fences: held, their age, unready nodes, rejected node-agent reports.
-    fn register_fencing(&self, r: &mut Registry) {
-        r.register(
-            "fenced_addresses",
-            "Addresses held by a fence now",
-            self.fenced_addresses.clone(),
-        );
-        r.register(
-            "fence_oldest_age_seconds",
-            "Age of the oldest fence held",
-            self.oldest_fence_seconds.clone(),
-        );
-        r.register(
-            "unready_nodes",
-            "Nodes not Ready now: their pods' addresses are fenced when the pods are deleted",
-            self.unready_nodes.clone(),
-        );
-        r.register(
-            "fence_evidence_rejected",
-            "Node agent reports on fences that did not count (another node, pod or fence; malformed), by reason",
-            self.fence_evidence_rejected.clone(),
-        );
-        let reasons = [
+        let evidence = [
             "unbound",
             "malformed",
             "wrong_node",
             "wrong_pod",
             "other_fence",
         ];
-        zero(&self.fence_evidence_rejected, reasons);
-    }
-
-    /// Pools and the sweep: allocations, unreadable entries, candidates, holds.
-    fn register_sweep(&self, r: &mut Registry) {
-        r.register(
-            "allocations",
-            "Allocations per IP pool",
-            self.allocations.clone(),
+        zero(&m.fence_evidence_rejected, evidence);
+        register_metrics!(r;
+            // How full each pool and network is, on every replica.
+            "pool_size", "Addresses the pool can hand out: its range less the network and broadcast addresses and the network's exclusions", m.pools.size;
+            "pool_allocated", "Allocations in the pool, fenced and cooling ones included", m.pools.allocated;
+            "pool_free", "Addresses of the pool still free", m.pools.free;
+            "pool_fenced", "Allocations of the pool held by a fence", m.pools.fenced;
+            "pool_cooling", "Released addresses of the pool kept out of it by --release-cooldown", m.pools.cooling;
+            "network_size", "Addresses the network's pools can hand out", m.pools.network_size;
+            "network_allocated", "Allocations in the network's pools", m.pools.network_allocated;
+            "network_free", "Addresses of the network's pools still free", m.pools.network_free;
+            // Per pool, the leader's: its candidates, its hold.
+            "pool_leak_candidates", "Allocations of the pool seen as garbage, waiting for their grace (the leader's; a standby has none)", m.pool_leak_candidates;
+            "pool_held", "1 while the breaker holds the pool's sweep for an operator (the leader's; a standby has none)", m.pool_held;
+            // Fences: held, their age, unready nodes, rejected node-agent reports.
+            "fenced_addresses", "Addresses held by a fence now", m.fenced_addresses;
+            "fence_oldest_age_seconds", "Age of the oldest fence held", m.oldest_fence_seconds;
+            "unready_nodes", "Nodes not Ready now: their pods' addresses are fenced when the pods are deleted", m.unready_nodes;
+            "fence_evidence_rejected", "Node agent reports on fences that did not count (another node, pod or fence; malformed), by reason", m.fence_evidence_rejected;
+            // Pools and the sweep: allocations, unreadable entries, candidates, holds.
+            "allocations", "Allocations per IP pool", m.allocations;
+            "pool_problem_entries", "Pool entries that cannot be read", m.pool_problems;
+            "gc_candidates", "Allocations seen as garbage, waiting for the grace period", m.candidates;
+            "gc_candidate_oldest_age_seconds", "Age of the oldest candidate", m.oldest_candidate_seconds;
+            "sweep_duration_seconds", "Duration of a leak sweep", m.sweep_duration_seconds;
+            "breaker_holds", "Sweeps held by the blast-radius breaker", m.breaker_holds;
+            // The cache and the queue: watches, bad input, leadership.
+            "invalid_objects", "Objects skipped because they do not fit their schema, by kind", m.invalid_objects;
+            "leader", "1 while this replica leads and may write (it holds the Lease and renewed it within the renew deadline), else 0", m.leader;
+            "queue_depth", "Items waiting in the work queue", m.queue_depth;
+            "queue_retries", "Items re-queued after a failure", m.retries;
+            "watch_gap_deletions", "Pods found deleted by a re-list (no Delete event was seen)", m.watch_gap_deletions;
+            "nad_config_errors", "NetworkAttachmentDefinitions whose config cannot be used", m.nad_config_errors;
+            "malformed_network_status_pods", "Pods whose network-status annotation is malformed", m.malformed_network_status;
+            "cached_pods", "Live pods in the controller's cache", m.cached_pods;
+            "duplicate_addresses", "Addresses that two or more live pods list on the network (never released; each gets a Warning IPAddressDuplicate Event)", m.duplicate_addresses;
         );
-        r.register(
-            "pool_problem_entries",
-            "Pool entries that cannot be read",
-            self.pool_problems.clone(),
-        );
-        r.register(
-            "gc_candidates",
-            "Allocations seen as garbage, waiting for the grace period",
-            self.candidates.clone(),
-        );
-        r.register(
-            "gc_candidate_oldest_age_seconds",
-            "Age of the oldest candidate",
-            self.oldest_candidate_seconds.clone(),
-        );
-        r.register(
-            "sweep_duration_seconds",
-            "Duration of a leak sweep",
-            self.sweep_duration_seconds.clone(),
-        );
-        r.register(
-            "breaker_holds",
-            "Sweeps held by the blast-radius breaker",
-            self.breaker_holds.clone(),
-        );
-    }
-
-    /// The cache and the queue: watches, bad input, leadership.
-    fn register_cache(&self, r: &mut Registry) {
-        r.register(
-            "invalid_objects",
-            "Objects skipped because they do not fit their schema, by kind",
-            self.invalid_objects.clone(),
-        );
-        r.register(
-            "leader",
-            "1 while this replica leads and may write (it holds the Lease and renewed it within the renew deadline), else 0",
-            self.leader.clone(),
-        );
-        r.register(
-            "queue_depth",
-            "Items waiting in the work queue",
-            self.queue_depth.clone(),
-        );
-        r.register(
-            "queue_retries",
-            "Items re-queued after a failure",
-            self.retries.clone(),
-        );
-        r.register(
-            "watch_gap_deletions",
-            "Pods found deleted by a re-list (no Delete event was seen)",
-            self.watch_gap_deletions.clone(),
-        );
-        r.register(
-            "nad_config_errors",
-            "NetworkAttachmentDefinitions whose config cannot be used",
-            self.nad_config_errors.clone(),
-        );
-        r.register(
-            "malformed_network_status_pods",
-            "Pods whose network-status annotation is malformed",
-            self.malformed_network_status.clone(),
-        );
-        r.register(
-            "cached_pods",
-            "Live pods in the controller's cache",
-            self.cached_pods.clone(),
-        );
-        r.register(
-            "duplicate_addresses",
-            "Addresses that two or more live pods list on the network (never released; each gets a Warning IPAddressDuplicate Event)",
-            self.duplicate_addresses.clone(),
-        );
+        m
     }
 }
 
@@ -506,55 +298,4 @@ pub struct PoolGauges {
     pub network_allocated: Family<NetworkLabel, Gauge>,
     /// Free per network.
     pub network_free: Family<NetworkLabel, Gauge>,
-}
-
-impl PoolGauges {
-    fn register(&self, r: &mut Registry) {
-        let pools = [
-            (
-                "pool_size",
-                "Addresses the pool can hand out: its range less the network and broadcast addresses and the network's exclusions",
-                &self.size,
-            ),
-            (
-                "pool_allocated",
-                "Allocations in the pool, fenced and cooling ones included",
-                &self.allocated,
-            ),
-            ("pool_free", "Addresses of the pool still free", &self.free),
-            (
-                "pool_fenced",
-                "Allocations of the pool held by a fence",
-                &self.fenced,
-            ),
-            (
-                "pool_cooling",
-                "Released addresses of the pool kept out of it by --release-cooldown",
-                &self.cooling,
-            ),
-        ];
-        for (name, help, family) in pools {
-            r.register(name, help, family.clone());
-        }
-        let networks = [
-            (
-                "network_size",
-                "Addresses the network's pools can hand out",
-                &self.network_size,
-            ),
-            (
-                "network_allocated",
-                "Allocations in the network's pools",
-                &self.network_allocated,
-            ),
-            (
-                "network_free",
-                "Addresses of the network's pools still free",
-                &self.network_free,
-            ),
-        ];
-        for (name, help, family) in networks {
-            r.register(name, help, family.clone());
-        }
-    }
 }

@@ -2,7 +2,6 @@
 //! shared [`WriteMetrics`](super::WriteMetrics) under `ipreclaim_`).
 
 use podlife::pleg::{EventKind, PlegHandle, RelistStats};
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -11,43 +10,13 @@ use prometheus_client::registry::Registry;
 
 use super::metrics::{KindLabel, labels, zero};
 
-/// A CRI `method` label.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct MethodLabel {
-    /// The CRI method.
-    pub method: String,
-}
-
-impl From<String> for MethodLabel {
-    fn from(method: String) -> Self {
-        MethodLabel { method }
-    }
-}
-
-/// An `outcome` label.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OutcomeLabel {
-    /// What happened.
-    pub outcome: String,
-}
-
-impl From<String> for OutcomeLabel {
-    fn from(outcome: String) -> Self {
-        OutcomeLabel { outcome }
-    }
-}
-
-/// A `state` label (a fenced pod's lifecycle state).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct StateLabel {
-    /// The state.
-    pub state: String,
-}
-
-impl From<String> for StateLabel {
-    fn from(state: String) -> Self {
-        StateLabel { state }
-    }
+one_label! {
+    /// A CRI `method` label.
+    MethodLabel { method }
+    /// An `outcome` label.
+    OutcomeLabel { outcome }
+    /// A `state` label (a fenced pod's lifecycle state).
+    StateLabel { state }
 }
 
 /// Every node agent metric.
@@ -105,82 +74,28 @@ impl NodeMetrics {
         };
         super::process::register(registry);
         let r = registry.sub_registry_with_prefix("ipreclaim_node");
-        r.register("cri_calls", "CRI calls, by method", m.cri_calls.clone());
         // Known series at 0 from the start.
         zero(&m.fenced_pods, ["terminating", "terminated", "finished"]);
         zero(&m.fence_reports, ["reported", "failed"]);
         zero(&m.pleg_events, EventKind::SENT.iter().map(|k| k.as_str()));
-        m.register_pleg(r);
-        m.register_sandboxes(r);
+        register_metrics!(r;
+            "cri_calls", "CRI calls, by method", m.cri_calls;
+            // The PLEG: relists, their failures, events, health.
+            "relist_duration_seconds", "Duration of a CRI relist", m.relist_duration_seconds;
+            "relist_interval_seconds", "Time between the starts of two relists", m.relist_interval_seconds;
+            "relist_failures", "Relists whose listing failed", m.relist_failures;
+            "pleg_events", "PLEG events handled, by kind", m.pleg_events;
+            "pleg_dropped_events", "PLEG events dropped (channel full)", m.pleg_dropped_events;
+            "pleg_healthy", "1 while the PLEG relists within its threshold", m.pleg_healthy;
+            // Dead sandboxes, orphaned runtime pods, fence reports.
+            "orphaned_runtime_pods", "Runtime pods with no pod in the API (not acted on)", m.orphaned_runtime_pods;
+            "dead_sandboxes_pending", "Dead sandboxes waiting for the grace or a retry", m.dead_sandboxes_pending;
+            "dead_sandboxes", "Dead sandboxes handled, by outcome", m.dead_sandboxes;
+            "config_errors", "NADs or node slices that could not be used", m.config_errors;
+            "fenced_pods", "Pods of this node's fences, by lifecycle state (terminating: a sandbox runs; terminated: stopped, not removed; finished: none left)", m.fenced_pods;
+            "fence_reports", "Reports that a fenced pod's sandboxes are gone from this node, by outcome", m.fence_reports;
+        );
         m
-    }
-
-    /// The PLEG: relists, their failures, events, health.
-    fn register_pleg(&self, r: &mut Registry) {
-        r.register(
-            "relist_duration_seconds",
-            "Duration of a CRI relist",
-            self.relist_duration_seconds.clone(),
-        );
-        r.register(
-            "relist_interval_seconds",
-            "Time between the starts of two relists",
-            self.relist_interval_seconds.clone(),
-        );
-        r.register(
-            "relist_failures",
-            "Relists whose listing failed",
-            self.relist_failures.clone(),
-        );
-        r.register(
-            "pleg_events",
-            "PLEG events handled, by kind",
-            self.pleg_events.clone(),
-        );
-        r.register(
-            "pleg_dropped_events",
-            "PLEG events dropped (channel full)",
-            self.pleg_dropped_events.clone(),
-        );
-        r.register(
-            "pleg_healthy",
-            "1 while the PLEG relists within its threshold",
-            self.pleg_healthy.clone(),
-        );
-    }
-
-    /// Dead sandboxes, orphaned runtime pods, fence reports.
-    fn register_sandboxes(&self, r: &mut Registry) {
-        r.register(
-            "orphaned_runtime_pods",
-            "Runtime pods with no pod in the API (not acted on)",
-            self.orphaned_runtime_pods.clone(),
-        );
-        r.register(
-            "dead_sandboxes_pending",
-            "Dead sandboxes waiting for the grace or a retry",
-            self.dead_sandboxes_pending.clone(),
-        );
-        r.register(
-            "dead_sandboxes",
-            "Dead sandboxes handled, by outcome",
-            self.dead_sandboxes.clone(),
-        );
-        r.register(
-            "config_errors",
-            "NADs or node slices that could not be used",
-            self.config_errors.clone(),
-        );
-        r.register(
-            "fenced_pods",
-            "Pods of this node's fences, by lifecycle state (terminating: a sandbox runs; terminated: stopped, not removed; finished: none left)",
-            self.fenced_pods.clone(),
-        );
-        r.register(
-            "fence_reports",
-            "Reports that a fenced pod's sandboxes are gone from this node, by outcome",
-            self.fence_reports.clone(),
-        );
     }
 
     /// Creates the dead-sandbox outcome series at 0 (the labels are the node agent's).

@@ -9,11 +9,15 @@ use testenv::poll::{metric_sum, wait_for};
 use crate::harness::Env;
 use crate::support::allocation;
 
-testenv::as_admin_and_as_the_chart!(
-    Env,
-    deleted_pod_is_released_with_an_event_and_the_live_pod_is_untouched,
-    "ctl-delete"
-);
+// The scenarios run twice, as admin and as the chart's ServiceAccount.
+testenv::as_admin_and_as_the_chart!(Env {
+    deleted_pod_is_released_with_an_event_and_the_live_pod_is_untouched: "ctl-delete",
+    statefulset_pod_recreated_keeps_its_new_ip: "ctl-sts",
+    pods_deleted_while_the_controller_was_down_are_released_at_start: "ctl-down",
+    dual_stack_release_deletes_reservations_with_one_event_per_network: "ctl-ds",
+    dry_run_reports_and_writes_nothing: "ctl-dry",
+});
+
 async fn deleted_pod_is_released_with_an_event_and_the_live_pod_is_untouched(mut env: Env) {
     let web_uid = env.web_0_and_db_0().await;
     env.start(&[]).await;
@@ -38,7 +42,6 @@ async fn deleted_pod_is_released_with_an_event_and_the_live_pod_is_untouched(mut
     env.stop().await;
 }
 
-testenv::as_admin_and_as_the_chart!(Env, statefulset_pod_recreated_keeps_its_new_ip, "ctl-sts");
 async fn statefulset_pod_recreated_keeps_its_new_ip(mut env: Env) {
     env.macvlan(&[(10, "sb-old", "web-0")]).await;
     env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
@@ -60,11 +63,6 @@ async fn statefulset_pod_recreated_keeps_its_new_ip(mut env: Env) {
     env.stop().await;
 }
 
-testenv::as_admin_and_as_the_chart!(
-    Env,
-    pods_deleted_while_the_controller_was_down_are_released_at_start,
-    "ctl-down"
-);
 async fn pods_deleted_while_the_controller_was_down_are_released_at_start(mut env: Env) {
     env.nad("macvlan", "198.18.0.0/24").await;
     // gone-0 never exists any more; live-0 does.
@@ -90,11 +88,6 @@ async fn pods_deleted_while_the_controller_was_down_are_released_at_start(mut en
     env.stop().await;
 }
 
-testenv::as_admin_and_as_the_chart!(
-    Env,
-    dual_stack_release_deletes_reservations_with_one_event_per_network,
-    "ctl-ds"
-);
 async fn dual_stack_release_deletes_reservations_with_one_event_per_network(mut env: Env) {
     env.nad_config(
         "macvlan",
@@ -280,7 +273,6 @@ async fn a_release_that_keeps_failing_ends_in_a_warning_event_with_the_cause() {
     env.stop().await;
 }
 
-testenv::as_admin_and_as_the_chart!(Env, dry_run_reports_and_writes_nothing, "ctl-dry");
 async fn dry_run_reports_and_writes_nothing(mut env: Env) {
     env.macvlan(&[(10, "sb-web", "web-0")]).await;
     env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;

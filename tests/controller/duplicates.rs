@@ -31,15 +31,10 @@ async fn two_live_pods_listing_one_address_are_warned_once_and_nothing_is_releas
     // namespace): the bad-input tests, which count what they report, wait until they are gone.
     let _alone = one_bad_input_test_at_a_time().await;
     let mut env = Env::new("ctl-dup").await;
-    env.nad("macvlan", "192.0.2.0/24").await;
     // b-0 holds 192.0.2.10 (a-0's entry was removed by hand and the allocator gave the
     // address again); c-0 is an ordinary pod.
-    env.pool(
-        "192.0.2.0-24",
-        "192.0.2.0/24",
-        &[(10, "sb-b-0", "b-0"), (11, "sb-c-0", "c-0")],
-    )
-    .await;
+    env.macvlan(&[(10, "sb-b-0", "b-0"), (11, "sb-c-0", "c-0")])
+        .await;
     env.reservation("192.0.2.10", "b-0").await;
     let a_uid = env.pod("a-0", "macvlan", Some(&["192.0.2.10"])).await;
     let b_uid = env.pod("b-0", "macvlan", Some(&["192.0.2.10"])).await;

@@ -11,11 +11,11 @@ use testenv::poll::{metric_value, wait_for};
 
 use crate::harness::{Env, FENCED, PoolRefusal};
 
-testenv::as_admin_and_as_the_chart!(
-    Env,
-    a_pod_deleted_from_an_unready_node_is_fenced_across_a_restart_until_the_node_settles,
-    "ctl-fence"
-);
+// The scenarios run twice, as admin and as the chart's ServiceAccount.
+testenv::as_admin_and_as_the_chart!(Env {
+    a_pod_deleted_from_an_unready_node_is_fenced_across_a_restart_until_the_node_settles: "ctl-fence",
+});
+
 async fn a_pod_deleted_from_an_unready_node_is_fenced_across_a_restart_until_the_node_settles(
     mut env: Env,
 ) {

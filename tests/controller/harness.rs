@@ -161,8 +161,9 @@ impl Env {
         web_uid
     }
 
-    /// A pool with one allocation per pod of `names`: offsets 10, 11, ..., sandboxes sb-0, sb-1, ...
-    pub async fn pool_of_pods(&self, name: &str, range: &str, names: &[String]) {
+    /// [`macvlan`](Self::macvlan) with one allocation per pod of `names`: offsets 10, 11, ...,
+    /// sandboxes sb-0, sb-1, ...
+    pub async fn macvlan_of_pods(&self, names: &[String]) {
         let sandboxes: Vec<String> = (0..names.len()).map(|i| format!("sb-{i}")).collect();
         let allocations: Vec<(u32, &str, &str)> = names
             .iter()
@@ -170,7 +171,7 @@ impl Env {
             .enumerate()
             .map(|(i, (n, sb))| (10 + i as u32, sb.as_str(), n.as_str()))
             .collect();
-        self.pool(name, range, &allocations).await;
+        self.macvlan(&allocations).await;
     }
 
     /// A pod whose network-status lists `ips` on network `nad` (None: no annotation).

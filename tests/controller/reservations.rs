@@ -8,11 +8,11 @@ use testenv::poll::wait_for;
 
 use crate::harness::Env;
 
-testenv::as_admin_and_as_the_chart!(
-    Env,
-    orphaned_reservations_are_swept_and_live_ones_kept,
-    "ctl-orip"
-);
+// The scenarios run twice, as admin and as the chart's ServiceAccount.
+testenv::as_admin_and_as_the_chart!(Env {
+    orphaned_reservations_are_swept_and_live_ones_kept: "ctl-orip",
+});
+
 async fn orphaned_reservations_are_swept_and_live_ones_kept(mut env: Env) {
     env.macvlan(&[(10, "sb-web", "web-0")]).await;
     env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;

@@ -9,20 +9,17 @@ use testenv::poll::{metric_value, wait_for};
 
 use crate::harness::Env;
 
-testenv::as_admin_and_as_the_chart!(
-    Env,
-    sweep_releases_an_ip_not_on_the_pod_but_never_a_listed_one,
-    "ctl-sweep"
-);
+// The scenarios run twice, as admin and as the chart's ServiceAccount.
+testenv::as_admin_and_as_the_chart!(Env {
+    sweep_releases_an_ip_not_on_the_pod_but_never_a_listed_one: "ctl-sweep",
+    a_succeeded_pod_is_released_and_a_late_orphan_waits_for_the_grace: "ctl-done",
+    breaker_holds_a_sweep_that_would_free_most_of_a_pool: "ctl-breaker",
+});
+
 async fn sweep_releases_an_ip_not_on_the_pod_but_never_a_listed_one(mut env: Env) {
-    env.nad("macvlan", "192.0.2.0/24").await;
     // web-0 lists .21 only; .20 is a stale allocation from an earlier sandbox.
-    env.pool(
-        "192.0.2.0-24",
-        "192.0.2.0/24",
-        &[(20, "sb-1", "web-0"), (21, "sb-2", "web-0")],
-    )
-    .await;
+    env.macvlan(&[(20, "sb-1", "web-0"), (21, "sb-2", "web-0")])
+        .await;
     env.pod("web-0", "macvlan", Some(&["192.0.2.21"])).await;
     // A pod without network-status keeps everything (allocation races the annotation).
     env.pool("192.0.2.128-25", "192.0.2.128/25", &[(1, "sb-3", "new-0")])
@@ -37,11 +34,6 @@ async fn sweep_releases_an_ip_not_on_the_pod_but_never_a_listed_one(mut env: Env
     env.stop().await;
 }
 
-testenv::as_admin_and_as_the_chart!(
-    Env,
-    a_succeeded_pod_is_released_and_a_late_orphan_waits_for_the_grace,
-    "ctl-done"
-);
 async fn a_succeeded_pod_is_released_and_a_late_orphan_waits_for_the_grace(mut env: Env) {
     env.macvlan(&[(10, "sb-job", "job-0"), (11, "sb-web", "web-0")])
         .await;
@@ -83,16 +75,9 @@ async fn a_succeeded_pod_is_released_and_a_late_orphan_waits_for_the_grace(mut e
     env.stop().await;
 }
 
-testenv::as_admin_and_as_the_chart!(
-    Env,
-    breaker_holds_a_sweep_that_would_free_most_of_a_pool,
-    "ctl-breaker"
-);
 async fn breaker_holds_a_sweep_that_would_free_most_of_a_pool(mut env: Env) {
-    env.nad("macvlan", "192.0.2.0/24").await;
     let names: Vec<String> = (0..12).map(|i| format!("p{i}")).collect();
-    env.pool_of_pods("192.0.2.0-24", "192.0.2.0/24", &names)
-        .await;
+    env.macvlan_of_pods(&names).await;
     // Every pod lists another address: all twelve look like IPNotOnPod.
     for (i, n) in names.iter().enumerate() {
         let other = format!("192.0.2.{}", 100 + i);
@@ -142,11 +127,9 @@ fn approve_hold(env: &Env) {
 #[tokio::test]
 async fn a_restart_never_releases_what_the_breaker_holds_and_pods_gone_meanwhile_still_go_fast() {
     let mut env = Env::new("ctl-restart-held").await;
-    env.nad("macvlan", "192.0.2.0/24").await;
     // 40 allocations whose pods do not exist: a sweep would free all of them.
     let names: Vec<String> = (0..40).map(|i| format!("gone-{i}")).collect();
-    env.pool_of_pods("192.0.2.0-24", "192.0.2.0/24", &names)
-        .await;
+    env.macvlan_of_pods(&names).await;
     let flags = ["--max-release-ratio=0.5"];
     env.start(&flags).await;
     let held = env.wait_events("IPAddressGarbageCollectionHeld").await;

@@ -577,6 +577,13 @@ impl ControlPlane {
         install_crds_from(client, &workspace_root().join("crds")).await
     }
 
+    /// An admin client and a fresh namespace named after `prefix`.
+    pub async fn client_and_namespace(&self, prefix: &str) -> (Client, String) {
+        let client = self.client().await;
+        let ns = self.namespace(&client, prefix).await;
+        (client, ns)
+    }
+
     /// An admin client with the CRDs of `crds/` installed, and a fresh namespace named after
     /// `prefix`: where most tests start. Fails the test if the CRDs cannot be installed.
     pub async fn client_crds_and_namespace(&self, prefix: &str) -> (Client, String) {

@@ -47,20 +47,7 @@ pub fn install(
     namespace: &str,
     sets: &[String],
 ) -> Result<String> {
-    let chart = chart_dir();
-    let mut args = vec![
-        "install",
-        release,
-        chart.to_str().expect("utf-8 path"),
-        "--namespace",
-        namespace,
-        "--skip-crds",
-    ];
-    for s in sets {
-        args.push("--set");
-        args.push(s);
-    }
-    helm(Some(cp), &args)?;
+    with_chart(cp, &["install", release], namespace, sets)?;
     helm(
         Some(cp),
         &["get", "manifest", release, "--namespace", namespace],
@@ -70,21 +57,30 @@ pub fn install(
 /// Upgrades `release` in `namespace` to the chart with its defaults plus `sets` (values set
 /// before and not set now go back to the chart's defaults).
 pub fn upgrade(cp: &ControlPlane, release: &str, namespace: &str, sets: &[String]) -> Result<()> {
+    let command = ["upgrade", release, "--reset-values"];
+    with_chart(cp, &command, namespace, sets).map(|_| ())
+}
+
+/// Runs `helm <command..> <chart> --namespace <namespace> --skip-crds` with a `--set` for each
+/// of `sets`.
+fn with_chart(
+    cp: &ControlPlane,
+    command: &[&str],
+    namespace: &str,
+    sets: &[String],
+) -> Result<String> {
     let chart = chart_dir();
-    let mut args = vec![
-        "upgrade",
-        release,
+    let mut args = command.to_vec();
+    args.extend([
         chart.to_str().expect("utf-8 path"),
         "--namespace",
         namespace,
         "--skip-crds",
-        "--reset-values",
-    ];
+    ]);
     for s in sets {
-        args.push("--set");
-        args.push(s);
+        args.extend(["--set", s]);
     }
-    helm(Some(cp), &args).map(|_| ())
+    helm(Some(cp), &args)
 }
 
 /// Installs the chart into the test namespace `ns` as release `ns`, with `ns` also its

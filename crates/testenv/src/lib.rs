@@ -32,12 +32,19 @@ pub use containerd::Containerd;
 pub use controlplane::ControlPlane;
 pub use node::Node;
 
-/// Runs scenario `async fn $name(env: $env)` twice: as admin (`$env::new`), and with the
-/// program acting through the chart's ServiceAccount (`$env::new_chart`), which proves the
-/// chart's RBAC is enough. Expands to a module `$name` with two `#[tokio::test]`s.
+/// Runs each scenario `async fn $name(env: $env)` of the table twice: as admin
+/// (`$env::new($prefix)`), and with the program acting through the chart's ServiceAccount
+/// (`$env::new_chart($prefix)`), which proves the chart's RBAC is enough. Expands to a module
+/// `$name` with two `#[tokio::test]`s for each:
+///
+/// ```ignore
+/// testenv::as_admin_and_as_the_chart!(Env {
+///     a_scenario: "ns-prefix",
+/// });
+/// ```
 #[macro_export]
 macro_rules! as_admin_and_as_the_chart {
-    ($env:ident, $name:ident, $prefix:literal) => {
+    ($env:ident { $($name:ident: $prefix:literal),+ $(,)? }) => {$(
         mod $name {
             #[tokio::test]
             async fn as_admin() {
@@ -49,5 +56,5 @@ macro_rules! as_admin_and_as_the_chart {
                 super::$name(super::$env::new_chart($prefix).await).await
             }
         }
-    };
+    )+};
 }

@@ -3,18 +3,24 @@
 use super::*;
 use crate::api::ObjectId;
 
+/// An index holding a reservation `name` for each (name, podref) of `reservations`.
+fn with_reservations(reservations: &[(&str, &str)]) -> Index {
+    let mut ix = Index::default();
+    for (name, podref) in reservations {
+        ix.upsert_reservation(&reservation(name, podref));
+    }
+    ix
+}
+
 #[test]
 fn reservations_are_found_by_name_bare_or_with_any_network_name_seen() {
-    let mut ix = Index::default();
-    for (name, podref) in [
+    let mut ix = with_reservations(&[
         ("10.0.0.5", "ns/a"),
         ("blue-10.0.0.5", "ns/a"),
         ("red-10.0.0.5", "ns/b"),
         ("green-10.0.0.6", "ns/a"),
         ("blue-fd00--5", "ns/a"),
-    ] {
-        ix.upsert_reservation(&reservation(name, podref));
-    }
+    ]);
     let names = |ix: &Index, podref: &str, ip: &str| {
         let mut v: Vec<String> = ix
             .reservations()
@@ -48,15 +54,12 @@ fn reservations_are_found_by_name_bare_or_with_any_network_name_seen() {
 
 #[test]
 fn a_reservation_is_an_orphan_only_without_a_live_pod_an_allocation_or_a_fence() {
-    let mut ix = Index::default();
-    for (name, podref) in [
+    let mut ix = with_reservations(&[
         ("192.0.2.1", "ns/live"),
         ("192.0.2.2", "ns/allocated"),
         ("192.0.2.3", "ns/fenced"),
         ("192.0.2.4", "ns/gone"),
-    ] {
-        ix.upsert_reservation(&reservation(name, podref));
-    }
+    ]);
     live(&mut ix, "ns/live", "uid", "192.0.2.1");
     ix.upsert_pool(&pool(&[("2", "sb-2", "ns/allocated")]));
     ix.upsert_fence_object(POOL, "3", object("p-3", "sb-3", "ns/fenced"));
