@@ -39,7 +39,8 @@ pub struct ControllerArgs {
     /// Decide and report (logs, Events, metrics) but write nothing.
     #[arg(long, env = "IPRECLAIM_DRY_RUN")]
     pub dry_run: bool,
-    /// Largest share of a pool (over 10 allocations) one sweep may release; more is held.
+    /// Largest share of a pool (over 10 allocations) the sweeps may release within 10 minutes;
+    /// more is held.
     #[arg(long, env = "IPRECLAIM_MAX_RELEASE_RATIO", default_value = "0.5", value_parser = parse_ratio)]
     pub max_release_ratio: f64,
     /// Keep the addresses of pods deleted while their node was not Ready (the sandbox may still

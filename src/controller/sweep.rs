@@ -12,7 +12,7 @@ use crate::api::ObjectId;
 use crate::api::paged::for_each_listed;
 use crate::index::{APPROVE_HOLD_ANNOTATION, NamedReservation};
 use crate::ipam::{NETWORK_STATUS_ANNOTATION, PodKey, parse_network_status};
-use crate::reclaim::breaker::{Breaker, NewHold};
+use crate::reclaim::breaker::{BREAKER_WINDOW, Breaker, NewHold};
 use crate::reclaim::grace::{Candidate, GraceClock, Graces, Tally};
 use crate::reclaim::{
     self, Allocation, Decision, Judged, LivePod, PodKnowledge, PodPhase, PoolContext, Reason,
@@ -31,7 +31,7 @@ const CONFIRM_PAGE: u32 = 500;
 pub struct SweepConfig {
     /// How long an allocation must be seen as garbage before it is released.
     pub graces: Graces,
-    /// Largest share of a pool one sweep may release.
+    /// Largest share of a pool the sweeps may release within `BREAKER_WINDOW`.
     pub max_release_ratio: f64,
     /// The decision rules.
     pub reclaim: ReclaimConfig,
@@ -251,17 +251,30 @@ impl Sweeper {
             .filter(|(_, f)| f.approval.is_some())
             .map(|(p, _)| p.clone())
             .collect();
-        let verdict = self
-            .breaker
-            .judge(&per_pool, size, ratio, unconfirmed, &approved);
+        let verdict = self.breaker.judge(
+            &per_pool,
+            size,
+            ratio,
+            unconfirmed,
+            &approved,
+            Instant::now(),
+        );
         for hold in verdict.new {
             let NewHold {
                 pool,
                 releases,
                 size,
+                recent,
             } = hold;
+            let earlier = match recent {
+                0 => String::new(),
+                n => format!(
+                    ", after {n} released by the sweeps of the last {} min",
+                    BREAKER_WINDOW.as_secs() / 60
+                ),
+            };
             let note = format!(
-                "sweep would release {releases} of {size} allocations (more than --max-release-ratio {ratio}); \
+                "sweep would release {releases} of {size} allocations{earlier} (more than --max-release-ratio {ratio}); \
                  held until an operator approves it once (ipreclaim approve-hold --pool {pool}) or raises the ratio"
             );
             tracing::warn!(%pool, n = releases, size, "breaker holds the sweep of this pool");

@@ -1,11 +1,17 @@
-//! The blast-radius breaker, pure: a sweep that would free more than a share of a pool is held
-//! for an operator, and a hold is reported once per episode, not once per sweep. An operator
-//! approves a pool's hold once (its releases go in that sweep; the approval is then used up).
+//! The blast-radius breaker, pure: a sweep that would free more than a share of a pool, counting
+//! what the sweeps freed there in the last [`BREAKER_WINDOW`], is held for an operator, and a
+//! hold is reported once per episode, not once per sweep. An operator approves a pool's hold
+//! once (its releases go in that sweep; the approval is then used up).
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::time::{Duration, Instant};
 
 /// Pools with at most this many allocations are never held.
 pub const BREAKER_MIN_POOL: usize = 10;
+
+/// Sweep releases within this long count toward the ratio together: candidates whose graces
+/// end at different moments would otherwise drain a pool a few per sweep, each sweep under it.
+pub const BREAKER_WINDOW: Duration = Duration::from_secs(600);
 
 /// A pool held by this sweep that was not held before (report it).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,6 +22,8 @@ pub struct NewHold {
     pub releases: usize,
     /// Its allocations.
     pub size: usize,
+    /// Released in it by the sweeps of the last [`BREAKER_WINDOW`], before this one.
+    pub recent: usize,
 }
 
 /// What the breaker says of one sweep.
@@ -29,17 +37,21 @@ pub struct Verdict {
     pub approved: BTreeSet<String>,
 }
 
-/// The breaker and the pools it held at the last sweep.
+/// The breaker, the pools it held at the last sweep, and what the sweeps released lately.
 #[derive(Debug, Default)]
 pub struct Breaker {
     held: HashSet<String>,
+    /// Per pool: when the sweeps released how many, within [`BREAKER_WINDOW`].
+    recent: HashMap<String, VecDeque<(Instant, usize)>>,
 }
 
 impl Breaker {
-    /// Judges a sweep's confirmed releases per pool against `max_ratio` of each pool's size.
-    /// Pools in `unconfirmed` (their candidates could not be confirmed this time) keep a hold
-    /// they had: a failed confirming list ends no hold, or its next success would report the
-    /// same hold again. A pool in `approved` is not held: its releases go.
+    /// Judges a sweep's confirmed releases per pool at `now`: held when they and the sweeps'
+    /// releases of the last [`BREAKER_WINDOW`] are more than `max_ratio` of the pool as it was
+    /// before those (its size now plus them). Pools in `unconfirmed` (their candidates could
+    /// not be confirmed this time) keep a hold they had: a failed confirming list ends no hold,
+    /// or its next success would report the same hold again. A pool in `approved` is not held:
+    /// its releases go, and what the sweeps released there before no longer counts.
     pub fn judge(
         &mut self,
         releases: &BTreeMap<String, usize>,
@@ -47,13 +59,18 @@ impl Breaker {
         max_ratio: f64,
         unconfirmed: &HashSet<String>,
         approved: &HashSet<String>,
+        now: Instant,
     ) -> Verdict {
+        self.forget_before(now);
         let mut verdict = Verdict::default();
         for (pool, &n) in releases {
             let size = size(pool);
-            if size > BREAKER_MIN_POOL && (n as f64) > max_ratio * size as f64 {
+            let recent = self.recent_releases(pool);
+            let base = size + recent;
+            if base > BREAKER_MIN_POOL && ((recent + n) as f64) > max_ratio * base as f64 {
                 if approved.contains(pool) {
                     verdict.approved.insert(pool.clone());
+                    self.recent.remove(pool);
                     continue;
                 }
                 if !self.held.contains(pool) {
@@ -61,9 +78,15 @@ impl Breaker {
                         pool: pool.clone(),
                         releases: n,
                         size,
+                        recent,
                     });
                 }
                 verdict.held.insert(pool.clone());
+            } else if n > 0 {
+                self.recent
+                    .entry(pool.clone())
+                    .or_default()
+                    .push_back((now, n));
             }
         }
         let kept = self
@@ -81,10 +104,30 @@ impl Breaker {
     pub fn held(&self) -> &HashSet<String> {
         &self.held
     }
+
+    fn recent_releases(&self, pool: &str) -> usize {
+        self.recent
+            .get(pool)
+            .map_or(0, |r| r.iter().map(|(_, n)| n).sum())
+    }
+
+    fn forget_before(&mut self, now: Instant) {
+        for r in self.recent.values_mut() {
+            while r
+                .front()
+                .is_some_and(|(at, _)| now.saturating_duration_since(*at) >= BREAKER_WINDOW)
+            {
+                r.pop_front();
+            }
+        }
+        self.recent.retain(|_, r| !r.is_empty());
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn releases(of: &[(&str, usize)]) -> BTreeMap<String, usize> {
@@ -95,12 +138,111 @@ mod tests {
         pools.iter().map(|p| p.to_string()).collect()
     }
 
+    fn base() -> Instant {
+        static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        *BASE.get_or_init(Instant::now)
+    }
+
+    /// A whole window after the last call on this test's thread: sweeps that share no window.
+    fn apart() -> Instant {
+        thread_local!(static SWEEPS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) });
+        let n = SWEEPS.with(|c| {
+            c.set(c.get() + 1);
+            c.get()
+        });
+        base() + BREAKER_WINDOW * n
+    }
+
+    #[test]
+    fn sweeps_that_each_free_a_little_are_held_once_together_they_pass_the_ratio() {
+        // 100 entries; each sweep a minute apart frees 10 (each under half of what is left).
+        let mut b = Breaker::default();
+        let mut left = 100;
+        let minute = Duration::from_secs(60);
+        for k in 0..5 {
+            let at = base() + minute * k;
+            let v = b.judge(
+                &releases(&[("a", 10)]),
+                |_| left,
+                0.5,
+                &set(&[]),
+                &set(&[]),
+                at,
+            );
+            assert!(v.held.is_empty(), "sweep {k}: {} freed so far", 100 - left);
+            left -= 10;
+        }
+        let at = base() + minute * 5;
+        let v = b.judge(
+            &releases(&[("a", 10)]),
+            |_| left,
+            0.5,
+            &set(&[]),
+            &set(&[]),
+            at,
+        );
+        assert_eq!(
+            v.new,
+            [NewHold {
+                pool: "a".into(),
+                releases: 10,
+                size: 50,
+                recent: 50
+            }],
+            "60 of the 100 within the window"
+        );
+        // Once the first releases are a window old, they no longer count: 40 + 10 of 90.
+        let at = base() + BREAKER_WINDOW + minute;
+        let v = b.judge(
+            &releases(&[("a", 10)]),
+            |_| left,
+            0.5,
+            &set(&[]),
+            &set(&[]),
+            at,
+        );
+        assert!(v.held.is_empty(), "{v:?}");
+    }
+
+    #[test]
+    fn an_approval_lets_the_held_releases_go_and_forgets_the_sweeps_before_it() {
+        let mut b = Breaker::default();
+        let at = base();
+        b.judge(
+            &releases(&[("a", 40)]),
+            |_| 100,
+            0.5,
+            &set(&[]),
+            &set(&[]),
+            at,
+        );
+        let v = b.judge(
+            &releases(&[("a", 20)]),
+            |_| 60,
+            0.5,
+            &set(&[]),
+            &set(&["a"]),
+            at,
+        );
+        assert_eq!(v.approved, BTreeSet::from(["a".to_string()]));
+        // 20 of the 40 left: under half once the approved episode no longer counts.
+        let v = b.judge(
+            &releases(&[("a", 20)]),
+            |_| 40,
+            0.5,
+            &set(&[]),
+            &set(&[]),
+            at,
+        );
+        assert!(v.held.is_empty(), "{v:?}");
+    }
+
     #[test]
     fn a_sweep_freeing_more_than_the_ratio_of_a_pool_is_held_and_reported_once() {
         let mut b = Breaker::default();
         let size = |_: &str| 100;
         let sweep = releases(&[("a", 60), ("b", 50)]);
-        let v = b.judge(&sweep, size, 0.5, &set(&[]), &set(&[]));
+        let v = b.judge(&sweep, size, 0.5, &set(&[]), &set(&[]), apart());
         assert_eq!(
             v.held,
             BTreeSet::from(["a".to_string()]),
@@ -111,18 +253,28 @@ mod tests {
             [NewHold {
                 pool: "a".into(),
                 releases: 60,
-                size: 100
+                size: 100,
+                recent: 0
             }]
         );
         // The same episode: held, not reported again.
-        let v = b.judge(&sweep, size, 0.5, &set(&[]), &set(&[]));
+        let v = b.judge(&sweep, size, 0.5, &set(&[]), &set(&[]), apart());
         assert_eq!(v.held.len(), 1);
         assert!(v.new.is_empty());
         // Under the ratio: the hold is over; a new one is reported anew.
-        b.judge(&releases(&[("a", 10)]), size, 0.5, &set(&[]), &set(&[]));
+        b.judge(
+            &releases(&[("a", 10)]),
+            size,
+            0.5,
+            &set(&[]),
+            &set(&[]),
+            apart(),
+        );
         assert!(b.held().is_empty());
         assert_eq!(
-            b.judge(&sweep, size, 0.5, &set(&[]), &set(&[])).new.len(),
+            b.judge(&sweep, size, 0.5, &set(&[]), &set(&[]), apart())
+                .new
+                .len(),
             1
         );
     }
@@ -136,6 +288,7 @@ mod tests {
             0.1,
             &set(&[]),
             &set(&[]),
+            apart(),
         );
         assert_eq!(v, Verdict::default());
     }
@@ -150,18 +303,26 @@ mod tests {
             0.5,
             &set(&[]),
             &set(&[]),
+            apart(),
         );
         // "a" could not be confirmed (the list failed): still held, not reported anew later.
-        let v = b.judge(&releases(&[]), size, 0.5, &set(&["a"]), &set(&[]));
+        let v = b.judge(&releases(&[]), size, 0.5, &set(&["a"]), &set(&[]), apart());
         assert!(v.held.is_empty(), "nothing to hold this sweep");
         assert_eq!(b.held(), &set(&["a"]));
         assert!(
-            b.judge(&releases(&[("a", 90)]), size, 0.5, &set(&[]), &set(&[]))
-                .new
-                .is_empty()
+            b.judge(
+                &releases(&[("a", 90)]),
+                size,
+                0.5,
+                &set(&[]),
+                &set(&[]),
+                apart()
+            )
+            .new
+            .is_empty()
         );
         // Confirmed and under the ratio: the hold is over.
-        b.judge(&releases(&[]), size, 0.5, &set(&[]), &set(&[]));
+        b.judge(&releases(&[]), size, 0.5, &set(&[]), &set(&[]), apart());
         assert!(b.held().is_empty());
     }
 
@@ -171,18 +332,27 @@ mod tests {
         let size = |_: &str| 100;
         let sweep = releases(&[("a", 90)]);
         assert_eq!(
-            b.judge(&sweep, size, 0.5, &set(&[]), &set(&[])).held.len(),
+            b.judge(&sweep, size, 0.5, &set(&[]), &set(&[]), apart())
+                .held
+                .len(),
             1
         );
-        let v = b.judge(&sweep, size, 0.5, &set(&[]), &set(&["a"]));
+        let v = b.judge(&sweep, size, 0.5, &set(&[]), &set(&["a"]), apart());
         assert!(v.held.is_empty(), "approved: its releases go");
         assert_eq!(v.approved, BTreeSet::from(["a".to_string()]));
         assert!(b.held().is_empty());
         // The approval used up (removed), the next sweep over the ratio holds anew.
-        let v = b.judge(&sweep, size, 0.5, &set(&[]), &set(&[]));
+        let v = b.judge(&sweep, size, 0.5, &set(&[]), &set(&[]), apart());
         assert_eq!(v.new.len(), 1);
         // An approval of a pool under the ratio changes nothing.
-        let v = b.judge(&releases(&[("b", 1)]), size, 0.5, &set(&[]), &set(&["b"]));
+        let v = b.judge(
+            &releases(&[("b", 1)]),
+            size,
+            0.5,
+            &set(&[]),
+            &set(&["b"]),
+            apart(),
+        );
         assert!(v.approved.is_empty());
     }
 }
