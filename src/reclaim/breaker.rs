@@ -153,6 +153,19 @@ mod tests {
         base() + BREAKER_WINDOW * n
     }
 
+    /// A sweep at `at` that would free `n` of pool "a", `left` allocations now, ratio 0.5.
+    fn sweep_a(b: &mut Breaker, n: usize, left: usize, approved: &[&str], at: Instant) -> Verdict {
+        let approved = set(approved);
+        b.judge(
+            &releases(&[("a", n)]),
+            |_| left,
+            0.5,
+            &set(&[]),
+            &approved,
+            at,
+        )
+    }
+
     #[test]
     fn sweeps_that_each_free_a_little_are_held_once_together_they_pass_the_ratio() {
         // 100 entries; each sweep a minute apart frees 10 (each under half of what is left).
@@ -160,27 +173,11 @@ mod tests {
         let mut left = 100;
         let minute = Duration::from_secs(60);
         for k in 0..5 {
-            let at = base() + minute * k;
-            let v = b.judge(
-                &releases(&[("a", 10)]),
-                |_| left,
-                0.5,
-                &set(&[]),
-                &set(&[]),
-                at,
-            );
+            let v = sweep_a(&mut b, 10, left, &[], base() + minute * k);
             assert!(v.held.is_empty(), "sweep {k}: {} freed so far", 100 - left);
             left -= 10;
         }
-        let at = base() + minute * 5;
-        let v = b.judge(
-            &releases(&[("a", 10)]),
-            |_| left,
-            0.5,
-            &set(&[]),
-            &set(&[]),
-            at,
-        );
+        let v = sweep_a(&mut b, 10, left, &[], base() + minute * 5);
         assert_eq!(
             v.new,
             [NewHold {
@@ -192,48 +189,18 @@ mod tests {
             "60 of the 100 within the window"
         );
         // Once the first releases are a window old, they no longer count: 40 + 10 of 90.
-        let at = base() + BREAKER_WINDOW + minute;
-        let v = b.judge(
-            &releases(&[("a", 10)]),
-            |_| left,
-            0.5,
-            &set(&[]),
-            &set(&[]),
-            at,
-        );
+        let v = sweep_a(&mut b, 10, left, &[], base() + BREAKER_WINDOW + minute);
         assert!(v.held.is_empty(), "{v:?}");
     }
 
     #[test]
     fn an_approval_lets_the_held_releases_go_and_forgets_the_sweeps_before_it() {
         let mut b = Breaker::default();
-        let at = base();
-        b.judge(
-            &releases(&[("a", 40)]),
-            |_| 100,
-            0.5,
-            &set(&[]),
-            &set(&[]),
-            at,
-        );
-        let v = b.judge(
-            &releases(&[("a", 20)]),
-            |_| 60,
-            0.5,
-            &set(&[]),
-            &set(&["a"]),
-            at,
-        );
+        sweep_a(&mut b, 40, 100, &[], base());
+        let v = sweep_a(&mut b, 20, 60, &["a"], base());
         assert_eq!(v.approved, BTreeSet::from(["a".to_string()]));
         // 20 of the 40 left: under half once the approved episode no longer counts.
-        let v = b.judge(
-            &releases(&[("a", 20)]),
-            |_| 40,
-            0.5,
-            &set(&[]),
-            &set(&[]),
-            at,
-        );
+        let v = sweep_a(&mut b, 20, 40, &[], base());
         assert!(v.held.is_empty(), "{v:?}");
     }
 
