@@ -260,35 +260,7 @@ impl Sweeper {
             Instant::now(),
         );
         for hold in verdict.new {
-            let NewHold {
-                pool,
-                releases,
-                size,
-                recent,
-            } = hold;
-            let earlier = match recent {
-                0 => String::new(),
-                n => format!(
-                    ", after {n} released by the sweeps of the last {} min",
-                    BREAKER_WINDOW.as_secs() / 60
-                ),
-            };
-            let note = format!(
-                "sweep would release {releases} of {size} allocations{earlier} (more than --max-release-ratio {ratio}); \
-                 held until an operator approves it once (ipreclaim approve-hold --pool {pool}) or raises the ratio"
-            );
-            tracing::warn!(%pool, n = releases, size, "breaker holds the sweep of this pool");
-            let label = super::report::pool_label(&self.config.namespace, &pool);
-            let holds = &self.ctx.metrics.breaker_holds;
-            holds.get_or_create(&label.into()).inc();
-            let uid = pool_sizes
-                .get(&pool)
-                .map(|s| s.uid.clone())
-                .unwrap_or_default();
-            let events = &self.ctx.events;
-            events
-                .breaker_hold(&self.config.namespace, &pool, &uid, note)
-                .await;
+            self.report_hold(hold, pool_sizes).await;
         }
         confirmed.retain(|r| !verdict.held.contains(&r.judged.pool));
         report.held_pools = verdict.held.into_iter().collect();
@@ -317,6 +289,40 @@ impl Sweeper {
         }
         self.approved = approved.difference(unconfirmed).cloned().collect();
         confirmed
+    }
+
+    /// Reports a new hold: log line, metric, Warning Event on the pool.
+    async fn report_hold(&self, hold: NewHold, pool_sizes: &HashMap<String, PoolFacts>) {
+        let ratio = self.config.max_release_ratio;
+        let NewHold {
+            pool,
+            releases,
+            size,
+            recent,
+        } = hold;
+        let earlier = match recent {
+            0 => String::new(),
+            n => format!(
+                ", after {n} released by the sweeps of the last {} min",
+                BREAKER_WINDOW.as_secs() / 60
+            ),
+        };
+        let note = format!(
+            "sweep would release {releases} of {size} allocations{earlier} (more than --max-release-ratio {ratio}); \
+             held until an operator approves it once (ipreclaim approve-hold --pool {pool}) or raises the ratio"
+        );
+        tracing::warn!(%pool, n = releases, size, "breaker holds the sweep of this pool");
+        let label = super::report::pool_label(&self.config.namespace, &pool);
+        let holds = &self.ctx.metrics.breaker_holds;
+        holds.get_or_create(&label.into()).inc();
+        let uid = pool_sizes
+            .get(&pool)
+            .map(|s| s.uid.clone())
+            .unwrap_or_default();
+        let events = &self.ctx.events;
+        events
+            .breaker_hold(&self.config.namespace, &pool, &uid, note)
+            .await;
     }
 
     /// Uses up the approvals this sweep judged: removes each pool's approval annotation (pinned
