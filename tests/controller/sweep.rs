@@ -16,6 +16,45 @@ testenv::as_admin_and_as_the_chart!(Env {
     breaker_holds_a_sweep_that_would_free_most_of_a_pool: "ctl-breaker",
 });
 
+#[tokio::test]
+async fn leaks_that_mature_sweep_by_sweep_are_held_once_together_they_pass_the_ratio() {
+    let mut env = Env::new("ctl-trickle").await;
+    // Twelve pods with an entry each; p0-p4 list another address: 5 of 12 leak.
+    let names: Vec<String> = (0..12).map(|i| format!("p{i}")).collect();
+    env.macvlan_of_pods(&names).await;
+    for (i, n) in names.iter().enumerate() {
+        let ip = match i {
+            0..5 => format!("192.0.2.{}", 100 + i),
+            _ => format!("192.0.2.{}", 10 + i),
+        };
+        env.pod(n, "macvlan", Some(&[ip.as_str()])).await;
+    }
+    env.start(&[]).await;
+    let kept: Vec<String> = (15..22).map(|k| k.to_string()).collect();
+    let kept: Vec<&str> = kept.iter().map(String::as_str).collect();
+    env.wait_keys("192.0.2.0-24", &kept).await;
+
+    // Three more leaks appear (stale entries of p5-p7): 3 of the 10 now, under half alone,
+    // but 8 of the 15 the pool had before the sweeps of the last minutes.
+    let stale = |i: usize| crate::support::allocation(&env.ns, &names[i], "sb-stale");
+    let patch = serde_json::json!({"spec": {"allocations": {
+        "30": stale(5), "31": stale(6), "32": stale(7),
+    }}});
+    env.merge_pool("192.0.2.0-24", patch).await;
+    let held = env.wait_events("IPAddressGarbageCollectionHeld").await;
+    assert!(
+        held[0].2.contains("3 of 10") && held[0].2.contains("after 5 released"),
+        "{held:?}"
+    );
+    env.wait_sweeps(3.0).await;
+    assert_eq!(
+        env.keys("192.0.2.0-24").await.len(),
+        10,
+        "the three stale entries are held, not released"
+    );
+    env.stop().await;
+}
+
 async fn sweep_releases_an_ip_not_on_the_pod_but_never_a_listed_one(mut env: Env) {
     // web-0 lists .21 only; .20 is a stale allocation from an earlier sandbox.
     env.macvlan(&[(20, "sb-1", "web-0"), (21, "sb-2", "web-0")])
