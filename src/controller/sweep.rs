@@ -281,13 +281,14 @@ impl Sweeper {
         }
         // Every approval this sweep could judge is used up, needed or not: one left lying
         // would let a later, unrelated mass release through unheld. A pool whose candidates
-        // could not be confirmed keeps it for the next sweep.
+        // could not be confirmed keeps it for the next sweep, unless it was acted on.
         for pool in approved.difference(unconfirmed) {
             if !verdict.approved.contains(pool) {
                 tracing::info!(%pool, "approval of a hold found with nothing held; removed so that it cannot approve a later hold");
             }
         }
         self.approved = approved.difference(unconfirmed).cloned().collect();
+        self.approved.extend(verdict.approved.iter().cloned());
         confirmed
     }
 
@@ -300,16 +301,17 @@ impl Sweeper {
             size,
             recent,
         } = hold;
-        let earlier = match recent {
-            0 => String::new(),
-            n => format!(
-                ", after {n} released by the sweeps of the last {} min",
-                BREAKER_WINDOW.as_secs() / 60
+        let minutes = BREAKER_WINDOW.as_secs() / 60;
+        let (earlier, until) = match recent {
+            0 => (String::new(), " or raises the ratio".to_string()),
+            n => (
+                format!(", after {n} released by the sweeps of the last {minutes} min"),
+                format!(", raises the ratio, or those are {minutes} min old"),
             ),
         };
         let note = format!(
             "sweep would release {releases} of {size} allocations{earlier} (more than --max-release-ratio {ratio}); \
-             held until an operator approves it once (ipreclaim approve-hold --pool {pool}) or raises the ratio"
+             held until an operator approves it once (ipreclaim approve-hold --pool {pool}){until}"
         );
         tracing::warn!(%pool, n = releases, size, "breaker holds the sweep of this pool");
         let label = super::report::pool_label(&self.config.namespace, &pool);
@@ -339,8 +341,9 @@ impl Sweeper {
         }
     }
 
-    /// Hands the confirmed releases to the writer and reports them.
-    async fn release(&self, confirmed: Vec<ReleaseRequest>) {
+    /// Hands the confirmed releases to the writer, reports them, and tells the breaker what
+    /// was freed.
+    async fn release(&mut self, confirmed: Vec<ReleaseRequest>) {
         if confirmed.is_empty() {
             return;
         }
@@ -349,10 +352,17 @@ impl Sweeper {
             .events
             .released_all(confirmed.iter().zip(&outcomes))
             .await;
-        for outcome in outcomes {
-            if let Err(e) = outcome {
-                tracing::warn!(error = %e, "sweep release failed; next sweep retries");
+        let mut freed: BTreeMap<&str, usize> = BTreeMap::new();
+        for (request, outcome) in confirmed.iter().zip(&outcomes) {
+            match outcome {
+                Ok(o) if o.freed() => *freed.entry(&request.judged.pool).or_default() += 1,
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "sweep release failed; next sweep retries"),
             }
+        }
+        let now = Instant::now();
+        for (pool, n) in freed {
+            self.breaker.record(pool, n, now);
         }
     }
 

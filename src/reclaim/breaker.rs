@@ -51,7 +51,7 @@ impl Breaker {
     /// before those (its size now plus them). Pools in `unconfirmed` (their candidates could
     /// not be confirmed this time) keep a hold they had: a failed confirming list ends no hold,
     /// or its next success would report the same hold again. A pool in `approved` is not held:
-    /// its releases go, and what the sweeps released there before no longer counts.
+    /// its releases go. What the sweeps freed is told with [`record`](Self::record).
     pub fn judge(
         &mut self,
         releases: &BTreeMap<String, usize>,
@@ -70,7 +70,6 @@ impl Breaker {
             if base > BREAKER_MIN_POOL && ((recent + n) as f64) > max_ratio * base as f64 {
                 if approved.contains(pool) {
                     verdict.approved.insert(pool.clone());
-                    self.recent.remove(pool);
                     continue;
                 }
                 if !self.held.contains(pool) {
@@ -82,11 +81,6 @@ impl Breaker {
                     });
                 }
                 verdict.held.insert(pool.clone());
-            } else if n > 0 {
-                self.recent
-                    .entry(pool.clone())
-                    .or_default()
-                    .push_back((now, n));
             }
         }
         let kept = self
@@ -103,6 +97,18 @@ impl Breaker {
     /// Pools held at the last sweep.
     pub fn held(&self) -> &HashSet<String> {
         &self.held
+    }
+
+    /// Records that a sweep at `at` freed `n` addresses of `pool` (what the writer answered,
+    /// not what was asked: a dry run or a refused patch frees nothing). Approved releases
+    /// count too: an approval lets one held set go, not the sweeps after it.
+    pub fn record(&mut self, pool: &str, n: usize, at: Instant) {
+        if n > 0 {
+            self.recent
+                .entry(pool.to_owned())
+                .or_default()
+                .push_back((at, n));
+        }
     }
 
     fn recent_releases(&self, pool: &str) -> usize {
@@ -153,17 +159,22 @@ mod tests {
         base() + BREAKER_WINDOW * n
     }
 
-    /// A sweep at `at` that would free `n` of pool "a", `left` allocations now, ratio 0.5.
+    /// A sweep at `at` that would free `n` of pool "a", `left` allocations now, ratio 0.5;
+    /// what it was let free is recorded as freed.
     fn sweep_a(b: &mut Breaker, n: usize, left: usize, approved: &[&str], at: Instant) -> Verdict {
         let approved = set(approved);
-        b.judge(
+        let v = b.judge(
             &releases(&[("a", n)]),
             |_| left,
             0.5,
             &set(&[]),
             &approved,
             at,
-        )
+        );
+        if !v.held.contains("a") {
+            b.record("a", n, at);
+        }
+        v
     }
 
     #[test]
@@ -194,14 +205,32 @@ mod tests {
     }
 
     #[test]
-    fn an_approval_lets_the_held_releases_go_and_forgets_the_sweeps_before_it() {
+    fn what_was_not_freed_does_not_count() {
+        // A dry run, or patches refused: the same 15 are judged every sweep, nothing recorded.
+        let mut b = Breaker::default();
+        for k in 0..20 {
+            let at = base() + Duration::from_secs(60) * k;
+            let v = b.judge(
+                &releases(&[("a", 15)]),
+                |_| 100,
+                0.5,
+                &set(&[]),
+                &set(&[]),
+                at,
+            );
+            assert!(v.held.is_empty(), "sweep {k}: {v:?}");
+        }
+    }
+
+    #[test]
+    fn an_approval_lets_one_held_set_go_and_the_next_sweep_over_the_ratio_is_held_again() {
         let mut b = Breaker::default();
         sweep_a(&mut b, 40, 100, &[], base());
         let v = sweep_a(&mut b, 20, 60, &["a"], base());
         assert_eq!(v.approved, BTreeSet::from(["a".to_string()]));
-        // 20 of the 40 left: under half once the approved episode no longer counts.
+        // 20 of the 40 left: 80 of the 100 within the window, held again.
         let v = sweep_a(&mut b, 20, 40, &[], base());
-        assert!(v.held.is_empty(), "{v:?}");
+        assert_eq!(v.held, BTreeSet::from(["a".to_string()]), "{v:?}");
     }
 
     #[test]
