@@ -140,18 +140,27 @@ impl Worker {
                 tracing::info!(%podref, "not written: this replica does not lead");
                 queue.add_after(key.clone(), NOT_LEADER_RETRY);
             }
-            Err(f) if f.fence => {
-                // Never given up, never a release: the entry stays allocated meanwhile.
+            Err(f) if f.fence || matches!(f.error, DeletionError::NodeRead(_)) => {
+                // Never given up, never a release: the entry stays allocated meanwhile, and so
+                // does the tombstone (the sweep hands the entry back here).
                 let n = queue.num_requeues(&key);
-                self.ctx.metrics.writes.fence_failures.inc();
                 self.ctx.metrics.retries.inc();
-                tracing::warn!(%podref, cause = %f.error, kind = f.error.label(), attempt = n + 1, "fence could not be written; the address is kept and the fence retried");
-                if n == self.max_retries {
-                    let pod = f.pod.map_or_else(|| self.pod_of(podref), |p| *p);
-                    let cause = format!(
+                let cause = if f.fence {
+                    self.ctx.metrics.writes.fence_failures.inc();
+                    tracing::warn!(%podref, cause = %f.error, kind = f.error.label(), attempt = n + 1, "fence could not be written; the address is kept and the fence retried");
+                    format!(
                         "fence not written ({}); the address is kept and the fence retried until it is written or lifts",
                         f.error
-                    );
+                    )
+                } else {
+                    tracing::warn!(%podref, cause = %f.error, kind = f.error.label(), attempt = n + 1, "the node could not be read; the address is kept and the read retried");
+                    format!(
+                        "{}; nothing is released until the node is read (retried)",
+                        f.error
+                    )
+                };
+                if n == self.max_retries {
+                    let pod = f.pod.map_or_else(|| self.pod_of(podref), |p| *p);
                     self.ctx.events.failed(&pod, &cause).await;
                 }
                 if n <= self.max_retries {

@@ -297,6 +297,45 @@ async fn a_deletion_seen_before_its_nodes_not_ready_update_is_still_fenced() {
     env.finish(&node).await;
 }
 
+/// A deletion whose node cannot be read fresh is never released on the Node cache's word: the
+/// address stays, also through the sweeps, a Warning names the failed read, and once reads
+/// work again it is released. (Before, the item was given up after its retries and the sweep
+/// released the address as `PodMissing`, the node never read.)
+#[tokio::test]
+async fn a_deletion_whose_node_cannot_be_read_keeps_its_address_until_it_can() {
+    use testenv::ControlPlane;
+    use testenv::faultproxy::{Action, FaultProxy, Rule};
+    let mut env = Env::new("ctl-node-unread").await;
+    let (_node, uid) = web_0_and_db_0_on_a_ready_node(&env).await;
+    let proxy = FaultProxy::start(env.client.clone(), 5).await.unwrap();
+    // 500, not 503: the client retries a 503 itself.
+    proxy.set_rules(vec![Rule::new(
+        Some("get"),
+        Some("nodes"),
+        Action::Status(500),
+    )]);
+    let through = ControlPlane::shared().client_through_faults(&proxy).await;
+    env.start_as(through, &["--max-retries=2"]).await;
+    env.delete_pod("web-0").await;
+    let failed = env.wait_events("IPAddressGarbageCollectionFailed").await;
+    assert!(
+        failed[0].2.contains("reading node") && failed[0].2.contains("nothing is released"),
+        "{failed:?}"
+    );
+    env.wait_sweeps(5.0).await;
+    assert_eq!(
+        env.keys("192.0.2.0-24").await,
+        ["10", "11"],
+        "kept while its node cannot be read"
+    );
+    assert!(env.events("IPAddressGarbageCollected").await.is_empty());
+    proxy.clear();
+    env.wait_one_event("IPAddressGarbageCollected", "web-0", &uid)
+        .await;
+    env.wait_keys("192.0.2.0-24", &["11"]).await;
+    env.stop().await;
+}
+
 /// Refuses any pool write marking entry `key` fenced (see [`PoolRefusal`]), once in force.
 async fn refuse_fencing_entry(env: &Env, pool: &str, key: &str) -> PoolRefusal {
     let expression = format!(
