@@ -37,7 +37,7 @@ pub use node::Node;
 /// (`$env::new_chart($prefix)`), which proves the chart's RBAC is enough. Expands to a module
 /// `$name` with two `#[tokio::test]`s for each:
 ///
-/// ```ignore
+/// ```text
 /// testenv::as_admin_and_as_the_chart!(Env {
 ///     a_scenario: "ns-prefix",
 /// });
