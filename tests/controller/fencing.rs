@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, PostParams};
+use testenv::ControlPlane;
+use testenv::faultproxy::{Action, FaultProxy, Rule};
 use testenv::poll::{metric_value, wait_for};
 
 use crate::harness::{Env, FENCED, PoolRefusal};
@@ -263,24 +265,31 @@ async fn a_pod_deleted_right_after_its_node_goes_down_is_fenced() {
     env.finish(&node).await;
 }
 
+/// Starts the controller through a fault proxy that applies `action` to its `verb` requests
+/// on Nodes.
+async fn start_with_faulty_nodes(
+    env: &mut Env,
+    verb: &'static str,
+    action: Action,
+    flags: &[&str],
+) -> FaultProxy {
+    let proxy = FaultProxy::start(env.client.clone(), 5).await.unwrap();
+    proxy.set_rules(vec![Rule::new(Some(verb), Some("nodes"), action)]);
+    let through = ControlPlane::shared().client_through_faults(&proxy).await;
+    env.start_as(through, flags).await;
+    proxy
+}
+
 /// The Node watch lags the pod watch (a fault proxy delivers the controller's Node watch
 /// events 8 s late): the pod's Delete event comes while the cache still says its node is Ready.
 /// The deletion path reads the node fresh before it releases, finds it not Ready and fences.
 /// (Before, web-0 was released unfenced: seen in a CI run on a loaded machine.)
 #[tokio::test]
 async fn a_deletion_seen_before_its_nodes_not_ready_update_is_still_fenced() {
-    use testenv::ControlPlane;
-    use testenv::faultproxy::{Action, FaultProxy, Rule};
     let mut env = Env::new("ctl-fence-lagging-nodes").await;
     let (node, uid) = web_0_and_db_0_on_a_ready_node(&env).await;
-    let proxy = FaultProxy::start(env.client.clone(), 5).await.unwrap();
-    proxy.set_rules(vec![Rule::new(
-        Some("watch"),
-        Some("nodes"),
-        Action::DelayEvents(Duration::from_secs(8)),
-    )]);
-    let through = ControlPlane::shared().client_through_faults(&proxy).await;
-    env.start_as(through, &[]).await;
+    let delayed = Action::DelayEvents(Duration::from_secs(8));
+    let proxy = start_with_faulty_nodes(&mut env, "watch", delayed, &[]).await;
     env.set_ready(&node, "Unknown").await;
     env.delete_pod("web-0").await;
     env.wait_one_event(FENCED, "web-0", &uid).await;
@@ -303,19 +312,11 @@ async fn a_deletion_seen_before_its_nodes_not_ready_update_is_still_fenced() {
 /// released the address as `PodMissing`, the node never read.)
 #[tokio::test]
 async fn a_deletion_whose_node_cannot_be_read_keeps_its_address_until_it_can() {
-    use testenv::ControlPlane;
-    use testenv::faultproxy::{Action, FaultProxy, Rule};
     let mut env = Env::new("ctl-node-unread").await;
     let (_node, uid) = web_0_and_db_0_on_a_ready_node(&env).await;
-    let proxy = FaultProxy::start(env.client.clone(), 5).await.unwrap();
     // 500, not 503: the client retries a 503 itself.
-    proxy.set_rules(vec![Rule::new(
-        Some("get"),
-        Some("nodes"),
-        Action::Status(500),
-    )]);
-    let through = ControlPlane::shared().client_through_faults(&proxy).await;
-    env.start_as(through, &["--max-retries=2"]).await;
+    let refused = Action::Status(500);
+    let proxy = start_with_faulty_nodes(&mut env, "get", refused, &["--max-retries=2"]).await;
     env.delete_pod("web-0").await;
     let failed = env.wait_events("IPAddressGarbageCollectionFailed").await;
     assert!(
