@@ -16,6 +16,7 @@ pub mod events;
 mod fence_records;
 #[cfg(test)]
 mod fixtures;
+mod fresh_pool;
 pub mod manual;
 pub mod patch;
 pub mod reservation;

@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use super::budget::WriteKind;
 pub use super::types::{Deleted, ReservationDelete};
 use super::writer::Writer;
-use crate::api::{IPPool, OverlappingRangeIPReservation, OverlappingRangeIPReservationSpec};
+use crate::api::{OverlappingRangeIPReservation, OverlappingRangeIPReservationSpec};
 
 /// When, after a delete, it is looked at again (from the delete). The first look comes soon:
 /// an allocation that raced the delete writes its pool entry a moment after it read the
@@ -73,9 +73,8 @@ impl Writer {
         let Some(pool) = &d.pool else {
             return Ok(None);
         };
-        let pools: Api<IPPool> = Api::namespaced(self.client.clone(), &self.namespace);
         // Reads go outside the write budgets (they bound writes; APF bounds both).
-        let current = pools.get_opt(pool).await?;
+        let current = self.read_pool(pool).await?;
         let Some(current) = current else {
             return Ok(None);
         };
@@ -147,7 +146,6 @@ impl Writer {
     /// index may lag the very allocation looked for, so it does not stand in).
     async fn holders_now(&self, looks: &[ReservationDelete]) -> Vec<Option<Option<Holder>>> {
         let mut read: HashMap<String, Option<Vec<crate::ipam::PoolEntry>>> = HashMap::new();
-        let pools: Api<IPPool> = Api::namespaced(self.client.clone(), &self.namespace);
         let mut holders = Vec::with_capacity(looks.len());
         for d in looks {
             let Some(pool) = &d.pool else {
@@ -155,7 +153,7 @@ impl Writer {
                 continue;
             };
             if !read.contains_key(pool) {
-                let entries = match tokio::time::timeout(LOOK_READ_TIMEOUT, pools.get_opt(pool))
+                let entries = match tokio::time::timeout(LOOK_READ_TIMEOUT, self.read_pool(pool))
                     .await
                 {
                     Ok(Ok(Some(p))) => Some(

@@ -69,6 +69,8 @@ pub struct Writer {
     pub(crate) dry_run_reported: std::sync::Mutex<HashSet<Reported>>,
     /// `--release-cooldown`: how long a released address stays out of the pool (zero: off).
     pub(crate) cooldown: Duration,
+    /// RBAC refused listing pools: fresh reads are GETs (see `fresh_pool`).
+    pub(crate) pool_list_forbidden: std::sync::atomic::AtomicBool,
 }
 
 impl Writer {
@@ -92,6 +94,7 @@ impl Writer {
             index: None,
             dry_run_reported: Default::default(),
             cooldown: Duration::ZERO,
+            pool_list_forbidden: Default::default(),
         }
     }
 
@@ -445,10 +448,9 @@ impl Writer {
                     continue;
                 }
             };
-            let pools = self.pools();
             let current = match self
                 .budgets
-                .send(WriteKind::Pool, || pools.get_opt(pool))
+                .send(WriteKind::Pool, || self.read_pool(pool))
                 .await
             {
                 Ok(c) => c,

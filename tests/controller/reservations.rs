@@ -128,11 +128,12 @@ async fn a_look_that_cannot_read_the_pool_tries_again_and_puts_the_reservation_b
     // with the client's own retries of each read. (The fault's length, not a wait for the
     // controller.)
     tokio::time::sleep(Duration::from_secs(20)).await;
-    let failed_reads = proxy
-        .injected()
-        .get("503 get ippools")
-        .copied()
-        .unwrap_or(0);
+    // A read is a LIST by name (a GET where RBAC allows no list).
+    let injected = proxy.injected();
+    let failed_reads: u64 = ["503 get ippools", "503 list ippools"]
+        .iter()
+        .filter_map(|k| injected.get(*k).copied())
+        .sum();
     assert!(
         failed_reads >= 3,
         "the looks read the pool: {failed_reads} failed reads"
@@ -144,5 +145,61 @@ async fn a_look_that_cannot_read_the_pool_tries_again_and_puts_the_reservation_b
     .await;
     env.wait_metric("ipreclaim_reservations_restored_total 1")
         .await;
+    env.stop().await;
+}
+
+/// The looks read a pool with a LIST by name (the apiserver serves it from its cache); where RBAC
+/// refuses the list, they read it with a GET, and remember. The delete is held in flight while
+/// the recreated web-0 gets its address back; from then the proxy answers pool LISTs with 403
+/// (the controller's pool watch, already open, goes on). The look must still see the new entry
+/// and put the reservation back; a-0's release afterwards reads with GET straight away.
+#[tokio::test]
+async fn a_look_refused_a_pool_list_reads_the_pool_with_get() {
+    use testenv::faultproxy::{Action, FaultProxy, Rule};
+    let mut env = Env::new("ctl-look-get").await;
+    env.macvlan(&[(10, "sb-web-0", "web-0"), (11, "sb-a-0", "a-0")])
+        .await;
+    env.reservation("192.0.2.10", "web-0").await;
+    env.reservation("192.0.2.11", "a-0").await;
+    env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
+    env.pod("a-0", "macvlan", Some(&["192.0.2.11"])).await;
+    let proxy = FaultProxy::start(env.client.clone(), 1).await.unwrap();
+    let through = ControlPlane::shared().client_through_faults(&proxy).await;
+    proxy.set_rules(vec![Rule::new(
+        Some("delete"),
+        Some("overlappingrangeipreservations"),
+        Action::Hold,
+    )]);
+    env.start_as(through, &[]).await;
+    env.delete_pod("web-0").await;
+    env.wait_keys("192.0.2.0-24", &["11"]).await;
+    wait_for("the reservation delete held in flight", || async {
+        proxy
+            .injected()
+            .contains_key("hold delete overlappingrangeipreservations")
+    })
+    .await;
+    proxy.set_rules(vec![Rule::new(
+        Some("list"),
+        Some("ippools"),
+        Action::Status(403),
+    )]);
+    web_0_recreated_with_its_address(&env).await;
+    proxy.release_held();
+    env.wait_metric("ipreclaim_reservations_restored_total 1")
+        .await;
+    assert_eq!(env.reservation_names().await, ["192.0.2.10", "192.0.2.11"]);
+    let gets = |p: &FaultProxy| p.requests().get("get ippools").copied().unwrap_or(0);
+    let gets_before = gets(&proxy);
+    env.delete_pod("a-0").await;
+    wait_for("a-0's reservation deleted and looked at again", || async {
+        env.reservation_names().await == ["192.0.2.10"] && gets(&proxy) > gets_before
+    })
+    .await;
+    assert_eq!(
+        proxy.injected().get("403 list ippools").copied(),
+        Some(1),
+        "the refused list is asked for once, then the looks use GET"
+    );
     env.stop().await;
 }
