@@ -39,6 +39,16 @@ async fn web_0_recreated_with_its_address(env: &Env) {
     env.merge_pool("192.0.2.0-24", patch).await;
 }
 
+/// web-0 (192.0.2.10) and a-0 (.11), each with its entry and reservation.
+async fn web_0_and_a_0_with_reservations(env: &mut Env) {
+    env.macvlan(&[(10, "sb-web-0", "web-0"), (11, "sb-a-0", "a-0")])
+        .await;
+    env.reservation("192.0.2.10", "web-0").await;
+    env.reservation("192.0.2.11", "a-0").await;
+    env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
+    env.pod("a-0", "macvlan", Some(&["192.0.2.11"])).await;
+}
+
 /// web-0 is deleted and its entry released; its reservation delete waits for its budget (here:
 /// one delete per 5 s, the token taken by a-0's). Meanwhile web-0 is recreated and gets its old
 /// address back, as whereabouts' CNI ADD does it: the reservation names the same pod, so it is
@@ -48,12 +58,7 @@ async fn web_0_recreated_with_its_address(env: &Env) {
 #[tokio::test]
 async fn a_reservation_whose_address_a_recreated_pod_got_back_is_never_deleted() {
     let mut env = Env::new("ctl-res-guard").await;
-    env.macvlan(&[(10, "sb-web-0", "web-0"), (11, "sb-a-0", "a-0")])
-        .await;
-    env.reservation("192.0.2.10", "web-0").await;
-    env.reservation("192.0.2.11", "a-0").await;
-    env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
-    env.pod("a-0", "macvlan", Some(&["192.0.2.11"])).await;
+    web_0_and_a_0_with_reservations(&mut env).await;
     env.start(&[
         "--reservation-delete-qps=0.2",
         "--reservation-delete-burst=1",
@@ -78,20 +83,14 @@ async fn a_reservation_whose_address_a_recreated_pod_got_back_is_never_deleted()
     env.stop().await;
 }
 
-/// A look after a reservation delete that cannot read the pool is not a "no". The delete is
-/// held in flight while the recreated web-0 gets its address back (whereabouts keeps the
-/// reservation naming it), and from then the pool cannot be read and the controller's pool
-/// watch lags (fault proxy) for 20 s, longer than the three looks. Once the pool reads again,
-/// the reservation is put back. (The previous version passes too: kube's client retries a 503
-/// for minutes, so its one read rode out the outage, and stalled every other look meanwhile;
-/// reads now give up after 2 s and the look is tried again every second.)
-#[tokio::test]
-async fn a_look_that_cannot_read_the_pool_tries_again_and_puts_the_reservation_back() {
+/// Starts the controller through a fault proxy that holds reservation deletes in flight, deletes
+/// web-0 and returns once its entry is released (`left`: the pool's keys after) and its
+/// reservation delete is held.
+async fn web_0_released_with_its_reservation_delete_held(
+    env: &mut Env,
+    left: &[&str],
+) -> testenv::faultproxy::FaultProxy {
     use testenv::faultproxy::{Action, FaultProxy, Rule};
-    let mut env = Env::new("ctl-look-retry").await;
-    env.macvlan(&[(10, "sb-web-0", "web-0")]).await;
-    env.reservation("192.0.2.10", "web-0").await;
-    env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
     let proxy = FaultProxy::start(env.client.clone(), 1).await.unwrap();
     let through = ControlPlane::shared().client_through_faults(&proxy).await;
     proxy.set_rules(vec![Rule::new(
@@ -101,13 +100,31 @@ async fn a_look_that_cannot_read_the_pool_tries_again_and_puts_the_reservation_b
     )]);
     env.start_as(through, &[]).await;
     env.delete_pod("web-0").await;
-    env.wait_keys("192.0.2.0-24", &[]).await;
+    env.wait_keys("192.0.2.0-24", left).await;
     wait_for("the reservation delete held in flight", || async {
         proxy
             .injected()
             .contains_key("hold delete overlappingrangeipreservations")
     })
     .await;
+    proxy
+}
+
+/// A look after a reservation delete that cannot read the pool is not a "no". The delete is
+/// held in flight while the recreated web-0 gets its address back (whereabouts keeps the
+/// reservation naming it), and from then the pool cannot be read and the controller's pool
+/// watch lags (fault proxy) for 20 s, longer than the three looks. Once the pool reads again,
+/// the reservation is put back. (The previous version passes too: kube's client retries a 503
+/// for minutes, so its one read rode out the outage, and stalled every other look meanwhile;
+/// reads now give up after 2 s and the look is tried again every second.)
+#[tokio::test]
+async fn a_look_that_cannot_read_the_pool_tries_again_and_puts_the_reservation_back() {
+    use testenv::faultproxy::{Action, Rule};
+    let mut env = Env::new("ctl-look-retry").await;
+    env.macvlan(&[(10, "sb-web-0", "web-0")]).await;
+    env.reservation("192.0.2.10", "web-0").await;
+    env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
+    let proxy = web_0_released_with_its_reservation_delete_held(&mut env, &[]).await;
     proxy.set_rules(vec![
         Rule::new(Some("get"), Some("ippools"), Action::Status(503)),
         Rule::new(Some("list"), Some("ippools"), Action::Status(503)),
@@ -157,28 +174,8 @@ async fn a_look_that_cannot_read_the_pool_tries_again_and_puts_the_reservation_b
 async fn a_look_refused_a_pool_list_reads_the_pool_with_get() {
     use testenv::faultproxy::{Action, FaultProxy, Rule};
     let mut env = Env::new("ctl-look-get").await;
-    env.macvlan(&[(10, "sb-web-0", "web-0"), (11, "sb-a-0", "a-0")])
-        .await;
-    env.reservation("192.0.2.10", "web-0").await;
-    env.reservation("192.0.2.11", "a-0").await;
-    env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
-    env.pod("a-0", "macvlan", Some(&["192.0.2.11"])).await;
-    let proxy = FaultProxy::start(env.client.clone(), 1).await.unwrap();
-    let through = ControlPlane::shared().client_through_faults(&proxy).await;
-    proxy.set_rules(vec![Rule::new(
-        Some("delete"),
-        Some("overlappingrangeipreservations"),
-        Action::Hold,
-    )]);
-    env.start_as(through, &[]).await;
-    env.delete_pod("web-0").await;
-    env.wait_keys("192.0.2.0-24", &["11"]).await;
-    wait_for("the reservation delete held in flight", || async {
-        proxy
-            .injected()
-            .contains_key("hold delete overlappingrangeipreservations")
-    })
-    .await;
+    web_0_and_a_0_with_reservations(&mut env).await;
+    let proxy = web_0_released_with_its_reservation_delete_held(&mut env, &["11"]).await;
     proxy.set_rules(vec![Rule::new(
         Some("list"),
         Some("ippools"),
