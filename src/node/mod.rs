@@ -430,7 +430,9 @@ fn releaser(
     let writer = writer::Writer::new(client.clone(), ns, budgets.clone(), events.clone(), writes)
         .patch_interval(POOL_PATCH_INTERVAL)
         .cooldown(args.release_cooldown)
-        .dry_run(args.dry_run);
+        .dry_run(args.dry_run)
+        // The chart grants the agent on every node no list of pools.
+        .pools_read_by_get();
     Releaser {
         client: client.clone(),
         namespace: args.whereabouts_namespace.clone(),

@@ -3,7 +3,8 @@
 //! without one is a consistent read too, which kube-apiserver 1.31 and later serve from the
 //! watch cache once it has caught up with etcd (older ones read the one key from etcd). The
 //! looks after reservation deletes read pools this way several times a second under churn.
-//! Where RBAC grants `get` but not `list`, a GET (the refusal is remembered).
+//! Where RBAC grants `get` but not `list`, a GET (the refusal is remembered); the node agent,
+//! granted no list on purpose, always reads with GET.
 
 use std::sync::atomic::Ordering;
 
@@ -16,7 +17,7 @@ impl Writer {
     /// `name`'s pool now (`None`: there is none).
     pub(crate) async fn read_pool(&self, name: &str) -> Result<Option<IPPool>, kube::Error> {
         let pools: Api<IPPool> = Api::namespaced(self.client.clone(), &self.namespace);
-        if !self.pool_list_forbidden.load(Ordering::Relaxed) {
+        if !self.pools_read_by_get.load(Ordering::Relaxed) {
             let by_name = ListParams::default().fields(&format!("metadata.name={name}"));
             match pools.list(&by_name).await {
                 Ok(list) => {
@@ -27,7 +28,7 @@ impl Writer {
                 }
                 Err(kube::Error::Api(s)) if s.code == 403 => {
                     tracing::info!(error = %s, "listing pools is not allowed: reading them one by one with GET");
-                    self.pool_list_forbidden.store(true, Ordering::Relaxed);
+                    self.pools_read_by_get.store(true, Ordering::Relaxed);
                 }
                 Err(e) => return Err(e),
             }

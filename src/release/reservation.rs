@@ -34,7 +34,9 @@ pub const SECOND_LOOKS: [Duration; 3] = [
 /// Looks that are due within this of each other share their pool reads.
 const LOOK_BATCH: Duration = Duration::from_millis(50);
 /// A pool read for a look that takes longer is retried (a held read must not stall the rest).
-const LOOK_READ_TIMEOUT: Duration = Duration::from_secs(2);
+/// Above 3 s: a consistent read served from the watch cache waits that long for a lagging cache
+/// before it reads etcd, and must get there.
+const LOOK_READ_TIMEOUT: Duration = Duration::from_secs(4);
 /// A look that could not be made is tried again this much later, this many times (ten
 /// minutes), then reported as failed.
 const LOOK_RETRY: Duration = Duration::from_secs(1);

@@ -69,8 +69,9 @@ pub struct Writer {
     pub(crate) dry_run_reported: std::sync::Mutex<HashSet<Reported>>,
     /// `--release-cooldown`: how long a released address stays out of the pool (zero: off).
     pub(crate) cooldown: Duration,
-    /// RBAC refused listing pools: fresh reads are GETs (see `fresh_pool`).
-    pub(crate) pool_list_forbidden: std::sync::atomic::AtomicBool,
+    /// Fresh pool reads are GETs, not LISTs by name (see `fresh_pool`): RBAC refused the list,
+    /// or the program is granted none.
+    pub(crate) pools_read_by_get: std::sync::atomic::AtomicBool,
 }
 
 impl Writer {
@@ -94,7 +95,7 @@ impl Writer {
             index: None,
             dry_run_reported: Default::default(),
             cooldown: Duration::ZERO,
-            pool_list_forbidden: Default::default(),
+            pools_read_by_get: Default::default(),
         }
     }
 
@@ -113,6 +114,13 @@ impl Writer {
     /// `--release-cooldown`: releases keep the address out of the pool this long (zero: off).
     pub fn cooldown(mut self, cooldown: Duration) -> Writer {
         self.cooldown = cooldown;
+        self
+    }
+
+    /// Reads pools with GET only: for a program whose RBAC grants no `list` on them.
+    pub fn pools_read_by_get(self) -> Writer {
+        self.pools_read_by_get
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         self
     }
 

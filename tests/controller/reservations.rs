@@ -116,7 +116,7 @@ async fn web_0_released_with_its_reservation_delete_held(
 /// watch lags (fault proxy) for 20 s, longer than the three looks. Once the pool reads again,
 /// the reservation is put back. (The previous version passes too: kube's client retries a 503
 /// for minutes, so its one read rode out the outage, and stalled every other look meanwhile;
-/// reads now give up after 2 s and the look is tried again every second.)
+/// reads now give up after 4 s and the look is tried again every second.)
 #[tokio::test]
 async fn a_look_that_cannot_read_the_pool_tries_again_and_puts_the_reservation_back() {
     use testenv::faultproxy::{Action, Rule};
