@@ -8,7 +8,7 @@
 
 use std::sync::atomic::Ordering;
 
-use kube::api::{Api, ListParams};
+use kube::api::ListParams;
 
 use super::writer::Writer;
 use crate::api::IPPool;
@@ -16,7 +16,7 @@ use crate::api::IPPool;
 impl Writer {
     /// `name`'s pool now (`None`: there is none).
     pub(crate) async fn read_pool(&self, name: &str) -> Result<Option<IPPool>, kube::Error> {
-        let pools: Api<IPPool> = Api::namespaced(self.client.clone(), &self.namespace);
+        let pools = self.pools();
         if !self.pools_read_by_get.load(Ordering::Relaxed) {
             let by_name = ListParams::default().fields(&format!("metadata.name={name}"));
             match pools.list(&by_name).await {

@@ -299,7 +299,7 @@ async fn batch(
 }
 
 impl Writer {
-    fn pools(&self) -> Api<IPPool> {
+    pub(super) fn pools(&self) -> Api<IPPool> {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
 
