@@ -60,16 +60,7 @@ fn metrics() -> WriteMetrics {
 
 /// Events under budgets that limit nothing.
 fn events(client: kube::Client, m: &WriteMetrics) -> Events {
-    let unlimited = BudgetConfig {
-        pool_qps: 0.0,
-        pool_burst: 0,
-        reservation_qps: 0.0,
-        reservation_burst: 0,
-        write_qps: 0.0,
-        write_burst: 0,
-        max_in_flight: 8,
-    };
-    let budgets = Budgets::new(unlimited, RealClock::shared(), m.clone());
+    let budgets = Budgets::new(BudgetConfig::UNLIMITED, RealClock::shared(), m.clone());
     Events::new(client, "test", budgets, m.clone())
 }
 

@@ -48,6 +48,19 @@ pub struct BudgetConfig {
     pub max_in_flight: usize,
 }
 
+impl BudgetConfig {
+    /// Budgets that limit nothing (at most 8 writes in flight).
+    pub const UNLIMITED: BudgetConfig = BudgetConfig {
+        pool_qps: 0.0,
+        pool_burst: 0,
+        reservation_qps: 0.0,
+        reservation_burst: 0,
+        write_qps: 0.0,
+        write_burst: 0,
+        max_in_flight: 8,
+    };
+}
+
 struct Inner {
     pools: TokenBucket,
     reservations: TokenBucket,
@@ -86,17 +99,18 @@ pub struct Budgets(Arc<Inner>);
 
 impl Budgets {
     /// Budgets of `config` on `clock`, counting into `metrics`.
+    /// A burst of zero is taken as one: a rate with no burst would admit nothing.
     pub fn new(config: BudgetConfig, clock: SharedClock, metrics: WriteMetrics) -> Self {
         Budgets(Arc::new(Inner {
-            pools: TokenBucket::new(config.pool_qps, config.pool_burst, clock.clone()),
+            pools: TokenBucket::new(config.pool_qps, config.pool_burst.max(1), clock.clone()),
             reservations: TokenBucket::new(
                 config.reservation_qps,
-                config.reservation_burst,
+                config.reservation_burst.max(1),
                 clock.clone(),
             ),
             all: PriorityThrottle::new(
                 config.write_qps,
-                config.write_burst,
+                config.write_burst.max(1),
                 Parallelism::Parallel {
                     max: Some(config.max_in_flight),
                 },
@@ -205,6 +219,24 @@ mod tests {
             s["details"] = serde_json::json!({"retryAfterSeconds": secs});
         }
         serde_json::from_value(s).expect("a Status")
+    }
+
+    #[test]
+    fn a_burst_of_zero_still_admits_writes_at_the_rate() {
+        use futures::FutureExt;
+        let config = BudgetConfig {
+            write_qps: 10.0,
+            ..BudgetConfig::UNLIMITED
+        };
+        let metrics = WriteMetrics::new(&mut prometheus_client::registry::Registry::default());
+        let budgets = Budgets::new(config, podlife::clock::FakeClock::new(), metrics);
+        // Taken as a burst of one: the first write goes at once, the next waits for the rate.
+        let first = budgets.admit(WriteKind::Event).now_or_never();
+        assert!(
+            first.is_some(),
+            "a write budget of burst 0 admitted nothing"
+        );
+        assert!(budgets.admit(WriteKind::Event).now_or_never().is_none());
     }
 
     #[test]

@@ -9,6 +9,7 @@
 
 pub mod audit;
 pub mod batch;
+mod batcher;
 pub mod budget;
 pub mod cooling;
 mod deletes;

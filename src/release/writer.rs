@@ -18,7 +18,6 @@ use super::batch::{Answer, one_write_per_entry, settle_against, split};
 use super::budget::{Budgets, WriteKind};
 use super::events::Events;
 use super::patch;
-use super::schedule::{MAX_BATCH, PoolSchedule};
 use super::types::ReservationDelete;
 use super::types::{EntryWrite, ReleaseError, ReleaseOutcome, ReleaseRequest};
 use crate::api::{IPPool, ObjectId};
@@ -33,7 +32,7 @@ const MAX_PATCHES_PER_BATCH: usize = 64;
 pub(super) const RESERVATION_DELETERS: usize = 16;
 
 type Outcome = Result<ReleaseOutcome, ReleaseError>;
-type Reply = oneshot::Sender<Outcome>;
+pub(super) type Reply = oneshot::Sender<Outcome>;
 
 /// An object to delete after the pool entries it belongs to, with its uid as precondition.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,9 +133,9 @@ impl Writer {
 /// A handle to submit releases to the batching writer.
 #[derive(Clone)]
 pub struct WriterHandle {
-    tx: mpsc::Sender<(ReleaseRequest, Reply)>,
-    deletes: mpsc::UnboundedSender<ObjectDelete>,
-    writer: Arc<Writer>,
+    pub(super) tx: mpsc::Sender<(ReleaseRequest, Reply)>,
+    pub(super) deletes: mpsc::UnboundedSender<ObjectDelete>,
+    pub(super) writer: Arc<Writer>,
 }
 
 impl WriterHandle {
@@ -229,74 +228,7 @@ impl WriterHandle {
     }
 }
 
-/// Starts the batcher and the reservation deleter; they run until every handle is dropped.
-/// At most one patch per pool is in flight, and a pool's patches are spaced by `spacing`;
-/// what arrives meanwhile for that pool goes out as the next patch, so a burst of deletions
-/// becomes a few large patches while a lone deletion goes out at once.
-pub fn spawn(writer: Arc<Writer>) -> WriterHandle {
-    spawn_drained(writer).0
-}
-
-/// Like [`spawn`], with a task that ends once every handle is dropped and everything handed in
-/// is written: the patches, the deletes after them and the looks after those (see
-/// `reservation`). For a command that exits after its writes.
-pub fn spawn_drained(writer: Arc<Writer>) -> (WriterHandle, tokio::task::JoinHandle<()>) {
-    let (tx, rx) = mpsc::channel::<(ReleaseRequest, Reply)>(4 * MAX_BATCH);
-    let (del_tx, del_rx) = mpsc::unbounded_channel();
-    let handle = WriterHandle {
-        tx,
-        deletes: del_tx.clone(),
-        writer: writer.clone(),
-    };
-    let drained = tokio::spawn(writer.clone().delete_queued(del_rx));
-    tokio::spawn(batch(writer, rx, del_tx));
-    (handle, drained)
-}
-
-/// The batcher: collects requests per pool and sends each pool's patch when its
-/// [`PoolSchedule`] says it may.
-async fn batch(
-    writer: Arc<Writer>,
-    mut rx: mpsc::Receiver<(ReleaseRequest, Reply)>,
-    deletes: mpsc::UnboundedSender<ObjectDelete>,
-) {
-    let mut schedule = PoolSchedule::new(writer.patch_interval);
-    // Each finished patch: its pool and how long it took.
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(String, Duration)>();
-    let mut open = true;
-    loop {
-        let now = Instant::now();
-        for (pool, items) in schedule.ready(now) {
-            let (w, done, res) = (writer.clone(), done_tx.clone(), deletes.clone());
-            tokio::spawn(async move {
-                let started = Instant::now();
-                for r in w.release_pool(&pool, items).await {
-                    let _ = res.send(r);
-                }
-                let _ = done.send((pool, started.elapsed()));
-            });
-        }
-        if !open && schedule.idle() {
-            return;
-        }
-        let next = schedule.next_wake(now);
-        let wake = super::sleep_until(next);
-        tokio::select! {
-            item = rx.recv(), if open => match item {
-                Some(item) => {
-                    schedule.push(item.0.judged.pool.clone(), item);
-                    // Let whatever else is already queued join this batch.
-                    while let Ok(item) = rx.try_recv() {
-                        schedule.push(item.0.judged.pool.clone(), item);
-                    }
-                }
-                None => open = false,
-            },
-            Some((pool, took)) = done_rx.recv() => schedule.finished(&pool, took, Instant::now()),
-            () = wake => {}
-        }
-    }
-}
+pub use super::batcher::{spawn, spawn_drained};
 
 impl Writer {
     pub(super) fn pools(&self) -> Api<IPPool> {
@@ -305,7 +237,7 @@ impl Writer {
 
     /// Writes one batch and answers each request; returns the objects to delete after it
     /// (reservations of what was released, records of lifted fences).
-    async fn release_pool(
+    pub(super) async fn release_pool(
         &self,
         pool: &str,
         items: Vec<(ReleaseRequest, Reply)>,
