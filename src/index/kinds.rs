@@ -109,6 +109,21 @@ fn fit<K: Resource<DynamicType = ()>>(ix: &mut Index, object: &Lenient<K>) -> bo
     }
 }
 
+/// Records whether `object` fits: its usable part with `upsert` when it does, else `key` is
+/// forgotten with `remove`.
+fn record_fitting<K: Resource<DynamicType = ()>>(
+    ix: &mut Index,
+    key: &str,
+    object: &Lenient<K>,
+    upsert: fn(&mut Index, &K),
+    remove: fn(&mut Index, &str),
+) {
+    match (fit(ix, object), object) {
+        (true, Lenient::Valid(valid)) => upsert(ix, valid),
+        _ => remove(ix, key),
+    }
+}
+
 fn name_of<K: Resource>(object: &K) -> Option<String> {
     object.meta().name.clone()
 }
@@ -196,10 +211,7 @@ impl Named for Pools {
     type Resource = IPPool;
 
     fn record(ix: &mut Index, name: &str, p: Lenient<IPPool>) {
-        match (fit(ix, &p), &p) {
-            (true, Lenient::Valid(pool)) => ix.upsert_pool(pool),
-            _ => ix.remove_pool(name),
-        }
+        record_fitting(ix, name, &p, Index::upsert_pool, Self::remove);
     }
 
     fn remove(ix: &mut Index, name: &str) {
@@ -222,10 +234,7 @@ impl Named for Reservations {
     type Resource = OverlappingRangeIPReservation;
 
     fn record(ix: &mut Index, name: &str, r: Lenient<OverlappingRangeIPReservation>) {
-        match (fit(ix, &r), &r) {
-            (true, Lenient::Valid(r)) => ix.upsert_reservation(r),
-            _ => ix.remove_reservation(name),
-        }
+        record_fitting(ix, name, &r, Index::upsert_reservation, Self::remove);
     }
 
     fn remove(ix: &mut Index, name: &str) {
@@ -300,10 +309,7 @@ impl Kind for Nads {
     }
 
     fn apply(ix: &mut Index, key: &String, n: Self::Object, _: Instant) -> Option<()> {
-        match (fit(ix, &n), &n) {
-            (true, Lenient::Valid(nad)) => ix.upsert_nad(nad),
-            _ => ix.remove_nad(key),
-        }
+        record_fitting(ix, key, &n, Index::upsert_nad, Index::remove_nad);
         None
     }
 
