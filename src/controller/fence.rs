@@ -39,11 +39,7 @@ fn fence_request(
     record: &FenceRecord,
     write: EntryWrite,
 ) -> ReleaseRequest {
-    let network = if record.network.is_empty() {
-        pool.to_owned()
-    } else {
-        record.network.clone()
-    };
+    let network = record.network_or(pool);
     ReleaseRequest {
         judged: Judged {
             pool: pool.to_owned(),

@@ -42,6 +42,17 @@ pub struct FenceRecord {
     pub since: jiff::Timestamp,
 }
 
+impl FenceRecord {
+    /// The network to name in Events: the record's, or `pool` when the record names none.
+    pub fn network_or(&self, pool: &str) -> String {
+        if self.network.is_empty() {
+            pool.to_owned()
+        } else {
+            self.network.clone()
+        }
+    }
+}
+
 /// Longest object name (a DNS subdomain).
 const MAX_NAME: usize = 253;
 

@@ -98,11 +98,7 @@ fn lift(
     record: &FenceRecord,
     source: FenceSource,
 ) -> ReleaseRequest {
-    let network = if record.network.is_empty() {
-        pool.to_owned()
-    } else {
-        record.network.clone()
-    };
+    let network = record.network_or(pool);
     let pod = PodRef::from_podref(&record.podref, record.uid.clone());
     let write = EntryWrite::Unfence(record.clone(), source);
     request(pool, entry, network, pod, Reason::PodDeleted, write)
