@@ -87,9 +87,7 @@ pub async fn pods(
 ) {
     let api = Api::<PodView>::all(client.clone());
     let config = watcher::Config::default().page_size(POD_PAGE);
-    let stream = retrying(client, watcher::watcher(api, config));
-    let mut relist = Relist::<Pods>::default();
-    feed("pods", stream, synced, |step| {
+    relisted::<Pods, _>("pods", client, api, config, synced, |relist, step| {
         let mut ix = index.write().expect("index lock");
         let applied = relist.step(&mut ix, step, Instant::now());
         // The node of each deletion is judged as it is seen: the fence follows from it.
@@ -113,6 +111,24 @@ pub async fn pods(
     .await;
 }
 
+/// Feeds a watch of kind `K` to `apply`, step by step, with its one re-list driver.
+async fn relisted<K, F>(
+    name: &'static str,
+    client: Client,
+    api: Api<K::Object>,
+    config: watcher::Config,
+    synced: Synced,
+    mut apply: F,
+) where
+    K: Kind,
+    K::Object: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    F: FnMut(&mut Relist<K>, Step<K::Object>),
+{
+    let stream = retrying(client, watcher::watcher(api, config));
+    let mut relist = Relist::<K>::default();
+    feed(name, stream, synced, |step| apply(&mut relist, step)).await;
+}
+
 /// Feeds a watch of kind `K` into the index.
 async fn into_index<K>(
     name: &'static str,
@@ -125,9 +141,7 @@ async fn into_index<K>(
     K: Kind<Store = Index>,
     K::Object: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
-    let stream = retrying(client, watcher::watcher(api, config));
-    let mut relist = Relist::<K>::default();
-    feed(name, stream, synced, |step| {
+    relisted::<K, _>(name, client, api, config, synced, |relist, step| {
         let mut ix = index.write().expect("index lock");
         relist.step(&mut ix, step, Instant::now());
     })
@@ -168,9 +182,7 @@ pub async fn nads(client: Client, index: SharedIndex, synced: Synced) {
 pub async fn nodes(client: Client, view: Arc<RwLock<NodeIndex>>, synced: Synced) {
     let api = Api::<NodeReadyView>::all(client.clone());
     let config = watcher::Config::default().page_size(NODE_PAGE);
-    let stream = retrying(client, watcher::watcher(api, config));
-    let mut relist = Relist::<Nodes>::default();
-    feed("nodes", stream, synced, |step| {
+    relisted::<Nodes, _>("nodes", client, api, config, synced, |relist, step| {
         let mut v = view.write().expect("node index lock");
         let applied = relist.step(&mut v, step, Instant::now());
         drop(v);
