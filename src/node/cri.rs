@@ -137,8 +137,10 @@ fn unix_connector(
     })
 }
 
-fn cri_error(call: &str, e: tonic::Status) -> SourceError {
-    SourceError::new(format!("{call}: {} ({:?})", e.message(), e.code()))
+/// The message of a CRI call's reply; a failed call as an error naming it.
+fn reply<T>(call: &str, r: Result<tonic::Response<T>, tonic::Status>) -> Result<T, SourceError> {
+    r.map(tonic::Response::into_inner)
+        .map_err(|e| SourceError::new(format!("{call}: {} ({:?})", e.message(), e.code())))
 }
 
 fn container_state(state: i32) -> ContainerState {
@@ -226,19 +228,11 @@ impl PodSource for CriPodSource {
     async fn list_pods(&self) -> Result<Vec<RuntimePod>, SourceError> {
         let mut client = self.client.clone();
         self.call(&self.calls.list_pod_sandbox).await;
-        let sandboxes = client
-            .list_pod_sandbox(ListPodSandboxRequest::default())
-            .await
-            .map_err(|e| cri_error("ListPodSandbox", e))?
-            .into_inner()
-            .items;
+        let listed = client.list_pod_sandbox(ListPodSandboxRequest::default());
+        let sandboxes = reply("ListPodSandbox", listed.await)?.items;
         self.call(&self.calls.list_containers).await;
-        let containers = client
-            .list_containers(ListContainersRequest::default())
-            .await
-            .map_err(|e| cri_error("ListContainers", e))?
-            .into_inner()
-            .containers;
+        let listed = client.list_containers(ListContainersRequest::default());
+        let containers = reply("ListContainers", listed.await)?.containers;
         let mut pods: HashMap<String, RuntimePod> = HashMap::new();
         let mut pod_of_sandbox: HashMap<String, String> = HashMap::new();
         let mut unattributed = 0;
@@ -291,14 +285,11 @@ impl PodSource for CriPodSource {
         let mut newest_ready: Option<(i64, Vec<String>)> = None;
         for sb in &pod.sandboxes {
             self.call(&self.calls.pod_sandbox_status).await;
-            let status = client
-                .pod_sandbox_status(PodSandboxStatusRequest {
-                    pod_sandbox_id: sb.id.clone(),
-                    verbose: false,
-                })
-                .await
-                .map_err(|e| cri_error("PodSandboxStatus", e))?
-                .into_inner()
+            let inspected = client.pod_sandbox_status(PodSandboxStatusRequest {
+                pod_sandbox_id: sb.id.clone(),
+                verbose: false,
+            });
+            let status = reply("PodSandboxStatus", inspected.await)?
                 .status
                 .ok_or_else(|| {
                     SourceError::new(format!("PodSandboxStatus of {} returned no status", sb.id))
