@@ -233,12 +233,29 @@ mod tests {
         assert_eq!(v.held, BTreeSet::from(["a".to_string()]), "{v:?}");
     }
 
+    /// Judges a sweep freeing `of` from pools of 100 at ratio 0.5, a window after the last.
+    fn judge100(
+        b: &mut Breaker,
+        of: &[(&str, usize)],
+        unconfirmed: &[&str],
+        approved: &[&str],
+    ) -> Verdict {
+        let (unconfirmed, approved) = (set(unconfirmed), set(approved));
+        b.judge(
+            &releases(of),
+            |_| 100,
+            0.5,
+            &unconfirmed,
+            &approved,
+            apart(),
+        )
+    }
+
     #[test]
     fn a_sweep_freeing_more_than_the_ratio_of_a_pool_is_held_and_reported_once() {
         let mut b = Breaker::default();
-        let size = |_: &str| 100;
-        let sweep = releases(&[("a", 60), ("b", 50)]);
-        let v = b.judge(&sweep, size, 0.5, &set(&[]), &set(&[]), apart());
+        let sweep = [("a", 60), ("b", 50)];
+        let v = judge100(&mut b, &sweep, &[], &[]);
         assert_eq!(
             v.held,
             BTreeSet::from(["a".to_string()]),
@@ -254,25 +271,13 @@ mod tests {
             }]
         );
         // The same episode: held, not reported again.
-        let v = b.judge(&sweep, size, 0.5, &set(&[]), &set(&[]), apart());
+        let v = judge100(&mut b, &sweep, &[], &[]);
         assert_eq!(v.held.len(), 1);
         assert!(v.new.is_empty());
         // Under the ratio: the hold is over; a new one is reported anew.
-        b.judge(
-            &releases(&[("a", 10)]),
-            size,
-            0.5,
-            &set(&[]),
-            &set(&[]),
-            apart(),
-        );
+        judge100(&mut b, &[("a", 10)], &[], &[]);
         assert!(b.held().is_empty());
-        assert_eq!(
-            b.judge(&sweep, size, 0.5, &set(&[]), &set(&[]), apart())
-                .new
-                .len(),
-            1
-        );
+        assert_eq!(judge100(&mut b, &sweep, &[], &[]).new.len(), 1);
     }
 
     #[test]
@@ -292,63 +297,31 @@ mod tests {
     #[test]
     fn a_hold_survives_a_sweep_that_could_not_confirm_its_candidates() {
         let mut b = Breaker::default();
-        let size = |_: &str| 100;
-        b.judge(
-            &releases(&[("a", 90), ("b", 90)]),
-            size,
-            0.5,
-            &set(&[]),
-            &set(&[]),
-            apart(),
-        );
+        judge100(&mut b, &[("a", 90), ("b", 90)], &[], &[]);
         // "a" could not be confirmed (the list failed): still held, not reported anew later.
-        let v = b.judge(&releases(&[]), size, 0.5, &set(&["a"]), &set(&[]), apart());
+        let v = judge100(&mut b, &[], &["a"], &[]);
         assert!(v.held.is_empty(), "nothing to hold this sweep");
         assert_eq!(b.held(), &set(&["a"]));
-        assert!(
-            b.judge(
-                &releases(&[("a", 90)]),
-                size,
-                0.5,
-                &set(&[]),
-                &set(&[]),
-                apart()
-            )
-            .new
-            .is_empty()
-        );
+        assert!(judge100(&mut b, &[("a", 90)], &[], &[]).new.is_empty());
         // Confirmed and under the ratio: the hold is over.
-        b.judge(&releases(&[]), size, 0.5, &set(&[]), &set(&[]), apart());
+        judge100(&mut b, &[], &[], &[]);
         assert!(b.held().is_empty());
     }
 
     #[test]
     fn an_approved_hold_releases_once_and_ends_the_hold() {
         let mut b = Breaker::default();
-        let size = |_: &str| 100;
-        let sweep = releases(&[("a", 90)]);
-        assert_eq!(
-            b.judge(&sweep, size, 0.5, &set(&[]), &set(&[]), apart())
-                .held
-                .len(),
-            1
-        );
-        let v = b.judge(&sweep, size, 0.5, &set(&[]), &set(&["a"]), apart());
+        let sweep = [("a", 90)];
+        assert_eq!(judge100(&mut b, &sweep, &[], &[]).held.len(), 1);
+        let v = judge100(&mut b, &sweep, &[], &["a"]);
         assert!(v.held.is_empty(), "approved: its releases go");
         assert_eq!(v.approved, BTreeSet::from(["a".to_string()]));
         assert!(b.held().is_empty());
         // The approval used up (removed), the next sweep over the ratio holds anew.
-        let v = b.judge(&sweep, size, 0.5, &set(&[]), &set(&[]), apart());
+        let v = judge100(&mut b, &sweep, &[], &[]);
         assert_eq!(v.new.len(), 1);
         // An approval of a pool under the ratio changes nothing.
-        let v = b.judge(
-            &releases(&[("b", 1)]),
-            size,
-            0.5,
-            &set(&[]),
-            &set(&["b"]),
-            apart(),
-        );
+        let v = judge100(&mut b, &[("b", 1)], &[], &["b"]);
         assert!(v.approved.is_empty());
     }
 }

@@ -238,10 +238,26 @@ mod tests {
 
     /// A moment `s` seconds after a fixed origin, on both clocks.
     fn at(origin: Instant, s: u64) -> Moment {
+        skewed(origin, s, s)
+    }
+
+    /// A moment `wall` seconds after the origin on the wall clock, `mono` on the monotonic.
+    fn skewed(origin: Instant, wall: u64, mono: u64) -> Moment {
         Moment {
-            wall: Timestamp::from_second(1_800_000_000 + s as i64).unwrap(),
-            mono: origin + Duration::from_secs(s),
+            wall: Timestamp::from_second(1_800_000_000 + wall as i64).unwrap(),
+            mono: origin + Duration::from_secs(mono),
         }
+    }
+
+    /// Asserts that `fence` lifts as settled with the node `ready` at `s` seconds after `o`,
+    /// and not a second earlier.
+    #[track_caller]
+    fn assert_settles_at(fence: Moment, ready: &NodeReadiness, o: Instant, s: u64) {
+        assert_eq!(lift(fence, Some(ready), at(o, s - 1), &POLICY), None);
+        assert_eq!(
+            lift(fence, Some(ready), at(o, s), &POLICY),
+            Some(Lift::NodeSettled)
+        );
     }
 
     fn node(status: &str, ready_seen: Option<Instant>) -> NodeReadiness {
@@ -288,11 +304,7 @@ mod tests {
             None
         );
         let ready = node("True", Some(at(o, 200).mono));
-        assert_eq!(lift(fence, Some(&ready), at(o, 229), &POLICY), None);
-        assert_eq!(
-            lift(fence, Some(&ready), at(o, 230), &POLICY),
-            Some(Lift::NodeSettled)
-        );
+        assert_settles_at(fence, &ready, o, 230);
     }
 
     #[test]
@@ -300,11 +312,7 @@ mod tests {
         // The fence was decided on a stale view: the settle still runs from the fence.
         let o = Instant::now();
         let ready = node("True", Some(o));
-        assert_eq!(lift(at(o, 100), Some(&ready), at(o, 129), &POLICY), None);
-        assert_eq!(
-            lift(at(o, 100), Some(&ready), at(o, 130), &POLICY),
-            Some(Lift::NodeSettled)
-        );
+        assert_settles_at(at(o, 100), &ready, o, 130);
     }
 
     #[test]
@@ -312,20 +320,9 @@ mod tests {
         // The record says an hour ago (wall); this process saw the fence and the Ready node
         // only now (monotonic): nothing lifts before the settle has passed on our clock.
         let o = Instant::now();
-        let fence = Moment {
-            wall: at(o, 0).wall,
-            mono: at(o, 3600).mono,
-        };
+        let fence = skewed(o, 0, 3600);
         let ready = node("True", Some(at(o, 3600).mono));
-        let now = |s| Moment {
-            wall: at(o, s).wall,
-            mono: at(o, s).mono,
-        };
-        assert_eq!(lift(fence, Some(&ready), now(3629), &POLICY), None);
-        assert_eq!(
-            lift(fence, Some(&ready), now(3630), &POLICY),
-            Some(Lift::NodeSettled)
-        );
+        assert_settles_at(fence, &ready, o, 3630);
     }
 
     #[test]
@@ -363,10 +360,7 @@ mod tests {
             timeout: Some(Duration::from_secs(20)),
             ..POLICY
         };
-        let now = Moment {
-            wall: at(o, 50).wall,
-            mono: at(o, 500).mono,
-        };
+        let now = skewed(o, 50, 500);
         assert_eq!(
             lift(at(o, 100), Some(&node("Unknown", None)), now, &policy),
             None

@@ -168,27 +168,23 @@ mod tests {
     fn a_new_reason_a_new_sandbox_or_a_gap_in_sightings_starts_the_grace_again() {
         let t0 = Instant::now();
         let mut clock = GraceClock::default();
-        clock.tally(vec![candidate("1", "sb", Reason::IPNotOnPod)], t0, &GRACES);
+        // A sweep that sees key "1" only, held by sandbox `id`, for `reason`.
+        fn sweep(clock: &mut GraceClock, id: &str, reason: Reason, at: Instant) -> Tally {
+            clock.tally(vec![candidate("1", id, reason)], at, &GRACES)
+        }
+        sweep(&mut clock, "sb", Reason::IPNotOnPod, t0);
         let at = t0 + GRACES.leak;
         // Another reason: garbage for another cause, counted from now.
-        let changed = clock.tally(vec![candidate("1", "sb", Reason::PodTerminal)], at, &GRACES);
+        let changed = sweep(&mut clock, "sb", Reason::PodTerminal, at);
         assert!(changed.due.is_empty());
         // Another sandbox at the key is another allocation.
         let t1 = at + GRACES.leak;
-        let other = clock.tally(
-            vec![candidate("1", "sb-2", Reason::PodTerminal)],
-            t1,
-            &GRACES,
-        );
+        let other = sweep(&mut clock, "sb-2", Reason::PodTerminal, t1);
         assert!(other.due.is_empty());
         // Not seen in a sweep: forgotten, so it starts again when seen.
         clock.tally(vec![], t1, &GRACES);
         let t2 = t1 + GRACES.leak;
-        let back = clock.tally(
-            vec![candidate("1", "sb-2", Reason::PodTerminal)],
-            t2,
-            &GRACES,
-        );
+        let back = sweep(&mut clock, "sb-2", Reason::PodTerminal, t2);
         assert!(back.due.is_empty());
     }
 
