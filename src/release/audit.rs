@@ -270,6 +270,12 @@ mod tests {
         AuditRecord::of(&request(reason, write), &outcome, None, None)
     }
 
+    /// Asserts that `r`'s evidence says `part`, showing the evidence when it does not.
+    #[track_caller]
+    fn assert_evidence_has(r: &AuditRecord, part: &str) {
+        assert!(r.evidence.contains(part), "{}", r.evidence);
+    }
+
     fn fence() -> FenceRecord {
         FenceRecord {
             podref: "ns/web-0".into(),
@@ -320,12 +326,7 @@ mod tests {
         assert_eq!(r.reason, "IPNotOnPod");
         // The judgement's node, when the caller runs for none.
         assert_eq!(r.node.as_deref(), Some("node-a"));
-        assert!(
-            r.evidence
-                .contains("does not list 192.0.2.10 on network ns/macvlan"),
-            "{}",
-            r.evidence
-        );
+        assert_evidence_has(&r, "does not list 192.0.2.10 on network ns/macvlan");
         let agent = AuditRecord::of(
             &request(Reason::SandboxGone, EntryWrite::Remove),
             &Ok(ReleaseOutcome::Released),
@@ -347,12 +348,7 @@ mod tests {
         .unwrap();
         assert_eq!(f.action, Action::Fenced);
         assert_eq!(f.node.as_deref(), Some("node-a"));
-        assert!(
-            f.evidence
-                .contains("node node-a was not Ready (Ready=Unknown)"),
-            "{}",
-            f.evidence
-        );
+        assert_evidence_has(&f, "node node-a was not Ready (Ready=Unknown)");
         let mut req = request(
             Reason::PodDeleted,
             EntryWrite::Unfence(fence(), FenceSource::Annotation),

@@ -134,6 +134,23 @@ mod tests {
     /// A reply channel stands for itself here: a unit.
     fn reply() {}
 
+    /// Requests for keys 1 to 4 of pods `ns/a` to `ns/d`: fences at the indexes `fences`,
+    /// removals elsewhere.
+    fn four_requests(fences: &[usize]) -> Vec<ReleaseRequest> {
+        ["a", "b", "c", "d"]
+            .into_iter()
+            .enumerate()
+            .map(|(i, pod)| {
+                let write = if fences.contains(&i) {
+                    EntryWrite::Fence(record())
+                } else {
+                    EntryWrite::Remove
+                };
+                request(&(i + 1).to_string(), &format!("ns/{pod}"), write)
+            })
+            .collect()
+    }
+
     #[test]
     fn each_entry_is_written_once_a_fence_wins_and_another_allocation_at_the_key_is_answered_apart()
     {
@@ -175,12 +192,7 @@ mod tests {
 
     #[test]
     fn a_refused_group_splits_fences_from_removals_then_in_halves() {
-        let reqs = vec![
-            request("1", "ns/a", EntryWrite::Remove),
-            request("2", "ns/b", EntryWrite::Fence(record())),
-            request("3", "ns/c", EntryWrite::Remove),
-            request("4", "ns/d", EntryWrite::Fence(record())),
-        ];
+        let reqs = four_requests(&[1, 3]);
         assert_eq!(split(&reqs, vec![0, 1, 2, 3]), [vec![1, 3], vec![0, 2]]);
         assert_eq!(split(&reqs, vec![1, 3]), [vec![1], vec![3]]);
         assert_eq!(split(&reqs, vec![0, 2]), [vec![0], vec![2]]);
@@ -188,12 +200,7 @@ mod tests {
 
     #[test]
     fn a_fresh_read_settles_what_changed_and_keeps_what_did_not() {
-        let reqs = vec![
-            request("1", "ns/a", EntryWrite::Remove),
-            request("2", "ns/b", EntryWrite::Fence(record())),
-            request("3", "ns/c", EntryWrite::Remove),
-            request("4", "ns/d", EntryWrite::Remove),
-        ];
+        let reqs = four_requests(&[1]);
         let alloc = |id: &str, podref: &str| IPAllocation {
             id: id.into(),
             podref: podref.into(),
