@@ -7,6 +7,13 @@ use super::*;
 use crate::index::{Duplicate, Holder};
 use crate::reclaim::Decision;
 
+/// An index that knows `ns/net`, a whereabouts NAD.
+fn with_whereabouts_net() -> Index {
+    let mut ix = Index::default();
+    ix.upsert_nad(&nad("net", r#""range":"192.0.2.0/24""#));
+    ix
+}
+
 /// A live pod `ns/<name>` (uid `uid-<name>`) with network-status `status` (raw JSON).
 fn listing(ix: &mut Index, name: &str, status: &str) {
     let (podref, uid) = (format!("ns/{name}"), format!("uid-{name}"));
@@ -49,8 +56,7 @@ fn found(ix: &Index) -> Vec<(String, IpAddr, Vec<String>)> {
 
 #[test]
 fn two_pods_listing_one_address_on_one_network_are_a_duplicate_and_nothing_is_released() {
-    let mut ix = Index::default();
-    ix.upsert_nad(&nad("net", r#""range":"192.0.2.0/24""#));
+    let mut ix = with_whereabouts_net();
     // b holds the entry; a's was removed by hand, and the allocator gave b the same address.
     ix.upsert_pool(&pool_named("192.0.2.0-24", &[("10", "sb-b", "ns/b")]));
     listing(&mut ix, "a", &on("ns/net", &["192.0.2.10"]));
@@ -89,8 +95,7 @@ fn two_pods_listing_one_address_on_one_network_are_a_duplicate_and_nothing_is_re
 
 #[test]
 fn three_pods_are_one_duplicate_and_a_bare_network_name_is_in_the_pods_namespace() {
-    let mut ix = Index::default();
-    ix.upsert_nad(&nad("net", r#""range":"192.0.2.0/24""#));
+    let mut ix = with_whereabouts_net();
     listing(&mut ix, "a", &on("ns/net", &["192.0.2.10"]));
     listing(&mut ix, "b", &on("net", &["192.0.2.10"]));
     listing(&mut ix, "c", &on("ns/net", &["192.0.2.10"]));
@@ -152,8 +157,7 @@ fn one_address_on_two_networks_or_twice_on_one_pod_is_no_duplicate() {
 
 #[test]
 fn a_terminal_or_deleted_pod_is_no_duplicate() {
-    let mut ix = Index::default();
-    ix.upsert_nad(&nad("net", r#""range":"192.0.2.0/24""#));
+    let mut ix = with_whereabouts_net();
     listing(&mut ix, "a", &on("ns/net", &["192.0.2.10"]));
     listing(&mut ix, "b", &on("ns/net", &["192.0.2.10"]));
     assert_eq!(found(&ix).len(), 1);
@@ -178,8 +182,7 @@ fn a_terminal_or_deleted_pod_is_no_duplicate() {
 
 #[test]
 fn ipv6_addresses_compare_in_canonical_form() {
-    let mut ix = Index::default();
-    ix.upsert_nad(&nad("net", r#""range":"192.0.2.0/24""#));
+    let mut ix = with_whereabouts_net();
     listing(&mut ix, "a", &on("ns/net", &["2001:db8::a"]));
     listing(
         &mut ix,
@@ -199,8 +202,7 @@ fn ipv6_addresses_compare_in_canonical_form() {
 
 #[test]
 fn a_malformed_status_is_skipped_and_counted_and_a_missing_one_is_no_information() {
-    let mut ix = Index::default();
-    ix.upsert_nad(&nad("net", r#""range":"192.0.2.0/24""#));
+    let mut ix = with_whereabouts_net();
     listing(&mut ix, "a", &on("ns/net", &["192.0.2.10"]));
     for (name, bad) in [
         ("b", "{not json"),
@@ -258,8 +260,7 @@ fn the_pool_named_is_the_networks_and_else_one_whose_entry_names_a_pod() {
 /// asserted (`cargo test --lib duplicates -- --nocapture`).
 #[test]
 fn a_look_at_20000_pods_is_cheap() {
-    let mut ix = Index::default();
-    ix.upsert_nad(&nad("net", r#""range":"192.0.2.0/24""#));
+    let mut ix = with_whereabouts_net();
     for i in 0..20_000u32 {
         let addr = std::net::Ipv4Addr::from(0xC612_0000 + i); // 198.18.0.0/15
         listing(

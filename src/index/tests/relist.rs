@@ -20,6 +20,19 @@ fn invalid<K>(namespace: &str, name: &str) -> Lenient<K> {
     }
 }
 
+/// A new index after a first re-list of kind `K`: the `valid` objects, then an invalid one in
+/// `ns` named `bad`.
+fn listed_with_invalid<K, R>(valid: impl IntoIterator<Item = R>, bad: &str) -> (Index, Relist<K>)
+where
+    K: Kind<Store = Index, Object = Lenient<R>>,
+{
+    let mut ix = Index::default();
+    let mut relist = Relist::<K>::default();
+    let objects = valid.into_iter().map(Lenient::Valid);
+    relisted(&mut relist, &mut ix, objects.chain([invalid("ns", bad)]));
+    (ix, relist)
+}
+
 fn in_ns<K: kube::Resource>(mut object: K) -> K {
     object.meta_mut().namespace = Some("ns".into());
     object
@@ -31,17 +44,11 @@ fn invalid_names(ix: &Index) -> Vec<String> {
 
 #[test]
 fn pools_not_listed_again_are_forgotten_with_their_podrefs_and_invalid_reports() {
-    let mut ix = Index::default();
-    let mut r = Relist::<Pools>::default();
-    relisted(
-        &mut r,
-        &mut ix,
-        [
-            Lenient::Valid(pool_named("a", &[("1", "sb", "ns/x")])),
-            Lenient::Valid(pool_named("b", &[("2", "sb", "ns/y")])),
-            invalid("ns", "bad"),
-        ],
-    );
+    let pools = [
+        pool_named("a", &[("1", "sb", "ns/x")]),
+        pool_named("b", &[("2", "sb", "ns/y")]),
+    ];
+    let (mut ix, mut r) = listed_with_invalid::<Pools, _>(pools, "bad");
     assert!(ix.pools().listed());
     assert_eq!(invalid_names(&ix), ["bad"]);
     assert!(ix.pools().has_allocations("ns/x"));
@@ -75,17 +82,11 @@ fn a_pool_that_stops_fitting_is_forgotten_and_reported_and_comes_back_when_it_fi
 
 #[test]
 fn reservations_and_fences_not_listed_again_are_forgotten() {
-    let mut ix = Index::default();
-    let mut reservations = Relist::<Reservations>::default();
-    relisted(
-        &mut reservations,
-        &mut ix,
-        [
-            Lenient::Valid(reservation("192.0.2.1", "ns/a")),
-            Lenient::Valid(reservation("192.0.2.2", "ns/b")),
-            invalid("ns", "192.0.2.3"),
-        ],
-    );
+    let listed = [
+        reservation("192.0.2.1", "ns/a"),
+        reservation("192.0.2.2", "ns/b"),
+    ];
+    let (mut ix, mut reservations) = listed_with_invalid::<Reservations, _>(listed, "192.0.2.3");
     let vanished = reservations
         .step(&mut ix, Step::Begin, Instant::now())
         .vanished;
@@ -129,17 +130,11 @@ fn reservations_and_fences_not_listed_again_are_forgotten() {
 
 #[test]
 fn nads_not_listed_again_are_forgotten_usable_or_not() {
-    let mut ix = Index::default();
-    let mut r = Relist::<Nads>::default();
-    relisted(
-        &mut r,
-        &mut ix,
-        [
-            Lenient::Valid(nad("a", r#""range":"192.0.2.0/24""#)),
-            Lenient::Valid(nad("b", r#""range":"bad""#)),
-            invalid("ns", "c"),
-        ],
-    );
+    let nads = [
+        nad("a", r#""range":"192.0.2.0/24""#),
+        nad("b", r#""range":"bad""#),
+    ];
+    let (mut ix, mut r) = listed_with_invalid::<Nads, _>(nads, "c");
     let mut keys = ix.networks().keys();
     keys.sort();
     assert_eq!(keys, ["ns/a", "ns/b"]);
