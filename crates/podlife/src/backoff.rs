@@ -108,14 +108,15 @@ mod tests {
     use super::*;
     use crate::clock::{Clock, FakeClock};
 
+    /// A backoff starting at one second, up to `max`.
+    fn from_one_second(max: Duration, clock: SharedClock) -> Backoff<String> {
+        Backoff::new(Duration::from_secs(1), max, clock)
+    }
+
     #[test]
     fn doubles_up_to_max_and_expires() {
         let clock = FakeClock::new();
-        let b = Backoff::new(
-            Duration::from_secs(1),
-            Duration::from_secs(4),
-            clock.clone(),
-        );
+        let b = from_one_second(Duration::from_secs(4), clock.clone());
         let k = "img".to_string();
         let mut seen = vec![];
         for _ in 0..4 {
@@ -140,11 +141,7 @@ mod tests {
     #[test]
     fn gc_removes_only_stale_entries() {
         let clock = FakeClock::new();
-        let b = Backoff::new(
-            Duration::from_secs(1),
-            Duration::from_secs(10),
-            clock.clone(),
-        );
+        let b = from_one_second(Duration::from_secs(10), clock.clone());
         b.next(&"old".to_string(), clock.now(), None);
         clock.step(Duration::from_secs(15));
         b.next(&"new".to_string(), clock.now(), None);

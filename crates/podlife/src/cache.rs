@@ -186,9 +186,7 @@ mod tests {
         assert_pending!(wait.poll());
         cache.update_time(t + Duration::from_secs(1));
         assert!(wait.is_woken());
-        let (got, err) = assert_ready!(wait.poll());
-        assert_eq!(got, PodStatus::empty("1234"));
-        assert_eq!(err, None);
+        assert_eq!(assert_ready!(wait.poll()), (PodStatus::empty("1234"), None));
     }
 
     #[test]
@@ -221,9 +219,7 @@ mod tests {
         let t = Instant::now();
         cache.update_time(t);
         let mut wait = task::spawn(cache.get_newer_than("1234", t - Duration::from_secs(1)));
-        let (got, err) = assert_ready!(wait.poll());
-        assert_eq!(got, PodStatus::empty("1234"));
-        assert_eq!(err, None);
+        assert_eq!(assert_ready!(wait.poll()), (PodStatus::empty("1234"), None));
     }
 
     #[test]
