@@ -5,12 +5,11 @@
 use std::sync::Arc;
 
 use futures::StreamExt;
-use kube::api::{Api, DeleteParams, Preconditions};
+use kube::api::Api;
 use tokio::sync::mpsc;
 
-use super::budget::WriteKind;
 use super::types::Deleted;
-use super::writer::{ObjectDelete, RESERVATION_DELETERS, Writer};
+use super::writer::{ObjectDelete, RESERVATION_DELETERS, Writer, delete_only_uid};
 use crate::api::{IPFence, ObjectId};
 
 impl Writer {
@@ -45,19 +44,10 @@ impl Writer {
         let ObjectDelete::Fence(ObjectId { name, uid }) = object else {
             return;
         };
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: Some(uid),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
+        let params = delete_only_uid(uid);
         let api: Api<IPFence> = Api::namespaced(self.client.clone(), &self.namespace);
         let result = self
-            .budgets
-            .send_counted(WriteKind::Reservation, &self.metrics, "delete", || {
-                api.delete(&name, &params)
-            })
+            .send_object_write("delete", || api.delete(&name, &params))
             .await;
         match result {
             Ok(_) => {}

@@ -81,10 +81,7 @@ impl Writer {
                 crate::ipam::fence::node_label_value(&spec.node),
             )]));
             let created = self
-                .budgets
-                .send_counted(WriteKind::Reservation, &self.metrics, "create", || {
-                    api.create(&params, &object)
-                })
+                .send_object_write("create", || api.create(&params, &object))
                 .await;
             let existing = match created {
                 Ok(o) => {

@@ -14,12 +14,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kube::api::{Api, DeleteParams, PostParams, Preconditions};
+use kube::api::{Api, PostParams};
 use tokio::sync::mpsc;
 
 use super::budget::WriteKind;
 pub use super::types::{Deleted, ReservationDelete};
-use super::writer::Writer;
+use super::writer::{Writer, delete_only_uid};
 use crate::api::{OverlappingRangeIPReservation, OverlappingRangeIPReservationSpec};
 
 /// When, after a delete, it is looked at again (from the delete). The first look comes soon:
@@ -105,13 +105,7 @@ impl Writer {
                     }
                     // uid as precondition: a reservation replaced since (another pod's) is not
                     // touched; whereabouts never updates one in place.
-                    let params = DeleteParams {
-                        preconditions: Some(Preconditions {
-                            uid: Some(d.uid.clone()),
-                            resource_version: None,
-                        }),
-                        ..DeleteParams::default()
-                    };
+                    let params = delete_only_uid(d.uid.clone());
                     // The checks took a moment: the gate again, right before the delete.
                     if !self.budgets.open() {
                         return Err(super::budget::not_leader());
@@ -204,10 +198,7 @@ impl Writer {
         );
         let params = PostParams::default();
         let created = self
-            .budgets
-            .send_counted(WriteKind::Reservation, &self.metrics, "create", || {
-                api.create(&params, &r)
-            })
+            .send_object_write("create", || api.create(&params, &r))
             .await;
         match created {
             // Already back (someone put it back first): fine when it names this pod.

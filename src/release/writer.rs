@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kube::Client;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use tokio::sync::{mpsc, oneshot};
 
 use super::batch::{Answer, one_write_per_entry, settle_against, split};
@@ -73,7 +73,36 @@ pub struct Writer {
     pub(crate) pools_read_by_get: std::sync::atomic::AtomicBool,
 }
 
+/// Delete parameters that touch only the object of uid `uid`: one replaced since (another
+/// pod's, another fence's) is left alone.
+pub(super) fn delete_only_uid(uid: String) -> DeleteParams {
+    DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    }
+}
+
 impl Writer {
+    /// Sends one write of a reservation or fence record under their budget, counted as an API
+    /// write of `verb`.
+    pub(super) async fn send_object_write<T, F, Fut>(
+        &self,
+        verb: &str,
+        write: F,
+    ) -> Result<T, kube::Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, kube::Error>>,
+    {
+        let metrics = &self.metrics;
+        self.budgets
+            .send_counted(WriteKind::Reservation, metrics, verb, write)
+            .await
+    }
+
     /// A writer to the pools of `namespace` within `budgets`, reporting with `events`:
     /// patches spaced by 200 ms, writing, and without an index until told otherwise.
     pub fn new(
