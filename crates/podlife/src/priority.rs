@@ -161,11 +161,18 @@ mod tests {
         )
     }
 
+    /// Ten tokens a second, a burst of one, that one taken by a caller at `level`: the next
+    /// token comes in 100 ms.
+    fn drained(clock: &Arc<FakeClock>, level: usize) -> PriorityThrottle {
+        let t = throttle(10.0, 1, clock);
+        assert_ready!(task::spawn(t.acquire(level)).poll());
+        t
+    }
+
     #[test]
     fn a_token_goes_to_the_most_urgent_waiter_even_if_it_came_last() {
         let clock = FakeClock::new();
-        let t = throttle(10.0, 1, &clock);
-        assert_ready!(task::spawn(t.acquire(1)).poll());
+        let t = drained(&clock, 1);
         // The bucket is empty: a reservation delete waits, then a pool patch comes.
         let mut low = task::spawn(t.acquire(1));
         assert_pending!(low.poll());
@@ -224,8 +231,7 @@ mod tests {
     #[test]
     fn a_dropped_waiter_stops_holding_back_the_less_urgent() {
         let clock = FakeClock::new();
-        let t = throttle(10.0, 1, &clock);
-        assert_ready!(task::spawn(t.acquire(0)).poll());
+        let t = drained(&clock, 0);
         let mut high = task::spawn(t.acquire(0));
         assert_pending!(high.poll());
         drop(high);
