@@ -247,6 +247,20 @@ impl Env {
         events.into_iter().map(name_uid_message).collect()
     }
 
+    /// Waits for Events with `reason` (see [`wait_events`](Self::wait_events)) and checks that
+    /// the first one's message says each of `says`.
+    pub async fn wait_events_saying(
+        &self,
+        reason: &str,
+        says: &[&str],
+    ) -> Vec<(String, String, String)> {
+        let events = self.wait_events(reason).await;
+        for s in says {
+            assert!(events[0].2.contains(s), "{s:?} in {events:?}");
+        }
+        events
+    }
+
     /// Waits until /metrics has a line starting with `line`: counters are bumped when the
     /// write returns, which may be after the test already sees its effect.
     pub async fn wait_metric(&self, line: &str) {
@@ -374,6 +388,14 @@ impl Env {
         let mut env = Env::new(prefix).await;
         let node = env.fence_node("Unknown").await;
         let uid = env.fenced_web_0(&node, extra).await;
+        (env, node, uid)
+    }
+
+    /// [`with_web_0_fenced`](Self::with_web_0_fenced), then
+    /// [`assert_web_0_fenced`](Self::assert_web_0_fenced).
+    pub async fn with_web_0_seen_fenced(prefix: &str, extra: &[&str]) -> (Env, String, String) {
+        let (env, node, uid) = Env::with_web_0_fenced(prefix, extra).await;
+        env.assert_web_0_fenced(&node).await;
         (env, node, uid)
     }
 
