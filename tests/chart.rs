@@ -433,41 +433,53 @@ fn forbidden<T: std::fmt::Debug>(what: &str, result: Result<T, kube::Error>) {
     }
 }
 
+/// Creates `obj` in namespace `ns` as `client`.
+async fn create_in<K>(client: &Client, ns: &str, obj: &K)
+where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + serde::Serialize,
+    K::DynamicType: Default,
+{
+    Api::<K>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), obj)
+        .await
+        .unwrap();
+}
+
+/// A JSON merge patch of `name` through `api`.
+async fn merge_patch<K>(api: &Api<K>, name: &str, patch: Value) -> Result<K, kube::Error>
+where
+    K: Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+}
+
 #[tokio::test]
 async fn the_charts_service_accounts_are_denied_what_the_programs_must_not_do() {
     let it = install_chart("chart-rbac").await;
     let cp = ControlPlane::shared();
     let admin = &it.client;
     // Things to be denied on.
-    let pod = testenv::fixtures::pod("victim", None);
-    Api::<Pod>::namespaced(admin.clone(), &it.ns)
-        .create(&PostParams::default(), &pod)
-        .await
-        .unwrap();
+    create_in(admin, &it.ns, &testenv::fixtures::pod("victim", None)).await;
     let secret: Secret = serde_json::from_value(json!({
         "metadata": {"name": "s"}, "stringData": {"k": "v"}
     }))
     .unwrap();
-    Api::<Secret>::namespaced(admin.clone(), &it.ns)
-        .create(&PostParams::default(), &secret)
-        .await
-        .unwrap();
+    create_in(admin, &it.ns, &secret).await;
     let lease: Lease =
         serde_json::from_value(json!({"metadata": {"name": "someone-elses"}})).unwrap();
-    Api::<Lease>::namespaced(admin.clone(), &it.ns)
-        .create(&PostParams::default(), &lease)
-        .await
-        .unwrap();
+    create_in(admin, &it.ns, &lease).await;
     let nad = ipreclaim::api::NetworkAttachmentDefinition::new(
         "net",
         ipreclaim::api::NetworkAttachmentDefinitionSpec {
             config: Some("{}".into()),
         },
     );
-    Api::<ipreclaim::api::NetworkAttachmentDefinition>::namespaced(admin.clone(), &it.ns)
-        .create(&PostParams::default(), &nad)
-        .await
-        .unwrap();
+    create_in(admin, &it.ns, &nad).await;
 
     for who in ["controller", "node-agent"] {
         let client = service_account_client(cp, admin, &it.ns, who).await;
@@ -485,23 +497,24 @@ async fn the_charts_service_accounts_are_denied_what_the_programs_must_not_do() 
         let other = json!({"spec": {"holderIdentity": who}});
         forbidden(
             &format!("{who} updates another Lease"),
-            Api::<Lease>::namespaced(client.clone(), &it.ns)
-                .patch(
-                    "someone-elses",
-                    &PatchParams::default(),
-                    &Patch::Merge(&other),
-                )
-                .await,
+            merge_patch(
+                &Api::<Lease>::namespaced(client.clone(), &it.ns),
+                "someone-elses",
+                other,
+            )
+            .await,
         );
         forbidden(
             &format!("{who} patches a NAD"),
-            Api::<ipreclaim::api::NetworkAttachmentDefinition>::namespaced(client.clone(), &it.ns)
-                .patch(
-                    "net",
-                    &PatchParams::default(),
-                    &Patch::Merge(&json!({"spec": {"config": "{\"x\":1}"}})),
-                )
-                .await,
+            merge_patch(
+                &Api::<ipreclaim::api::NetworkAttachmentDefinition>::namespaced(
+                    client.clone(),
+                    &it.ns,
+                ),
+                "net",
+                json!({"spec": {"config": "{\"x\":1}"}}),
+            )
+            .await,
         );
         // Pools elsewhere than the whereabouts namespace are out of reach.
         forbidden(
@@ -529,23 +542,11 @@ async fn the_charts_service_accounts_are_denied_what_the_programs_must_not_do() 
         "uid": "u", "node": "n", "since": "2026-11-24T10:00:00Z",
     }))
     .unwrap();
-    Api::<ipreclaim::api::IPFence>::namespaced(admin.clone(), &it.ns)
-        .create(
-            &PostParams::default(),
-            &ipreclaim::api::IPFence::new("f", spec),
-        )
-        .await
-        .unwrap();
+    create_in(admin, &it.ns, &ipreclaim::api::IPFence::new("f", spec)).await;
     let fences = Api::<ipreclaim::api::IPFence>::namespaced(agent, &it.ns);
     forbidden(
         "node-agent patches a fence's spec",
-        fences
-            .patch(
-                "f",
-                &PatchParams::default(),
-                &Patch::Merge(&json!({"spec": {"node": "other"}})),
-            )
-            .await,
+        merge_patch(&fences, "f", json!({"spec": {"node": "other"}})).await,
     );
     forbidden(
         "node-agent deletes a fence",
