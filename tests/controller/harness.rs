@@ -10,7 +10,7 @@ use ipreclaim::api::{IPPool, NetworkAttachmentDefinition};
 use ipreclaim::ipam::NETWORK_STATUS_ANNOTATION;
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::Client;
-use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use testenv::ControlPlane;
 use testenv::poll::{http_get, metric_value, wait_for, wait_metric_line};
 use testenv::procs::ChildGuard;
@@ -317,15 +317,8 @@ impl Env {
 
     /// A stand-in Node `name` with its Ready condition `status`.
     pub async fn create_node(&self, name: &str, status: &str) {
-        let node = Node {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
         Api::<Node>::all(self.client.clone())
-            .create(&PostParams::default(), &node)
+            .create(&PostParams::default(), &testenv::fixtures::node(name))
             .await
             .unwrap();
         self.set_ready(name, status).await;
@@ -340,10 +333,7 @@ impl Env {
     /// Sets a Node's Ready condition as a node whose clock reads `clock` reports it.
     pub async fn set_ready_at(&self, node: &str, status: &str, clock: jiff::Timestamp) {
         let now = clock.to_string();
-        let patch = serde_json::json!({"status": {"conditions": [{
-            "type": "Ready", "status": status, "reason": "SetByTest",
-            "lastHeartbeatTime": now, "lastTransitionTime": now,
-        }]}});
+        let patch = testenv::fixtures::ready_condition(status, "SetByTest", &now);
         testenv::fixtures::merge_status(&Api::<Node>::all(self.client.clone()), node, patch).await;
     }
 
