@@ -772,6 +772,33 @@ fn merged(base: &Value, over: &Value) -> Value {
     }
 }
 
+/// A program's pod spec carries its values' security contexts and scheduling.
+fn assert_pod_settings(pod: &Value, values: &Value) {
+    assert_eq!(pod["securityContext"], values["podSecurityContext"]);
+    assert_eq!(
+        pod["containers"][0]["securityContext"],
+        values["securityContext"]
+    );
+    assert_eq!(pod["nodeSelector"], values["nodeSelector"]);
+    assert_eq!(pod["tolerations"], values["tolerations"]);
+    assert_eq!(pod["affinity"], values["affinity"]);
+}
+
+/// The monitor `kind` of `component`: the release label, its endpoint (the list `endpoints`,
+/// scraped every `interval`) and the pods it selects.
+fn assert_monitor(docs: &[Value], kind: &str, component: &str, endpoints: &str, interval: &str) {
+    let m = find(docs, kind, &format!("-{component}"));
+    assert_eq!(m["metadata"]["labels"]["release"], "prom");
+    assert_eq!(
+        m["spec"][endpoints],
+        json!([{"port": "metrics", "path": "/metrics", "interval": interval}])
+    );
+    assert_eq!(
+        m["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"],
+        component
+    );
+}
+
 #[test]
 fn every_new_value_reaches_its_place() {
     let every = values_file("every", EVERY_NEW_VALUE);
@@ -795,14 +822,7 @@ fn every_new_value_reaches_its_place() {
         pod.get("priorityClassName").is_none(),
         "an empty priorityClassName is left out: {pod}"
     );
-    assert_eq!(pod["securityContext"], c["podSecurityContext"]);
-    assert_eq!(
-        pod["containers"][0]["securityContext"],
-        c["securityContext"]
-    );
-    assert_eq!(pod["nodeSelector"], c["nodeSelector"]);
-    assert_eq!(pod["tolerations"], c["tolerations"]);
-    assert_eq!(pod["affinity"], c["affinity"]);
+    assert_pod_settings(pod, c);
     // A constraint without a labelSelector gets the controller pods' own; a given one is kept.
     let own = json!({"matchLabels": {
         "app.kubernetes.io/name": "ipreclaim",
@@ -838,51 +858,34 @@ fn every_new_value_reaches_its_place() {
     }
     let pdb = &find(&docs, "PodDisruptionBudget", "-controller")["spec"];
     assert_eq!(pdb["maxUnavailable"], 2);
-    let sm = find(&docs, "ServiceMonitor", "-controller");
-    assert_eq!(sm["metadata"]["labels"]["release"], "prom");
-    assert_eq!(
-        sm["spec"]["endpoints"],
-        json!([{"port": "metrics", "path": "/metrics", "interval": "15s"}])
-    );
-    assert_eq!(
-        sm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"],
-        "controller"
-    );
+    assert_monitor(&docs, "ServiceMonitor", "controller", "endpoints", "15s");
 
     let daemonset = find(&docs, "DaemonSet", "-node-agent");
     let pod = &daemonset["spec"]["template"]["spec"];
     assert_eq!(pod["serviceAccountName"], "agent-sa");
     assert!(pod.get("priorityClassName").is_none(), "{pod}");
-    assert_eq!(pod["securityContext"], n["podSecurityContext"]);
-    assert_eq!(
-        pod["containers"][0]["securityContext"],
-        n["securityContext"]
-    );
-    assert_eq!(pod["nodeSelector"], n["nodeSelector"]);
-    assert_eq!(pod["tolerations"], n["tolerations"]);
-    assert_eq!(pod["affinity"], n["affinity"]);
+    assert_pod_settings(pod, n);
     let sa = find(&docs, "ServiceAccount", "agent-sa");
     assert_eq!(
         sa["metadata"]["annotations"],
         json!({"iam.example/role": "ipreclaim-agent"})
     );
-    assert_eq!(
-        subjects_of("ClusterRoleBinding", "-node-agent-ipr"),
-        json!([{"kind": "ServiceAccount", "name": "agent-sa", "namespace": "ipr"}])
-    );
-    assert_eq!(
-        subjects_of("RoleBinding", "-node-agent-pools"),
-        json!([{"kind": "ServiceAccount", "name": "agent-sa", "namespace": "ipr"}])
-    );
-    let pm = find(&docs, "PodMonitor", "-node-agent");
-    assert_eq!(pm["metadata"]["labels"]["release"], "prom");
-    assert_eq!(
-        pm["spec"]["podMetricsEndpoints"],
-        json!([{"port": "metrics", "path": "/metrics", "interval": "10s"}])
-    );
-    assert_eq!(
-        pm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"],
-        "node-agent"
+    for (kind, suffix) in [
+        ("ClusterRoleBinding", "-node-agent-ipr"),
+        ("RoleBinding", "-node-agent-pools"),
+    ] {
+        assert_eq!(
+            subjects_of(kind, suffix),
+            json!([{"kind": "ServiceAccount", "name": "agent-sa", "namespace": "ipr"}]),
+            "{kind} *{suffix}"
+        );
+    }
+    assert_monitor(
+        &docs,
+        "PodMonitor",
+        "node-agent",
+        "podMetricsEndpoints",
+        "10s",
     );
     // The node agent's pods carry the metrics port the PodMonitor names.
     assert_eq!(pod["containers"][0]["ports"][0]["name"], "metrics");
