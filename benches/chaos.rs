@@ -412,10 +412,8 @@ async fn lease_holder(client: &Client, ns: &str) -> Option<usize> {
 async fn set_ready(client: &Client, node: &str, ready: bool, lag: Duration) -> anyhow::Result<()> {
     let clock = jiff::Timestamp::now() - jiff::SignedDuration::try_from(lag)?;
     let at = clock.to_string();
-    let patch = json!({"status": {"conditions": [{
-        "type": "Ready", "status": if ready { "True" } else { "False" }, "reason": "SetByChaos",
-        "lastHeartbeatTime": at, "lastTransitionTime": at,
-    }]}});
+    let status = if ready { "True" } else { "False" };
+    let patch = testenv::fixtures::ready_condition(status, "SetByChaos", &at);
     Api::<Node>::all(client.clone())
         .patch_status(node, &PatchParams::default(), &Patch::Merge(patch))
         .await?;

@@ -26,10 +26,7 @@ async fn cached_pods(addr: &str) -> f64 {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let n: usize = std::env::args()
-        .skip(1)
-        .find_map(|a| a.parse().ok())
-        .unwrap_or(20_000);
+    let n = common::pods_arg(20_000);
     // The pool and pods come after the controller starts, so the baseline is an idle process.
     let cluster = common::cluster(0).await?;
     let kubeconfig = cluster.kubeconfig();

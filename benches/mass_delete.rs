@@ -39,16 +39,12 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-use futures::{StreamExt, stream};
-use kube::api::DeleteParams;
+use futures::StreamExt;
 use kube::runtime::{WatchStreamExt, watcher};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let n: usize = std::env::args()
-        .skip(1)
-        .find_map(|a| a.parse().ok())
-        .unwrap_or(2000);
+    let n = common::pods_arg(2000);
     let cluster = common::cluster(n).await?;
     let controller = cluster.start_controller().await;
     let addr = controller.metrics;
@@ -60,19 +56,7 @@ async fn main() -> anyhow::Result<()> {
     // All at once, as a scale-down or a node drain does: many concurrent deletes.
     let pods = cluster.pods();
     let start = Instant::now();
-    stream::iter(0..n)
-        .map(|i| {
-            let pods = pods.clone();
-            async move {
-                pods.delete(&format!("p{i}"), &DeleteParams::default().grace_period(0))
-                    .await
-            }
-        })
-        .buffer_unordered(64)
-        .for_each(|r| async move {
-            r.expect("delete pod");
-        })
-        .await;
+    testenv::fixtures::delete_numbered_pods(&pods, n, 64).await;
     let deleted = start.elapsed();
     // Watch the pool rather than poll it: a GET of a large pool costs the apiserver real CPU,
     // which would slow down what is being measured.

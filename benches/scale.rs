@@ -37,7 +37,7 @@ use ipreclaim::api::{
 use ipreclaim::ipam::{NETWORK_STATUS_ANNOTATION, NETWORKS_ANNOTATION};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use testenv::ControlPlane;
 
@@ -286,27 +286,37 @@ impl Released {
     }
 }
 
+/// Watches `api` for the whole run (in a task of its own), handing each event to `seen`.
+fn follow<K>(api: Api<K>, mut seen: impl FnMut(watcher::Event<K>) + Send + 'static)
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+    K::DynamicType: Default,
+{
+    tokio::spawn(async move {
+        let mut events = watcher::watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        while let Some(e) = events.next().await {
+            if let Ok(e) = e {
+                seen(e);
+            }
+        }
+    });
+}
+
 impl Bench {
     async fn start() -> anyhow::Result<Bench> {
         let cp = tokio::task::spawn_blocking(ControlPlane::start).await??;
         let client = cp.client().await;
         cp.install_crds(&client).await?;
         let ns = cp.namespace(&client, "scale").await;
-        let node = Node {
-            metadata: ObjectMeta {
-                name: Some(NODE.into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
         let nodes = Api::<Node>::all(client.clone());
-        nodes.create(&PostParams::default(), &node).await?;
+        nodes
+            .create(&PostParams::default(), &testenv::fixtures::node(NODE))
+            .await?;
         // Ready, as a kubelet reports it: a pod of a node that is not Ready is fenced.
-        let ready = serde_json::json!({"status": {"conditions": [{
-            "type": "Ready", "status": "True", "reason": "KubeletReady",
-            "lastHeartbeatTime": jiff::Timestamp::now().to_string(),
-            "lastTransitionTime": jiff::Timestamp::now().to_string(),
-        }]}});
+        let now = jiff::Timestamp::now().to_string();
+        let ready = testenv::fixtures::ready_condition("True", "KubeletReady", &now);
         nodes
             .patch_status(NODE, &PatchParams::default(), &Patch::Merge(ready))
             .await?;
@@ -370,30 +380,20 @@ impl Bench {
 
     /// Follows pools and reservations into the tracker for the whole run.
     fn watch(&self) {
-        let (pools, tracker) = (self.pools(), self.tracker.clone());
-        tokio::spawn(async move {
-            let mut events = watcher::watcher(pools, watcher::Config::default())
-                .default_backoff()
-                .boxed();
-            while let Some(e) = events.next().await {
-                if let Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) = e {
-                    tracker.lock().unwrap().pool_seen(&p, Instant::now());
-                }
+        let tracker = self.tracker.clone();
+        follow(self.pools(), move |e| {
+            if let watcher::Event::Apply(p) | watcher::Event::InitApply(p) = e {
+                tracker.lock().unwrap().pool_seen(&p, Instant::now());
             }
         });
-        let (reservations, tracker) = (self.reservations(), self.tracker.clone());
-        tokio::spawn(async move {
-            let mut events = watcher::watcher(reservations, watcher::Config::default())
-                .default_backoff()
-                .boxed();
-            while let Some(e) = events.next().await {
-                if let Ok(watcher::Event::Delete(r)) = e {
-                    let name = r.metadata.name.unwrap_or_default();
-                    tracker
-                        .lock()
-                        .unwrap()
-                        .reservation_deleted(&name, Instant::now());
-                }
+        let tracker = self.tracker.clone();
+        follow(self.reservations(), move |e| {
+            if let watcher::Event::Delete(r) = e {
+                let name = r.metadata.name.unwrap_or_default();
+                tracker
+                    .lock()
+                    .unwrap()
+                    .reservation_deleted(&name, Instant::now());
             }
         });
     }

@@ -7,7 +7,6 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use futures::{StreamExt, TryStreamExt, stream};
 use ipreclaim::api::{
     IPAllocation, IPPool, IPPoolSpec, OverlappingRangeIPReservation,
     OverlappingRangeIPReservationSpec,
@@ -16,7 +15,7 @@ use ipreclaim::ipam::NETWORK_STATUS_ANNOTATION;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::flowcontrol::v1::{FlowSchema, PriorityLevelConfiguration};
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
 use testenv::controlplane::Options;
 use testenv::poll::{http_get, metric_sum, metric_value, wait_for_within};
@@ -200,18 +199,7 @@ async fn squeezed_by_priority_and_fairness_every_release_lands_after_waiting_out
     .await;
 
     // All at once: more writes than the level has seats.
-    stream::iter(0..PODS)
-        .map(|i| {
-            let pods = pods.clone();
-            async move {
-                pods.delete(&format!("p{i}"), &DeleteParams::default().grace_period(0))
-                    .await
-            }
-        })
-        .buffer_unordered(PODS)
-        .try_collect::<Vec<_>>()
-        .await
-        .unwrap();
+    fixtures::delete_numbered_pods(&pods, PODS, PODS).await;
     wait_for_within(
         "every entry and reservation released",
         Duration::from_secs(120),

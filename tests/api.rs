@@ -103,11 +103,9 @@ async fn a_refused_watch_backs_off_instead_of_relisting_five_times_a_second() {
     use kube::runtime::watcher;
 
     let cp = ControlPlane::shared();
-    let (admin, ns) = cp.client_and_namespace("api-refused-watch").await;
-    let client = cp
-        .service_account_client(&admin, &ns, "no-rights")
-        .await
-        .expect("a ServiceAccount client");
+    let (_, _, client) = cp
+        .namespace_and_rightless_client("api-refused-watch", "no-rights")
+        .await;
     let stream = ipreclaim::watch_retry::retrying(
         client.clone(),
         watcher::watcher(Api::<Pod>::all(client), watcher::Config::default()),

@@ -433,41 +433,53 @@ fn forbidden<T: std::fmt::Debug>(what: &str, result: Result<T, kube::Error>) {
     }
 }
 
+/// Creates `obj` in namespace `ns` as `client`.
+async fn create_in<K>(client: &Client, ns: &str, obj: &K)
+where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + serde::Serialize,
+    K::DynamicType: Default,
+{
+    Api::<K>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), obj)
+        .await
+        .unwrap();
+}
+
+/// A JSON merge patch of `name` through `api`.
+async fn merge_patch<K>(api: &Api<K>, name: &str, patch: Value) -> Result<K, kube::Error>
+where
+    K: Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+}
+
 #[tokio::test]
 async fn the_charts_service_accounts_are_denied_what_the_programs_must_not_do() {
     let it = install_chart("chart-rbac").await;
     let cp = ControlPlane::shared();
     let admin = &it.client;
     // Things to be denied on.
-    let pod = testenv::fixtures::pod("victim", None);
-    Api::<Pod>::namespaced(admin.clone(), &it.ns)
-        .create(&PostParams::default(), &pod)
-        .await
-        .unwrap();
+    create_in(admin, &it.ns, &testenv::fixtures::pod("victim", None)).await;
     let secret: Secret = serde_json::from_value(json!({
         "metadata": {"name": "s"}, "stringData": {"k": "v"}
     }))
     .unwrap();
-    Api::<Secret>::namespaced(admin.clone(), &it.ns)
-        .create(&PostParams::default(), &secret)
-        .await
-        .unwrap();
+    create_in(admin, &it.ns, &secret).await;
     let lease: Lease =
         serde_json::from_value(json!({"metadata": {"name": "someone-elses"}})).unwrap();
-    Api::<Lease>::namespaced(admin.clone(), &it.ns)
-        .create(&PostParams::default(), &lease)
-        .await
-        .unwrap();
+    create_in(admin, &it.ns, &lease).await;
     let nad = ipreclaim::api::NetworkAttachmentDefinition::new(
         "net",
         ipreclaim::api::NetworkAttachmentDefinitionSpec {
             config: Some("{}".into()),
         },
     );
-    Api::<ipreclaim::api::NetworkAttachmentDefinition>::namespaced(admin.clone(), &it.ns)
-        .create(&PostParams::default(), &nad)
-        .await
-        .unwrap();
+    create_in(admin, &it.ns, &nad).await;
 
     for who in ["controller", "node-agent"] {
         let client = service_account_client(cp, admin, &it.ns, who).await;
@@ -485,23 +497,24 @@ async fn the_charts_service_accounts_are_denied_what_the_programs_must_not_do() 
         let other = json!({"spec": {"holderIdentity": who}});
         forbidden(
             &format!("{who} updates another Lease"),
-            Api::<Lease>::namespaced(client.clone(), &it.ns)
-                .patch(
-                    "someone-elses",
-                    &PatchParams::default(),
-                    &Patch::Merge(&other),
-                )
-                .await,
+            merge_patch(
+                &Api::<Lease>::namespaced(client.clone(), &it.ns),
+                "someone-elses",
+                other,
+            )
+            .await,
         );
         forbidden(
             &format!("{who} patches a NAD"),
-            Api::<ipreclaim::api::NetworkAttachmentDefinition>::namespaced(client.clone(), &it.ns)
-                .patch(
-                    "net",
-                    &PatchParams::default(),
-                    &Patch::Merge(&json!({"spec": {"config": "{\"x\":1}"}})),
-                )
-                .await,
+            merge_patch(
+                &Api::<ipreclaim::api::NetworkAttachmentDefinition>::namespaced(
+                    client.clone(),
+                    &it.ns,
+                ),
+                "net",
+                json!({"spec": {"config": "{\"x\":1}"}}),
+            )
+            .await,
         );
         // Pools elsewhere than the whereabouts namespace are out of reach.
         forbidden(
@@ -529,23 +542,11 @@ async fn the_charts_service_accounts_are_denied_what_the_programs_must_not_do() 
         "uid": "u", "node": "n", "since": "2026-11-24T10:00:00Z",
     }))
     .unwrap();
-    Api::<ipreclaim::api::IPFence>::namespaced(admin.clone(), &it.ns)
-        .create(
-            &PostParams::default(),
-            &ipreclaim::api::IPFence::new("f", spec),
-        )
-        .await
-        .unwrap();
+    create_in(admin, &it.ns, &ipreclaim::api::IPFence::new("f", spec)).await;
     let fences = Api::<ipreclaim::api::IPFence>::namespaced(agent, &it.ns);
     forbidden(
         "node-agent patches a fence's spec",
-        fences
-            .patch(
-                "f",
-                &PatchParams::default(),
-                &Patch::Merge(&json!({"spec": {"node": "other"}})),
-            )
-            .await,
+        merge_patch(&fences, "f", json!({"spec": {"node": "other"}})).await,
     );
     forbidden(
         "node-agent deletes a fence",
@@ -771,6 +772,33 @@ fn merged(base: &Value, over: &Value) -> Value {
     }
 }
 
+/// A program's pod spec carries its values' security contexts and scheduling.
+fn assert_pod_settings(pod: &Value, values: &Value) {
+    assert_eq!(pod["securityContext"], values["podSecurityContext"]);
+    assert_eq!(
+        pod["containers"][0]["securityContext"],
+        values["securityContext"]
+    );
+    assert_eq!(pod["nodeSelector"], values["nodeSelector"]);
+    assert_eq!(pod["tolerations"], values["tolerations"]);
+    assert_eq!(pod["affinity"], values["affinity"]);
+}
+
+/// The monitor `kind` of `component`: the release label, its endpoint (the list `endpoints`,
+/// scraped every `interval`) and the pods it selects.
+fn assert_monitor(docs: &[Value], kind: &str, component: &str, endpoints: &str, interval: &str) {
+    let m = find(docs, kind, &format!("-{component}"));
+    assert_eq!(m["metadata"]["labels"]["release"], "prom");
+    assert_eq!(
+        m["spec"][endpoints],
+        json!([{"port": "metrics", "path": "/metrics", "interval": interval}])
+    );
+    assert_eq!(
+        m["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"],
+        component
+    );
+}
+
 #[test]
 fn every_new_value_reaches_its_place() {
     let every = values_file("every", EVERY_NEW_VALUE);
@@ -794,14 +822,7 @@ fn every_new_value_reaches_its_place() {
         pod.get("priorityClassName").is_none(),
         "an empty priorityClassName is left out: {pod}"
     );
-    assert_eq!(pod["securityContext"], c["podSecurityContext"]);
-    assert_eq!(
-        pod["containers"][0]["securityContext"],
-        c["securityContext"]
-    );
-    assert_eq!(pod["nodeSelector"], c["nodeSelector"]);
-    assert_eq!(pod["tolerations"], c["tolerations"]);
-    assert_eq!(pod["affinity"], c["affinity"]);
+    assert_pod_settings(pod, c);
     // A constraint without a labelSelector gets the controller pods' own; a given one is kept.
     let own = json!({"matchLabels": {
         "app.kubernetes.io/name": "ipreclaim",
@@ -837,51 +858,34 @@ fn every_new_value_reaches_its_place() {
     }
     let pdb = &find(&docs, "PodDisruptionBudget", "-controller")["spec"];
     assert_eq!(pdb["maxUnavailable"], 2);
-    let sm = find(&docs, "ServiceMonitor", "-controller");
-    assert_eq!(sm["metadata"]["labels"]["release"], "prom");
-    assert_eq!(
-        sm["spec"]["endpoints"],
-        json!([{"port": "metrics", "path": "/metrics", "interval": "15s"}])
-    );
-    assert_eq!(
-        sm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"],
-        "controller"
-    );
+    assert_monitor(&docs, "ServiceMonitor", "controller", "endpoints", "15s");
 
     let daemonset = find(&docs, "DaemonSet", "-node-agent");
     let pod = &daemonset["spec"]["template"]["spec"];
     assert_eq!(pod["serviceAccountName"], "agent-sa");
     assert!(pod.get("priorityClassName").is_none(), "{pod}");
-    assert_eq!(pod["securityContext"], n["podSecurityContext"]);
-    assert_eq!(
-        pod["containers"][0]["securityContext"],
-        n["securityContext"]
-    );
-    assert_eq!(pod["nodeSelector"], n["nodeSelector"]);
-    assert_eq!(pod["tolerations"], n["tolerations"]);
-    assert_eq!(pod["affinity"], n["affinity"]);
+    assert_pod_settings(pod, n);
     let sa = find(&docs, "ServiceAccount", "agent-sa");
     assert_eq!(
         sa["metadata"]["annotations"],
         json!({"iam.example/role": "ipreclaim-agent"})
     );
-    assert_eq!(
-        subjects_of("ClusterRoleBinding", "-node-agent-ipr"),
-        json!([{"kind": "ServiceAccount", "name": "agent-sa", "namespace": "ipr"}])
-    );
-    assert_eq!(
-        subjects_of("RoleBinding", "-node-agent-pools"),
-        json!([{"kind": "ServiceAccount", "name": "agent-sa", "namespace": "ipr"}])
-    );
-    let pm = find(&docs, "PodMonitor", "-node-agent");
-    assert_eq!(pm["metadata"]["labels"]["release"], "prom");
-    assert_eq!(
-        pm["spec"]["podMetricsEndpoints"],
-        json!([{"port": "metrics", "path": "/metrics", "interval": "10s"}])
-    );
-    assert_eq!(
-        pm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"],
-        "node-agent"
+    for (kind, suffix) in [
+        ("ClusterRoleBinding", "-node-agent-ipr"),
+        ("RoleBinding", "-node-agent-pools"),
+    ] {
+        assert_eq!(
+            subjects_of(kind, suffix),
+            json!([{"kind": "ServiceAccount", "name": "agent-sa", "namespace": "ipr"}]),
+            "{kind} *{suffix}"
+        );
+    }
+    assert_monitor(
+        &docs,
+        "PodMonitor",
+        "node-agent",
+        "podMetricsEndpoints",
+        "10s",
     );
     // The node agent's pods carry the metrics port the PodMonitor names.
     assert_eq!(pod["containers"][0]["ports"][0]["name"], "metrics");

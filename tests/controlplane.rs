@@ -138,11 +138,7 @@ async fn watch_survives_an_apiserver_restart() {
 #[tokio::test]
 async fn service_account_without_permissions_gets_403() {
     let cp = ControlPlane::shared();
-    let (admin, ns) = cp.client_and_namespace("cp-rbac").await;
-    let sa = cp
-        .service_account_client(&admin, &ns, "nobody")
-        .await
-        .expect("token for a fresh ServiceAccount");
+    let (_, ns, sa) = cp.namespace_and_rightless_client("cp-rbac", "nobody").await;
     let err = Api::<Pod>::namespaced(sa.clone(), &ns)
         .list(&Default::default())
         .await

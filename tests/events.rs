@@ -78,13 +78,18 @@ async fn publish(n: usize, fail: usize, status: u16) -> (Arc<AtomicUsize>, Write
     (created, m, events)
 }
 
+/// Waits until `n` Events are published.
+async fn wait_every_event_published(m: &WriteMetrics, n: u64) {
+    wait_for("every event published", || async {
+        m.events_published.get() == n
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn events_that_fail_while_the_apiserver_is_unavailable_are_retried_not_lost() {
     let (created, m, _events) = publish(50, 5, 503).await;
-    wait_for("every event published", || async {
-        m.events_published.get() == 50
-    })
-    .await;
+    wait_every_event_published(&m, 50).await;
     assert_eq!(created.load(Ordering::SeqCst), 50);
     assert_eq!(m.events_dropped.get(), 0);
 }
@@ -101,10 +106,7 @@ async fn an_event_the_apiserver_refuses_is_dropped_and_counted() {
 #[tokio::test]
 async fn a_429_pauses_for_its_retry_after_and_the_event_is_sent_again() {
     let (created, m, _events) = publish(3, 2, 429).await;
-    wait_for("every event published", || async {
-        m.events_published.get() == 3
-    })
-    .await;
+    wait_every_event_published(&m, 3).await;
     // Each 429 counted once, none dropped, nothing sent twice.
     assert_eq!(m.throttled.get(), 2);
     assert_eq!(m.events_dropped.get(), 0);

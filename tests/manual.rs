@@ -253,6 +253,16 @@ impl Env {
         out
     }
 
+    /// [`run_exits`](Self::run_exits), and checks its stdout says each of `says`.
+    fn run_says(&self, command: &str, args: &[&str], want: i32, says: &[&str]) -> Output {
+        let out = self.run_exits(command, args, want);
+        let text = stdout(&out);
+        for s in says {
+            assert!(text.contains(s), "{s:?} in {}", explain(&out));
+        }
+        out
+    }
+
     /// Runs `ipreclaim <command> <args> --whereabouts-namespace <ns> --kubeconfig <path>`.
     fn run(&self, command: &str, args: &[&str]) -> Output {
         let kc = ControlPlane::shared().kubeconfig_path();
@@ -291,12 +301,14 @@ async fn unfence_ip_lifts_one_fence_and_leaves_the_others() {
     let env = Env::new("unfence-ip", true, 1).await;
     let ns = env.ns.clone();
 
-    let out = env.run_exits("unfence", &["--ip", "192.0.2.10"], 0);
-    assert!(
-        stdout(&out).contains("unfenced 192.0.2.10 (pool 192.0.2.0-24)")
-            && stdout(&out).contains("IPFence 192.0.2.0-24-10 deleted"),
-        "{}",
-        explain(&out)
+    let out = env.run_says(
+        "unfence",
+        &["--ip", "192.0.2.10"],
+        0,
+        &[
+            "unfenced 192.0.2.10 (pool 192.0.2.0-24)",
+            "IPFence 192.0.2.0-24-10 deleted",
+        ],
     );
     let entries = env.entries(POOL).await;
     assert!(!entries.contains_key("10"), "{entries:?}");
@@ -329,8 +341,12 @@ async fn unfence_ip_lifts_one_fence_and_leaves_the_others() {
     );
 
     // Lifted already: nothing of that address is fenced now (1, and nothing written).
-    let out = env.run_exits("unfence", &["--ip", "192.0.2.10"], 1);
-    assert!(stdout(&out).contains("no fence of address 192.0.2.10"));
+    env.run_says(
+        "unfence",
+        &["--ip", "192.0.2.10"],
+        1,
+        &["no fence of address 192.0.2.10"],
+    );
 }
 
 #[tokio::test]
@@ -352,12 +368,12 @@ async fn unfence_refuses_a_live_pods_address_unless_forced_and_a_dry_run_writes_
     assert_eq!(env.all_events().await, 0, "a dry run publishes no Event");
 
     // web-0 lists 192.0.2.12: refused (exit 1), nothing written.
-    let out = env.run_exits("unfence", &["--ip", "192.0.2.12"], 1);
-    assert!(
-        stdout(&out).contains("refused 192.0.2.12")
-            && stdout(&out).contains(&format!("live pod {ns}/web-0 lists the address")),
-        "{}",
-        explain(&out)
+    let live = format!("live pod {ns}/web-0 lists the address");
+    env.run_says(
+        "unfence",
+        &["--ip", "192.0.2.12"],
+        1,
+        &["refused 192.0.2.12", &live],
     );
     assert_eq!(env.pool_now(POOL).await.metadata.resource_version, before);
     assert_eq!(env.fences().await.len(), 3);
@@ -432,11 +448,11 @@ async fn unfence_all_leaves_no_fenced_entry_record_or_annotation() {
     assert_eq!(env.fences().await.len(), 5);
     assert_eq!(env.all_events().await, 0);
 
-    let out = env.run_exits("unfence", &["--all"], 0);
-    assert!(
-        stdout(&out).contains("no :fenced entry, IPFence or fence annotation is left"),
-        "{}",
-        explain(&out)
+    env.run_says(
+        "unfence",
+        &["--all"],
+        0,
+        &["no :fenced entry, IPFence or fence annotation is left"],
     );
     for pool in [POOL, "blue-192.0.2.0-24"] {
         let p = env.pool_now(pool).await;
@@ -484,23 +500,24 @@ async fn release_frees_an_entry_and_its_reservation_and_refuses_a_listed_address
 
     // A dry run: says what it would do (the reservation too), writes nothing.
     let before = env.pool_now(POOL).await.metadata.resource_version;
-    let out = env.run_exits("release", &["--ip", "192.0.2.30", "--dry-run"], 0);
-    assert!(
-        stdout(&out).contains("would release 192.0.2.30 (pool 192.0.2.0-24)")
-            && stdout(&out).contains("would delete reservation 192.0.2.30"),
-        "{}",
-        explain(&out)
+    env.run_says(
+        "release",
+        &["--ip", "192.0.2.30", "--dry-run"],
+        0,
+        &[
+            "would release 192.0.2.30 (pool 192.0.2.0-24)",
+            "would delete reservation 192.0.2.30",
+        ],
     );
     assert_eq!(env.pool_now(POOL).await.metadata.resource_version, before);
     assert_eq!(env.reservations().await, ["192.0.2.10", "192.0.2.30"]);
     assert_eq!(env.all_events().await, 0);
 
-    let out = env.run_exits("release", &["--ip", "192.0.2.30"], 0);
-    assert!(
-        stdout(&out).contains("released 192.0.2.30")
-            && stdout(&out).contains("reservation 192.0.2.30 deleted"),
-        "{}",
-        explain(&out)
+    env.run_says(
+        "release",
+        &["--ip", "192.0.2.30"],
+        0,
+        &["released 192.0.2.30", "reservation 192.0.2.30 deleted"],
     );
     assert!(!env.entries(POOL).await.contains_key("30"));
     assert_eq!(env.reservations().await, ["192.0.2.10"]);
@@ -512,23 +529,26 @@ async fn release_frees_an_entry_and_its_reservation_and_refuses_a_listed_address
 
     // web-0 lists 192.0.2.20: refused, nothing written; --pod of web-0 is refused the same way.
     let before = env.pool_now(POOL).await.metadata.resource_version;
+    let live = format!("live pod {ns}/web-0 lists the address");
     for args in [["--ip", "192.0.2.20"], ["--pod", &format!("{ns}/web-0")]] {
-        let out = env.run_exits("release", &args, 1);
-        assert!(
-            stdout(&out).contains("refused 192.0.2.20")
-                && stdout(&out).contains(&format!("live pod {ns}/web-0 lists the address")),
-            "{}",
-            explain(&out)
-        );
+        env.run_says("release", &args, 1, &["refused 192.0.2.20", &live]);
     }
     assert_eq!(env.pool_now(POOL).await.metadata.resource_version, before);
 
     // A fenced address is unfence's.
-    let out = env.run_exits("release", &["--ip", "192.0.2.11"], 1);
-    assert!(stdout(&out).contains("unfence --ip 192.0.2.11"));
+    env.run_says(
+        "release",
+        &["--ip", "192.0.2.11"],
+        1,
+        &["unfence --ip 192.0.2.11"],
+    );
     // Nothing at that address.
-    let out = env.run_exits("release", &["--ip", "192.0.2.99"], 1);
-    assert!(stdout(&out).contains("no allocation of 192.0.2.99"));
+    env.run_says(
+        "release",
+        &["--ip", "192.0.2.99"],
+        1,
+        &["no allocation of 192.0.2.99"],
+    );
 }
 
 /// `release --release-cooldown`: the entry is marked cooling (podref `<ns>/<pod>:cooldown`, id
@@ -541,11 +561,17 @@ async fn release_with_a_cooldown_marks_the_entry_and_keeps_the_reservation() {
     let args = ["--ip", "192.0.2.30", "--release-cooldown", "10m"];
 
     let before = env.pool_now(POOL).await.metadata.resource_version;
-    let out = env.run_exits("release", &[&args[..], &["--dry-run"]].concat(), 0);
+    let out = env.run_says(
+        "release",
+        &[&args[..], &["--dry-run"]].concat(),
+        0,
+        &[
+            "would release 192.0.2.30 (pool 192.0.2.0-24)",
+            "would keep it out of the pool for 10m (release cooldown",
+        ],
+    );
     assert!(
-        stdout(&out).contains("would release 192.0.2.30 (pool 192.0.2.0-24)")
-            && stdout(&out).contains("would keep it out of the pool for 10m (release cooldown")
-            && !stdout(&out).contains("would delete reservation"),
+        !stdout(&out).contains("would delete reservation"),
         "{}",
         explain(&out)
     );
@@ -553,11 +579,11 @@ async fn release_with_a_cooldown_marks_the_entry_and_keeps_the_reservation() {
     assert_eq!(env.all_events().await, 0);
 
     let started = jiff::Timestamp::now();
-    let out = env.run_exits("release", &args, 0);
-    assert!(
-        stdout(&out).contains("released 192.0.2.30 (pool 192.0.2.0-24) into its cooldown until"),
-        "{}",
-        explain(&out)
+    env.run_says(
+        "release",
+        &args,
+        0,
+        &["released 192.0.2.30 (pool 192.0.2.0-24) into its cooldown until"],
     );
     let entry = env.pool_now(POOL).await.spec.allocations["30"].clone();
     assert_eq!(entry.podref, format!("{ns}/gone-0:cooldown"));
@@ -581,11 +607,11 @@ async fn release_with_a_cooldown_marks_the_entry_and_keeps_the_reservation() {
         "{events:?}"
     );
     // Released again: a cooling address is refused without --force...
-    let out = env.run_exits("release", &["--ip", "192.0.2.30"], 1);
-    assert!(
-        stdout(&out).contains("192.0.2.30 is cooling"),
-        "{}",
-        explain(&out)
+    env.run_says(
+        "release",
+        &["--ip", "192.0.2.30"],
+        1,
+        &["192.0.2.30 is cooling"],
     );
     // ...and with it the cooldown ends now, never into another one: entry and reservation go.
     let out = env.run_exits("release", &[&args[..], &["--force"]].concat(), 0);
@@ -622,11 +648,11 @@ async fn release_of_an_address_in_several_pools_needs_its_network() {
     assert!(env.entries(POOL).await.contains_key("30"));
 
     let blue = format!("{ns}/blue");
-    let out = env.run_exits("release", &["--ip", "192.0.2.30", "--network", &blue], 0);
-    assert!(
-        stdout(&out).contains("reservation blue-192.0.2.30 deleted"),
-        "{}",
-        explain(&out)
+    env.run_says(
+        "release",
+        &["--ip", "192.0.2.30", "--network", &blue],
+        0,
+        &["reservation blue-192.0.2.30 deleted"],
     );
     assert!(env.entries("blue-192.0.2.0-24").await.is_empty());
     assert!(

@@ -260,6 +260,25 @@ impl NodeEnv {
         events.into_iter().map(name_and_message).collect()
     }
 
+    /// Waits until the pool's keys are `keys` (`entry_gone` says what that means), then until
+    /// the reservations are `reservations` (S1's is deleted), then returns the one release
+    /// Event (pod, message).
+    async fn wait_s1_released(
+        &self,
+        entry_gone: &str,
+        keys: &[&str],
+        reservations: &[&str],
+    ) -> (String, String) {
+        wait_for(entry_gone, || async { self.keys().await == keys }).await;
+        wait_for("S1's reservation deleted", || async {
+            self.reservations().await == reservations
+        })
+        .await;
+        let events = self.wait_events("IPAddressGarbageCollected").await;
+        assert_eq!(events.len(), 1, "{events:?}");
+        events.into_iter().next().unwrap()
+    }
+
     async fn events(&self, reason: &str) -> Vec<(String, String)> {
         let events = testenv::events::with_reason(&self.client, &self.ns, reason, None).await;
         events.into_iter().map(name_and_message).collect()
@@ -293,18 +312,9 @@ async fn a_dead_sandboxs_entry_is_released_after_the_grace_and_the_new_sandboxs_
         ["10", "11"],
         "nothing is released within the grace"
     );
-    wait_for("S1's entry released", || async {
-        env.keys().await == ["11"]
-    })
-    .await;
-    wait_for("S1's reservation deleted", || async {
-        env.reservations().await == ["192.0.2.11"]
-    })
-    .await;
-
-    let events = env.wait_events("IPAddressGarbageCollected").await;
-    assert_eq!(events.len(), 1, "{events:?}");
-    let (pod, message) = &events[0];
+    let (pod, message) = env
+        .wait_s1_released("S1's entry released", &["11"], &["192.0.2.11"])
+        .await;
     assert_eq!(pod, "web-0");
     assert!(
         message.contains("[192.0.2.10]")
@@ -332,20 +342,16 @@ async fn a_node_slice_networks_entry_is_released_from_this_nodes_slice_pool(mut 
     env.web_0_sandbox_replaced((2, "192.0.2.18"), (3, "192.0.2.19"))
         .await;
 
-    wait_for(
-        "S1's entry released from this node's slice pool",
-        || async { env.keys().await == ["3"] },
-    )
-    .await;
-    wait_for("S1's reservation deleted", || async {
-        env.reservations().await == ["192.0.2.19"]
-    })
-    .await;
-    let events = env.wait_events("IPAddressGarbageCollected").await;
-    assert_eq!(events.len(), 1, "{events:?}");
+    let (_, message) = env
+        .wait_s1_released(
+            "S1's entry released from this node's slice pool",
+            &["3"],
+            &["192.0.2.19"],
+        )
+        .await;
     assert!(
-        events[0].1.contains("[192.0.2.18]") && events[0].1.contains("SandboxGone"),
-        "{events:?}"
+        message.contains("[192.0.2.18]") && message.contains("SandboxGone"),
+        "{message}"
     );
     assert_eq!(
         env.metric("ipreclaim_node_config_errors_total").await,

@@ -79,15 +79,10 @@ fn the_release_workflow_parses_and_its_scripts_are_shellcheck_clean() {
         std::fs::write(&path, text).unwrap();
         files.push(path);
     }
-    let out = std::process::Command::new("shellcheck")
-        .args(["--shell=bash", "--exclude=SC2034"])
-        .args(&files)
-        .output()
-        .expect("shellcheck (apt-get install shellcheck; scripts/setup.sh does)");
-    assert!(
-        out.status.success(),
-        "shellcheck of release.yaml's run steps:\n{}",
-        String::from_utf8_lossy(&out.stdout)
+    testenv::procs::assert_shellcheck_clean(
+        "shellcheck of release.yaml's run steps",
+        &["--shell=bash", "--exclude=SC2034"],
+        &files,
     );
 }
 

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
-use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::{Map, Value};
 use testenv::ControlPlane;
 use testenv::poll::{http_get, metric_value, wait_for};
@@ -53,6 +53,15 @@ impl Proc {
             }
         });
         Proc { child, lines }
+    }
+
+    /// Runs `ipreclaim <program> --log-format=json --metrics-addr=[::]:0 <flags>` and returns
+    /// it with the /metrics address it logged in its `starting` line.
+    async fn serving(program: &str, starting: &str, flags: &[&str]) -> (Proc, SocketAddr) {
+        let args = [program, "--log-format=json", "--metrics-addr=[::]:0"];
+        let p = Proc::spawn(&[&args[..], flags].concat(), &[]);
+        let addr = p.metrics_addr(starting).await;
+        (p, addr)
     }
 
     fn lines(&self) -> Vec<String> {
@@ -134,20 +143,13 @@ async fn pod(client: &Client, ns: &str, name: &str, ip: &str, node: Option<&str>
 
 /// A Node whose Ready condition is Unknown (its kubelet stopped reporting).
 async fn unready_node(client: &Client, name: &str) {
-    let node = Node {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
     let nodes = Api::<Node>::all(client.clone());
-    nodes.create(&PostParams::default(), &node).await.unwrap();
+    nodes
+        .create(&PostParams::default(), &testenv::fixtures::node(name))
+        .await
+        .unwrap();
     let now = jiff::Timestamp::now().to_string();
-    let patch = serde_json::json!({"status": {"conditions": [{
-        "type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
-        "lastHeartbeatTime": now, "lastTransitionTime": now,
-    }]}});
+    let patch = testenv::fixtures::ready_condition("Unknown", "NodeStatusUnknown", &now);
     testenv::fixtures::merge_status(&nodes, name, patch).await;
 }
 
@@ -229,10 +231,7 @@ async fn json_logs_are_flat_and_a_release_and_a_fence_each_leave_an_audit_line()
         format!("--whereabouts-namespace={ns}"),
         format!("--lease-namespace={ns}"),
     );
-    let args = [
-        "controller",
-        "--log-format=json",
-        "--metrics-addr=[::]:0",
+    let flags = [
         "--leader-election=true",
         "--lease-name=ipreclaim-controller",
         "--sweep-interval=1h",
@@ -241,8 +240,7 @@ async fn json_logs_are_flat_and_a_release_and_a_fence_each_leave_an_audit_line()
         &wns,
         &lns,
     ];
-    let mut controller = Proc::spawn(&args, &[]);
-    let addr = controller.metrics_addr("controller starting").await;
+    let (mut controller, addr) = Proc::serving("controller", "controller starting", &flags).await;
     controller
         .wait_line(
             "leadership gained",
@@ -321,16 +319,12 @@ async fn the_node_agent_serves_build_info_and_process_metrics_on_both_families()
         format!("--node-name={ns}-node"),
         format!("--whereabouts-namespace={ns}"),
     );
-    let args = [
-        "node-agent",
-        "--log-format=json",
-        "--metrics-addr=[::]:0",
+    let flags = [
         "--cri-endpoint=unix:///nonexistent/ipreclaim-test.sock",
         &node,
         &wns,
     ];
-    let mut agent = Proc::spawn(&args, &[]);
-    let addr = agent.metrics_addr("node agent starting").await;
+    let (mut agent, addr) = Proc::serving("node-agent", "node agent starting", &flags).await;
     metrics_both_ways(addr, "node agent").await;
     agent.child.kill().await.unwrap();
     agent.json();

@@ -35,6 +35,14 @@ fn pod(ns: &str, i: usize) -> Pod {
     testenv::fixtures::annotated_pod(&format!("p{i}"), NETWORK_STATUS_ANNOTATION, &status)
 }
 
+/// How many pods: the first command-line argument that is a number, or `default`.
+pub fn pods_arg(default: usize) -> usize {
+    std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse().ok())
+        .unwrap_or(default)
+}
+
 /// Starts a control plane and creates `n` pods with one allocation each.
 pub async fn cluster(n: usize) -> anyhow::Result<Cluster> {
     let cp = tokio::task::spawn_blocking(ControlPlane::start).await??;

@@ -10,7 +10,7 @@ use ipreclaim::api::{IPPool, NetworkAttachmentDefinition};
 use ipreclaim::ipam::NETWORK_STATUS_ANNOTATION;
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::Client;
-use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use testenv::ControlPlane;
 use testenv::poll::{http_get, metric_value, wait_for, wait_metric_line};
 use testenv::procs::ChildGuard;
@@ -247,6 +247,20 @@ impl Env {
         events.into_iter().map(name_uid_message).collect()
     }
 
+    /// Waits for Events with `reason` (see [`wait_events`](Self::wait_events)) and checks that
+    /// the first one's message says each of `says`.
+    pub async fn wait_events_saying(
+        &self,
+        reason: &str,
+        says: &[&str],
+    ) -> Vec<(String, String, String)> {
+        let events = self.wait_events(reason).await;
+        for s in says {
+            assert!(events[0].2.contains(s), "{s:?} in {events:?}");
+        }
+        events
+    }
+
     /// Waits until /metrics has a line starting with `line`: counters are bumped when the
     /// write returns, which may be after the test already sees its effect.
     pub async fn wait_metric(&self, line: &str) {
@@ -303,15 +317,8 @@ impl Env {
 
     /// A stand-in Node `name` with its Ready condition `status`.
     pub async fn create_node(&self, name: &str, status: &str) {
-        let node = Node {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
         Api::<Node>::all(self.client.clone())
-            .create(&PostParams::default(), &node)
+            .create(&PostParams::default(), &testenv::fixtures::node(name))
             .await
             .unwrap();
         self.set_ready(name, status).await;
@@ -326,10 +333,7 @@ impl Env {
     /// Sets a Node's Ready condition as a node whose clock reads `clock` reports it.
     pub async fn set_ready_at(&self, node: &str, status: &str, clock: jiff::Timestamp) {
         let now = clock.to_string();
-        let patch = serde_json::json!({"status": {"conditions": [{
-            "type": "Ready", "status": status, "reason": "SetByTest",
-            "lastHeartbeatTime": now, "lastTransitionTime": now,
-        }]}});
+        let patch = testenv::fixtures::ready_condition(status, "SetByTest", &now);
         testenv::fixtures::merge_status(&Api::<Node>::all(self.client.clone()), node, patch).await;
     }
 
@@ -374,6 +378,14 @@ impl Env {
         let mut env = Env::new(prefix).await;
         let node = env.fence_node("Unknown").await;
         let uid = env.fenced_web_0(&node, extra).await;
+        (env, node, uid)
+    }
+
+    /// [`with_web_0_fenced`](Self::with_web_0_fenced), then
+    /// [`assert_web_0_fenced`](Self::assert_web_0_fenced).
+    pub async fn with_web_0_seen_fenced(prefix: &str, extra: &[&str]) -> (Env, String, String) {
+        let (env, node, uid) = Env::with_web_0_fenced(prefix, extra).await;
+        env.assert_web_0_fenced(&node).await;
         (env, node, uid)
     }
 

@@ -42,11 +42,8 @@ async fn fenced_event_versions(c: &Cluster) -> Vec<(String, String)> {
 
 /// The pool's fence records (`IPFence` objects in the pools' namespace).
 async fn fences(c: &Cluster) -> Vec<IPFence> {
-    Api::<IPFence>::namespaced(c.client().clone(), c.pool_ns())
-        .list(&Default::default())
+    testenv::fixtures::list_all(&Api::<IPFence>::namespaced(c.client().clone(), c.pool_ns()))
         .await
-        .unwrap()
-        .items
         .into_iter()
         .filter(|f| f.spec.pool == c.pool())
         .collect()

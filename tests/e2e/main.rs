@@ -311,15 +311,6 @@ fn e2e_and_ci_scripts_are_shellcheck_clean() {
     }
     scripts.push(root.join(".ci/run"));
     assert!(scripts.len() >= 5, "found {scripts:?}");
-    let out = std::process::Command::new("shellcheck")
-        // Follow `source`d files relative to each script.
-        .args(["-x", "-P", "SCRIPTDIR"])
-        .args(&scripts)
-        .output()
-        .expect("shellcheck (apt-get install shellcheck; scripts/setup.sh does)");
-    assert!(
-        out.status.success(),
-        "shellcheck:\n{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    // -x -P SCRIPTDIR: follow `source`d files relative to each script.
+    testenv::procs::assert_shellcheck_clean("shellcheck", &["-x", "-P", "SCRIPTDIR"], &scripts);
 }

@@ -269,11 +269,9 @@ pub(crate) fn kubectl_events(node: &Node, ns: &str, reason: &str) -> Vec<String>
 /// The reservations of this scenario's network (named `<network_name>-<ip>`), as
 /// `name podref`.
 pub(crate) async fn reservations(c: &Cluster) -> Vec<String> {
-    Api::<OverlappingRangeIPReservation>::namespaced(c.client().clone(), c.pool_ns())
-        .list(&ListParams::default())
+    let api = Api::<OverlappingRangeIPReservation>::namespaced(c.client().clone(), c.pool_ns());
+    testenv::fixtures::list_all(&api)
         .await
-        .unwrap()
-        .items
         .into_iter()
         .filter(|r| {
             r.metadata
@@ -568,11 +566,8 @@ async fn wait_loop_saw_deletions(client: &Client, ns: &str, pods: &[&str]) {
 
 /// Pods running whereabouts' control loop, in any namespace.
 async fn whereabouts_control_loops(client: &Client) -> Vec<String> {
-    Api::<Pod>::all(client.clone())
-        .list(&ListParams::default())
+    testenv::fixtures::list_all(&Api::<Pod>::all(client.clone()))
         .await
-        .unwrap()
-        .items
         .into_iter()
         .filter(|p| {
             p.spec.as_ref().is_some_and(|s| {

@@ -89,6 +89,17 @@ fn pod_with_sandboxes(uid: &str, sandboxes: &[(&str, ContainerState)]) -> Runtim
     }
 }
 
+/// The status of pod `uid` with its one container `cid` in `state`.
+fn status_of(uid: &str, cid: &str, state: ContainerState) -> PodStatus {
+    PodStatus {
+        container_statuses: vec![ContainerStatus {
+            id: cid.into(),
+            state,
+        }],
+        ..PodStatus::empty(uid)
+    }
+}
+
 fn ev(pod: &str, kind: EventKind, cid: &str) -> PodLifecycleEvent {
     PodLifecycleEvent::container(pod, kind, cid)
 }
@@ -123,6 +134,15 @@ struct Harness {
     cache: Option<Arc<PodStatusCache>>,
 }
 
+impl Harness {
+    /// The runtime lists `pods` from now on; one relist; the events it sent, sorted.
+    async fn relist_listing(&mut self, pods: Vec<RuntimePod>) -> Vec<PodLifecycleEvent> {
+        self.runtime.set_pods(pods);
+        self.pleg.relist().await;
+        drain(&mut self.events)
+    }
+}
+
 fn harness(with_cache: bool, capacity: usize) -> Harness {
     harness_with(with_cache, capacity, Duration::ZERO)
 }
@@ -151,28 +171,30 @@ fn harness_with(with_cache: bool, capacity: usize, backoff: Duration) -> Harness
 fn relisting_case(make: fn(&str, &[(&str, ContainerState)]) -> RuntimePod) {
     tokio_test::block_on(async {
         let mut h = harness(false, 100);
-        h.runtime.set_pods(vec![
-            make("1234", &[("c1", Exited), ("c2", Running), ("c3", Unknown)]),
-            make("4567", &[("c1", Exited)]),
-        ]);
-        h.pleg.relist().await;
+        let got = h
+            .relist_listing(vec![
+                make("1234", &[("c1", Exited), ("c2", Running), ("c3", Unknown)]),
+                make("4567", &[("c1", Exited)]),
+            ])
+            .await;
         // Every running or exited container is reported the first time it is seen.
         let expected = sorted(vec![
             ev("1234", ContainerStarted, "c2"),
             ev("4567", ContainerDied, "c1"),
             ev("1234", ContainerDied, "c1"),
         ]);
-        assert_eq!(drain(&mut h.events), expected);
+        assert_eq!(got, expected);
 
         // Nothing changed: nothing sent.
         h.pleg.relist().await;
         assert_eq!(drain(&mut h.events), vec![]);
 
-        h.runtime.set_pods(vec![
-            make("1234", &[("c2", Exited), ("c3", Running)]),
-            make("4567", &[("c4", Running)]),
-        ]);
-        h.pleg.relist().await;
+        let got = h
+            .relist_listing(vec![
+                make("1234", &[("c2", Exited), ("c3", Running)]),
+                make("4567", &[("c4", Running)]),
+            ])
+            .await;
         let expected = sorted(vec![
             ev("1234", ContainerRemoved, "c1"),
             ev("1234", ContainerDied, "c2"),
@@ -180,7 +202,7 @@ fn relisting_case(make: fn(&str, &[(&str, ContainerState)]) -> RuntimePod) {
             ev("4567", ContainerRemoved, "c1"),
             ev("4567", ContainerStarted, "c4"),
         ]);
-        assert_eq!(drain(&mut h.events), expected);
+        assert_eq!(got, expected);
     });
 }
 
@@ -240,14 +262,15 @@ fn report_missing_containers(relists: usize) {
             drain(&mut h.events);
         }
         // c2 was stopped and removed between relists; c3 had exited and was garbage collected.
-        h.runtime.set_pods(vec![pod("1234", &[("c1", Running)])]);
-        h.pleg.relist().await;
+        let got = h
+            .relist_listing(vec![pod("1234", &[("c1", Running)])])
+            .await;
         let expected = sorted(vec![
             ev("1234", ContainerDied, "c2"),
             ev("1234", ContainerRemoved, "c2"),
             ev("1234", ContainerRemoved, "c3"),
         ]);
-        assert_eq!(drain(&mut h.events), expected, "after {relists} relists");
+        assert_eq!(got, expected, "after {relists} relists");
     });
 }
 
@@ -259,13 +282,12 @@ fn report_missing_pods(relists: usize) {
             h.pleg.relist().await;
             drain(&mut h.events);
         }
-        h.runtime.set_pods(vec![]);
-        h.pleg.relist().await;
+        let got = h.relist_listing(vec![]).await;
         let expected = sorted(vec![
             ev("1234", ContainerDied, "c2"),
             ev("1234", ContainerRemoved, "c2"),
         ]);
-        assert_eq!(drain(&mut h.events), expected, "after {relists} relists");
+        assert_eq!(got, expected, "after {relists} relists");
     });
 }
 
@@ -284,13 +306,7 @@ fn pods_statuses_events(n: usize) -> (Vec<RuntimePod>, Vec<PodStatus>, Vec<PodLi
         let uid = format!("test-pod-{i}");
         let cid = format!("c{i}");
         out.0.push(pod(&uid, &[(&cid, Running)]));
-        out.1.push(PodStatus {
-            container_statuses: vec![ContainerStatus {
-                id: cid.clone(),
-                state: Running,
-            }],
-            ..PodStatus::empty(&uid)
-        });
+        out.1.push(status_of(&uid, &cid, Running));
         out.2.push(ev(&uid, ContainerStarted, &cid));
     }
     out
@@ -429,13 +445,7 @@ fn relist_with_reinspection() {
         let cache = h.cache.clone().unwrap();
         let infra = ("infra", Running);
         let pods = vec![pod("test-pod", &[infra])];
-        let good = PodStatus {
-            container_statuses: vec![ContainerStatus {
-                id: "infra".into(),
-                state: Running,
-            }],
-            ..PodStatus::empty("test-pod")
-        };
+        let good = status_of("test-pod", "infra", Running);
 
         // Listing 1: all good, the infra container is up.
         h.runtime.set_pods(pods.clone());
@@ -507,11 +517,7 @@ fn relist_ip_change_case(ips: &[&str]) {
         let ips: Vec<String> = ips.iter().map(|s| s.to_string()).collect();
         let running = PodStatus {
             ips: ips.clone(),
-            container_statuses: vec![ContainerStatus {
-                id: "c0".into(),
-                state: Running,
-            }],
-            ..PodStatus::empty("test-pod-0")
+            ..status_of("test-pod-0", "c0", Running)
         };
         h.runtime
             .set_pods(vec![pod("test-pod-0", &[("c0", Running)])]);
@@ -524,13 +530,7 @@ fn relist_ip_change_case(ips: &[&str]) {
         );
 
         // The container exits and the runtime no longer reports an IP.
-        let exited = PodStatus {
-            container_statuses: vec![ContainerStatus {
-                id: "c0".into(),
-                state: Exited,
-            }],
-            ..PodStatus::empty("test-pod-0")
-        };
+        let exited = status_of("test-pod-0", "c0", Exited);
         h.runtime
             .set_pods(vec![pod("test-pod-0", &[("c0", Exited)])]);
         h.runtime.script_status("test-pod-0", Ok(exited.clone()));

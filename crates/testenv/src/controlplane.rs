@@ -593,6 +593,21 @@ impl ControlPlane {
         (client, ns)
     }
 
+    /// An admin client, a fresh namespace named after `prefix`, and a client acting as a new
+    /// ServiceAccount `sa` of it, which no RBAC binds. Fails the test if it gets no token.
+    pub async fn namespace_and_rightless_client(
+        &self,
+        prefix: &str,
+        sa: &str,
+    ) -> (Client, String, Client) {
+        let (admin, ns) = self.client_and_namespace(prefix).await;
+        let client = self
+            .service_account_client(&admin, &ns, sa)
+            .await
+            .unwrap_or_else(|e| panic!("token of ServiceAccount {ns}/{sa}: {e:#}"));
+        (admin, ns, client)
+    }
+
     /// A client that acts as ServiceAccount `namespace/name` (created if missing), with a
     /// token from the TokenRequest API.
     pub async fn service_account_client(

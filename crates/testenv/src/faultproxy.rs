@@ -426,41 +426,50 @@ mod tests {
     use super::classify;
     use http::Method;
 
-    fn c(m: Method, uri: &str) -> (String, String) {
-        classify(&m, &uri.parse().unwrap())
-    }
-
     #[test]
     fn verbs_and_resources_are_read_from_the_path() {
         let pools = "/apis/whereabouts.cni.cncf.io/v1alpha1/namespaces/ns/ippools";
-        assert_eq!(c(Method::GET, pools), ("list".into(), "ippools".into()));
-        assert_eq!(
-            c(
+        let cases = [
+            (Method::GET, pools.to_string(), "list", "ippools"),
+            (
                 Method::GET,
-                &format!("{pools}?watch=true&resourceVersion=5")
+                format!("{pools}?watch=true&resourceVersion=5"),
+                "watch",
+                "ippools",
             ),
-            ("watch".into(), "ippools".into())
-        );
-        assert_eq!(
-            c(Method::PATCH, &format!("{pools}/10.64.0.0-16")),
-            ("patch".into(), "ippools".into())
-        );
-        assert_eq!(
-            c(Method::PUT, "/api/v1/namespaces/ns/pods/p/status"),
-            ("update".into(), "pods/status".into())
-        );
-        assert_eq!(
-            c(Method::GET, "/api/v1/pods?limit=100"),
-            ("list".into(), "pods".into())
-        );
-        assert_eq!(
-            c(Method::DELETE, "/api/v1/namespaces/ns/pods/p"),
-            ("delete".into(), "pods".into())
-        );
-        assert_eq!(
-            c(Method::GET, "/api/v1/namespaces/ns"),
-            ("get".into(), "namespaces".into())
-        );
-        assert_eq!(c(Method::GET, "/version"), ("list".into(), String::new()));
+            (
+                Method::PATCH,
+                format!("{pools}/10.64.0.0-16"),
+                "patch",
+                "ippools",
+            ),
+            (
+                Method::PUT,
+                "/api/v1/namespaces/ns/pods/p/status".into(),
+                "update",
+                "pods/status",
+            ),
+            (Method::GET, "/api/v1/pods?limit=100".into(), "list", "pods"),
+            (
+                Method::DELETE,
+                "/api/v1/namespaces/ns/pods/p".into(),
+                "delete",
+                "pods",
+            ),
+            (
+                Method::GET,
+                "/api/v1/namespaces/ns".into(),
+                "get",
+                "namespaces",
+            ),
+            (Method::GET, "/version".into(), "list", ""),
+        ];
+        for (method, uri, verb, resource) in cases {
+            assert_eq!(
+                classify(&method, &uri.parse().unwrap()),
+                (verb.to_string(), resource.to_string()),
+                "{method} {uri}"
+            );
+        }
     }
 }

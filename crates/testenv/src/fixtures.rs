@@ -2,8 +2,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use futures::{StreamExt, stream};
+use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -29,6 +30,26 @@ pub fn pod(name: &str, annotations: Option<BTreeMap<String, String>>) -> Pod {
     }
 }
 
+/// A stand-in Node `name`: only its name is set (no kubelet runs behind it).
+pub fn node(name: &str) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// The status merge patch of a Node that sets its Ready condition to `status` (`True`,
+/// `False`, `Unknown`) for `reason`, heartbeat and transition at `at` (RFC 3339).
+pub fn ready_condition(status: &str, reason: &str, at: &str) -> serde_json::Value {
+    serde_json::json!({"status": {"conditions": [{
+        "type": "Ready", "status": status, "reason": reason,
+        "lastHeartbeatTime": at, "lastTransitionTime": at,
+    }]}})
+}
+
 /// A pod with one annotation, `key` = `value` (a network-status: ipreclaim's
 /// `NETWORK_STATUS_ANNOTATION`, which this crate cannot name).
 pub fn annotated_pod(name: &str, key: &str, value: &str) -> Pod {
@@ -48,6 +69,29 @@ pub async fn create<K: Object + kube::Resource + Serialize>(api: &Api<K>, object
         .uid
         .clone()
         .expect("a created object has a uid")
+}
+
+/// Deletes pods `p0` to `p<n-1>` through `pods` all at once (grace 0), `concurrency` deletes in
+/// flight, as a scale-down or a node drain does (the test fails if one cannot be deleted).
+pub async fn delete_numbered_pods(pods: &Api<Pod>, n: usize, concurrency: usize) {
+    stream::iter(0..n)
+        .map(|i| {
+            let pods = pods.clone();
+            async move {
+                pods.delete(&format!("p{i}"), &DeleteParams::default().grace_period(0))
+                    .await
+            }
+        })
+        .buffer_unordered(concurrency)
+        .for_each(|r| async move {
+            r.expect("delete pod");
+        })
+        .await;
+}
+
+/// Every object `api` lists (the test fails if it cannot).
+pub async fn list_all<K: Object>(api: &Api<K>) -> Vec<K> {
+    api.list(&ListParams::default()).await.unwrap().items
 }
 
 /// Merge-patches object `name` through `api` with `patch` (the test fails if it cannot).

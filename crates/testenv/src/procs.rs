@@ -249,6 +249,21 @@ impl CtrlC {
     }
 }
 
+/// Runs shellcheck with `args` over `files` and fails the test, with `what` and the findings,
+/// unless it finds nothing.
+pub fn assert_shellcheck_clean(what: &str, args: &[&str], files: &[PathBuf]) {
+    let out = Command::new("shellcheck")
+        .args(args)
+        .args(files)
+        .output()
+        .expect("shellcheck (apt-get install shellcheck; scripts/setup.sh does)");
+    assert!(
+        out.status.success(),
+        "{what}:\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
 /// A finished command's exit code (a test fails if a signal killed it).
 pub fn exit_code(out: &Output) -> i32 {
     out.status.code().expect("exited, not killed")
