@@ -222,6 +222,26 @@ impl ControlPlane {
 
     /// [`start`](Self::start) with `options`.
     pub fn start_with(options: Options) -> Result<ControlPlane> {
+        // A port picked free can be taken (by an outgoing connection, another test run) before
+        // etcd or the apiserver binds it: start again on new ports, unless the port was given.
+        const ATTEMPTS: usize = 3;
+        let mut attempt = 1;
+        loop {
+            match Self::start_once(options.clone()) {
+                Err(e)
+                    if attempt < ATTEMPTS
+                        && options.secure_port.is_none()
+                        && format!("{e:#}").contains("address already in use") =>
+                {
+                    eprintln!("testenv: a port was taken before the control plane bound it; again");
+                    attempt += 1;
+                }
+                started => return started,
+            }
+        }
+    }
+
+    fn start_once(options: Options) -> Result<ControlPlane> {
         let etcd_bin = binary("etcd")?;
         let apiserver_bin = binary("kube-apiserver")?;
         let dir = run_dir("controlplane")?;
