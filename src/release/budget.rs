@@ -21,6 +21,15 @@ const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// The longest pause one `429` can ask for.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
 
+/// Whether a write's token of its kind's own rate was taken before it was sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Paid {
+    /// Taken: only the shared cap is waited for.
+    Yes,
+    /// Not taken: the write waits for its kind's rate first.
+    No,
+}
+
 /// What a write is, most urgent first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WriteKind {
@@ -132,12 +141,27 @@ impl Budgets {
         let _ = self.0.gate.set(gate);
     }
 
+    /// Takes a pool patch's token of the pool rate if one is there now: the batcher takes it
+    /// before it forms the batch, which is then sent with [`Paid::Yes`].
+    pub fn try_pool_token(&self) -> bool {
+        self.0.pools.try_accept()
+    }
+
+    /// How long until a pool patch's token is there.
+    pub fn until_pool_token(&self) -> Duration {
+        self.0.pools.until_next_token()
+    }
+
     /// Waits until a write of `kind` may go: its own rate, then the shared cap.
     pub async fn admit(&self, kind: WriteKind) -> PriorityPermit {
-        match kind {
-            WriteKind::Pool => self.0.pools.acquire().await,
-            WriteKind::Reservation => self.0.reservations.acquire().await,
-            WriteKind::Event => {}
+        self.admit_paid(kind, Paid::No).await
+    }
+
+    async fn admit_paid(&self, kind: WriteKind, paid: Paid) -> PriorityPermit {
+        match (kind, paid) {
+            (_, Paid::Yes) | (WriteKind::Event, _) => {}
+            (WriteKind::Pool, Paid::No) => self.0.pools.acquire().await,
+            (WriteKind::Reservation, Paid::No) => self.0.reservations.acquire().await,
         }
         self.0.all.acquire(kind as usize).await
     }
@@ -145,14 +169,31 @@ impl Budgets {
     /// Sends one write of `kind` within the budgets. When the apiserver answers `429` (API
     /// Priority and Fairness rejected it), every write pauses for the `Retry-After` it gives
     /// and this one is sent again, up to a limit.
-    pub async fn send<T, F, Fut>(&self, kind: WriteKind, mut write: F) -> Result<T, kube::Error>
+    pub async fn send<T, F, Fut>(&self, kind: WriteKind, write: F) -> Result<T, kube::Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, kube::Error>>,
+    {
+        self.send_paid(kind, Paid::No, write).await
+    }
+
+    /// [`send`](Self::send), its first send's token of the kind's own rate already taken when
+    /// `paid` (a resend after a `429` takes one again).
+    pub async fn send_paid<T, F, Fut>(
+        &self,
+        kind: WriteKind,
+        mut paid: Paid,
+        mut write: F,
+    ) -> Result<T, kube::Error>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, kube::Error>>,
     {
         let mut throttled = 0;
         loop {
-            let permit = self.admit(kind).await;
+            let permit = self
+                .admit_paid(kind, std::mem::replace(&mut paid, Paid::No))
+                .await;
             if self.0.gate.get().is_some_and(|open| !open()) {
                 return Err(not_leader());
             }
@@ -180,6 +221,23 @@ impl Budgets {
         kind: WriteKind,
         metrics: &WriteMetrics,
         verb: &str,
+        write: F,
+    ) -> Result<T, kube::Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, kube::Error>>,
+    {
+        self.send_counted_paid(kind, Paid::No, metrics, verb, write)
+            .await
+    }
+
+    /// [`send_counted`](Self::send_counted), as [`send_paid`](Self::send_paid).
+    pub async fn send_counted_paid<T, F, Fut>(
+        &self,
+        kind: WriteKind,
+        paid: Paid,
+        metrics: &WriteMetrics,
+        verb: &str,
         mut write: F,
     ) -> Result<T, kube::Error>
     where
@@ -190,7 +248,7 @@ impl Budgets {
             metrics.write(verb);
             write()
         };
-        self.send(kind, write).await
+        self.send_paid(kind, paid, write).await
     }
 }
 
@@ -237,6 +295,26 @@ mod tests {
             "a write budget of burst 0 admitted nothing"
         );
         assert!(budgets.admit(WriteKind::Event).now_or_never().is_none());
+    }
+
+    #[test]
+    fn a_pool_patch_whose_token_the_batcher_took_waits_only_for_the_shared_cap() {
+        use futures::FutureExt;
+        let config = BudgetConfig {
+            pool_qps: 1.0,
+            pool_burst: 1,
+            ..BudgetConfig::UNLIMITED
+        };
+        let metrics = WriteMetrics::new(&mut prometheus_client::registry::Registry::default());
+        let budgets = Budgets::new(config, podlife::clock::FakeClock::new(), metrics);
+        assert_eq!(budgets.until_pool_token(), Duration::ZERO);
+        assert!(budgets.try_pool_token());
+        assert!(!budgets.try_pool_token(), "one token a second, burst 1");
+        assert_eq!(budgets.until_pool_token(), Duration::from_secs(1));
+        // The batch that took the token goes at once; an unpaid pool write waits for the rate.
+        let paid = budgets.admit_paid(WriteKind::Pool, Paid::Yes);
+        assert!(paid.now_or_never().is_some());
+        assert!(budgets.admit(WriteKind::Pool).now_or_never().is_none());
     }
 
     #[test]

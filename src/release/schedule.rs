@@ -1,7 +1,8 @@
 //! When each pool's next patch may go, pure: at most one patch per pool in flight, a pool's
 //! patches spaced by the interval or by what its patches take, and what arrives meanwhile
 //! joins the next patch (a burst of deletions becomes a few large patches, a lone deletion
-//! goes at once). The writer's batcher drives it with the clock and the channel.
+//! goes at once). The writer's batcher drives it with the clock, the channel and the pool
+//! write budget.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -73,17 +74,44 @@ impl<T> PoolSchedule<T> {
         Some(*last + spacing(self.interval, estimate))
     }
 
+    /// The pools with requests that may be patched now, longest due first.
+    fn due_now(&self, now: Instant) -> Vec<String> {
+        let mut due: Vec<(Option<Instant>, &String)> = self
+            .pending
+            .keys()
+            .filter(|p| !self.in_flight.contains(*p))
+            .map(|p| (self.due(p), p))
+            .filter(|(t, _)| t.is_none_or(|t| t <= now))
+            .collect();
+        due.sort();
+        due.into_iter().map(|(_, p)| p.clone()).collect()
+    }
+
+    /// Whether a pool may be patched now but was not handed out (its budget was spent).
+    pub fn waiting_for_budget(&self, now: Instant) -> bool {
+        !self.due_now(now).is_empty()
+    }
+
     /// The batches that may go now (each pool's first [`MAX_BATCH`] requests), marked in
     /// flight; forgets what no longer matters.
     pub fn ready(&mut self, now: Instant) -> Vec<(String, Vec<T>)> {
-        let ready: Vec<String> = self
-            .pending
-            .keys()
-            .filter(|p| !self.in_flight.contains(*p) && self.due(p).is_none_or(|t| t <= now))
-            .cloned()
-            .collect();
+        self.ready_within(now, || true)
+    }
+
+    /// Like [`ready`](Self::ready), each batch taking its write token from `admit` first, the
+    /// pool due longest first. A pool refused one keeps its requests, and what arrives while
+    /// it waits for the budget joins its batch instead of the next one.
+    pub fn ready_within(
+        &mut self,
+        now: Instant,
+        mut admit: impl FnMut() -> bool,
+    ) -> Vec<(String, Vec<T>)> {
+        let ready = self.due_now(now);
         let mut out = Vec::with_capacity(ready.len());
         for pool in ready {
+            if !admit() {
+                break;
+            }
             let Some(mut items) = self.pending.remove(&pool) else {
                 continue;
             };
@@ -159,6 +187,35 @@ mod tests {
             e = smoothed(Some(e), MS(90));
         }
         assert!(e.abs_diff(MS(90)) < MS(1), "{e:?}");
+    }
+
+    #[test]
+    fn a_pool_waiting_for_the_budget_keeps_its_requests_and_the_longest_due_goes_first() {
+        let t0 = Instant::now();
+        let mut s = PoolSchedule::new(MS(100));
+        s.push("b".into(), 1);
+        assert_eq!(s.ready_within(t0, || true).len(), 1);
+        s.push("a".into(), 1);
+        assert_eq!(s.ready_within(t0 + MS(50), || true).len(), 1);
+        s.finished("b", MS(10), t0 + MS(10));
+        s.finished("a", MS(10), t0 + MS(60));
+        s.push("a".into(), 2);
+        s.push("b".into(), 2);
+        // Both due, one token: b, due since t0 + 100 ms, before a, due since t0 + 150 ms.
+        let now = t0 + MS(200);
+        let mut tokens = 1;
+        let one_token = || {
+            tokens -= 1;
+            tokens >= 0
+        };
+        assert_eq!(s.ready_within(now, one_token), [("b".to_string(), vec![2])]);
+        assert!(s.waiting_for_budget(now));
+        // a waits for a token: what arrives meanwhile joins its batch.
+        s.push("a".into(), 3);
+        assert!(s.ready_within(now + MS(10), || false).is_empty());
+        let batch = s.ready_within(now + MS(50), || true);
+        assert_eq!(batch, [("a".to_string(), vec![2, 3])]);
+        assert!(!s.waiting_for_budget(now + MS(50)));
     }
 
     #[test]

@@ -15,7 +15,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use tokio::sync::{mpsc, oneshot};
 
 use super::batch::{Answer, one_write_per_entry, settle_against, split};
-use super::budget::{Budgets, WriteKind};
+use super::budget::{Budgets, Paid, WriteKind};
 use super::events::Events;
 use super::patch;
 use super::types::ReservationDelete;
@@ -265,11 +265,13 @@ impl Writer {
     }
 
     /// Writes one batch and answers each request; returns the objects to delete after it
-    /// (reservations of what was released, records of lifted fences).
+    /// (reservations of what was released, records of lifted fences). `paid`: whether its
+    /// first patch's token was taken already.
     pub(super) async fn release_pool(
         &self,
         pool: &str,
         items: Vec<(ReleaseRequest, Reply)>,
+        paid: Paid,
     ) -> Vec<ObjectDelete> {
         if self.dry_run {
             self.report_dry_run(pool, items).await;
@@ -290,7 +292,10 @@ impl Writer {
                 _ => None,
             })
             .collect();
-        for (&i, o) in ready.iter().zip(self.patch_with_retry(pool, &batch).await) {
+        for (&i, o) in ready
+            .iter()
+            .zip(self.patch_with_retry(pool, &batch, paid).await)
+        {
             outcomes[i] = Some(o);
         }
         let mut after = Vec::new();
@@ -382,7 +387,16 @@ impl Writer {
     /// into: the pool is read again, entries that changed are settled (not ours any more), and
     /// when nothing changed the patch itself was refused (too large, invalid), so it is split
     /// until only the entries concerned fail. Other errors fail the patch's entries.
-    async fn patch_with_retry(&self, pool: &str, reqs: &[ReleaseRequest]) -> Vec<Outcome> {
+    async fn patch_with_retry(
+        &self,
+        pool: &str,
+        reqs: &[ReleaseRequest],
+        mut paid: Paid,
+    ) -> Vec<Outcome> {
+        if reqs.is_empty() {
+            // Every entry's fence record failed: nothing to patch.
+            return Vec::new();
+        }
         let mut outcomes: Vec<Option<Outcome>> = vec![None; reqs.len()];
         let mut groups: Vec<Vec<usize>> = vec![(0..reqs.len()).collect()];
         let mut annotations = None;
@@ -402,7 +416,8 @@ impl Writer {
                     outcomes[i] = Some(o.clone());
                 }
             };
-            let refusal = match self.patch(pool, &batch, annotations).await {
+            let paid = std::mem::replace(&mut paid, Paid::No);
+            let refusal = match self.patch(pool, &batch, annotations, paid).await {
                 Ok(()) => {
                     settle_all(&mut outcomes, Ok(ReleaseOutcome::Released));
                     continue;
@@ -462,6 +477,7 @@ impl Writer {
         pool: &str,
         batch: &[&ReleaseRequest],
         annotations: Option<bool>,
+        paid: Paid,
     ) -> Result<(), kube::Error> {
         let has_annotations = annotations.unwrap_or_else(|| {
             let index = self.index.as_ref();
@@ -472,7 +488,7 @@ impl Writer {
         let pools = self.pools();
         self.metrics.pool_patch_entries.observe(batch.len() as f64);
         self.budgets
-            .send_counted(WriteKind::Pool, &self.metrics, "patch", || {
+            .send_counted_paid(WriteKind::Pool, paid, &self.metrics, "patch", || {
                 let patch = Patch::<()>::Json(patch.clone());
                 let (pools, metrics) = (pools.clone(), self.metrics.clone());
                 async move {
