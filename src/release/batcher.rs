@@ -11,9 +11,6 @@ use super::schedule::{MAX_BATCH, PoolSchedule};
 use super::types::ReleaseRequest;
 use super::writer::{ObjectDelete, Reply, Writer, WriterHandle};
 
-/// The least wait for a pool token (the bucket's float refill can round just short of one).
-const MIN_BUDGET_WAIT: Duration = Duration::from_millis(1);
-
 /// Starts the batcher and the reservation deleter; they run until every handle is dropped.
 /// At most one patch per pool is in flight, and a pool's patches are spaced by `spacing`;
 /// what arrives meanwhile for that pool goes out as the next patch, so a burst of deletions
@@ -39,10 +36,10 @@ pub fn spawn_drained(writer: Arc<Writer>) -> (WriterHandle, tokio::task::JoinHan
 }
 
 /// The batcher: collects requests per pool and sends each pool's patch when its
-/// [`PoolSchedule`] says it may and a token of the pool rate is there. The token is taken
-/// before the batch is formed, so what arrives while a pool waits for the budget goes in its
-/// next patch, not the one after, and a patch's time (which spaces its pool's patches) does
-/// not count the wait.
+/// [`PoolSchedule`] says it may and its token of the pool rate is there. The token is reserved
+/// before the batch is formed, so what arrives while a pool waits for it goes in its next
+/// patch, not the one after, and a patch's time (which spaces its pool's patches) does not
+/// count the wait.
 async fn batch(
     writer: Arc<Writer>,
     mut rx: mpsc::Receiver<(ReleaseRequest, Reply)>,
@@ -57,7 +54,11 @@ async fn batch(
         // A dry run writes nothing, so it spends no budget.
         let (budgets, dry_run) = (&writer.budgets, writer.dry_run);
         let paid = if dry_run { Paid::No } else { Paid::Yes };
-        for (pool, items) in schedule.ready_within(now, || dry_run || budgets.try_pool_token()) {
+        let reserve = || match dry_run {
+            true => Duration::ZERO,
+            false => budgets.reserve_pool_token(),
+        };
+        for (pool, items) in schedule.ready_within(now, reserve) {
             let (w, done, res) = (writer.clone(), done_tx.clone(), deletes.clone());
             tokio::spawn(async move {
                 let started = Instant::now();
@@ -70,12 +71,7 @@ async fn batch(
         if !open && schedule.idle() {
             return;
         }
-        let mut next = schedule.next_wake(now);
-        if schedule.waiting_for_budget(now) {
-            let token = now + budgets.until_pool_token().max(MIN_BUDGET_WAIT);
-            next = Some(next.map_or(token, |t| t.min(token)));
-        }
-        let wake = super::sleep_until(next);
+        let wake = super::sleep_until(schedule.next_wake(now));
         tokio::select! {
             item = rx.recv(), if open => match item {
                 Some(item) => {

@@ -141,15 +141,11 @@ impl Budgets {
         let _ = self.0.gate.set(gate);
     }
 
-    /// Takes a pool patch's token of the pool rate if one is there now: the batcher takes it
-    /// before it forms the batch, which is then sent with [`Paid::Yes`].
-    pub fn try_pool_token(&self) -> bool {
-        self.0.pools.try_accept()
-    }
-
-    /// How long until a pool patch's token is there.
-    pub fn until_pool_token(&self) -> Duration {
-        self.0.pools.until_next_token()
+    /// Reserves a pool patch's token of the pool rate, in turn with every other pool write,
+    /// and says how long until it may be used: the batcher forms the batch then and sends it
+    /// with [`Paid::Yes`].
+    pub fn reserve_pool_token(&self) -> Duration {
+        self.0.pools.reserve()
     }
 
     /// Waits until a write of `kind` may go: its own rate, then the shared cap.
@@ -307,11 +303,11 @@ mod tests {
         };
         let metrics = WriteMetrics::new(&mut prometheus_client::registry::Registry::default());
         let budgets = Budgets::new(config, podlife::clock::FakeClock::new(), metrics);
-        assert_eq!(budgets.until_pool_token(), Duration::ZERO);
-        assert!(budgets.try_pool_token());
-        assert!(!budgets.try_pool_token(), "one token a second, burst 1");
-        assert_eq!(budgets.until_pool_token(), Duration::from_secs(1));
-        // The batch that took the token goes at once; an unpaid pool write waits for the rate.
+        assert_eq!(budgets.reserve_pool_token(), Duration::ZERO);
+        // One token a second, burst 1: the next is reserved for a second later.
+        assert_eq!(budgets.reserve_pool_token(), Duration::from_secs(1));
+        // The batch that reserved its token goes without waiting for the rate again; an
+        // unpaid pool write waits for it.
         let paid = budgets.admit_paid(WriteKind::Pool, Paid::Yes);
         assert!(paid.now_or_never().is_some());
         assert!(budgets.admit(WriteKind::Pool).now_or_never().is_none());

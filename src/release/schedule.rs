@@ -48,6 +48,8 @@ pub struct PoolSchedule<T> {
     last_sent: HashMap<String, Instant>,
     /// Each pool's estimated patch time, and when it was last updated.
     cost: HashMap<String, (Duration, Instant)>,
+    /// When each due pool's reserved write token may be used.
+    token_at: HashMap<String, Instant>,
 }
 
 impl<T> PoolSchedule<T> {
@@ -59,6 +61,7 @@ impl<T> PoolSchedule<T> {
             in_flight: HashSet::new(),
             last_sent: HashMap::new(),
             cost: HashMap::new(),
+            token_at: HashMap::new(),
         }
     }
 
@@ -74,7 +77,8 @@ impl<T> PoolSchedule<T> {
         Some(*last + spacing(self.interval, estimate))
     }
 
-    /// The pools with requests that may be patched now, longest due first.
+    /// The pools with requests that may be patched now, due longest first (those never
+    /// patched or not for a while by name).
     fn due_now(&self, now: Instant) -> Vec<String> {
         let mut due: Vec<(Option<Instant>, &String)> = self
             .pending
@@ -87,31 +91,29 @@ impl<T> PoolSchedule<T> {
         due.into_iter().map(|(_, p)| p.clone()).collect()
     }
 
-    /// Whether a pool may be patched now but was not handed out (its budget was spent).
-    pub fn waiting_for_budget(&self, now: Instant) -> bool {
-        !self.due_now(now).is_empty()
-    }
-
     /// The batches that may go now (each pool's first [`MAX_BATCH`] requests), marked in
     /// flight; forgets what no longer matters.
     pub fn ready(&mut self, now: Instant) -> Vec<(String, Vec<T>)> {
-        self.ready_within(now, || true)
+        self.ready_within(now, || Duration::ZERO)
     }
 
-    /// Like [`ready`](Self::ready), each batch taking its write token from `admit` first, the
-    /// pool due longest first. A pool refused one keeps its requests, and what arrives while
-    /// it waits for the budget joins its batch instead of the next one.
+    /// Like [`ready`](Self::ready), each due pool first reserving its write token with
+    /// `reserve`, which says how long until the token may be used. A pool keeps its requests
+    /// until then, and what arrives meanwhile joins its batch instead of the next one. Every
+    /// due pool reserves as soon as it is due, so none is passed over.
     pub fn ready_within(
         &mut self,
         now: Instant,
-        mut admit: impl FnMut() -> bool,
+        mut reserve: impl FnMut() -> Duration,
     ) -> Vec<(String, Vec<T>)> {
         let ready = self.due_now(now);
         let mut out = Vec::with_capacity(ready.len());
         for pool in ready {
-            if !admit() {
-                break;
+            let token_at = (self.token_at.entry(pool.clone())).or_insert_with(|| now + reserve());
+            if *token_at > now {
+                continue;
             }
+            self.token_at.remove(&pool);
             let Some(mut items) = self.pending.remove(&pool) else {
                 continue;
             };
@@ -134,12 +136,13 @@ impl<T> PoolSchedule<T> {
         out
     }
 
-    /// The soonest a waiting pool may be patched (`None`: nothing waits on the clock).
+    /// The soonest a waiting pool may be patched, by its spacing or its reserved token
+    /// (`None`: nothing waits on the clock).
     pub fn next_wake(&self, now: Instant) -> Option<Instant> {
         self.pending
             .keys()
             .filter(|p| !self.in_flight.contains(*p))
-            .filter_map(|p| self.due(p))
+            .filter_map(|p| self.token_at.get(p).copied().or_else(|| self.due(p)))
             .filter(|t| *t > now)
             .min()
     }
@@ -190,32 +193,32 @@ mod tests {
     }
 
     #[test]
-    fn a_pool_waiting_for_the_budget_keeps_its_requests_and_the_longest_due_goes_first() {
+    fn a_pool_waiting_for_its_token_keeps_its_requests_and_none_is_passed_over() {
         let t0 = Instant::now();
         let mut s = PoolSchedule::new(MS(100));
         s.push("b".into(), 1);
-        assert_eq!(s.ready_within(t0, || true).len(), 1);
         s.push("a".into(), 1);
-        assert_eq!(s.ready_within(t0 + MS(50), || true).len(), 1);
-        s.finished("b", MS(10), t0 + MS(10));
-        s.finished("a", MS(10), t0 + MS(60));
-        s.push("a".into(), 2);
+        // One token now, the next in 50 ms, the one after in 100 ms.
+        let mut waits = [MS(0), MS(50), MS(100)].into_iter();
+        let mut reserve = || waits.next().expect("a pool reserved twice");
+        assert_eq!(
+            s.ready_within(t0, &mut reserve),
+            [("a".to_string(), vec![1])]
+        );
+        assert_eq!(s.next_wake(t0), Some(t0 + MS(50)));
+        // b keeps its token: it is not asked again, and what arrives meanwhile joins its batch.
         s.push("b".into(), 2);
-        // Both due, one token: b, due since t0 + 100 ms, before a, due since t0 + 150 ms.
-        let now = t0 + MS(200);
-        let mut tokens = 1;
-        let one_token = || {
-            tokens -= 1;
-            tokens >= 0
-        };
-        assert_eq!(s.ready_within(now, one_token), [("b".to_string(), vec![2])]);
-        assert!(s.waiting_for_budget(now));
-        // a waits for a token: what arrives meanwhile joins its batch.
-        s.push("a".into(), 3);
-        assert!(s.ready_within(now + MS(10), || false).is_empty());
-        let batch = s.ready_within(now + MS(50), || true);
-        assert_eq!(batch, [("a".to_string(), vec![2, 3])]);
-        assert!(!s.waiting_for_budget(now + MS(50)));
+        assert!(s.ready_within(t0 + MS(49), &mut reserve).is_empty());
+        let batch = s.ready_within(t0 + MS(50), &mut reserve);
+        assert_eq!(batch, [("b".to_string(), vec![1, 2])]);
+        // a, due again, reserves the next token and waits for it.
+        s.finished("a", MS(10), t0 + MS(10));
+        s.finished("b", MS(10), t0 + MS(60));
+        s.push("a".into(), 2);
+        assert!(s.ready_within(t0 + MS(100), &mut reserve).is_empty());
+        assert_eq!(s.next_wake(t0 + MS(100)), Some(t0 + MS(200)));
+        assert_eq!(s.ready_within(t0 + MS(200), &mut reserve).len(), 1);
+        assert!(waits.next().is_none(), "every token reserved once");
     }
 
     #[test]

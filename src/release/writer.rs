@@ -386,19 +386,17 @@ impl Writer {
     /// Writes `reqs`, one patch while it goes through. A refused patch (422 or 400) is looked
     /// into: the pool is read again, entries that changed are settled (not ours any more), and
     /// when nothing changed the patch itself was refused (too large, invalid), so it is split
-    /// until only the entries concerned fail. Other errors fail the patch's entries.
+    /// until only the entries concerned fail. Other errors fail the patch's entries. No patch
+    /// for no entries (every fence record failed); `paid`: the first patch's token was taken.
     async fn patch_with_retry(
         &self,
         pool: &str,
         reqs: &[ReleaseRequest],
         mut paid: Paid,
     ) -> Vec<Outcome> {
-        if reqs.is_empty() {
-            // Every entry's fence record failed: nothing to patch.
-            return Vec::new();
-        }
         let mut outcomes: Vec<Option<Outcome>> = vec![None; reqs.len()];
         let mut groups: Vec<Vec<usize>> = vec![(0..reqs.len()).collect()];
+        groups.retain(|g| !g.is_empty());
         let mut annotations = None;
         let mut patches = 0;
         while let Some(group) = groups.pop() {
