@@ -210,25 +210,9 @@ impl Budgets {
 }
 
 impl Budgets {
-    /// [`send`](Self::send)s one write of `kind`, counting each request it sends as an API
-    /// write of `verb` in `metrics`.
+    /// [`send_paid`](Self::send_paid)s one write of `kind`, counting each request it sends as
+    /// an API write of `verb` in `metrics`.
     pub async fn send_counted<T, F, Fut>(
-        &self,
-        kind: WriteKind,
-        metrics: &WriteMetrics,
-        verb: &str,
-        write: F,
-    ) -> Result<T, kube::Error>
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = Result<T, kube::Error>>,
-    {
-        self.send_counted_paid(kind, Paid::No, metrics, verb, write)
-            .await
-    }
-
-    /// [`send_counted`](Self::send_counted), as [`send_paid`](Self::send_paid).
-    pub async fn send_counted_paid<T, F, Fut>(
         &self,
         kind: WriteKind,
         paid: Paid,

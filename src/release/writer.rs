@@ -99,7 +99,7 @@ impl Writer {
     {
         let metrics = &self.metrics;
         self.budgets
-            .send_counted(WriteKind::Reservation, metrics, verb, write)
+            .send_counted(WriteKind::Reservation, Paid::No, metrics, verb, write)
             .await
     }
 
@@ -219,7 +219,7 @@ impl WriterHandle {
         let metrics = &self.writer.metrics;
         self.writer
             .budgets
-            .send_counted(WriteKind::Pool, metrics, "patch", || {
+            .send_counted(WriteKind::Pool, Paid::No, metrics, "patch", || {
                 let patch = Patch::<()>::Json(patch.clone());
                 let pools = pools.clone();
                 async move { pools.patch(pool, &PatchParams::default(), &patch).await }
@@ -486,7 +486,7 @@ impl Writer {
         let pools = self.pools();
         self.metrics.pool_patch_entries.observe(batch.len() as f64);
         self.budgets
-            .send_counted_paid(WriteKind::Pool, paid, &self.metrics, "patch", || {
+            .send_counted(WriteKind::Pool, paid, &self.metrics, "patch", || {
                 let patch = Patch::<()>::Json(patch.clone());
                 let (pools, metrics) = (pools.clone(), self.metrics.clone());
                 async move {
