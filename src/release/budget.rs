@@ -278,7 +278,7 @@ mod tests {
     }
 
     #[test]
-    fn a_pool_patch_whose_token_the_batcher_took_waits_only_for_the_shared_cap() {
+    fn a_pool_patch_whose_token_the_batcher_reserved_waits_only_for_the_shared_cap() {
         use futures::FutureExt;
         let config = BudgetConfig {
             pool_qps: 1.0,

@@ -109,8 +109,8 @@ impl<T> PoolSchedule<T> {
         let ready = self.due_now(now);
         let mut out = Vec::with_capacity(ready.len());
         for pool in ready {
-            let token_at = (self.token_at.entry(pool.clone())).or_insert_with(|| now + reserve());
-            if *token_at > now {
+            let entry = self.token_at.entry(pool.clone());
+            if *entry.or_insert_with(|| now + reserve()) > now {
                 continue;
             }
             self.token_at.remove(&pool);
