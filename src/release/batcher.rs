@@ -49,20 +49,19 @@ async fn batch(
     // Each finished patch: its pool and how long it took.
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(String, Duration)>();
     let mut open = true;
+    // A dry run writes nothing, so it reserves no budget (and its batches send nothing).
+    let (budgets, dry_run) = (&writer.budgets, writer.dry_run);
+    let reserve = || match dry_run {
+        true => Duration::ZERO,
+        false => budgets.reserve_pool_token(),
+    };
     loop {
         let now = Instant::now();
-        // A dry run writes nothing, so it spends no budget.
-        let (budgets, dry_run) = (&writer.budgets, writer.dry_run);
-        let paid = if dry_run { Paid::No } else { Paid::Yes };
-        let reserve = || match dry_run {
-            true => Duration::ZERO,
-            false => budgets.reserve_pool_token(),
-        };
         for (pool, items) in schedule.ready_within(now, reserve) {
             let (w, done, res) = (writer.clone(), done_tx.clone(), deletes.clone());
             tokio::spawn(async move {
                 let started = Instant::now();
-                for r in w.release_pool(&pool, items, paid).await {
+                for r in w.release_pool(&pool, items, Paid::Yes).await {
                     let _ = res.send(r);
                 }
                 let _ = done.send((pool, started.elapsed()));

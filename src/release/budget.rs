@@ -148,12 +148,8 @@ impl Budgets {
         self.0.pools.reserve()
     }
 
-    /// Waits until a write of `kind` may go: its own rate, then the shared cap.
-    pub async fn admit(&self, kind: WriteKind) -> PriorityPermit {
-        self.admit_paid(kind, Paid::No).await
-    }
-
-    async fn admit_paid(&self, kind: WriteKind, paid: Paid) -> PriorityPermit {
+    /// Waits until a write of `kind` may go: its own rate (unless `paid`), then the shared cap.
+    pub async fn admit(&self, kind: WriteKind, paid: Paid) -> PriorityPermit {
         match (kind, paid) {
             (_, Paid::Yes) | (WriteKind::Event, _) => {}
             (WriteKind::Pool, Paid::No) => self.0.pools.acquire().await,
@@ -188,7 +184,7 @@ impl Budgets {
         let mut throttled = 0;
         loop {
             let permit = self
-                .admit_paid(kind, std::mem::replace(&mut paid, Paid::No))
+                .admit(kind, std::mem::replace(&mut paid, Paid::No))
                 .await;
             if self.0.gate.get().is_some_and(|open| !open()) {
                 return Err(not_leader());
@@ -269,12 +265,17 @@ mod tests {
         let metrics = WriteMetrics::new(&mut prometheus_client::registry::Registry::default());
         let budgets = Budgets::new(config, podlife::clock::FakeClock::new(), metrics);
         // Taken as a burst of one: the first write goes at once, the next waits for the rate.
-        let first = budgets.admit(WriteKind::Event).now_or_never();
+        let first = budgets.admit(WriteKind::Event, Paid::No).now_or_never();
         assert!(
             first.is_some(),
             "a write budget of burst 0 admitted nothing"
         );
-        assert!(budgets.admit(WriteKind::Event).now_or_never().is_none());
+        assert!(
+            budgets
+                .admit(WriteKind::Event, Paid::No)
+                .now_or_never()
+                .is_none()
+        );
     }
 
     #[test]
@@ -292,9 +293,14 @@ mod tests {
         assert_eq!(budgets.reserve_pool_token(), Duration::from_secs(1));
         // The batch that reserved its token goes without waiting for the rate again; an
         // unpaid pool write waits for it.
-        let paid = budgets.admit_paid(WriteKind::Pool, Paid::Yes);
+        let paid = budgets.admit(WriteKind::Pool, Paid::Yes);
         assert!(paid.now_or_never().is_some());
-        assert!(budgets.admit(WriteKind::Pool).now_or_never().is_none());
+        assert!(
+            budgets
+                .admit(WriteKind::Pool, Paid::No)
+                .now_or_never()
+                .is_none()
+        );
     }
 
     #[test]

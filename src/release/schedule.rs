@@ -92,7 +92,8 @@ impl<T> PoolSchedule<T> {
     }
 
     /// The batches that may go now (each pool's first [`MAX_BATCH`] requests), marked in
-    /// flight; forgets what no longer matters.
+    /// flight; forgets what no longer matters. Without a budget: the tests' form.
+    #[cfg(test)]
     pub fn ready(&mut self, now: Instant) -> Vec<(String, Vec<T>)> {
         self.ready_within(now, || Duration::ZERO)
     }
