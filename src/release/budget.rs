@@ -255,52 +255,46 @@ mod tests {
         serde_json::from_value(s).expect("a Status")
     }
 
+    /// Budgets of `config` on a clock that does not move.
+    fn on_still_clock(config: BudgetConfig) -> Budgets {
+        let metrics = WriteMetrics::new(&mut prometheus_client::registry::Registry::default());
+        Budgets::new(config, podlife::clock::FakeClock::new(), metrics)
+    }
+
+    /// Whether a write of `kind` is admitted without waiting.
+    fn admitted_now(budgets: &Budgets, kind: WriteKind, paid: Paid) -> bool {
+        use futures::FutureExt;
+        budgets.admit(kind, paid).now_or_never().is_some()
+    }
+
     #[test]
     fn a_burst_of_zero_still_admits_writes_at_the_rate() {
-        use futures::FutureExt;
-        let config = BudgetConfig {
+        let budgets = on_still_clock(BudgetConfig {
             write_qps: 10.0,
             ..BudgetConfig::UNLIMITED
-        };
-        let metrics = WriteMetrics::new(&mut prometheus_client::registry::Registry::default());
-        let budgets = Budgets::new(config, podlife::clock::FakeClock::new(), metrics);
+        });
         // Taken as a burst of one: the first write goes at once, the next waits for the rate.
-        let first = budgets.admit(WriteKind::Event, Paid::No).now_or_never();
         assert!(
-            first.is_some(),
+            admitted_now(&budgets, WriteKind::Event, Paid::No),
             "a write budget of burst 0 admitted nothing"
         );
-        assert!(
-            budgets
-                .admit(WriteKind::Event, Paid::No)
-                .now_or_never()
-                .is_none()
-        );
+        assert!(!admitted_now(&budgets, WriteKind::Event, Paid::No));
     }
 
     #[test]
     fn a_pool_patch_whose_token_the_batcher_reserved_waits_only_for_the_shared_cap() {
-        use futures::FutureExt;
-        let config = BudgetConfig {
+        let budgets = on_still_clock(BudgetConfig {
             pool_qps: 1.0,
             pool_burst: 1,
             ..BudgetConfig::UNLIMITED
-        };
-        let metrics = WriteMetrics::new(&mut prometheus_client::registry::Registry::default());
-        let budgets = Budgets::new(config, podlife::clock::FakeClock::new(), metrics);
+        });
         assert_eq!(budgets.reserve_pool_token(), Duration::ZERO);
         // One token a second, burst 1: the next is reserved for a second later.
         assert_eq!(budgets.reserve_pool_token(), Duration::from_secs(1));
         // The batch that reserved its token goes without waiting for the rate again; an
         // unpaid pool write waits for it.
-        let paid = budgets.admit(WriteKind::Pool, Paid::Yes);
-        assert!(paid.now_or_never().is_some());
-        assert!(
-            budgets
-                .admit(WriteKind::Pool, Paid::No)
-                .now_or_never()
-                .is_none()
-        );
+        assert!(admitted_now(&budgets, WriteKind::Pool, Paid::Yes));
+        assert!(!admitted_now(&budgets, WriteKind::Pool, Paid::No));
     }
 
     #[test]
