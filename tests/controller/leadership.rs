@@ -7,6 +7,7 @@ use testenv::ControlPlane;
 use testenv::poll::{metric_value, wait_for};
 
 use crate::harness::{Env, controller_process, controller_process_logging, holder_pid, lease};
+use crate::support::allocation;
 
 #[tokio::test]
 async fn with_two_replicas_only_the_lease_holder_writes() {
@@ -83,16 +84,19 @@ async fn when_the_leader_stops_the_standby_takes_over_and_nothing_is_released_tw
     second.stop().await;
 }
 
-/// The leader's own connection to the apiserver is cut (a partition: a proxy that passes no
-/// byte either way) while the standby's works. The leader stops writing before its Lease can
-/// expire (its `ipreclaim_leader` goes to 0 before the standby leads), the standby takes over
-/// and releases web-0 and db-0 (db-0's deletion was queued on the old leader: refused at its
-/// gate, never sent late; web-0's was seen by the standby while it did not lead: kept as a
-/// tombstone, not queued, and judged at takeover), and after the partition heals no two
-/// replicas lead at once. Before,
-/// a leader whose renewals failed was never told and kept leading.
+/// The leader's own connection to the apiserver is cut (a partition: the fault proxy in front
+/// of it answers nothing and delivers nothing) while the standby's works. The leader stops
+/// writing before its Lease can expire (its `ipreclaim_leader` goes to 0 before the standby
+/// leads), no write leaves it after that, the standby takes over and releases web-0 and db-0,
+/// and after the partition heals no two replicas lead at once. The old leader's pool patch for
+/// db-0 was on its way at the cut (held by the proxy) and arrives after the heal, a slow write:
+/// by then db-0 was recreated and got its address back in a new sandbox, and the patch's `test`
+/// of the entry's id refuses it. web-0 was deleted while the standby did not lead: kept as a
+/// tombstone, not queued, and judged at takeover. Before, a leader whose renewals failed was
+/// never told and kept leading.
 #[tokio::test]
 async fn a_leader_cut_off_from_the_apiserver_stops_writing_before_a_standby_takes_over() {
+    use testenv::faultproxy::{Action, FaultProxy, Rule};
     let cp = ControlPlane::shared();
     let mut a = Env::new("ctl-partition").await;
     a.web_0_and_db_0().await;
@@ -102,18 +106,26 @@ async fn a_leader_cut_off_from_the_apiserver_stops_writing_before_a_standby_take
         "--lease-duration=6s".to_string(),
     ];
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let proxy = testenv::proxy::Proxy::start(cp.apiserver_addr())
-        .await
-        .expect("proxy");
-    let through = cp.client_through(&proxy).await;
+    let proxy = FaultProxy::start(a.client.clone(), 3).await.expect("proxy");
+    let through = cp.client_through_faults(&proxy).await;
     a.start_as(through, &flags).await;
     a.wait_metric("ipreclaim_leader 1").await;
     let mut b = Env::with(a.client.clone(), a.ns.clone());
     b.start(&flags).await;
     b.wait_metric("ipreclaim_leader 0").await;
-    // Things to do queued on the leader just before the cut: it cannot send them.
+    // The leader's pool patch for db-0 is on its way at the cut: it arrives after the heal.
+    proxy.set_rules(vec![Rule::new(
+        Some("patch"),
+        Some("ippools"),
+        Action::Hold,
+    )]);
     a.delete_pod("db-0").await;
+    wait_for("the leader's pool patch for db-0 in flight", || async {
+        proxy.injected().contains_key("hold patch ippools")
+    })
+    .await;
     proxy.cut();
+    proxy.clear();
     let cut = std::time::Instant::now();
     // Deleted while the standby does not lead: it keeps the tombstone, not a queue item (a
     // standby's queue used to grow with every deletion, forever), and judges it at takeover.
@@ -149,17 +161,58 @@ async fn a_leader_cut_off_from_the_apiserver_stops_writing_before_a_standby_take
         "the old leader stopped writing ({demoted:?}) before the standby led ({took_over:?})"
     );
     b.wait_keys("192.0.2.0-24", &[]).await;
+    // db-0 recreated (a StatefulSet) gets its address back in a new sandbox before the heal.
+    b.pod("db-0", "macvlan", Some(&["192.0.2.11"])).await;
+    let entry = allocation(&b.ns, "db-0", "sb-db-new");
+    b.merge_pool(
+        "192.0.2.0-24",
+        serde_json::json!({"spec": {"allocations": {"11": entry}}}),
+    )
+    .await;
     // Healed, the old leader's watches resume (and kube-lease-manager may take the Lease back
     // for it): never two writers at once, sampled every 100 ms.
     proxy.heal();
+    let healed = std::time::Instant::now();
     for _ in 0..60 {
         let (ta, tb) = (a.metrics_text().await, b.metrics_text().await);
         let leads = |t: &str| metric_value(t, "ipreclaim_leader") == 1.0;
         assert!(!(leads(&ta) && leads(&tb)), "two replicas lead at once");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let demoted_at = cut + demoted;
+    let pool_writes: Vec<_> = proxy
+        .writes()
+        .into_iter()
+        .filter(|w| w.resource == "ippools")
+        .collect();
+    assert!(
+        pool_writes.iter().all(|w| w.entered < demoted_at),
+        "the old leader sent a pool write after it stopped leading: {pool_writes:?}"
+    );
+    assert!(
+        pool_writes.iter().any(|w| w.at >= healed),
+        "the patch held at the cut arrived after the heal: {pool_writes:?}"
+    );
+    let pool = b.pools().get("192.0.2.0-24").await.unwrap();
+    let ids: Vec<(&String, &str)> = pool
+        .spec
+        .allocations
+        .iter()
+        .map(|(k, v)| (k, v.id.as_str()))
+        .collect();
+    assert_eq!(
+        ids,
+        [(&"11".to_string(), "sb-db-new")],
+        "the recreated db-0 keeps its address (late pool writes: {pool_writes:?})"
+    );
     let events = b.wait_events("IPAddressGarbageCollected").await;
-    assert_eq!(events.len(), 2, "one release Event per address: {events:?}");
+    let mut objects: Vec<&str> = events.iter().map(|e| e.0.as_str()).collect();
+    objects.sort();
+    assert_eq!(
+        objects,
+        ["db-0", "web-0"],
+        "the standby released each address once: {events:?}"
+    );
     a.stop().await;
     b.stop().await;
 }

@@ -400,22 +400,27 @@ impl ControlPlane {
     }
 
     async fn client_for(&self, server: &str, token: &str) -> Result<Client> {
+        Ok(Client::try_from(self.config_for(server, token).await?)?)
+    }
+
+    async fn config_for(&self, server: &str, token: &str) -> Result<Config> {
         let kubeconfig = Kubeconfig::from_yaml(&self.kubeconfig_yaml_for(server, token))?;
-        let config =
-            Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+        Ok(Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?)
+    }
+
+    /// A client for the program under test, built as `ipreclaim` builds its own: without kube's
+    /// retry of 429/503/504 answers, which would resend a write after the leadership gate
+    /// passed it (the program's budgets and release retries decide every resend).
+    async fn program_client_for(&self, server: &str, token: &str) -> Result<Client> {
+        let mut config = self.config_for(server, token).await?;
+        config.default_retry = false;
         Ok(Client::try_from(config)?)
     }
 
-    /// An admin client that goes through `proxy` (see [`crate::proxy::Proxy`]).
-    pub async fn client_through(&self, proxy: &crate::proxy::Proxy) -> Client {
-        self.client_for(&proxy.url(), &self.admin_token)
-            .await
-            .expect("admin client through the proxy")
-    }
-
-    /// An admin client that goes through the fault proxy `proxy` (plain HTTP to it).
+    /// An admin client for the program under test that goes through the fault proxy `proxy`
+    /// (plain HTTP to it).
     pub async fn client_through_faults(&self, proxy: &crate::faultproxy::FaultProxy) -> Client {
-        self.client_for(&proxy.url(), &self.admin_token)
+        self.program_client_for(&proxy.url(), &self.admin_token)
             .await
             .expect("admin client through the fault proxy")
     }
@@ -432,14 +437,6 @@ impl ControlPlane {
             .kubeconfig_yaml_for(&proxy.url(), &self.admin_token)
             .replace("namespace: default", &format!("namespace: {namespace}"));
         write_file(path, yaml)
-    }
-
-    /// The apiserver's address (for a proxy in front of it).
-    pub fn apiserver_addr(&self) -> std::net::SocketAddr {
-        let authority = self.server.trim_start_matches("https://");
-        authority
-            .parse()
-            .expect("the apiserver's address is ip:port")
     }
 
     /// An admin client (group system:masters). Create one per test: a client belongs to the

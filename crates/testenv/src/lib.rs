@@ -25,7 +25,6 @@ pub mod poll;
 pub mod procs;
 pub mod program;
 pub mod prometheus;
-pub mod proxy;
 pub mod whereabouts;
 
 pub use containerd::Containerd;
