@@ -136,7 +136,8 @@ impl Budgets {
         self.0.gate.get().is_none_or(|open| open())
     }
 
-    /// Sets the gate every write passes right before it goes (once).
+    /// Sets the gate every write passes right before it goes (once); only the Events of
+    /// releases written go past it ([`send_report`](Self::send_report)).
     pub fn set_gate(&self, gate: Gate) {
         let _ = self.0.gate.set(gate);
     }
@@ -174,7 +175,33 @@ impl Budgets {
     pub async fn send_paid<T, F, Fut>(
         &self,
         kind: WriteKind,
+        paid: Paid,
+        write: F,
+    ) -> Result<T, kube::Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, kube::Error>>,
+    {
+        self.send_within(kind, paid, true, write).await
+    }
+
+    /// [`send`](Self::send) past the gate: for the Event of a release this replica wrote,
+    /// which decides nothing and is still true once it no longer leads (a leader cut off right
+    /// after a release publishes the release's Event once it can).
+    pub async fn send_report<T, F, Fut>(&self, write: F) -> Result<T, kube::Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, kube::Error>>,
+    {
+        self.send_within(WriteKind::Event, Paid::No, false, write)
+            .await
+    }
+
+    async fn send_within<T, F, Fut>(
+        &self,
+        kind: WriteKind,
         mut paid: Paid,
+        gated: bool,
         mut write: F,
     ) -> Result<T, kube::Error>
     where
@@ -186,7 +213,7 @@ impl Budgets {
             let permit = self
                 .admit(kind, std::mem::replace(&mut paid, Paid::No))
                 .await;
-            if self.0.gate.get().is_some_and(|open| !open()) {
+            if gated && self.0.gate.get().is_some_and(|open| !open()) {
                 return Err(not_leader());
             }
             let result = write().await;
@@ -295,6 +322,26 @@ mod tests {
         // unpaid pool write waits for it.
         assert!(admitted_now(&budgets, WriteKind::Pool, Paid::Yes));
         assert!(!admitted_now(&budgets, WriteKind::Pool, Paid::No));
+    }
+
+    #[test]
+    fn a_closed_gate_refuses_writes_but_not_the_report_of_a_write_made() {
+        use futures::FutureExt;
+        let budgets = on_still_clock(BudgetConfig::UNLIMITED);
+        budgets.set_gate(Arc::new(|| false));
+        let sent = std::sync::atomic::AtomicU32::new(0);
+        let write = || {
+            sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            async { Ok::<(), kube::Error>(()) }
+        };
+        for kind in [WriteKind::Pool, WriteKind::Reservation, WriteKind::Event] {
+            let refused = budgets.send(kind, write).now_or_never().expect("no wait");
+            assert!(refused.is_err_and(|e| is_not_leader(&e)), "{kind:?} went");
+        }
+        assert_eq!(sent.load(std::sync::atomic::Ordering::Relaxed), 0);
+        let report = budgets.send_report(write).now_or_never().expect("no wait");
+        assert!(report.is_ok());
+        assert_eq!(sent.load(std::sync::atomic::Ordering::Relaxed), 1);
     }
 
     #[test]

@@ -38,9 +38,23 @@ const RETRY_FOR: Duration = Duration::from_secs(120);
 /// apiserver restart); nobody waits for an Event, and what cannot be published is counted.
 #[derive(Clone)]
 pub struct Events {
-    tx: mpsc::Sender<(Event, ObjectReference)>,
+    tx: mpsc::Sender<Queued>,
     metrics: WriteMetrics,
 }
+
+/// What an Event tells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tells {
+    /// A release this replica wrote: published also once it no longer leads, so a leader cut
+    /// off right after a release still reports it (a standby that takes over finds the entry
+    /// gone and reports nothing).
+    Released,
+    /// A decision or a finding: published only while this replica leads.
+    Decided,
+}
+
+/// An Event waiting to be published, about `reference`.
+type Queued = (Event, ObjectReference, Tells);
 
 /// Why fences lifted, for their release Events: the note names `why`, the action ends in
 /// `action` (one action per why: the recorder keeps the first note).
@@ -66,7 +80,8 @@ fn pod_reference(pod: &PodRef) -> ObjectReference {
 /// Whether asking again may help (not when the apiserver refused the Event itself).
 fn retryable(e: &kube::Error) -> bool {
     if super::budget::is_not_leader(e) {
-        // A demoted leader's queued Events are dropped, not sent once it leads again.
+        // A demoted leader's Events about its decisions are dropped, not sent once it leads
+        // again (release Events pass the gate).
         return false;
     }
     match e {
@@ -77,17 +92,19 @@ fn retryable(e: &kube::Error) -> bool {
 
 async fn publish_queued(
     recorder: Recorder,
-    mut rx: mpsc::Receiver<(Event, ObjectReference)>,
+    mut rx: mpsc::Receiver<Queued>,
     budgets: Budgets,
     metrics: WriteMetrics,
 ) {
-    while let Some((event, reference)) = rx.recv().await {
+    while let Some((event, reference, tells)) = rx.recv().await {
         let started = Instant::now();
         let mut delay = RETRY_FIRST;
         loop {
-            let sent = budgets
-                .send(WriteKind::Event, || recorder.publish(&event, &reference))
-                .await;
+            let publish = || recorder.publish(&event, &reference);
+            let sent = match tells {
+                Tells::Released => budgets.send_report(publish).await,
+                Tells::Decided => budgets.send(WriteKind::Event, publish).await,
+            };
             match sent {
                 Ok(()) => {
                     metrics.events_published.inc();
@@ -176,6 +193,19 @@ impl Events {
         note: String,
         reference: &ObjectReference,
     ) {
+        self.publish_telling(Tells::Decided, type_, reason, action, note, reference)
+            .await;
+    }
+
+    async fn publish_telling(
+        &self,
+        tells: Tells,
+        type_: EventType,
+        reason: &str,
+        action: String,
+        note: String,
+        reference: &ObjectReference,
+    ) {
         let event = Event {
             type_,
             reason: reason.into(),
@@ -185,7 +215,7 @@ impl Events {
             action,
             secondary: None,
         };
-        if self.tx.try_send((event, reference.clone())).is_err() {
+        if self.tx.try_send((event, reference.clone(), tells)).is_err() {
             self.metrics.events_dropped.inc();
             tracing::warn!(reason, object = ?reference.name, "event queue full; event dropped");
         }
@@ -249,12 +279,14 @@ impl Events {
             note.push_str(&n);
             action.push_str(&a);
         }
-        self.publish(
+        let reference = pod_reference(pod);
+        self.publish_telling(
+            Tells::Released,
             EventType::Normal,
             GC_DONE,
             action,
             note,
-            &pod_reference(pod),
+            &reference,
         )
         .await;
     }
@@ -380,6 +412,8 @@ impl Events {
             record.node,
             record.why
         );
+        // Gated even when written: a fence a standby completed after a takeover can also be
+        // the cut-off leader's, and each would report it.
         self.publish(
             EventType::Warning,
             GC_FENCED,

@@ -247,6 +247,22 @@ impl Env {
         events.into_iter().map(name_uid_message).collect()
     }
 
+    /// Waits until each of `pods` has an `IPAddressGarbageCollected` Event, and checks that no
+    /// other pod has one and none has two (each address released once).
+    pub async fn wait_released_once(&self, pods: &[&str]) {
+        let reason = "IPAddressGarbageCollected";
+        let events = testenv::poll::wait_seen(
+            &format!("{reason} Events about {pods:?}"),
+            || self.events(reason),
+            |events| pods.iter().all(|p| events.iter().any(|e| e.0 == *p)),
+            |events| format!("{events:?}"),
+        )
+        .await;
+        let mut objects: Vec<&str> = events.iter().map(|e| e.0.as_str()).collect();
+        objects.sort();
+        assert_eq!(objects, pods, "each address released once: {events:?}");
+    }
+
     /// Waits for Events with `reason` (see [`wait_events`](Self::wait_events)) and checks that
     /// the first one's message says each of `says`.
     pub async fn wait_events_saying(
