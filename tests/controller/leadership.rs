@@ -77,6 +77,32 @@ async fn when_the_leader_stops_the_standby_takes_over_and_nothing_is_released_tw
     second.stop().await;
 }
 
+/// web-0 and db-0 with a leader (`a`, Lease of 6 s) that reaches the apiserver through a fault
+/// proxy, and a standby (`b`) that reaches it directly.
+async fn leader_behind_a_fault_proxy_and_a_standby(
+    prefix: &str,
+) -> (Env, Env, testenv::faultproxy::FaultProxy) {
+    let cp = ControlPlane::shared();
+    let mut a = Env::new(prefix).await;
+    a.web_0_and_db_0().await;
+    let flags = [
+        "--leader-election=true".to_string(),
+        format!("--lease-namespace={}", a.ns),
+        "--lease-duration=6s".to_string(),
+    ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let proxy = testenv::faultproxy::FaultProxy::start(a.client.clone(), 3)
+        .await
+        .expect("proxy");
+    let through = cp.client_through_faults(&proxy).await;
+    a.start_as(through, &flags).await;
+    a.wait_metric("ipreclaim_leader 1").await;
+    let mut b = Env::with(a.client.clone(), a.ns.clone());
+    b.start(&flags).await;
+    b.wait_metric("ipreclaim_leader 0").await;
+    (a, b, proxy)
+}
+
 /// The leader's own connection to the apiserver is cut (a partition: the fault proxy in front
 /// of it answers nothing and delivers nothing) while the standby's works. The leader stops
 /// writing before its Lease can expire (its `ipreclaim_leader` goes to 0 before the standby
@@ -89,23 +115,8 @@ async fn when_the_leader_stops_the_standby_takes_over_and_nothing_is_released_tw
 /// never told and kept leading.
 #[tokio::test]
 async fn a_leader_cut_off_from_the_apiserver_stops_writing_before_a_standby_takes_over() {
-    use testenv::faultproxy::{Action, FaultProxy, Rule};
-    let cp = ControlPlane::shared();
-    let mut a = Env::new("ctl-partition").await;
-    a.web_0_and_db_0().await;
-    let flags = [
-        "--leader-election=true".to_string(),
-        format!("--lease-namespace={}", a.ns),
-        "--lease-duration=6s".to_string(),
-    ];
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let proxy = FaultProxy::start(a.client.clone(), 3).await.expect("proxy");
-    let through = cp.client_through_faults(&proxy).await;
-    a.start_as(through, &flags).await;
-    a.wait_metric("ipreclaim_leader 1").await;
-    let mut b = Env::with(a.client.clone(), a.ns.clone());
-    b.start(&flags).await;
-    b.wait_metric("ipreclaim_leader 0").await;
+    use testenv::faultproxy::{Action, Rule};
+    let (mut a, mut b, proxy) = leader_behind_a_fault_proxy_and_a_standby("ctl-partition").await;
     // The leader's pool patch for db-0 is on its way at the cut: it arrives after the heal.
     proxy.set_rules(vec![Rule::new(
         Some("patch"),
@@ -209,23 +220,8 @@ async fn a_leader_cut_off_from_the_apiserver_stops_writing_before_a_standby_take
 /// release had no Event at all: the standby that took over found nothing left to release.
 #[tokio::test]
 async fn a_release_written_just_before_the_cut_is_reported_after_the_heal() {
-    use testenv::faultproxy::{Action, FaultProxy, Rule};
-    let cp = ControlPlane::shared();
-    let mut a = Env::new("ctl-cut-event").await;
-    a.web_0_and_db_0().await;
-    let flags = [
-        "--leader-election=true".to_string(),
-        format!("--lease-namespace={}", a.ns),
-        "--lease-duration=6s".to_string(),
-    ];
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let proxy = FaultProxy::start(a.client.clone(), 4).await.expect("proxy");
-    let through = cp.client_through_faults(&proxy).await;
-    a.start_as(through, &flags).await;
-    a.wait_metric("ipreclaim_leader 1").await;
-    let mut b = Env::with(a.client.clone(), a.ns.clone());
-    b.start(&flags).await;
-    b.wait_metric("ipreclaim_leader 0").await;
+    use testenv::faultproxy::{Action, Rule};
+    let (mut a, mut b, proxy) = leader_behind_a_fault_proxy_and_a_standby("ctl-cut-event").await;
     proxy.set_rules(vec![Rule::new(
         Some("create"),
         Some("events"),
