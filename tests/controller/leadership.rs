@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use testenv::ControlPlane;
+use testenv::faultproxy::{Action, FaultProxy, Rule};
 use testenv::poll::{metric_value, wait_for};
 
 use crate::harness::{Env, controller_process, controller_process_logging, holder_pid, lease};
@@ -78,10 +79,11 @@ async fn when_the_leader_stops_the_standby_takes_over_and_nothing_is_released_tw
 }
 
 /// web-0 and db-0 with a leader (`a`, Lease of 6 s) that reaches the apiserver through a fault
-/// proxy, and a standby (`b`) that reaches it directly.
+/// proxy, and a standby (`b`) that reaches it directly; the proxy applies `rule` once both run.
 async fn leader_behind_a_fault_proxy_and_a_standby(
     prefix: &str,
-) -> (Env, Env, testenv::faultproxy::FaultProxy) {
+    rule: Rule,
+) -> (Env, Env, FaultProxy) {
     let cp = ControlPlane::shared();
     let mut a = Env::new(prefix).await;
     a.web_0_and_db_0().await;
@@ -91,15 +93,14 @@ async fn leader_behind_a_fault_proxy_and_a_standby(
         "--lease-duration=6s".to_string(),
     ];
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let proxy = testenv::faultproxy::FaultProxy::start(a.client.clone(), 3)
-        .await
-        .expect("proxy");
+    let proxy = FaultProxy::start(a.client.clone(), 3).await.expect("proxy");
     let through = cp.client_through_faults(&proxy).await;
     a.start_as(through, &flags).await;
     a.wait_metric("ipreclaim_leader 1").await;
     let mut b = Env::with(a.client.clone(), a.ns.clone());
     b.start(&flags).await;
     b.wait_metric("ipreclaim_leader 0").await;
+    proxy.set_rules(vec![rule]);
     (a, b, proxy)
 }
 
@@ -115,14 +116,10 @@ async fn leader_behind_a_fault_proxy_and_a_standby(
 /// never told and kept leading.
 #[tokio::test]
 async fn a_leader_cut_off_from_the_apiserver_stops_writing_before_a_standby_takes_over() {
-    use testenv::faultproxy::{Action, Rule};
-    let (mut a, mut b, proxy) = leader_behind_a_fault_proxy_and_a_standby("ctl-partition").await;
     // The leader's pool patch for db-0 is on its way at the cut: it arrives after the heal.
-    proxy.set_rules(vec![Rule::new(
-        Some("patch"),
-        Some("ippools"),
-        Action::Hold,
-    )]);
+    let hold = Rule::new(Some("patch"), Some("ippools"), Action::Hold);
+    let (mut a, mut b, proxy) =
+        leader_behind_a_fault_proxy_and_a_standby("ctl-partition", hold).await;
     a.delete_pod("db-0").await;
     wait_for("the leader's pool patch for db-0 in flight", || async {
         proxy.injected().contains_key("hold patch ippools")
@@ -220,13 +217,9 @@ async fn a_leader_cut_off_from_the_apiserver_stops_writing_before_a_standby_take
 /// release had no Event at all: the standby that took over found nothing left to release.
 #[tokio::test]
 async fn a_release_written_just_before_the_cut_is_reported_after_the_heal() {
-    use testenv::faultproxy::{Action, Rule};
-    let (mut a, mut b, proxy) = leader_behind_a_fault_proxy_and_a_standby("ctl-cut-event").await;
-    proxy.set_rules(vec![Rule::new(
-        Some("create"),
-        Some("events"),
-        Action::Status(503),
-    )]);
+    let refuse = Rule::new(Some("create"), Some("events"), Action::Status(503));
+    let (mut a, mut b, proxy) =
+        leader_behind_a_fault_proxy_and_a_standby("ctl-cut-event", refuse).await;
     a.delete_pod("db-0").await;
     a.wait_keys("192.0.2.0-24", &["10"]).await;
     let refused = || {
