@@ -78,15 +78,27 @@ async fn when_the_leader_stops_the_standby_takes_over_and_nothing_is_released_tw
     second.stop().await;
 }
 
-/// web-0 and db-0 with a leader (`a`, Lease of 6 s) that reaches the apiserver through a fault
-/// proxy, and a standby (`b`) that reaches it directly; the proxy applies `rule` once both run.
+/// `pods` (name, address offset in the macvlan pool) with a leader (`a`, Lease of 6 s) that
+/// reaches the apiserver through a fault proxy, and a standby (`b`) that reaches it directly;
+/// the proxy applies `rule` once both run.
 async fn leader_behind_a_fault_proxy_and_a_standby(
     prefix: &str,
+    pods: &[(&str, u32)],
     rule: Rule,
 ) -> (Env, Env, FaultProxy) {
     let cp = ControlPlane::shared();
     let mut a = Env::new(prefix).await;
-    a.web_0_and_db_0().await;
+    let sandboxes: Vec<String> = pods.iter().map(|(name, _)| format!("sb-{name}")).collect();
+    let entries: Vec<(u32, &str, &str)> = pods
+        .iter()
+        .zip(&sandboxes)
+        .map(|((name, offset), sb)| (*offset, sb.as_str(), *name))
+        .collect();
+    a.macvlan(&entries).await;
+    for (name, offset) in pods {
+        a.pod(name, "macvlan", Some(&[&format!("192.0.2.{offset}")]))
+            .await;
+    }
     let flags = [
         "--leader-election=true".to_string(),
         format!("--lease-namespace={}", a.ns),
@@ -118,8 +130,12 @@ async fn leader_behind_a_fault_proxy_and_a_standby(
 async fn a_leader_cut_off_from_the_apiserver_stops_writing_before_a_standby_takes_over() {
     // The leader's pool patch for db-0 is on its way at the cut: it arrives after the heal.
     let hold = Rule::new(Some("patch"), Some("ippools"), Action::Hold);
-    let (mut a, mut b, proxy) =
-        leader_behind_a_fault_proxy_and_a_standby("ctl-partition", hold).await;
+    let (mut a, mut b, proxy) = leader_behind_a_fault_proxy_and_a_standby(
+        "ctl-partition",
+        &[("web-0", 10), ("db-0", 11)],
+        hold,
+    )
+    .await;
     a.delete_pod("db-0").await;
     wait_for("the leader's pool patch for db-0 in flight", || async {
         proxy.injected().contains_key("hold patch ippools")
@@ -219,9 +235,9 @@ async fn a_leader_cut_off_from_the_apiserver_stops_writing_before_a_standby_take
 async fn a_release_written_just_before_the_cut_is_reported_after_the_heal() {
     let refuse = Rule::new(Some("create"), Some("events"), Action::Status(503));
     let (mut a, mut b, proxy) =
-        leader_behind_a_fault_proxy_and_a_standby("ctl-cut-event", refuse).await;
+        leader_behind_a_fault_proxy_and_a_standby("ctl-cut-event", &[("db-0", 11)], refuse).await;
     a.delete_pod("db-0").await;
-    a.wait_keys("192.0.2.0-24", &["10"]).await;
+    a.wait_keys("192.0.2.0-24", &[]).await;
     let refused = || {
         let injected = proxy.injected();
         injected.get("503 create events").copied().unwrap_or(0)
