@@ -94,6 +94,11 @@ fn fence_retry_delay(n: u32, max: u32) -> Duration {
     (Duration::from_secs(1) * 2u32.pow(doublings)).min(FENCE_RETRY_MAX)
 }
 
+/// Whether `r` takes an entry out of its pool (a fence keeps it).
+fn removes(r: &ReleaseRequest) -> bool {
+    !matches!(r.write, EntryWrite::Fence(_))
+}
+
 /// What became of a queue item.
 enum Processed {
     /// Released, fenced or nothing to do.
@@ -205,13 +210,22 @@ impl Worker {
     async fn process(&self, podref: &str) -> Result<Processed, Failure> {
         let started = Instant::now();
         // One look at the index decides, unless the tombstone is blind.
-        let (decided, seen) = {
+        let (decided, seen, none_live) = {
             let st = self.ctx.state.read().expect("state lock");
-            let blind = st.pods().live(podref).is_none() && st.pods().blind_tombstone(podref);
+            let none_live = st.pods().live(podref).is_none();
+            let blind = none_live && st.pods().blind_tombstone(podref);
             let seen = st.pods().tombstones(podref).iter().map(|t| t.seen_at).max();
-            ((!blind).then(|| self.decide(&st, podref)), seen)
+            ((!blind).then(|| self.decide(&st, podref)), seen, none_live)
         };
         let mut releases = match decided {
+            // With no pod of the name known, the address a tombstone listed may already be a
+            // replacement's (same name, the address given back, our pod watch behind the pool
+            // watch): a pod must exist before an allocation is made for it, so a fresh read
+            // now finds any replacement whose entry we judged.
+            Some(releases) if none_live && releases.iter().any(removes) => {
+                self.confirm_no_replacement(podref, releases, started)
+                    .await?
+            }
             Some(releases) => releases,
             None => self.decide_blind(podref, started).await?,
         };
@@ -270,6 +284,31 @@ impl Worker {
         podref: &str,
         started: Instant,
     ) -> Result<Vec<ReleaseRequest>, Failure> {
+        self.read_pod(podref, started).await?;
+        let st = self.ctx.state.read().expect("state lock");
+        Ok(self.decide(&st, podref))
+    }
+
+    /// `judged` (releases that remove entries, with no pod of the name known) unless a pod of
+    /// that name exists now: then it is judged again, live. Not judged again when there is
+    /// none: entries newer than the read could be a pod's made after it.
+    async fn confirm_no_replacement(
+        &self,
+        podref: &str,
+        judged: Vec<ReleaseRequest>,
+        started: Instant,
+    ) -> Result<Vec<ReleaseRequest>, Failure> {
+        if !self.read_pod(podref, started).await? {
+            return Ok(judged);
+        }
+        tracing::info!(%podref, "a pod of the deleted pod's name exists: judged again with it");
+        let st = self.ctx.state.read().expect("state lock");
+        Ok(self.decide(&st, podref))
+    }
+
+    /// Reads the pod of `podref` fresh and puts it in the index if there is one; whether there
+    /// is.
+    async fn read_pod(&self, podref: &str, started: Instant) -> Result<bool, Failure> {
         let pod = PodKey::lenient(podref);
         let found = Api::<PodView>::namespaced(self.ctx.client.clone(), &pod.namespace)
             .get_opt(&pod.name)
@@ -280,13 +319,15 @@ impl Worker {
                     message: e.to_string(),
                 })
             })?;
+        let Some((p, uid)) = found
+            .as_ref()
+            .and_then(|p| Some((p, p.metadata.uid.as_deref()?)))
+        else {
+            return Ok(false);
+        };
         let mut st = self.ctx.state.write().expect("state lock");
-        if let Some(p) = &found
-            && let Some(uid) = &p.metadata.uid
-        {
-            st.upsert_pod(podref, uid, crate::index::kinds::seen(p), started);
-        }
-        Ok(self.decide(&st, podref))
+        st.upsert_pod(podref, uid, crate::index::kinds::seen(p), started);
+        Ok(true)
     }
 
     /// What the outcomes of an item's releases make of it.

@@ -299,3 +299,62 @@ async fn dry_run_reports_and_writes_nothing(mut env: Env) {
     );
     env.stop().await;
 }
+
+/// A StatefulSet pod recreated and given its address back while the controller's pod watch
+/// lags its pool watch (4 s here): the old pod's deletion arrives after the replacement's pool
+/// entry (same podref and address, a new sandbox) and before the replacement itself. The
+/// tombstone listed the address, but the entry is the replacement's: a fresh read finds the
+/// replacement and the entry stays. Before, it was released: the patch tested the entry's id
+/// and podref as the index had them, the replacement's.
+#[tokio::test]
+async fn a_replacement_given_the_address_back_while_the_pod_watch_lags_keeps_it() {
+    use testenv::faultproxy::{Action, FaultProxy, Rule};
+    let mut env = Env::new("ctl-pods-lag").await;
+    env.macvlan(&[(11, "sb-old", "db-0")]).await;
+    env.pod("db-0", "macvlan", Some(&["192.0.2.11"])).await;
+    let proxy = FaultProxy::start(env.client.clone(), 6).await.unwrap();
+    let lag = Action::DelayEvents(std::time::Duration::from_secs(4));
+    proxy.set_rules(vec![Rule::new(Some("watch"), Some("pods"), lag)]);
+    let through = ControlPlane::shared().client_through_faults(&proxy).await;
+    env.start_as(through, &[]).await;
+
+    // The kubelet's CNI DEL frees the old entry; the StatefulSet controller recreates the pod
+    // (it takes a while: this pause stands for it, and the lagging watch keeps it between the
+    // two events); whereabouts gives it the lowest free address, the same one.
+    env.delete_pod("db-0").await;
+    env.merge_pool(
+        "192.0.2.0-24",
+        serde_json::json!({"spec": {"allocations": {"11": null}}}),
+    )
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    env.pod("db-0", "macvlan", Some(&["192.0.2.11"])).await;
+    let entry = allocation(&env.ns, "db-0", "sb-new");
+    env.merge_pool(
+        "192.0.2.0-24",
+        serde_json::json!({"spec": {"allocations": {"11": entry}}}),
+    )
+    .await;
+
+    let id_of_11 = || async {
+        let pool = env.pools().get("192.0.2.0-24").await.unwrap();
+        pool.spec.allocations.get("11").map(|a| a.id.clone())
+    };
+    // The deletion arrives 4 s late and is judged: the worker reads the pod (the only pod
+    // read through the proxy), or, without that read, releases the entry.
+    wait_for("the deletion judged", || async {
+        proxy.requests().contains_key("get pods") || id_of_11().await.as_deref() != Some("sb-new")
+    })
+    .await;
+    env.wait_sweeps(2.0).await;
+    assert_eq!(
+        id_of_11().await.as_deref(),
+        Some("sb-new"),
+        "the replacement's entry was released (pod reads: {:?})",
+        proxy.requests().get("get pods")
+    );
+    assert!(env.events("IPAddressGarbageCollected").await.is_empty());
+    env.stop().await;
+    // The manual commands of other tests read every namespace's pods listing 192.0.2.x.
+    env.delete_pod("db-0").await;
+}
