@@ -213,7 +213,7 @@ impl Budgets {
             let permit = self
                 .admit(kind, std::mem::replace(&mut paid, Paid::No))
                 .await;
-            if gated && self.0.gate.get().is_some_and(|open| !open()) {
+            if gated && !self.open() {
                 return Err(not_leader());
             }
             let result = write().await;
