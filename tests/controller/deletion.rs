@@ -7,7 +7,6 @@ use testenv::ControlPlane;
 use testenv::poll::{metric_sum, wait_for};
 
 use crate::harness::Env;
-use crate::support::allocation;
 
 // The scenarios run twice, as admin and as the chart's ServiceAccount.
 testenv::as_admin_and_as_the_chart!(Env {
@@ -49,10 +48,7 @@ async fn statefulset_pod_recreated_keeps_its_new_ip(mut env: Env) {
 
     // Deleted and recreated under the same name with a new address before anything else.
     env.delete_pod("web-0").await;
-    let new_uid = env.pod("web-0", "macvlan", Some(&["192.0.2.20"])).await;
-    let entry = allocation(&env.ns, "web-0", "sb-new");
-    let patch = serde_json::json!({"spec": {"allocations": {"20": entry}}});
-    env.merge_pool("192.0.2.0-24", patch).await;
+    let new_uid = env.recreate("web-0", 20, "sb-new").await;
 
     env.wait_keys("192.0.2.0-24", &["20"]).await;
     // Several sweeps later the new pod's address is still there.
@@ -328,13 +324,7 @@ async fn a_replacement_given_the_address_back_while_the_pod_watch_lags_keeps_it(
     )
     .await;
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
-    env.pod("db-0", "macvlan", Some(&["192.0.2.11"])).await;
-    let entry = allocation(&env.ns, "db-0", "sb-new");
-    env.merge_pool(
-        "192.0.2.0-24",
-        serde_json::json!({"spec": {"allocations": {"11": entry}}}),
-    )
-    .await;
+    env.recreate("db-0", 11, "sb-new").await;
 
     let id_of_11 = || async {
         let pool = env.pools().get("192.0.2.0-24").await.unwrap();

@@ -151,6 +151,19 @@ impl Env {
         testenv::fixtures::merge(&self.pools(), pool, patch).await;
     }
 
+    /// `name` recreated under its name (a StatefulSet's pod) and given 192.0.2.`offset` by the
+    /// CNI in sandbox `sandbox`: the pod listing it, then its entry in the macvlan pool.
+    /// Returns the new pod's uid.
+    pub async fn recreate(&self, name: &str, offset: u32, sandbox: &str) -> String {
+        let uid = self
+            .pod(name, "macvlan", Some(&[&format!("192.0.2.{offset}")]))
+            .await;
+        let entry = allocation(&self.ns, name, sandbox);
+        let patch = serde_json::json!({"spec": {"allocations": {offset.to_string(): entry}}});
+        self.merge_pool("192.0.2.0-24", patch).await;
+        uid
+    }
+
     /// The usual pair: the macvlan NAD over 192.0.2.0/24, web-0 (192.0.2.10, sandbox sb-web)
     /// and db-0 (192.0.2.11, sb-db) with their entries in pool 192.0.2.0-24. Returns web-0's uid.
     pub async fn web_0_and_db_0(&self) -> String {

@@ -8,7 +8,6 @@ use testenv::faultproxy::{Action, FaultProxy, Rule};
 use testenv::poll::{metric_value, wait_for};
 
 use crate::harness::{Env, controller_process, controller_process_logging, holder_pid, lease};
-use crate::support::allocation;
 
 #[tokio::test]
 async fn with_two_replicas_only_the_lease_holder_writes() {
@@ -179,13 +178,7 @@ async fn a_leader_cut_off_from_the_apiserver_stops_writing_before_a_standby_take
     );
     b.wait_keys("192.0.2.0-24", &[]).await;
     // db-0 recreated (a StatefulSet) gets its address back in a new sandbox before the heal.
-    b.pod("db-0", "macvlan", Some(&["192.0.2.11"])).await;
-    let entry = allocation(&b.ns, "db-0", "sb-db-new");
-    b.merge_pool(
-        "192.0.2.0-24",
-        serde_json::json!({"spec": {"allocations": {"11": entry}}}),
-    )
-    .await;
+    b.recreate("db-0", 11, "sb-db-new").await;
     // Healed, the old leader's watches resume (and kube-lease-manager may take the Lease back
     // for it): never two writers at once, sampled every 100 ms.
     proxy.heal();
