@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use bytes::Bytes;
+use futures::StreamExt;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, StreamBody, combinators::UnsyncBoxBody};
 use hyper::body::{Frame, Incoming};
@@ -296,7 +297,7 @@ impl Shared {
     }
 
     /// The answer's body, chunk by chunk: held while partitioned, ended by a watch cut (watches
-    /// only) or when a partition heals, each chunk delayed by `delay`.
+    /// only) or when a partition heals, each chunk delivered `delay` after it arrived.
     fn stream_body(
         &self,
         body: kube::client::Body,
@@ -308,13 +309,21 @@ impl Shared {
             Cut,
             Partitioned,
         }
+        let source = match delay {
+            Some(d) => lagging(body, d),
+            None => futures::stream::unfold(body, |mut b| async move {
+                let f = b.frame().await?;
+                Some((f, b))
+            })
+            .boxed(),
+        };
         let open = self.open.clone();
         let mut cuts = self.watch_cuts.clone();
         cuts.mark_unchanged();
-        let frames = futures::stream::unfold(Some((body, open, cuts)), move |st| async move {
-            let (mut body, mut open, mut cuts) = st?;
+        let frames = futures::stream::unfold(Some((source, open, cuts)), move |st| async move {
+            let (mut source, mut open, mut cuts) = st?;
             let next = tokio::select! {
-                f = body.frame() => Next::Frame(f),
+                f = source.next() => Next::Frame(f),
                 _ = cuts.changed(), if is_watch => Next::Cut,
                 _ = open.wait_for(|o| !*o) => Next::Partitioned,
             };
@@ -326,19 +335,47 @@ impl Shared {
                     return None;
                 }
             };
-            if let Some(d) = delay {
-                tokio::time::sleep(d).await;
-            }
             // Cut while this chunk was on its way: it is lost with the stream.
             if !*open.borrow() {
                 let _ = open.wait_for(|o| *o).await;
                 return None;
             }
             let frame = frame.map_err(|e| std::io::Error::other(e.to_string()));
-            Some((frame, Some((body, open, cuts))))
+            Some((frame, Some((source, open, cuts))))
         });
         BodyExt::boxed_unsync(StreamBody::new(frames))
     }
+}
+
+/// `body`'s chunks, each `delay` after it arrived: a lagging watch, whose lag does not grow
+/// with the number of events (a chunk read while earlier ones wait is not held back by them).
+fn lagging(
+    mut body: kube::client::Body,
+    delay: Duration,
+) -> futures::stream::BoxStream<'static, Result<Frame<Bytes>, kube::Error>> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        loop {
+            let frame = tokio::select! {
+                f = body.frame() => f,
+                // The client went away: stop reading the answer.
+                _ = tx.closed() => return,
+            };
+            let Some(frame) = frame else { return };
+            if tx
+                .send((tokio::time::Instant::now() + delay, frame))
+                .is_err()
+            {
+                return;
+            }
+        }
+    });
+    futures::stream::unfold(rx, |mut rx| async move {
+        let (due, frame) = rx.recv().await?;
+        tokio::time::sleep_until(due).await;
+        Some((frame, rx))
+    })
+    .boxed()
 }
 
 fn is_write(verb: &str) -> bool {
