@@ -428,13 +428,24 @@ impl Env {
     /// web-0 (192.0.2.10, with its reservation) and db-0 (192.0.2.11) on `node`; the
     /// controller runs with `extra`; web-0 is force-deleted and its Fenced Event awaited.
     pub async fn fenced_web_0(&mut self, node: &str, extra: &[&str]) -> String {
-        self.macvlan(&[(10, "sb-web-0", "web-0"), (11, "sb-db-0", "db-0")])
+        self.fenced_web_0_in("192.0.2", node, extra).await
+    }
+
+    /// [`fenced_web_0`](Self::fenced_web_0) over `net`.0/24 (NAD `macvlan`, pool
+    /// `net`.0-24): a range no other test's live pod lists, for a test whose commands read
+    /// pods cluster-wide (every test's NAD is in the same cluster, and NADs of one range map
+    /// to one pool).
+    pub async fn fenced_web_0_in(&mut self, net: &str, node: &str, extra: &[&str]) -> String {
+        let (web, db) = (format!("{net}.10"), format!("{net}.11"));
+        self.nad("macvlan", &format!("{net}.0/24")).await;
+        let allocations = [(10, "sb-web-0", "web-0"), (11, "sb-db-0", "db-0")];
+        self.pool(&format!("{net}.0-24"), &format!("{net}.0/24"), &allocations)
             .await;
-        self.reservation("192.0.2.10", "web-0").await;
+        self.reservation(&web, "web-0").await;
         let uid = self
-            .pod_on("web-0", "macvlan", Some(&["192.0.2.10"]), Some(node))
+            .pod_on("web-0", "macvlan", Some(&[&web]), Some(node))
             .await;
-        self.pod_on("db-0", "macvlan", Some(&["192.0.2.11"]), Some(node))
+        self.pod_on("db-0", "macvlan", Some(&[&db]), Some(node))
             .await;
         self.start(extra).await;
         self.delete_pod("web-0").await;

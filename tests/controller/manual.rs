@@ -7,26 +7,29 @@ use crate::harness::{Env, cli};
 async fn the_controllers_index_follows_a_manual_unfence_and_a_forced_release() {
     let mut env = Env::new("ctl-manual").await;
     let node = env.fence_node("Unknown").await;
-    // The node never settles within the test: only the operator lifts the fence.
-    env.fenced_web_0(&node, &["--fence-settle=1h"]).await;
-    let pool = format!("{}/192.0.2.0-24", env.ns);
+    // The node never settles within the test: only the operator lifts the fence. A range of
+    // its own: the commands refuse an address any live pod lists, and other tests' pods list
+    // 192.0.2.x.
+    env.fenced_web_0_in("198.18.9", &node, &["--fence-settle=1h"])
+        .await;
+    let pool = format!("{}/198.18.9.0-24", env.ns);
     env.wait_metric("ipreclaim_fenced_addresses 1").await;
     env.wait_metric(&format!(r#"ipreclaim_pool_fenced{{pool="{pool}"}} 1"#))
         .await;
     env.wait_metric(&format!(r#"ipreclaim_pool_allocated{{pool="{pool}"}} 2"#))
         .await;
 
-    cli(&env, "unfence", &["--ip", "192.0.2.10"]);
-    env.wait_keys("192.0.2.0-24", &["11"]).await;
+    cli(&env, "unfence", &["--ip", "198.18.9.10"]);
+    env.wait_keys("198.18.9.0-24", &["11"]).await;
     env.wait_metric("ipreclaim_fenced_addresses 0").await;
     env.wait_metric(&format!(r#"ipreclaim_pool_fenced{{pool="{pool}"}} 0"#))
         .await;
     env.wait_metric(&format!(r#"ipreclaim_pool_allocated{{pool="{pool}"}} 1"#))
         .await;
 
-    // db-0 lives and lists 192.0.2.11: only --force frees it, under its own reason code.
-    cli(&env, "release", &["--ip", "192.0.2.11", "--force"]);
-    env.wait_keys("192.0.2.0-24", &[]).await;
+    // db-0 lives and lists 198.18.9.11: only --force frees it, under its own reason code.
+    cli(&env, "release", &["--ip", "198.18.9.11", "--force"]);
+    env.wait_keys("198.18.9.0-24", &[]).await;
     env.wait_metric(&format!(r#"ipreclaim_pool_allocated{{pool="{pool}"}} 0"#))
         .await;
     let released = env.wait_events("IPAddressGarbageCollected").await;
