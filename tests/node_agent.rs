@@ -606,6 +606,52 @@ async fn sandbox_pid(containerd: &Containerd, id: &str) -> i32 {
     info["pid"].as_i64().expect("pid in verbose info") as i32
 }
 
+/// web-0's pause process dies (killed, as by the OOM killer) and nothing has stopped its
+/// sandbox yet: the runtime lists it NOTREADY, but its network namespace is still up, the
+/// address on its interface. web-0 has no network-status, so only the runtime's word can keep
+/// the entry: the agent asks the runtime again right before the release and keeps it while
+/// the network is up, asking again after each grace. Once the sandbox is stopped (its network
+/// torn down) the entry is released. Before, the listing that said NOTREADY released it after
+/// the grace.
+#[tokio::test]
+async fn a_sandbox_whose_pause_died_keeps_its_entry_while_its_network_is_up() {
+    let mut env = NodeEnv::new("node-netup").await;
+    env.nad().await;
+    let uid = env.pod("web-0").await;
+    let s1 = env.run_sandbox("web-0", &uid).await;
+    env.allocate(10, &s1, "web-0").await;
+    env.reserve("192.0.2.10", &s1, "web-0").await;
+    env.start(&["--sandbox-grace=1s"]).await;
+    env.wait_metric(STARTED, 1.0).await;
+    let pid = sandbox_pid(&env.containerd, &s1).await;
+    // SAFETY: a pid we read from containerd for a process our test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    env.wait_metric(DIED, 1.0).await;
+    let in_use = r#"ipreclaim_node_dead_sandboxes_total{outcome="in_use"}"#;
+    wait_for("two looks finding the sandbox's network up", || async {
+        env.metric(in_use).await >= 2.0
+    })
+    .await;
+    assert_eq!(env.keys().await, ["10"], "kept while the network is up");
+    assert_eq!(env.reservations().await, ["192.0.2.10"]);
+
+    env.stop_sandbox(&s1).await;
+    let (pod, message) = env
+        .wait_s1_released("the entry released once the sandbox is stopped", &[], &[])
+        .await;
+    assert_eq!(pod, "web-0");
+    assert!(
+        message.contains("[192.0.2.10]") && message.contains("SandboxGone"),
+        "{message}"
+    );
+    env.wait_metric(
+        r#"ipreclaim_node_dead_sandboxes_total{outcome="released"}"#,
+        1.0,
+    )
+    .await;
+    env.stop().await;
+}
+
 #[tokio::test]
 async fn a_runtime_outage_fails_healthz_and_recovers_without_lost_or_duplicated_events() {
     let mut env = NodeEnv::new("node-outage").await;

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use hyper_util::rt::TokioIo;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
-    ContainerState as CriContainerState, ListContainersRequest, ListPodSandboxRequest,
-    PodSandboxState, PodSandboxStatusRequest,
+    ContainerFilter, ContainerState as CriContainerState, ListContainersRequest,
+    ListPodSandboxRequest, PodSandboxState, PodSandboxStatusRequest,
 };
 use podlife::pleg::PodSource;
 use podlife::throttle::Throttle;
@@ -21,6 +21,7 @@ use prometheus_client::metrics::family::Family;
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 
+use super::witness::SandboxNow;
 use crate::ipam::PodKey;
 
 pub use crate::telemetry::node_metrics::MethodLabel;
@@ -187,6 +188,48 @@ impl CriPodSource {
     /// What the listings showed.
     pub fn view(&self) -> Arc<Mutex<RuntimeView>> {
         self.view.clone()
+    }
+
+    /// Asks the runtime about sandbox `id` now (its status, and its containers not exited):
+    /// the fresh confirmation of a death before its addresses are released.
+    pub async fn sandbox_now(&self, id: &str) -> Result<SandboxNow, SourceError> {
+        let mut client = self.client.clone();
+        self.call(&self.calls.pod_sandbox_status).await;
+        let asked = client.pod_sandbox_status(PodSandboxStatusRequest {
+            pod_sandbox_id: id.to_owned(),
+            verbose: false,
+        });
+        let status = match asked.await {
+            Err(e) if e.code() == tonic::Code::NotFound => return Ok(SandboxNow::Gone),
+            other => reply("PodSandboxStatus", other)?.status,
+        };
+        let Some(status) = status else {
+            return Err(SourceError::new(format!(
+                "PodSandboxStatus of {id} returned no status"
+            )));
+        };
+        // The runtime reports an address while the network namespace is open.
+        let has_ip = status
+            .network
+            .is_some_and(|n| !n.ip.is_empty() || n.additional_ips.iter().any(|p| !p.ip.is_empty()));
+        self.call(&self.calls.list_containers).await;
+        let listed = client.list_containers(ListContainersRequest {
+            filter: Some(ContainerFilter {
+                pod_sandbox_id: id.to_owned(),
+                ..Default::default()
+            }),
+        });
+        let running = reply("ListContainers", listed.await)?
+            .containers
+            .iter()
+            .filter(|c| {
+                c.pod_sandbox_id == id && container_state(c.state) != ContainerState::Exited
+            })
+            .count();
+        Ok(SandboxNow::of(
+            Some((sandbox_running(status.state), has_ip)),
+            running,
+        ))
     }
 
     async fn call(&self, counter: &Counter) {

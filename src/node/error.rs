@@ -15,6 +15,14 @@ pub enum NodeError {
         /// What the API said.
         message: String,
     },
+    /// The container runtime could not confirm a sandbox's death (nothing is released).
+    #[error("asking the runtime about sandbox {sandbox}: {message}")]
+    Runtime {
+        /// The sandbox.
+        sandbox: String,
+        /// What the runtime said.
+        message: String,
+    },
     /// The pool writer failed (what was written stays written).
     #[error(transparent)]
     Write(#[from] ReleaseError),
@@ -40,6 +48,7 @@ impl NodeError {
     pub fn label(&self) -> &'static str {
         match self {
             NodeError::Read { .. } => "read",
+            NodeError::Runtime { .. } => "runtime",
             NodeError::Write(e) => e.label(),
             NodeError::ReportPatch(_) => "report_patch",
             NodeError::Report(_) => "report",
@@ -59,6 +68,15 @@ mod tests {
         };
         assert_eq!(read.to_string(), "get pool p: boom");
         assert_eq!(read.label(), "read");
+        let runtime = NodeError::Runtime {
+            sandbox: "s1".into(),
+            message: "unavailable".into(),
+        };
+        assert_eq!(
+            runtime.to_string(),
+            "asking the runtime about sandbox s1: unavailable"
+        );
+        assert_eq!(runtime.label(), "runtime");
         let write = NodeError::from(ReleaseError::Conflict { pool: "p".into() });
         assert_eq!(write.to_string(), "pool p kept changing while releasing");
         assert_eq!(write.label(), "conflict");

@@ -236,6 +236,12 @@ impl Agent {
 
     fn on_event(&mut self, ev: PodLifecycleEvent) {
         self.metrics.pleg_event(ev.kind);
+        if let (EventKind::ContainerStarted, Some(id)) = (ev.kind, ev.container_id.as_deref())
+            && self.witness.revived(id)
+        {
+            tracing::warn!(sandbox = id, pod_uid = %ev.pod, "a sandbox reported dead is listed running again; forgotten");
+            return;
+        }
         let (EventKind::ContainerDied | EventKind::ContainerRemoved, Some(id)) =
             (ev.kind, ev.container_id.as_deref())
         else {
@@ -407,6 +413,14 @@ impl Agent {
                 let pod = api_pod(&self.pods, &sb.pod_uid);
                 self.releaser.gave_up(&sb, pod, &cause).await;
             }
+            Outcome::Revived => {
+                tracing::warn!(sandbox = %sb.id, "the runtime lists the sandbox ready: it never died; nothing released");
+                self.witness.revived(&sb.id);
+            }
+            Outcome::InUse(now) => {
+                tracing::info!(sandbox = %sb.id, ?now, "the sandbox's network or containers are still up; looked at again after the grace");
+                self.witness.recheck(sb, self.clock.now());
+            }
             other => tracing::info!(sandbox = %sb.id, outcome = ?other, "dead sandbox handled"),
         }
         self.metrics
@@ -419,6 +433,7 @@ impl Agent {
 /// Events as `node-agent/<node>`.
 fn releaser(
     client: &Client,
+    runtime: CriPodSource,
     args: &NodeAgentArgs,
     budgets: &Budgets,
     writes: WriteMetrics,
@@ -435,6 +450,7 @@ fn releaser(
         .pools_read_by_get();
     Releaser {
         client: client.clone(),
+        runtime,
         namespace: args.whereabouts_namespace.clone(),
         node: args.node_name.clone(),
         writer: writer::spawn(Arc::new(writer)),
@@ -474,11 +490,13 @@ fn reporter(client: &Client, args: &NodeAgentArgs, budgets: &Budgets) -> fences:
     }
 }
 
-/// The PLEG, its events, and the runtime view its source keeps.
+/// The PLEG, its events, the runtime view its source keeps, and the source (for the
+/// releaser's own questions to the runtime).
 type PlegParts = (
     Pleg<CriPodSource>,
     tokio::sync::mpsc::Receiver<PodLifecycleEvent>,
     Arc<Mutex<RuntimeView>>,
+    CriPodSource,
 );
 
 /// The PLEG over the node's runtime: relists throttled CRI calls into the pod status cache.
@@ -498,6 +516,7 @@ fn start_pleg(
             clock.clone(),
         ));
     let view = source.view();
+    let runtime = source.clone();
     let cache = Arc::new(PodStatusCache::new());
     let (pleg, events) = Pleg::new(
         source,
@@ -512,7 +531,7 @@ fn start_pleg(
             ..PlegConfig::default()
         },
     );
-    Ok((pleg, events, view))
+    Ok((pleg, events, view, runtime))
 }
 
 /// Runs the node agent until `shutdown` completes. Calls `on_start` once the metrics server is
@@ -532,7 +551,7 @@ pub async fn run(
     metrics.zero_outcomes(&release::Outcome::LABELS);
     let writes = WriteMetrics::new(registry.sub_registry_with_prefix("ipreclaim"));
 
-    let (mut pleg, events, view) = start_pleg(&args, &metrics, clock.clone())?;
+    let (mut pleg, events, view, runtime) = start_pleg(&args, &metrics, clock.clone())?;
     let handle = pleg.handle();
     {
         let (m, h) = (metrics.clone(), handle.clone());
@@ -550,7 +569,9 @@ pub async fn run(
     let (fence_map, fence_task) =
         fences::watch(client.clone(), &args.whereabouts_namespace, &args.node_name);
     let budgets = Budgets::new(NODE_BUDGETS, clock.clone(), writes.clone());
-    let releaser = Arc::new(releaser(&client, &args, &budgets, writes, &metrics));
+    let releaser = Arc::new(releaser(
+        &client, runtime, &args, &budgets, writes, &metrics,
+    ));
     let (stop_pleg_tx, stop_pleg_rx) = tokio::sync::oneshot::channel::<()>();
     let pleg_task = tokio::spawn(pleg.run(async {
         let _ = stop_pleg_rx.await;

@@ -9,9 +9,10 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::{Client, ResourceExt};
 
+use super::cri::CriPodSource;
 use super::error::NodeError;
 use super::plan::{PoolTarget, Written, plan_pool, pod_networks};
-use super::witness::DeadSandbox;
+use super::witness::{DeadSandbox, SandboxNow};
 use crate::api::lenient::Lenient;
 use crate::api::{
     IPPool, NetworkAttachmentDefinition, NodeSlicePool, OverlappingRangeIPReservation,
@@ -40,18 +41,25 @@ pub enum Outcome {
     Kept,
     /// No live pod of that uid: a deleted pod is the controller's to clean up.
     PodGone,
+    /// The runtime lists the sandbox ready: the listing that reported it dead had missed it.
+    Revived,
+    /// The runtime says the sandbox's network or a container of it is still up: looked at
+    /// again after a grace.
+    InUse(SandboxNow),
     /// Something failed; retried later.
     Failed(NodeError),
 }
 
 impl Outcome {
     /// Every label, for metrics.
-    pub const LABELS: [&'static str; 6] = [
+    pub const LABELS: [&'static str; 8] = [
         "released",
         "dry_run",
         "no_allocation",
         "kept",
         "pod_gone",
+        "revived",
+        "in_use",
         "failed",
     ];
 
@@ -63,6 +71,8 @@ impl Outcome {
             Outcome::NoAllocation => "no_allocation",
             Outcome::Kept => "kept",
             Outcome::PodGone => "pod_gone",
+            Outcome::Revived => "revived",
+            Outcome::InUse(_) => "in_use",
             Outcome::Failed(_) => "failed",
         }
     }
@@ -80,6 +90,8 @@ pub struct ApiPod {
 /// Does the API work for dead sandboxes.
 pub struct Releaser {
     pub(crate) client: Client,
+    /// The container runtime, asked again right before a release.
+    pub(crate) runtime: CriPodSource,
     pub(crate) namespace: String,
     pub(crate) node: String,
     pub(crate) writer: WriterHandle,
@@ -107,6 +119,19 @@ impl Releaser {
         else {
             return Ok(Outcome::PodGone);
         };
+        // One listing is no proof: the runtime is asked again (a sandbox dead by then stays
+        // dead: no runtime readies a stopped sandbox, nor starts a container in it).
+        match self.runtime.sandbox_now(&sb.id).await {
+            Ok(now) if now.is_dead() => {}
+            Ok(SandboxNow::Ready) => return Ok(Outcome::Revived),
+            Ok(now) => return Ok(Outcome::InUse(now)),
+            Err(e) => {
+                return Ok(Outcome::Failed(NodeError::Runtime {
+                    sandbox: sb.id.clone(),
+                    message: e.to_string(),
+                }));
+            }
+        }
         let Some(pod) = self.live_pod(&key, &sb.pod_uid).await? else {
             return Ok(Outcome::PodGone);
         };
@@ -353,6 +378,8 @@ mod tests {
             Outcome::NoAllocation,
             Outcome::Kept,
             Outcome::PodGone,
+            Outcome::Revived,
+            Outcome::InUse(super::SandboxNow::NetworkUp),
             Outcome::Failed(NodeError::Report("x".into())),
         ];
         let labels: Vec<&str> = all.iter().map(Outcome::label).collect();

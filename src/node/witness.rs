@@ -4,6 +4,10 @@
 //! and a release is only worth a few API calls once it is clear nobody else will do it.
 //! A failed attempt comes back later with a doubled delay. A sandbox taken for its look is
 //! remembered as handled, so its later removal (a second report) does not bring it back.
+//!
+//! One listing is no proof of a death (a runtime recovering may list a sandbox late, or
+//! without its metadata): a sandbox listed running again is forgotten, and right before a
+//! release the runtime is asked again ([`SandboxNow`]).
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -19,6 +23,44 @@ pub struct DeadSandbox {
     pub due: Instant,
     /// Failed attempts so far.
     pub attempts: u32,
+}
+
+/// What the runtime says of a witnessed sandbox right before its release: the fresh
+/// confirmation of its death.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SandboxNow {
+    /// The runtime has no such sandbox.
+    Gone,
+    /// Not ready, its network torn down, none of its containers running.
+    Dead,
+    /// Ready: the listing that reported it dead had missed it.
+    Ready,
+    /// Not ready, but its network namespace is still up (the runtime still reports its
+    /// address: the CNI DEL has not run): its interfaces may still answer for the address.
+    NetworkUp,
+    /// Not ready, but this many of its containers still run, in its network namespace.
+    ContainersRunning(usize),
+}
+
+impl SandboxNow {
+    /// From a status (`None`: not found; else whether it is ready and whether the runtime
+    /// reports an address for it) and the count of its containers not exited.
+    pub fn of(status: Option<(bool, bool)>, running_containers: usize) -> SandboxNow {
+        match status {
+            None => SandboxNow::Gone,
+            Some((true, _)) => SandboxNow::Ready,
+            Some((false, true)) => SandboxNow::NetworkUp,
+            Some((false, false)) if running_containers > 0 => {
+                SandboxNow::ContainersRunning(running_containers)
+            }
+            Some((false, false)) => SandboxNow::Dead,
+        }
+    }
+
+    /// Whether nothing of it can use an address any more.
+    pub fn is_dead(self) -> bool {
+        matches!(self, SandboxNow::Gone | SandboxNow::Dead)
+    }
 }
 
 /// Dead sandboxes by id.
@@ -88,6 +130,21 @@ impl Witness {
             .min(self.retry_max);
         sandbox.attempts += 1;
         sandbox.due = now + delay;
+        self.handled.remove(&sandbox.id);
+        self.dead.insert(sandbox.id.clone(), sandbox);
+    }
+
+    /// Forgets a sandbox the runtime lists running again (pending or handled): it never died,
+    /// and its real death is a new one. Returns whether it was known.
+    pub fn revived(&mut self, id: &str) -> bool {
+        let pending = self.dead.remove(id).is_some();
+        self.handled.remove(id) || pending
+    }
+
+    /// Puts back a sandbox the runtime says is still in use at `now` (its containers or its
+    /// network still up): looked at again after a grace, its attempts unchanged.
+    pub fn recheck(&mut self, mut sandbox: DeadSandbox, now: Instant) {
+        sandbox.due = now + self.grace;
         self.handled.remove(&sandbox.id);
         self.dead.insert(sandbox.id.clone(), sandbox);
     }
@@ -190,6 +247,61 @@ mod tests {
         let ids: Vec<&str> = due.iter().map(|d| d.id.as_str()).collect();
         assert_eq!(ids, ["early", "late"]);
         assert_eq!(w.pending(), 1);
+    }
+
+    #[test]
+    fn a_sandbox_listed_running_again_is_forgotten_and_its_real_death_witnessed_anew() {
+        let t0 = Instant::now();
+        let mut w = witness();
+        // A listing missed s1 (died, removed), the next one lists it running.
+        w.died("s1", "uid-a", t0);
+        assert!(w.revived("s1"));
+        assert_eq!((w.pending(), w.next_due()), (0, None));
+        assert!(w.take_due(t0 + GRACE).is_empty());
+        // Revived after its look too: it is not remembered as handled.
+        w.died("s1", "uid-a", t0 + GRACE);
+        assert_eq!(w.take_due(t0 + GRACE * 2).len(), 1);
+        assert!(w.revived("s1"));
+        let later = t0 + GRACE * 3;
+        assert!(w.died("s1", "uid-a", later), "its real death is new");
+        assert_eq!(w.next_due(), Some(later + GRACE));
+        assert!(!w.revived("s2"), "never seen");
+    }
+
+    #[test]
+    fn a_sandbox_still_in_use_is_looked_at_again_after_a_grace() {
+        let t0 = Instant::now();
+        let mut w = witness();
+        w.died("s1", "uid-a", t0);
+        let sb = w.take_due(t0 + GRACE).pop().expect("due");
+        w.recheck(sb, t0 + GRACE);
+        assert_eq!((w.pending(), w.handled()), (1, 0));
+        assert!(
+            w.take_due(t0 + GRACE * 2 - Duration::from_millis(1))
+                .is_empty()
+        );
+        let again = w.take_due(t0 + GRACE * 2);
+        assert_eq!((again.len(), again[0].attempts), (1, 0));
+    }
+
+    #[test]
+    fn only_a_sandbox_gone_or_dead_with_nothing_running_in_it_is_dead() {
+        use SandboxNow::*;
+        let cases = [
+            (None, 0, Gone),
+            (None, 3, Gone),
+            (Some((true, true)), 0, Ready),
+            (Some((true, false)), 2, Ready),
+            (Some((false, true)), 0, NetworkUp),
+            (Some((false, true)), 2, NetworkUp),
+            (Some((false, false)), 2, ContainersRunning(2)),
+            (Some((false, false)), 0, Dead),
+        ];
+        for (status, running, want) in cases {
+            let now = SandboxNow::of(status, running);
+            assert_eq!(now, want, "{status:?} with {running} running");
+            assert_eq!(now.is_dead(), matches!(want, Gone | Dead), "{want:?}");
+        }
     }
 
     #[test]
