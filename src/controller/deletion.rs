@@ -27,6 +27,10 @@ const NOT_LEADER_RETRY: Duration = Duration::from_secs(1);
 /// Retries of a fence that keeps failing, after the Warning, are spaced by this at most.
 const FENCE_RETRY_MAX: Duration = Duration::from_secs(30);
 
+/// An item with an entry that waits for a replacement's network-status (see
+/// [`plan_fences`]) is judged again this often.
+const REPLACEMENT_STATUS_RETRY: Duration = Duration::from_secs(2);
+
 /// What went wrong with a deletion-path item (its text goes into the Warning Event).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DeletionError {
@@ -94,9 +98,11 @@ fn fence_retry_delay(n: u32, max: u32) -> Duration {
     (Duration::from_secs(1) * 2u32.pow(doublings)).min(FENCE_RETRY_MAX)
 }
 
-/// Whether `r` takes an entry out of its pool (a fence keeps it).
-fn removes(r: &ReleaseRequest) -> bool {
-    !matches!(r.write, EntryWrite::Fence(_))
+/// What a deletion writes now, and whether an entry waits to be judged again.
+struct Plan {
+    releases: Vec<ReleaseRequest>,
+    /// An entry the deleted pod held waits for its replacement's network-status.
+    waiting: bool,
 }
 
 /// What became of a queue item.
@@ -105,6 +111,9 @@ enum Processed {
     Done,
     /// Handed to the writer; finished when its outcomes come back.
     Submitted,
+    /// Written what could be; an entry waits for a replacement's network-status: judged
+    /// again soon, the tombstones kept.
+    Waiting,
 }
 
 /// A deletion-path worker.
@@ -137,9 +146,13 @@ impl Worker {
     /// Warning Event. A submitted item is filed by its own task when its outcomes come back.
     async fn finish(&self, podref: &str, processed: Result<Processed, Failure>) {
         let (queue, key) = (&self.ctx.queue, podref.to_owned());
+        if !matches!(processed, Ok(Processed::Submitted)) {
+            self.note_awaiting(podref, matches!(processed, Ok(Processed::Waiting)));
+        }
         match processed {
             Ok(Processed::Submitted) => return,
             Ok(Processed::Done) => queue.forget(&key),
+            Ok(Processed::Waiting) => queue.add_after(key.clone(), REPLACEMENT_STATUS_RETRY),
             Err(f) if f.not_leader => {
                 // Handed back: a worker takes it when this replica leads again.
                 tracing::info!(%podref, "not written: this replica does not lead");
@@ -194,6 +207,24 @@ impl Worker {
         queue.done(&key);
     }
 
+    /// Records whether `podref`'s deletion waits for a replacement's network-status (the
+    /// gauge counts those that do).
+    fn note_awaiting(&self, podref: &str, waiting: bool) {
+        let mut awaiting = self.ctx.awaiting.lock().expect("awaiting lock");
+        let changed = if waiting {
+            awaiting.insert(podref.to_owned())
+        } else {
+            awaiting.remove(podref)
+        };
+        if changed && waiting {
+            tracing::info!(%podref, "an entry of the deleted pod may be its replacement's: kept until the replacement has its network-status");
+        }
+        self.ctx
+            .metrics
+            .awaiting_replacement_status
+            .set(awaiting.len() as i64);
+    }
+
     /// The deleted pod of `podref` (its latest tombstone), for a Warning: never the live
     /// replacement of the same name.
     fn pod_of(&self, podref: &str) -> PodRef {
@@ -217,26 +248,30 @@ impl Worker {
             let seen = st.pods().tombstones(podref).iter().map(|t| t.seen_at).max();
             ((!blind).then(|| self.decide(&st, podref)), seen, none_live)
         };
-        let mut releases = match decided {
+        let mut plan = match decided {
             // With no pod of the name known, the address a tombstone listed may already be a
             // replacement's (same name, the address given back, our pod watch behind the pool
             // watch): a pod must exist before an allocation is made for it, so a fresh read
-            // now finds any replacement whose entry we judged.
-            Some(releases) if none_live && releases.iter().any(removes) => {
-                self.confirm_no_replacement(podref, releases, started)
-                    .await?
+            // now finds any replacement whose entry we judged. Before a fence too: lifted
+            // later, it would remove the entry from under the replacement.
+            Some(plan) if none_live && !plan.releases.is_empty() => {
+                self.confirm_no_replacement(podref, plan, started).await?
             }
-            Some(releases) => releases,
+            Some(plan) => plan,
             None => self.decide_blind(podref, started).await?,
         };
         let seen = seen.unwrap_or(started);
         let distrusted =
-            super::fresh_node::distrusted_when_read(&self.ctx, podref, &releases, seen)
+            super::fresh_node::distrusted_when_read(&self.ctx, podref, &plan.releases, seen)
                 .await
                 .map_err(|e| Failure::new(e.into()))?;
         if distrusted {
             let st = self.ctx.state.read().expect("state lock");
-            releases = self.decide(&st, podref);
+            plan = self.decide(&st, podref);
+        }
+        let Plan { releases, waiting } = plan;
+        if releases.is_empty() && waiting {
+            return Ok(Processed::Waiting);
         }
         if releases.is_empty() {
             self.ctx
@@ -254,14 +289,14 @@ impl Worker {
                 .events
                 .released_all(releases.iter().zip(&outcomes))
                 .await;
-            let processed = me.settle(&podref, started, &releases, &outcomes);
+            let processed = me.settle(&podref, started, &releases, &outcomes, waiting);
             me.finish(&podref, processed).await;
         });
         Ok(Processed::Submitted)
     }
 
     /// The releases (and fences) of `podref`'s allocations, judged from `st`.
-    fn decide(&self, st: &Index, podref: &str) -> Vec<ReleaseRequest> {
+    fn decide(&self, st: &Index, podref: &str) -> Plan {
         let judged = st.judge_podref(podref, &self.reclaim);
         tracing::debug!(
             %podref,
@@ -270,34 +305,33 @@ impl Worker {
         );
         let deleted_at = st.pods().first_deletion(podref);
         let mut releases = releases_of(&judged, deleted_at);
-        if let Some(view) = &self.ctx.nodes {
-            let view = view.read().expect("node view lock");
-            plan_fences(st, &view, podref, &judged, &mut releases);
-        }
-        releases
+        let waiting = match &self.ctx.nodes {
+            Some(view) => {
+                let view = view.read().expect("node view lock");
+                plan_fences(st, &view, podref, &judged, &mut releases)
+            }
+            None => false,
+        };
+        Plan { releases, waiting }
     }
 
     /// Without network-status the tombstone would free every allocation of the name: makes
     /// sure no pod of that name exists now (our cache may lag a recreation), then decides.
-    async fn decide_blind(
-        &self,
-        podref: &str,
-        started: Instant,
-    ) -> Result<Vec<ReleaseRequest>, Failure> {
+    async fn decide_blind(&self, podref: &str, started: Instant) -> Result<Plan, Failure> {
         self.read_pod(podref, started).await?;
         let st = self.ctx.state.read().expect("state lock");
         Ok(self.decide(&st, podref))
     }
 
-    /// `judged` (releases that remove entries, with no pod of the name known) unless a pod of
-    /// that name exists now: then it is judged again, live. Not judged again when there is
-    /// none: entries newer than the read could be a pod's made after it.
+    /// `judged` (releases or fences, with no pod of the name known) unless a pod of that name
+    /// exists now: then it is judged again, live. Not judged again when there is none: entries
+    /// newer than the read could be a pod's made after it.
     async fn confirm_no_replacement(
         &self,
         podref: &str,
-        judged: Vec<ReleaseRequest>,
+        judged: Plan,
         started: Instant,
-    ) -> Result<Vec<ReleaseRequest>, Failure> {
+    ) -> Result<Plan, Failure> {
         if !self.read_pod(podref, started).await? {
             return Ok(judged);
         }
@@ -337,6 +371,7 @@ impl Worker {
         started: Instant,
         releases: &[ReleaseRequest],
         outcomes: &[Result<ReleaseOutcome, ReleaseError>],
+        waiting: bool,
     ) -> Result<Processed, Failure> {
         let failed: Vec<(&ReleaseRequest, &ReleaseError)> = releases
             .iter()
@@ -360,6 +395,9 @@ impl Worker {
             .count();
         if changed > 0 {
             tracing::info!(%podref, changed, "entries now belong to another allocation; left alone");
+        }
+        if waiting {
+            return Ok(Processed::Waiting);
         }
         self.ctx
             .state

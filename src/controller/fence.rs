@@ -6,7 +6,9 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::api::ObjectId;
-use crate::index::{FenceAnnotation, FenceObject, FencedEntry, NodeIndex, PendingFence, Slot};
+use crate::index::{
+    FenceAnnotation, FenceObject, FencedEntry, Index, NodeIndex, PendingFence, Slot,
+};
 use crate::ipam::PoolEntry;
 use crate::ipam::fence::FenceRecord;
 use crate::ipam::fence::FenceSource;
@@ -103,6 +105,9 @@ pub const WRITE_BACKOFF: (Duration, Duration) = (Duration::from_secs(1), Duratio
 /// What one pass found in the state.
 struct Found {
     fenced: Vec<FencedEntry>,
+    /// Fenced entries (pool, key) whose address the live pod of the fenced podref, another
+    /// pod than the deleted one, lists: never lifted (a lift removes the entry).
+    listed_by_replacement: HashSet<Slot>,
     pending: Vec<PendingFence>,
     stale_records: Vec<ObjectId>,
     stale_annotations: std::collections::BTreeMap<String, Vec<FenceAnnotation>>,
@@ -121,6 +126,24 @@ struct Lifts {
     oldest: Duration,
 }
 
+/// The fenced entries whose address the live pod of the fenced podref lists, when that pod
+/// is not the deleted one (its replacement got the address: a lift would free it under it).
+fn listed_by_replacement(st: &Index, fenced: &[FencedEntry]) -> HashSet<Slot> {
+    fenced
+        .iter()
+        .filter(|f| {
+            st.pods().live(&f.record.podref).is_some_and(|live| {
+                live.uid != f.record.uid
+                    && live
+                        .networks
+                        .as_deref()
+                        .is_some_and(|n| n.iter().any(|a| a.ips.contains(&f.entry.ip)))
+            })
+        })
+        .map(|f| Slot::new(&f.pool, &f.entry.key))
+        .collect()
+}
+
 impl Lifter {
     /// One pass: updates the fence gauges and, on the leader, releases what lifts, completes
     /// pending fences and clears records whose entry the node's own CNI DEL freed.
@@ -131,8 +154,10 @@ impl Lifter {
         };
         let found = {
             let st = self.ctx.state.read().expect("state lock");
+            let fenced = st.fenced();
             Found {
-                fenced: st.fenced(),
+                listed_by_replacement: listed_by_replacement(&st, &fenced),
+                fenced,
                 pending: st.pending_fences(),
                 stale_records: st.stale_fence_objects(),
                 stale_annotations: st.stale_fence_annotations(),
@@ -187,8 +212,15 @@ impl Lifter {
                 Some(policy) => self.lift(f, fence, node, now, policy),
                 None => Some(Lift::FencingOff),
             };
+            let replaced = found
+                .listed_by_replacement
+                .contains(&Slot::new(pool, &f.entry.key));
             match lifts {
                 Some(_) if !leader => out.held += 1,
+                Some(why) if replaced => {
+                    tracing::warn!(%pool, ip = %f.entry.ip, podref = %f.record.podref, lifted = why.as_str(), "fence not lifted: a replacement of the deleted pod lists the address (the entry may be its own); lift it by hand once resolved");
+                    out.held += 1;
+                }
                 Some(why) => {
                     tracing::info!(%pool, ip = %f.entry.ip, podref = %f.record.podref, node = %f.record.node, lifted = why.as_str(), "fence lifts");
                     let write = EntryWrite::Unfence(f.record.clone(), f.source.clone());

@@ -55,6 +55,8 @@ pub struct Ctx {
     pub(crate) metrics: ControllerMetrics,
     /// Nodes' readiness (`None`: fencing is off).
     pub(crate) nodes: Option<Arc<RwLock<NodeIndex>>>,
+    /// Podrefs whose deletion waits for a replacement's network-status.
+    pub(crate) awaiting: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
 
 /// Handles a running controller exposes (for tests and the binary).
@@ -394,6 +396,7 @@ pub async fn run(
         events,
         metrics: metrics.clone(),
         nodes: nodes.clone(),
+        awaiting: Default::default(),
     };
     let synced = spawn_watches(&ctx, &args.whereabouts_namespace, &leader, &mut tasks);
 

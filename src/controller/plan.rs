@@ -43,15 +43,22 @@ fn fence_reason(t: &Tombstone, view: &NodeIndex) -> Option<String> {
 /// replaced under its name), and the fence follows from that node: a release of a pod deleted
 /// from a node that is not Ready becomes a fence; so does an allocation that pod held (same
 /// pool, key and sandbox id as when its deletion was seen, its address listed by it) that is
-/// judged kept only because a replacement of the same name is known without network-status
-/// yet. Left unfenced, that entry would later be released as `IPNotOnPod`, its node still down.
+/// judged kept only because a replacement of the same name lists other addresses. Left
+/// unfenced, that entry would later be released as `IPNotOnPod`, its node still down.
+///
+/// While that replacement has no network-status yet, such an entry is neither fenced nor
+/// released, and `true` is returned (judge again later): the entry may be the replacement's
+/// own. whereabouts gives a recreated pod its name's entry back under a new sandbox id, and a
+/// pool watch ahead of the pod watch shows that before the deletion, so the deletion's
+/// snapshot of what it held can name the replacement's sandbox. A fence there would be lifted
+/// later by removing the entry under the replacement.
 pub(crate) fn plan_fences(
     st: &Index,
     view: &NodeIndex,
     podref: &str,
     judged: &[Judged],
     releases: &mut Vec<ReleaseRequest>,
-) {
+) -> bool {
     for r in releases.iter_mut() {
         if r.reason != Reason::PodDeleted || r.judged.pod.uid.is_empty() {
             continue;
@@ -65,6 +72,8 @@ pub(crate) fn plan_fences(
         }
     }
     let live = st.pods().live(podref);
+    let replacement_unknown = live.is_some_and(|l| l.networks.is_none());
+    let mut waiting = false;
     let live_lists = |ip| {
         live.and_then(|l| l.networks.as_deref())
             .is_some_and(|n| n.iter().any(|a| a.ips.contains(&ip)))
@@ -93,6 +102,10 @@ pub(crate) fn plan_fences(
             if planned || !held || !listed || live_lists(e.ip) {
                 continue;
             }
+            if replacement_unknown {
+                waiting = true;
+                continue;
+            }
             let mut fenced = j.clone();
             fenced.decision = Decision::Release(Reason::PodDeleted);
             fenced.pod.uid = t.uid.clone();
@@ -107,6 +120,7 @@ pub(crate) fn plan_fences(
             });
         }
     }
+    waiting
 }
 
 #[cfg(test)]
@@ -183,34 +197,43 @@ mod tests {
     }
 
     fn plan(st: &Index, v: &NodeIndex) -> Vec<(String, String, bool)> {
+        plan_and_wait(st, v).0
+    }
+
+    /// The releases (key, uid, fenced) and whether an entry waits for the replacement.
+    fn plan_and_wait(st: &Index, v: &NodeIndex) -> (Vec<(String, String, bool)>, bool) {
         let judged = st.judge_podref(WEB, &ReclaimConfig::default());
         let mut releases = releases_of(&judged, None);
-        plan_fences(st, v, WEB, &judged, &mut releases);
-        releases
+        let waiting = plan_fences(st, v, WEB, &judged, &mut releases);
+        let releases = releases
             .into_iter()
             .map(|r| {
                 let fence = matches!(r.write, EntryWrite::Fence(_));
                 (r.judged.entry.key, r.judged.pod.uid, fence)
             })
-            .collect()
+            .collect();
+        (releases, waiting)
     }
 
     #[test]
-    fn the_deleted_pods_node_decides_the_fence_even_when_the_replacement_is_known_first() {
+    fn an_entry_the_deleted_pod_held_waits_while_its_replacement_has_no_network_status() {
         // The replacement has no network-status yet: the cache alone judges the entry kept
-        // (the allocation may be racing the annotation), and it used to be left unfenced.
+        // (the allocation may be racing the annotation). The entry may be the replacement's
+        // (given back under its name): neither fenced nor released, judged again later.
         let st = replaced(None);
         let judged = st.judge_podref(WEB, &ReclaimConfig::default());
         assert!(
             matches!(judged[0].decision, Decision::Keep(_)),
             "{judged:?}"
         );
+        assert_eq!(plan_and_wait(&st, &view("Unknown")), (vec![], true));
+        // Its network-status lists another address: the entry was the deleted pod's, fenced.
         assert_eq!(
-            plan(&st, &view("Unknown")),
-            [("10".to_string(), "old-uid".to_string(), true)]
+            plan_and_wait(&replaced(Some("192.0.2.20")), &view("Unknown")),
+            (vec![("10".to_string(), "old-uid".to_string(), true)], false)
         );
-        // On a Ready node nothing is fenced, and a kept entry stays kept.
-        assert_eq!(plan(&st, &view("True")), []);
+        // On a Ready node nothing is fenced, nothing waits, and a kept entry stays kept.
+        assert_eq!(plan_and_wait(&st, &view("True")), (vec![], false));
     }
 
     #[test]

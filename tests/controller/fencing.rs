@@ -441,7 +441,9 @@ async fn a_fence_the_apiserver_refuses_holds_and_the_rest_of_the_pool_is_release
 /// which web-0 (on a node that is not Ready) was force-deleted and its replacement created
 /// (no network-status yet): its watch sees the replacement and never web-0's Delete. The
 /// replacement is in the cache before the deletion is judged, and the cache alone keeps the
-/// entry (its allocation may race the annotation); the deleted pod's node still decides: fenced.
+/// entry (its allocation may race the annotation). While the replacement has no network-status
+/// the entry may be its own (given back under its name): kept, neither fenced nor released.
+/// Once the replacement lists another address, the deleted pod's node decides: fenced.
 #[tokio::test]
 async fn a_replacement_known_before_the_deletion_is_judged_still_gets_the_old_address_fenced() {
     let (cp, mut env) = Env::private("ctl-fence-replaced").await;
@@ -469,6 +471,16 @@ async fn a_replacement_known_before_the_deletion_is_judged_still_gets_the_old_ad
     cp.start_apiserver()
         .await
         .expect("restart the first apiserver");
+    // The replacement in the cache (its watch resumed), the deletion judged: the entry may be
+    // the replacement's, kept unfenced while it has no network-status.
+    env.wait_metric("ipreclaim_deletions_awaiting_replacement_status 1")
+        .await;
+    env.wait_sweeps(3.0).await;
+    let (podref, _) = env.entry_and_fence("192.0.2.0-24", "10").await;
+    assert_eq!(podref, Some(format!("{ns}/web-0")), "kept, not fenced yet");
+    assert!(env.events(FENCED).await.is_empty());
+    // The replacement lists another address: the entry was the deleted web-0's.
+    env.list_on("web-0", &["192.0.2.20"]).await;
     let events = env.wait_events(FENCED).await;
     assert_eq!(
         events.iter().map(|e| e.1.as_str()).collect::<Vec<_>>(),
@@ -477,8 +489,97 @@ async fn a_replacement_known_before_the_deletion_is_judged_still_gets_the_old_ad
     );
     let (podref, _) = env.entry_and_fence("192.0.2.0-24", "10").await;
     assert_eq!(podref, Some(format!("{ns}/web-0:fenced")));
+    env.wait_metric("ipreclaim_deletions_awaiting_replacement_status 0")
+        .await;
     env.wait_sweeps(3.0).await;
     assert_eq!(env.keys("192.0.2.0-24").await, ["10"], "kept");
     env.stop().await;
     drop(second);
+}
+
+/// web-0 is force-deleted from a node that is not Ready and recreated elsewhere; whereabouts
+/// gives the replacement its name's entry back (same podref, the replacement's sandbox) before
+/// Multus writes the replacement's network-status, and the controller's pod watch lags its
+/// pool watch (4 s here), so the deletion's snapshot of what web-0 held names the
+/// replacement's sandbox. The entry is the replacement's: never fenced (a fence is lifted by
+/// removing its entry, from under the replacement), kept while the replacement has no
+/// network-status, and left alone once it lists the address. Before, it was fenced.
+#[tokio::test]
+async fn an_entry_given_back_to_the_replacement_before_the_deletion_is_seen_is_never_fenced() {
+    let mut env = Env::new("ctl-fence-given-back").await;
+    let ns = env.ns.clone();
+    let down = env.fence_node("Unknown").await;
+    env.macvlan(&[(10, "sb-old", "web-0")]).await;
+    env.pod_on("web-0", "macvlan", Some(&["192.0.2.10"]), Some(&down))
+        .await;
+    let proxy = FaultProxy::start(env.client.clone(), 6).await.unwrap();
+    let lag = Action::DelayEvents(Duration::from_secs(4));
+    proxy.set_rules(vec![Rule::new(Some("watch"), Some("pods"), lag)]);
+    let through = ControlPlane::shared().client_through_faults(&proxy).await;
+    env.start_as(through, &[]).await;
+    env.wait_metric("ipreclaim_unready_nodes 1").await;
+
+    env.delete_pod("web-0").await;
+    env.pod("web-0", "macvlan", None).await;
+    env.give_back("web-0", 10, "sb-new").await;
+    let entry = || async { env.entry_and_fence("192.0.2.0-24", "10").await.0 };
+    // The deletion arrives 4 s late and is judged: it waits for the replacement's
+    // network-status or, before, fenced the entry.
+    wait_for("the deletion judged", || async {
+        metric_value(
+            &env.metrics_text().await,
+            "ipreclaim_deletions_awaiting_replacement_status",
+        ) == 1.0
+            || entry().await.is_some_and(|p| p.ends_with(":fenced"))
+    })
+    .await;
+    env.wait_sweeps(3.0).await;
+    assert_eq!(entry().await, Some(format!("{ns}/web-0")), "not fenced");
+    assert!(env.events(FENCED).await.is_empty());
+
+    // Multus lists the address on the replacement: the entry is its own, left alone.
+    env.list_on("web-0", &["192.0.2.10"]).await;
+    env.wait_metric("ipreclaim_deletions_awaiting_replacement_status 0")
+        .await;
+    env.wait_sweeps(3.0).await;
+    let pool = env.pools().get("192.0.2.0-24").await.unwrap();
+    let id = pool.spec.allocations.get("10").map(|a| a.id.as_str());
+    assert_eq!(id, Some("sb-new"));
+    assert_eq!(entry().await, Some(format!("{ns}/web-0")));
+    assert!(env.events(FENCED).await.is_empty());
+    assert!(env.events("IPAddressGarbageCollected").await.is_empty());
+    env.finish(&down).await;
+    env.delete_pod("web-0").await;
+}
+
+/// A fence whose address the deleted pod's replacement lists (the entry was the replacement's
+/// when it was fenced) is never lifted: a lift removes the entry, from under the replacement.
+/// web-0 and db-0 are fenced on one node; web-0's replacement lists web-0's address; the node
+/// comes back and settles: db-0's fence lifts (its address released) in the pass that keeps
+/// web-0's. Before, both were lifted and web-0's address freed under the replacement.
+#[tokio::test]
+async fn a_fence_whose_address_the_replacement_lists_is_never_lifted() {
+    let (mut env, node, _) =
+        Env::with_web_0_seen_fenced("ctl-fence-listed", &["--fence-settle=1s"]).await;
+    let ns = env.ns.clone();
+    env.delete_pod("db-0").await;
+    wait_for("db-0's entry fenced", || async {
+        env.entry_and_fence("192.0.2.0-24", "11").await.0 == Some(format!("{ns}/db-0:fenced"))
+    })
+    .await;
+    env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
+    env.set_ready(&node, "True").await;
+    env.wait_keys("192.0.2.0-24", &["10"]).await;
+    let (podref, fence) = env.entry_and_fence("192.0.2.0-24", "10").await;
+    assert_eq!(podref, Some(format!("{ns}/web-0:fenced")), "still fenced");
+    assert!(fence.is_some(), "its record kept");
+    let released = env.wait_events("IPAddressGarbageCollected").await;
+    assert_eq!(
+        released.iter().map(|e| e.0.as_str()).collect::<Vec<_>>(),
+        ["db-0"],
+        "{released:?}"
+    );
+    env.wait_metric("ipreclaim_fenced_addresses 1").await;
+    env.finish(&node).await;
+    env.delete_pod("web-0").await;
 }

@@ -158,10 +158,24 @@ impl Env {
         let uid = self
             .pod(name, "macvlan", Some(&[&format!("192.0.2.{offset}")]))
             .await;
+        self.give_back(name, offset, sandbox).await;
+        uid
+    }
+
+    /// whereabouts gives pod `name` the macvlan pool's entry at `offset` for sandbox
+    /// `sandbox` (it reuses an entry by podref: the same name gets its entry back).
+    pub async fn give_back(&self, name: &str, offset: u32, sandbox: &str) {
         let entry = allocation(&self.ns, name, sandbox);
         let patch = serde_json::json!({"spec": {"allocations": {offset.to_string(): entry}}});
         self.merge_pool("192.0.2.0-24", patch).await;
-        uid
+    }
+
+    /// Multus writes pod `name`'s network-status: `ips` on the macvlan network.
+    pub async fn list_on(&self, name: &str, ips: &[&str]) {
+        let status = support::network_status(&self.ns, "macvlan", ips);
+        let patch = serde_json::json!({"metadata": {"annotations": {
+            NETWORK_STATUS_ANNOTATION: status}}});
+        testenv::fixtures::merge(&self.pods(), name, patch).await;
     }
 
     /// The usual pair: the macvlan NAD over 192.0.2.0/24, web-0 (192.0.2.10, sandbox sb-web)
