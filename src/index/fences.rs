@@ -286,14 +286,20 @@ impl Index {
     }
 
     /// The deleted pods (podrefs) whose addresses are fenced or pending: their reservations
-    /// go with the fence's release.
+    /// go with the fence's release. An entry marked fenced counts whether or not its record
+    /// can be read (a record deleted by hand, or one that no longer parses, is no release).
     pub fn fenced_podrefs(&self) -> HashSet<&str> {
         let objects = self.fences.iter().map(|(_, o)| o.record.podref.as_str());
-        let annotations = self
-            .pools
-            .all()
-            .values()
+        let pools = self.pools.all().values();
+        let annotations = pools
+            .clone()
             .flat_map(|p| p.annotation_fences.values().map(|r| r.podref.as_str()));
-        objects.chain(annotations).collect()
+        let marked = pools.flat_map(|p| {
+            p.marked.values().filter_map(|e| {
+                e.podref
+                    .strip_suffix(crate::ipam::fence::FENCED_PODREF_SUFFIX)
+            })
+        });
+        objects.chain(annotations).chain(marked).collect()
     }
 }

@@ -193,8 +193,19 @@ impl Budgets {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, kube::Error>>,
     {
-        self.send_within(WriteKind::Event, Paid::No, false, write)
-            .await
+        self.send_ungated(WriteKind::Event, write).await
+    }
+
+    /// [`send`](Self::send) past the gate, for a write that decides nothing and only reports
+    /// or repairs one this replica made, which no other replica knows is due: a release's
+    /// Event, a reservation put back for an allocation that appeared while this replica
+    /// deleted it (a create, refused if one exists).
+    pub async fn send_ungated<T, F, Fut>(&self, kind: WriteKind, write: F) -> Result<T, kube::Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, kube::Error>>,
+    {
+        self.send_within(kind, Paid::No, false, write).await
     }
 
     async fn send_within<T, F, Fut>(
@@ -342,6 +353,9 @@ mod tests {
         let report = budgets.send_report(write).now_or_never().expect("no wait");
         assert!(report.is_ok());
         assert_eq!(sent.load(std::sync::atomic::Ordering::Relaxed), 1);
+        let restore = budgets.send_ungated(WriteKind::Reservation, write);
+        assert!(restore.now_or_never().expect("no wait").is_ok());
+        assert_eq!(sent.load(std::sync::atomic::Ordering::Relaxed), 2);
     }
 
     #[test]

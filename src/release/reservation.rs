@@ -197,9 +197,7 @@ impl Writer {
             },
         );
         let params = PostParams::default();
-        let created = self
-            .send_object_write("create", || api.create(&params, &r))
-            .await;
+        let created = self.send_restore(|| api.create(&params, &r)).await;
         match created {
             // Already back (someone put it back first): fine when it names this pod.
             Err(kube::Error::Api(s)) if s.code == 409 => match api.get_opt(&d.name).await {

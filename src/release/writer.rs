@@ -103,6 +103,24 @@ impl Writer {
             .await
     }
 
+    /// A reservation create past the leadership gate: putting back one this replica deleted,
+    /// for an allocation that appeared meanwhile (no other replica knows it is due; a create
+    /// decides nothing and is refused if one exists).
+    pub(super) async fn send_restore<T, F, Fut>(&self, mut write: F) -> Result<T, kube::Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, kube::Error>>,
+    {
+        let metrics = &self.metrics;
+        let write = || {
+            metrics.write("create");
+            write()
+        };
+        self.budgets
+            .send_ungated(WriteKind::Reservation, write)
+            .await
+    }
+
     /// A writer to the pools of `namespace` within `budgets`, reporting with `events`:
     /// patches spaced by 200 ms, writing, and without an index until told otherwise.
     pub fn new(

@@ -89,3 +89,16 @@ fn a_release_forgets_its_entry_and_names_that_pods_reservations_for_that_address
     assert!(!ix.pools().has_allocations("ns/a"));
     assert_eq!(ix.entry(POOL, "5"), None);
 }
+
+#[test]
+fn an_entry_marked_fenced_keeps_its_pods_reservation_even_without_a_readable_record() {
+    // The record was deleted by hand (or no longer parses): the entry is still fenced.
+    let mut ix = with_reservations(&[("192.0.2.3", "ns/fenced"), ("192.0.2.4", "ns/gone")]);
+    ix.upsert_pool(&pool(&[("3", "sb-3", "ns/fenced:fenced")]));
+    let orphans: Vec<String> = ix
+        .orphan_reservations()
+        .into_iter()
+        .map(|r| r.podref)
+        .collect();
+    assert_eq!(orphans, ["ns/gone"]);
+}
