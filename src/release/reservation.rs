@@ -4,8 +4,9 @@
 //! budgets and 429 pauses make that window long) would lose its reservation, and a pool with an
 //! overlapping range could hand the address out again. So each delete is checked at the moment
 //! it goes out: no pool entry may hold the address for that podref (the controller's index; a
-//! fresh read of the pool where there is no index), and the delete carries the uid it was
-//! chosen with as precondition. whereabouts reads the reservation before it writes the pool
+//! fresh read of the pool where there is no index; for an orphan, whose address is not known,
+//! no allocation of the pod and no pod of that name, read fresh), and the delete carries the
+//! uid it was chosen with as precondition. whereabouts reads the reservation before it writes the pool
 //! entry, so its allocation can still land between the check and the delete: looks after the
 //! delete (0.3 s, 1 s and 5 s; one fresh read per pool for every delete due) put the
 //! reservation back if an entry for the pod and address appeared.
@@ -58,14 +59,17 @@ impl Writer {
         indexed: bool,
     ) -> Result<Option<Holder>, kube::Error> {
         let Some(ip) = d.ip else {
-            // An orphan: kept while its pod holds any allocation.
+            // An orphan: kept while its pod holds any allocation or lives.
             let any = self.index.as_ref().is_some_and(|i| {
-                i.read()
-                    .expect("index lock")
-                    .pools()
-                    .has_allocations(&d.podref)
+                let i = i.read().expect("index lock");
+                i.pools().has_allocations(&d.podref) || i.pods().is_live(&d.podref)
             });
-            return Ok(any.then(|| (String::new(), None)));
+            // The sweep read the pod gone a while ago (the delete may wait for its budget), and
+            // our watches may lag: a pod of that name now may hold the address through this
+            // very reservation (whereabouts keeps one that names the pod). A pod exists before
+            // its allocation, so a fresh read of it now closes that window.
+            let exists = any || self.pod_exists(&d.podref).await?;
+            return Ok(exists.then(|| (String::new(), None)));
         };
         if let Some(index) = self.index.as_ref().filter(|_| indexed) {
             let index = index.read().expect("index lock");
@@ -87,6 +91,14 @@ impl Writer {
             .into_iter()
             .find(|e| e.podref == d.podref && e.ip == ip)
             .map(|e| (e.id, e.ifname)))
+    }
+
+    /// Whether a pod of `podref` exists now (read fresh, its metadata only).
+    async fn pod_exists(&self, podref: &str) -> Result<bool, kube::Error> {
+        let pod = crate::ipam::PodKey::lenient(podref);
+        let pods: Api<k8s_openapi::api::core::v1::Pod> =
+            Api::namespaced(self.client.clone(), &pod.namespace);
+        Ok(pods.get_metadata_opt(&pod.name).await?.is_some())
     }
 
     /// Deletes one reservation unless a live allocation holds its address (see the module).

@@ -200,3 +200,51 @@ async fn a_look_refused_a_pool_list_reads_the_pool_with_get() {
     );
     env.stop().await;
 }
+
+/// A reservation whose pod is gone (an orphan) is due: the sweep reads the pod (gone), and
+/// while that answer is on its way (3 s here) web-0 is recreated and gets the address back
+/// through that very reservation, the controller's pod and pool watches lagging (6 s). The
+/// delete's check, right before it goes, reads the pod fresh: it exists, the reservation
+/// stays. Before, only the index was asked (no allocation, no pod yet) and it was deleted.
+#[tokio::test]
+async fn an_orphan_whose_pod_comes_back_before_its_delete_goes_is_kept() {
+    use testenv::faultproxy::{Action, FaultProxy, Rule};
+    let mut env = Env::new("ctl-orphan-back").await;
+    env.macvlan(&[]).await;
+    env.reservation_of("192.0.2.10", "sb-web-0", "web-0").await;
+    let proxy = FaultProxy::start(env.client.clone(), 6).await.unwrap();
+    let late = |verb, resource, secs| {
+        Rule::new(
+            Some(verb),
+            Some(resource),
+            Action::DelayEvents(Duration::from_secs(secs)),
+        )
+    };
+    proxy.set_rules(vec![
+        late("get", "pods", 3),
+        late("watch", "pods", 6),
+        late("watch", "ippools", 6),
+    ]);
+    let through = ControlPlane::shared().client_through_faults(&proxy).await;
+    env.start_as(through, &[]).await;
+    let reads = || proxy.requests().get("get pods").copied().unwrap_or(0);
+    wait_for("the sweep reading the orphan's pod", || async {
+        reads() > 0
+    })
+    .await;
+    env.recreate("web-0", 10, "sb-web-0-new").await;
+
+    let kept = "ipreclaim_reservations_kept_total";
+    wait_for("the delete's check", || async {
+        testenv::poll::metric_value(&env.metrics_text().await, kept) >= 1.0
+            || env.reservation_names().await.is_empty()
+    })
+    .await;
+    assert_eq!(
+        env.reservation_names().await,
+        ["192.0.2.10"],
+        "the recreated web-0's reservation"
+    );
+    env.stop().await;
+    env.delete_pod("web-0").await;
+}
