@@ -90,11 +90,12 @@ pub async fn pods(
     relisted::<Pods, _>("pods", client, api, config, synced, |relist, step| {
         let mut ix = index.write().expect("index lock");
         let applied = relist.step(&mut ix, step, Instant::now());
-        // The node of each deletion is judged as it is seen: the fence follows from it.
+        // The node of each deletion is judged as it is seen: the fence follows from it (before
+        // the Nodes are listed, a pod bound to a node is fenced: its node then is unknown).
         if let Some(view) = &nodes {
             let view = view.read().expect("node index lock");
             for b in &applied.effects {
-                ix.judge_deleted_nodes(&b.podref, |node| view.distrust(node));
+                ix.judge_deleted_nodes(&b.podref, |node| view.distrust_deleted(node));
             }
         }
         drop(ix);

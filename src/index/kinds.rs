@@ -374,4 +374,8 @@ impl Kind for Nodes {
     fn known(v: &NodeIndex) -> Vec<String> {
         v.names()
     }
+
+    fn listed(v: &mut NodeIndex) {
+        v.set_listed();
+    }
 }

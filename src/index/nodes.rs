@@ -13,7 +13,12 @@ pub struct NodeIndex {
     nodes: HashMap<String, NodeReadiness>,
     /// When each node's last fresh read (a GET, not the watch) began.
     read: HashMap<String, Instant>,
+    /// The Node watch has listed every Node once (before, an unknown node is no word).
+    listed: bool,
 }
+
+/// Why a deletion seen before the Node watch first listed is fenced.
+pub const NODES_NOT_LISTED: &str = "the controller had not listed Nodes yet when the pod was deleted: its node's readiness then is unknown";
 
 /// A node's Ready condition changed in a way worth a log line.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +48,21 @@ impl NodeIndex {
     /// trusted less than the operator's word.
     pub fn distrust(&self, node: Option<&str>) -> Option<String> {
         distrust(self.node(node?))
+    }
+
+    /// Why a pod deleted now from `node` must be fenced, for the tombstone: as
+    /// [`distrust`](Self::distrust) once the Nodes are listed; before that, any pod bound to a
+    /// node (the node may be down now, and Ready again by the time the list comes).
+    pub fn distrust_deleted(&self, node: Option<&str>) -> Option<String> {
+        match node {
+            Some(_) if !self.listed => Some(NODES_NOT_LISTED.to_owned()),
+            _ => self.distrust(node),
+        }
+    }
+
+    /// The Node watch listed every Node.
+    pub fn set_listed(&mut self) {
+        self.listed = true;
     }
 
     /// Nodes that are not Ready.

@@ -583,3 +583,38 @@ async fn a_fence_whose_address_the_replacement_lists_is_never_lifted() {
     env.finish(&node).await;
     env.delete_pod("web-0").await;
 }
+
+/// The controller starts while its Node list is slow (4 s here): web-0 is deleted from a node
+/// that is not Ready once the pod watch runs and before the Nodes are listed, and the node is
+/// Ready again by the time they are. Its node's readiness at the deletion is unknown: fenced
+/// (lifted after the settle), not released. Before, the empty Node view called the node
+/// trusted for good, and the address was released at once.
+#[tokio::test]
+async fn a_deletion_seen_before_the_nodes_are_listed_is_fenced() {
+    let mut env = Env::new("ctl-fence-unlisted").await;
+    let node = env.fence_node("Unknown").await;
+    env.macvlan(&[(10, "sb-web-0", "web-0")]).await;
+    let uid = env
+        .pod_on("web-0", "macvlan", Some(&["192.0.2.10"]), Some(&node))
+        .await;
+    let proxy = FaultProxy::start(env.client.clone(), 6).await.unwrap();
+    let slow = Action::Delay(Duration::from_secs(4));
+    proxy.set_rules(vec![Rule::new(Some("list"), Some("nodes"), slow)]);
+    let through = ControlPlane::shared().client_through_faults(&proxy).await;
+    let other = Env::with(env.client.clone(), env.ns.clone());
+    let meanwhile = async {
+        wait_for("the controller's pod watch running", || async {
+            proxy.requests().contains_key("watch pods")
+        })
+        .await;
+        other.delete_pod("web-0").await;
+        other.set_ready(&node, "True").await;
+    };
+    tokio::join!(env.start_as(through, &[]), meanwhile);
+    let message = env.wait_one_event(FENCED, "web-0", &uid).await;
+    assert!(message.contains("had not listed Nodes"), "{message}");
+    env.wait_sweeps(3.0).await;
+    assert_eq!(env.keys("192.0.2.0-24").await, ["10"], "kept");
+    assert!(env.events("IPAddressGarbageCollected").await.is_empty());
+    env.finish(&node).await;
+}

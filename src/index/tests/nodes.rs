@@ -121,3 +121,27 @@ fn only_a_fresh_read_that_found_the_node_ready_spares_later_reads() {
     v.record_read("a", later, false);
     assert!(!v.read_since("a", t0));
 }
+
+#[test]
+fn a_deletion_seen_before_the_nodes_are_listed_is_distrusted_whatever_its_node_says_later() {
+    let mut v = NodeIndex::default();
+    // The Node list is still on its way: a pod bound to a node gets the doubt.
+    assert_eq!(
+        v.distrust_deleted(Some("a")).as_deref(),
+        Some(crate::index::nodes::NODES_NOT_LISTED)
+    );
+    assert_eq!(v.distrust_deleted(None), None, "never scheduled");
+    // Listed (a is Ready by then): the Node's word from now on.
+    let mut r = Relist::<Nodes>::default();
+    relisted(
+        &mut r,
+        &mut v,
+        [node("a", Some("True")), node("b", Some("Unknown"))],
+    );
+    assert_eq!(v.distrust_deleted(Some("a")), None);
+    assert_eq!(
+        v.distrust_deleted(Some("b")).as_deref(),
+        Some("Ready=Unknown (KubeletStopped)")
+    );
+    assert_eq!(v.distrust_deleted(Some("gone")), None);
+}
