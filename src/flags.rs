@@ -7,6 +7,16 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e} (use e.g. 500ms, 30s, 2m)"))
 }
 
+/// A share flag: a number from 0 to 1 (`--max-release-ratio`).
+pub fn parse_ratio(s: &str) -> Result<f64, String> {
+    let r: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if (0.0..=1.0).contains(&r) {
+        Ok(r)
+    } else {
+        Err(format!("{r} is not between 0 and 1"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -17,5 +27,20 @@ mod tests {
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         let e = parse_duration("2 minutes please").unwrap_err();
         assert!(e.contains("use e.g."), "{e}");
+    }
+
+    #[test]
+    fn ratios_are_numbers_from_0_to_1_inclusive() {
+        assert_eq!(parse_ratio("0.5"), Ok(0.5));
+        assert_eq!(parse_ratio("0"), Ok(0.0));
+        assert_eq!(parse_ratio("1"), Ok(1.0));
+        assert_eq!(parse_ratio("1.5"), Err("1.5 is not between 0 and 1".into()));
+        assert_eq!(
+            parse_ratio("-0.1"),
+            Err("-0.1 is not between 0 and 1".into())
+        );
+        assert_eq!(parse_ratio("half"), Err(r#""half" is not a number"#.into()));
+        // NaN parses as a number but lies in no range.
+        assert!(parse_ratio("NaN").is_err());
     }
 }

@@ -738,6 +738,10 @@ fn the_values_schema_refuses_unknown_keys_and_wrong_types() {
             "controller.maxReleaseRatio=2",
             "at '/controller/maxReleaseRatio': maximum",
         ),
+        (
+            "nodeAgent.maxReleaseRatio=3",
+            "at '/nodeAgent/maxReleaseRatio': maximum",
+        ),
         ("logFormat=xml", "at '/logFormat'"),
         ("image.pullPolicy=Sometimes", "at '/image/pullPolicy'"),
         (

@@ -54,11 +54,14 @@ fn a_repeated_flag_takes_its_last_value() {
         "--cri-endpoint=unix:///b.sock",
         "--sandbox-grace=1s",
         "--sandbox-grace=7s",
+        "--max-release-ratio=0.1",
+        "--max-release-ratio=0.3",
     ])
     .unwrap_or_else(|e| panic!("repeated node-agent flags: {e}"));
     assert_eq!(parsed.args.node_name, "b");
     assert_eq!(parsed.args.cri_endpoint, "unix:///b.sock");
     assert_eq!(parsed.args.sandbox_grace, std::time::Duration::from_secs(7));
+    assert_eq!(parsed.args.max_release_ratio, 0.3);
 
     // The binary's own subcommands (built from the same structs) accept them too.
     for args in [

@@ -652,6 +652,84 @@ async fn a_sandbox_whose_pause_died_keeps_its_entry_while_its_network_is_up() {
     env.stop().await;
 }
 
+/// Seven pods of this node lose their sandboxes at once (stopped, no CNI DEL) in a pool of 12
+/// allocations; their pods list none of those addresses (four have no network-status, three
+/// list another address), so each entry would be released. All seven would free more than
+/// half of the pool: at `--max-release-ratio=0.5` the agent releases 6 and holds the 7th, with
+/// one Warning Event on the pool, and keeps looking at the held sandbox after each grace
+/// without reporting the hold again. Its release tasks run concurrently and may all read the
+/// pool before any patch lands: each reserves what it lets go, and a reserved entry still
+/// listed does not count in the pool's size, so exactly 6 go in any order. Before, all 7 went.
+#[tokio::test]
+async fn the_breaker_holds_what_the_agent_would_release_over_the_ratio_of_a_pool() {
+    let mut env = NodeEnv::new("node-breaker").await;
+    env.nad().await;
+    // Allocations of pods elsewhere: the agent never looks at them.
+    for i in 0..5 {
+        let other = format!("other-{i}");
+        env.allocate(20 + i, &format!("sandbox-of-{other}"), &other)
+            .await;
+    }
+    let mut sandboxes = Vec::new();
+    for i in 0..7 {
+        let name = format!("web-{i}");
+        let uid = env.pod(&name).await;
+        let id = env.run_sandbox(&name, &uid).await;
+        env.allocate(10 + i, &id, &name).await;
+        if i % 2 == 1 {
+            env.set_network_status(&name, &format!("192.0.2.{}", 40 + i))
+                .await;
+        }
+        sandboxes.push(id);
+    }
+    assert_eq!(env.keys().await.len(), 12);
+    env.start(&["--sandbox-grace=1s", "--max-release-ratio=0.5"])
+        .await;
+    env.wait_metric(STARTED, 7.0).await;
+    futures::future::join_all(sandboxes.iter().map(|id| env.stop_sandbox(id))).await;
+
+    let released = r#"ipreclaim_node_dead_sandboxes_total{outcome="released"}"#;
+    let held = r#"ipreclaim_node_dead_sandboxes_total{outcome="held"}"#;
+    wait_for(
+        "every sandbox released, or one held and looked at again",
+        || async { env.metric(released).await >= 7.0 || env.metric(held).await >= 2.0 },
+    )
+    .await;
+    assert!(
+        env.metric(held).await > 0.0,
+        "nothing held: {} released",
+        env.metric(released).await
+    );
+    // Six of the twelve go (the writes of the last may still be landing), and no more while
+    // the held sandbox is looked at again.
+    env.wait_metric(released, 6.0).await;
+    let looks = env.metric(held).await;
+    wait_for("two more looks at the held sandbox", || async {
+        env.metric(held).await >= looks + 2.0
+    })
+    .await;
+    assert_eq!(env.metric(released).await, 6.0);
+    assert_eq!(env.keys().await.len(), 6, "12 - 6 released");
+    assert_eq!(
+        env.metric(r#"ipreclaim_releases_total{reason="SandboxGone"}"#)
+            .await,
+        6.0
+    );
+    let holds = env.wait_events("IPAddressGarbageCollectionHeld").await;
+    assert_eq!(holds.len(), 1, "reported once: {holds:?}");
+    let (object, message) = &holds[0];
+    assert_eq!(object, POOL);
+    assert!(
+        message.contains(&format!("node agent on node {}", env.node))
+            && message.contains("would release 1 of 6 allocations")
+            && message.contains("6 released by it in the last 10 min")
+            && message.contains("--max-release-ratio 0.5")
+            && message.contains("kubectl ipreclaim release"),
+        "{message}"
+    );
+    env.stop().await;
+}
+
 #[tokio::test]
 async fn a_runtime_outage_fails_healthz_and_recovers_without_lost_or_duplicated_events() {
     let mut env = NodeEnv::new("node-outage").await;

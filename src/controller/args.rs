@@ -3,18 +3,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::flags::parse_duration;
+use crate::flags::{parse_duration, parse_ratio};
 use crate::release::BudgetConfig;
 use crate::telemetry::LogFormat;
-
-fn parse_ratio(s: &str) -> Result<f64, String> {
-    let r: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
-    if (0.0..=1.0).contains(&r) {
-        Ok(r)
-    } else {
-        Err(format!("{r} is not between 0 and 1"))
-    }
-}
 
 /// Flags of `ipreclaim controller` (each also read from the environment variable shown).
 #[derive(Debug, Clone, clap::Args)]

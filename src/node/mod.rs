@@ -15,6 +15,7 @@ pub mod cri;
 pub mod error;
 pub mod evidence;
 pub mod fences;
+pub mod hold;
 pub mod plan;
 pub mod release;
 pub mod witness;
@@ -39,7 +40,7 @@ use podlife::throttle::{Parallelism, Throttle};
 use prometheus_client::registry::Registry;
 use tokio::task::JoinSet;
 
-use crate::flags::parse_duration;
+use crate::flags::{parse_duration, parse_ratio};
 use crate::ipam::PodKey;
 use crate::reclaim::ReclaimConfig;
 use crate::release::{BudgetConfig, Budgets, Events, writer};
@@ -103,6 +104,10 @@ pub struct NodeAgentArgs {
     /// Decide and report (logs, Events, metrics) but write nothing.
     #[arg(long, env = "IPRECLAIM_DRY_RUN")]
     pub dry_run: bool,
+    /// Largest share of a pool (over 10 allocations) this agent may release within 10
+    /// minutes; more is held (Warning Event on the pool) and looked at again after the grace.
+    #[arg(long, env = "IPRECLAIM_MAX_RELEASE_RATIO", default_value = "0.5", value_parser = parse_ratio)]
+    pub max_release_ratio: f64,
     /// Keep each released address out of the pool this long (its entry is marked, not removed)
     /// so a stale client of the old pod does not reach a new one; the controller returns it to
     /// the pool when the time is up. 0: off.
@@ -421,6 +426,10 @@ impl Agent {
                 tracing::info!(sandbox = %sb.id, ?now, "the sandbox's network or containers are still up; looked at again after the grace");
                 self.witness.recheck(sb, self.clock.now());
             }
+            Outcome::Held => {
+                tracing::info!(sandbox = %sb.id, "the breaker holds the sandbox's releases; looked at again after the grace");
+                self.witness.recheck(sb, self.clock.now());
+            }
             other => tracing::info!(sandbox = %sb.id, outcome = ?other, "dead sandbox handled"),
         }
         self.metrics
@@ -457,6 +466,8 @@ fn releaser(
         events,
         reclaim: ReclaimConfig::default(),
         metrics: metrics.clone(),
+        max_release_ratio: args.max_release_ratio,
+        breaker: Mutex::new(hold::NodeBreaker::default()),
     }
 }
 

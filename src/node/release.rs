@@ -1,8 +1,10 @@
 //! Releasing what a dead sandbox held, with targeted GETs only: the pod, its networks' NADs,
 //! node slices and pools, and the reservations of the released addresses.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::Mutex;
+use std::time::Instant;
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Pod;
@@ -11,6 +13,7 @@ use kube::{Client, ResourceExt};
 
 use super::cri::CriPodSource;
 use super::error::NodeError;
+use super::hold::{EntryId, Hold, NodeBreaker, PoolSeen, hold_pools};
 use super::plan::{PoolTarget, Written, plan_pool, pod_networks};
 use super::witness::{DeadSandbox, SandboxNow};
 use crate::api::lenient::Lenient;
@@ -21,10 +24,10 @@ use crate::ipam::{
     IpamConfig, PodKey, PoolEntry, ippool_name, parse_nad_config, pool_allocations,
     reservation_name,
 };
+use crate::reclaim::breaker::{BREAKER_WINDOW, NewHold};
 use crate::reclaim::{LivePod, PodPhase, PodRef, ReclaimConfig};
-use crate::release::Events;
-use crate::release::WriterHandle;
 use crate::release::reservation::ReservationDelete;
+use crate::release::{Events, ReleaseError, ReleaseOutcome, ReleaseRequest, WriterHandle};
 use crate::telemetry::NodeMetrics;
 
 /// What became of a dead sandbox.
@@ -46,13 +49,16 @@ pub enum Outcome {
     /// The runtime says the sandbox's network or a container of it is still up: looked at
     /// again after a grace.
     InUse(SandboxNow),
+    /// The blast-radius breaker held its releases in a pool (those in other pools went):
+    /// looked at again after a grace.
+    Held,
     /// Something failed; retried later.
     Failed(NodeError),
 }
 
 impl Outcome {
     /// Every label, for metrics.
-    pub const LABELS: [&'static str; 8] = [
+    pub const LABELS: [&'static str; 9] = [
         "released",
         "dry_run",
         "no_allocation",
@@ -60,6 +66,7 @@ impl Outcome {
         "pod_gone",
         "revived",
         "in_use",
+        "held",
         "failed",
     ];
 
@@ -73,6 +80,7 @@ impl Outcome {
             Outcome::PodGone => "pod_gone",
             Outcome::Revived => "revived",
             Outcome::InUse(_) => "in_use",
+            Outcome::Held => "held",
             Outcome::Failed(_) => "failed",
         }
     }
@@ -98,6 +106,21 @@ pub struct Releaser {
     pub(crate) events: Events,
     pub(crate) reclaim: ReclaimConfig,
     pub(crate) metrics: NodeMetrics,
+    /// `--max-release-ratio`.
+    pub(crate) max_release_ratio: f64,
+    /// The blast-radius breaker over this agent's releases (release tasks run concurrently).
+    pub(crate) breaker: Mutex<NodeBreaker>,
+}
+
+/// A pool as just read: its uid (for Events on it) and entries.
+struct PoolRead {
+    uid: String,
+    entries: Vec<PoolEntry>,
+}
+
+/// A pool entry as the breaker knows it.
+fn entry_id(r: &ReleaseRequest) -> EntryId {
+    (r.judged.entry.id.clone(), r.judged.entry.ip)
 }
 
 fn failed(what: String, e: kube::Error) -> Outcome {
@@ -156,15 +179,27 @@ impl Releaser {
         }
         let mut reqs = Vec::new();
         let mut kept = 0;
+        let mut seen: BTreeMap<String, PoolSeen> = BTreeMap::new();
+        let mut uids: BTreeMap<String, String> = BTreeMap::new();
         for t in targets.values() {
-            let Some(entries) = self.entries_of(&t.pool).await? else {
+            let Some(PoolRead { uid, entries }) = self.entries_of(&t.pool).await? else {
                 continue;
             };
+            let all = entries.iter().map(|e| (e.id.clone(), e.ip)).collect();
             let plan = plan_pool(&sb.id, &podref, live, t, entries, &self.reclaim);
             for (entry, decision) in &plan.kept {
                 tracing::info!(pool = %t.pool, ip = %entry.ip, ?decision, "dead sandbox's entry kept");
             }
             kept += plan.kept.len();
+            let releases = plan.releases.iter().map(entry_id).collect();
+            seen.insert(
+                t.pool.clone(),
+                PoolSeen {
+                    releases,
+                    entries: all,
+                },
+            );
+            uids.insert(t.pool.clone(), uid);
             reqs.extend(plan.releases);
         }
         if reqs.is_empty() {
@@ -174,7 +209,13 @@ impl Releaser {
                 Outcome::Kept
             });
         }
+        let (held, reserved_at) = self.hold(&sb.id, &seen, &uids).await;
+        reqs.retain(|r| !held.contains(&r.judged.pool));
+        if reqs.is_empty() {
+            return Ok(Outcome::Held);
+        }
         let results = self.writer.release(reqs.clone()).await;
+        self.give_back(&reqs, &results, reserved_at);
         let written = Written::tally(&reqs, &results);
         crate::release::audit::emit_all(reqs.iter().zip(&results), None, Some(&self.node));
         for (network, ips) in &written.released {
@@ -195,9 +236,88 @@ impl Releaser {
         Ok(match written.error {
             // Entries already written stay released; the retry finds only what is left.
             Some(e) => Outcome::Failed(e.into()),
+            // Not looked at again: its other releases would be reported twice.
             None if written.dry_run > 0 => Outcome::DryRun(written.dry_run),
+            None if !held.is_empty() => {
+                let n = written.addresses().len();
+                tracing::info!(sandbox = %sb.id, released = n, held = ?held, "dead sandbox's entries released but in held pools");
+                Outcome::Held
+            }
             None => Outcome::Released(written.addresses().len()),
         })
+    }
+
+    /// The blast-radius breaker: judges the sandbox's releases per pool (reserving what
+    /// passes) and reports new holds. Returns the held pools and when the rest was reserved.
+    async fn hold(
+        &self,
+        sandbox: &str,
+        seen: &BTreeMap<String, PoolSeen>,
+        uids: &BTreeMap<String, String>,
+    ) -> (BTreeSet<String>, Instant) {
+        let (Hold { held, new }, at) = {
+            let mut breaker = self.breaker.lock().expect("breaker lock");
+            // Taken under the lock: the reservations are recorded in the order of their times.
+            let now = Instant::now();
+            (
+                hold_pools(&mut breaker, seen, self.max_release_ratio, now),
+                now,
+            )
+        };
+        for hold in new {
+            let uid = uids.get(&hold.pool).cloned().unwrap_or_default();
+            self.report_hold(sandbox, hold, &uid).await;
+        }
+        (held, at)
+    }
+
+    /// Reports a new hold: a warning log line and a Warning Event on the pool.
+    async fn report_hold(&self, sandbox: &str, hold: NewHold, uid: &str) {
+        let NewHold {
+            pool,
+            releases,
+            size,
+            recent,
+        } = hold;
+        let (node, ratio) = (&self.node, self.max_release_ratio);
+        let minutes = BREAKER_WINDOW.as_secs() / 60;
+        let short = &sandbox[..sandbox.len().min(12)];
+        tracing::warn!(%pool, sandbox, releases, size, recent, ratio, "breaker holds this node agent's releases in the pool");
+        let note = format!(
+            "the node agent on node {node} would release {releases} of {size} allocations \
+             (dead sandbox {short}; {recent} released by it in the last {minutes} min), more than \
+             --max-release-ratio {ratio}: held. The dead sandboxes' entries stay and are looked \
+             at again after each --sandbox-grace; they go once this agent's releases of the last \
+             {minutes} min leave room. To release them sooner, raise --max-release-ratio on the \
+             node agent, or release by hand: kubectl ipreclaim release --ip ADDRESS"
+        );
+        self.events
+            .release_held(&self.namespace, &pool, uid, note)
+            .await;
+    }
+
+    /// Gives back to the breaker the reservations of what the writer did not free (a dry run
+    /// counts what it would have freed: each dead sandbox is judged once).
+    fn give_back(
+        &self,
+        reqs: &[ReleaseRequest],
+        results: &[Result<ReleaseOutcome, ReleaseError>],
+        at: Instant,
+    ) {
+        let mut unfreed: BTreeMap<&str, Vec<EntryId>> = BTreeMap::new();
+        for (r, result) in reqs.iter().zip(results) {
+            let freed = matches!(result, Ok(o) if o.freed() || *o == ReleaseOutcome::DryRun);
+            if !freed {
+                unfreed.entry(&r.judged.pool).or_default().push(entry_id(r));
+            }
+        }
+        if unfreed.is_empty() {
+            return;
+        }
+        let mut breaker = self.breaker.lock().expect("breaker lock");
+        for (pool, entries) in unfreed {
+            breaker.give_back(pool, &entries, at);
+        }
     }
 
     /// The pod `key` if it is still the live pod of `uid` (the watch may lag: the pod itself
@@ -216,8 +336,9 @@ impl Releaser {
         }
     }
 
-    /// The entries of `pool`, read fresh (`None`: gone, or unreadable and skipped).
-    async fn entries_of(&self, pool: &str) -> Result<Option<Vec<PoolEntry>>, Outcome> {
+    /// The entries of `pool`, read fresh, with its uid (`None`: gone, or unreadable and
+    /// skipped).
+    async fn entries_of(&self, pool: &str) -> Result<Option<PoolRead>, Outcome> {
         let api: Api<Lenient<IPPool>> = Api::namespaced(self.client.clone(), &self.namespace);
         let pool_object = match api.get_opt(pool).await {
             Ok(Some(Lenient::Valid(p))) => p,
@@ -229,7 +350,10 @@ impl Releaser {
             Err(e) => return Err(failed(format!("get pool {pool}"), e)),
         };
         match pool_allocations(&pool_object.spec) {
-            Ok(a) => Ok(Some(a.entries)),
+            Ok(a) => Ok(Some(PoolRead {
+                uid: pool_object.metadata.uid.clone().unwrap_or_default(),
+                entries: a.entries,
+            })),
             Err(e) => {
                 tracing::warn!(%pool, error = %e, "unreadable pool");
                 Ok(None)
@@ -380,6 +504,7 @@ mod tests {
             Outcome::PodGone,
             Outcome::Revived,
             Outcome::InUse(super::SandboxNow::NetworkUp),
+            Outcome::Held,
             Outcome::Failed(NodeError::Report("x".into())),
         ];
         let labels: Vec<&str> = all.iter().map(Outcome::label).collect();

@@ -111,6 +111,29 @@ impl Breaker {
         }
     }
 
+    /// Takes back `n` of what was recorded for `pool` at `at`: a caller that records its
+    /// releases when they are judged (a reservation, so that concurrent callers see them)
+    /// gives back what the writer then did not free.
+    pub fn take_back(&mut self, pool: &str, mut n: usize, at: Instant) {
+        let Some(r) = self.recent.get_mut(pool) else {
+            return;
+        };
+        for (when, m) in r.iter_mut().rev() {
+            if n == 0 {
+                break;
+            }
+            if *when == at {
+                let k = n.min(*m);
+                *m -= k;
+                n -= k;
+            }
+        }
+        r.retain(|(_, m)| *m > 0);
+        if r.is_empty() {
+            self.recent.remove(pool);
+        }
+    }
+
     fn recent_releases(&self, pool: &str) -> usize {
         self.recent
             .get(pool)
@@ -202,6 +225,22 @@ mod tests {
         // Once the first releases are a window old, they no longer count: 40 + 10 of 90.
         let v = sweep_a(&mut b, 10, left, &[], base() + BREAKER_WINDOW + minute);
         assert!(v.held.is_empty(), "{v:?}");
+    }
+
+    #[test]
+    fn what_is_taken_back_no_longer_counts() {
+        let mut b = Breaker::default();
+        let (t0, t1) = (base(), base() + Duration::from_secs(1));
+        b.record("a", 3, t0);
+        b.record("a", 3, t1);
+        b.take_back("a", 2, t1);
+        b.take_back("a", 5, t0 + Duration::from_millis(1)); // nothing recorded then
+        b.take_back("b", 1, t0); // nor in that pool
+        assert_eq!(b.recent_releases("a"), 4);
+        b.take_back("a", 9, t0);
+        assert_eq!(b.recent_releases("a"), 1, "at most what was recorded then");
+        b.take_back("a", 1, t1);
+        assert!(b.recent.is_empty());
     }
 
     #[test]

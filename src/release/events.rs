@@ -455,25 +455,33 @@ impl Events {
 
     /// The breaker held a pool's sweep.
     pub async fn breaker_hold(&self, namespace: &str, pool: &str, uid: &str, note: String) {
-        self.on_pool(EventType::Warning, BREAKER_HOLD, namespace, pool, uid, note)
-            .await;
+        let what = (EventType::Warning, BREAKER_HOLD, "Sweep");
+        self.on_pool(what, namespace, pool, uid, note).await;
+    }
+
+    /// The breaker held a node agent's releases of dead sandboxes' entries in a pool (the
+    /// sweep's reason, another action).
+    pub async fn release_held(&self, namespace: &str, pool: &str, uid: &str, note: String) {
+        let what = (EventType::Warning, BREAKER_HOLD, "Release");
+        self.on_pool(what, namespace, pool, uid, note).await;
     }
 
     /// A Normal Event on a pool whose held sweep an operator approved once.
     pub async fn hold_approved(&self, namespace: &str, pool: &str, uid: &str, note: String) {
-        self.on_pool(EventType::Normal, HOLD_APPROVED, namespace, pool, uid, note)
-            .await;
+        let what = (EventType::Normal, HOLD_APPROVED, "Sweep");
+        self.on_pool(what, namespace, pool, uid, note).await;
     }
 
+    /// An Event on a pool: `what` is its type, reason and action.
     async fn on_pool(
         &self,
-        kind: EventType,
-        reason: &'static str,
+        what: (EventType, &'static str, &str),
         namespace: &str,
         pool: &str,
         uid: &str,
         note: String,
     ) {
+        let (kind, reason, action) = what;
         let reference = ObjectReference {
             api_version: Some("whereabouts.cni.cncf.io/v1alpha1".into()),
             kind: Some("IPPool".into()),
@@ -482,7 +490,7 @@ impl Events {
             uid: (!uid.is_empty()).then(|| uid.into()),
             ..Default::default()
         };
-        self.publish(kind, reason, "Sweep".into(), note, &reference)
+        self.publish(kind, reason, action.into(), note, &reference)
             .await;
     }
 }
