@@ -11,6 +11,7 @@
 //!
 //! Imports `release` and below (and podlife), never `controller` or `scan`.
 
+pub mod args;
 pub mod cri;
 pub mod error;
 pub mod evidence;
@@ -40,11 +41,11 @@ use podlife::throttle::{Parallelism, Throttle};
 use prometheus_client::registry::Registry;
 use tokio::task::JoinSet;
 
-use crate::flags::{parse_duration, parse_ratio};
 use crate::ipam::PodKey;
 use crate::reclaim::ReclaimConfig;
 use crate::release::{BudgetConfig, Budgets, Events, writer};
-use crate::telemetry::{Health, LogFormat, NodeMetrics, WriteMetrics};
+use crate::telemetry::{Health, NodeMetrics, WriteMetrics};
+pub use args::NodeAgentArgs;
 use cri::{CriCalls, CriPodSource, RuntimeView};
 use error::NodeError;
 use release::{ApiPod, Outcome, Releaser};
@@ -74,58 +75,6 @@ const INSPECT_BACKOFF_MAX: Duration = Duration::from_secs(60);
 /// period, if longer), doubling up to a minute.
 const WITNESS_MIN_RECHECK: Duration = Duration::from_secs(1);
 const WITNESS_MAX_RECHECK: Duration = Duration::from_secs(60);
-
-/// Flags of `ipreclaim node-agent` (each also read from the environment variable shown).
-#[derive(Debug, Clone, clap::Args)]
-#[command(args_override_self = true)] // a repeated flag takes its last value (the chart's extraArgs)
-pub struct NodeAgentArgs {
-    /// The container runtime's CRI socket.
-    #[arg(
-        long,
-        env = "IPRECLAIM_CRI_ENDPOINT",
-        default_value = "unix:///run/containerd/containerd.sock"
-    )]
-    pub cri_endpoint: String,
-    /// This node's name (from the downward API in the chart).
-    #[arg(long, env = "NODE_NAME")]
-    pub node_name: String,
-    /// Namespace of the IPPools and reservations (where the whereabouts CNI writes them).
-    #[arg(long, env = "WHEREABOUTS_NAMESPACE", default_value = "kube-system")]
-    pub whereabouts_namespace: String,
-    /// Time between CRI relists.
-    #[arg(long, env = "IPRECLAIM_RELIST_PERIOD", default_value = "1s", value_parser = parse_duration)]
-    pub relist_period: Duration,
-    /// Without a successful relist for this long, /healthz fails.
-    #[arg(long, env = "IPRECLAIM_RELIST_THRESHOLD", default_value = "3m", value_parser = parse_duration)]
-    pub relist_threshold: Duration,
-    /// How long a sandbox must be dead before its pool entries are released.
-    #[arg(long, env = "IPRECLAIM_SANDBOX_GRACE", default_value = "30s", value_parser = parse_duration)]
-    pub sandbox_grace: Duration,
-    /// Decide and report (logs, Events, metrics) but write nothing.
-    #[arg(long, env = "IPRECLAIM_DRY_RUN")]
-    pub dry_run: bool,
-    /// Largest share of a pool (over 10 allocations) this agent may release within 10
-    /// minutes; more is held (Warning Event on the pool) and looked at again after the grace.
-    #[arg(long, env = "IPRECLAIM_MAX_RELEASE_RATIO", default_value = "0.5", value_parser = parse_ratio)]
-    pub max_release_ratio: f64,
-    /// Keep each released address out of the pool this long (its entry is marked, not removed)
-    /// so a stale client of the old pod does not reach a new one; the controller returns it to
-    /// the pool when the time is up. 0: off.
-    #[arg(long, env = "IPRECLAIM_RELEASE_COOLDOWN", default_value = "0s", value_parser = parse_duration)]
-    pub release_cooldown: Duration,
-    /// CRI calls per second.
-    #[arg(long, env = "IPRECLAIM_CRI_QPS", default_value_t = 50.0)]
-    pub cri_qps: f64,
-    /// CRI call burst.
-    #[arg(long, env = "IPRECLAIM_CRI_BURST", default_value_t = 100)]
-    pub cri_burst: u32,
-    /// Address of /metrics, /healthz and /readyz.
-    #[arg(long, env = "IPRECLAIM_METRICS_ADDR", default_value = "[::]:8081")]
-    pub metrics_addr: SocketAddr,
-    /// Log format.
-    #[arg(long, env = "IPRECLAIM_LOG_FORMAT", value_enum, default_value = "text")]
-    pub log_format: LogFormat,
-}
 
 /// Handles a running node agent exposes (for tests and the binary).
 pub struct NodeRunning {
