@@ -255,7 +255,13 @@ impl Named for Fences {
 
     fn record(ix: &mut Index, name: &str, f: Lenient<IPFence>) {
         let parsed = match &f {
-            Lenient::Valid(fence) => fence_record(&fence.spec).map(|record| {
+            Lenient::Valid(fence) => fence_record(&fence.spec).map(|mut record| {
+                // Its age counts from the later of the writer's clock and the apiserver's (its
+                // creation): a replica whose clock lagged wrote an early `since`, which another
+                // replica would take for an old fence (and time it out early).
+                if let Some(created) = &fence.metadata.creation_timestamp {
+                    record.since = record.since.max(created.0);
+                }
                 let object = FenceObject {
                     name: name.to_owned(),
                     uid: fence.metadata.uid.clone().unwrap_or_default(),

@@ -129,6 +129,40 @@ fn reservations_and_fences_not_listed_again_are_forgotten() {
 }
 
 #[test]
+fn a_fence_written_by_a_lagging_clock_is_as_old_as_the_apiserver_says() {
+    let mut ix = Index::default();
+    let mut f = IPFence::new(
+        "p-5",
+        IPFenceSpec {
+            pool: POOL.into(),
+            key: "5".into(),
+            address: "192.0.2.5".into(),
+            sandbox: "sb".into(),
+            podref: "ns/web-0".into(),
+            uid: "u".into(),
+            node: "n".into(),
+            why: "Ready=Unknown".into(),
+            network: "ns/net".into(),
+            // The writer's clock was 20 minutes behind.
+            since: "2026-11-23T09:40:00Z".into(),
+        },
+    );
+    f.metadata.uid = Some("uid-p-5".into());
+    let created: jiff::Timestamp = "2026-11-23T10:00:00Z".parse().unwrap();
+    f.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        created,
+    ));
+    let mut fences = Relist::<Fences>::default();
+    relisted(&mut fences, &mut ix, [Lenient::Valid(f.clone())]);
+    let since = |ix: &Index| ix.fence_objects().iter().next().unwrap().1.record.since;
+    assert_eq!(since(&ix), created);
+    // A writer clock ahead of the apiserver's is kept: the later of the two.
+    f.spec.since = "2026-11-23T10:05:00Z".into();
+    relisted(&mut fences, &mut ix, [Lenient::Valid(f)]);
+    assert_eq!(since(&ix), "2026-11-23T10:05:00Z".parse().unwrap());
+}
+
+#[test]
 fn nads_not_listed_again_are_forgotten_usable_or_not() {
     let nads = [
         nad("a", r#""range":"192.0.2.0/24""#),
