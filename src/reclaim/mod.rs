@@ -162,6 +162,8 @@ pub struct DeletedPod<'a> {
     pub uid: &'a str,
     /// Its secondary networks from network-status; `None` when it had none.
     pub networks: Option<&'a [NetworkAttachment]>,
+    /// Its podref held this very entry (pool, key and sandbox id) when its deletion was seen.
+    pub held_entry: bool,
 }
 
 /// Everything known about the pods of an allocation's podref.
@@ -255,11 +257,13 @@ pub fn decide(
     let Some(networks) = live.networks else {
         return Decision::Keep(KeepReason::NoNetworkStatus);
     };
-    // A recreated pod (same podref, new uid): what an older pod listed is the older pod's.
+    // A recreated pod (same podref, new uid): what an older pod listed is the older pod's, if
+    // this entry was there when it was deleted (a newer one of the same address is the new
+    // pod's, allocated by a sandbox its network-status does not show yet).
     let deleted_listed = pods
         .deleted
         .iter()
-        .filter(|d| d.uid != live.uid)
+        .filter(|d| d.uid != live.uid && d.held_entry)
         .any(|d| d.networks.is_some_and(|nets| lists(nets, alloc.ip)));
     if deleted_listed {
         return Decision::Release(Reason::PodDeleted);

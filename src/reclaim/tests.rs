@@ -29,6 +29,8 @@ struct Case {
     live: Option<(&'static str, PodPhase, Option<Vec<NetworkAttachment>>)>,
     deleted: Vec<(&'static str, Option<Vec<NetworkAttachment>>)>,
     dead: Vec<String>,
+    /// The entry was not there when the deletions were seen (allocated since).
+    entry_newer_than_deletions: bool,
     release_terminal: bool,
     want: Option<Decision>,
 }
@@ -53,6 +55,7 @@ impl Case {
             .map(|(uid, nets)| DeletedPod {
                 uid,
                 networks: nets.as_deref(),
+                held_entry: !self.entry_newer_than_deletions,
             })
             .collect();
         let pods = PodKnowledge {
@@ -106,6 +109,16 @@ fn cases() -> Vec<Case> {
             deleted: vec![("uid-1", listing(&[X]))],
             want: Some(Release(Reason::PodDeleted)),
             ..Case::new("StatefulSet: web-0 recreated with another IP, the old IP goes")
+        },
+        Case {
+            sandbox: "sb-3",
+            live: Some(("uid-2", Running, listing(&[Y]))),
+            deleted: vec![("uid-1", listing(&[X]))],
+            entry_newer_than_deletions: true,
+            want: Some(Candidate(Reason::IPNotOnPod)),
+            ..Case::new(
+                "StatefulSet: the old IP given to the recreated pod's new sandbox is not the tombstone's",
+            )
         },
         Case {
             alloc_ip: Y,
