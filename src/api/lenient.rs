@@ -118,8 +118,22 @@ impl<K: Resource<DynamicType = ()>> Resource for Lenient<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{IPPool, NetworkAttachmentDefinition};
+    use crate::api::{IPPool, NetworkAttachmentDefinition, NodeSlicePool};
     use serde_json::json;
+
+    #[test]
+    fn a_node_slice_pool_that_does_not_fit_is_invalid_with_its_name() {
+        let text = r#"{"apiVersion":"whereabouts.cni.cncf.io/v1alpha1","kind":"NodeSlicePool",
+            "metadata":{"name":"slicenet"},"spec":{"range":"10.0.0.0/8","sliceSize":"/28"},
+            "status":{"allocations":null}}"#;
+        match Lenient::<NodeSlicePool>::read(text) {
+            Lenient::Invalid { metadata, error } => {
+                assert_eq!(metadata.name.as_deref(), Some("slicenet"));
+                assert!(error.contains("null"), "{error}");
+            }
+            Lenient::Valid(v) => panic!("read as valid: {v:?}"),
+        }
+    }
 
     #[test]
     fn one_bad_object_in_a_list_leaves_the_others_readable() {

@@ -230,6 +230,8 @@ impl lenient::Defaults for IPPool {}
 
 impl lenient::Defaults for OverlappingRangeIPReservation {}
 
+impl lenient::Defaults for NodeSlicePool {}
+
 impl lenient::Defaults for IPFence {
     /// A status that does not fit (an older or foreign writer) is dropped, so the fence itself
     /// stays readable and held; it never counts as evidence.

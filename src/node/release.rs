@@ -343,6 +343,7 @@ impl Releaser {
         let pool_object = match api.get_opt(pool).await {
             Ok(Some(Lenient::Valid(p))) => p,
             Ok(Some(Lenient::Invalid { error, .. })) => {
+                self.metrics.config_errors.inc();
                 tracing::warn!(%pool, %error, "pool skipped: it does not fit the schema");
                 return Ok(None);
             }
@@ -350,11 +351,20 @@ impl Releaser {
             Err(e) => return Err(failed(format!("get pool {pool}"), e)),
         };
         match pool_allocations(&pool_object.spec) {
-            Ok(a) => Ok(Some(PoolRead {
-                uid: pool_object.metadata.uid.clone().unwrap_or_default(),
-                entries: a.entries,
-            })),
+            Ok(a) => {
+                if !a.problems.is_empty() {
+                    // The entries that can be read are judged; the others are the controller's
+                    // to report (on the pool).
+                    self.metrics.config_errors.inc();
+                    tracing::warn!(%pool, problems = a.problems.len(), "pool entries that cannot be read skipped");
+                }
+                Ok(Some(PoolRead {
+                    uid: pool_object.metadata.uid.clone().unwrap_or_default(),
+                    entries: a.entries,
+                }))
+            }
             Err(e) => {
+                self.metrics.config_errors.inc();
                 tracing::warn!(%pool, error = %e, "unreadable pool");
                 Ok(None)
             }
@@ -413,9 +423,15 @@ impl Releaser {
         nad_name: &str,
     ) -> Result<Vec<(IpNet, String)>, Outcome> {
         let name = config.node_slice_pool_name().unwrap_or(nad_name);
-        let api: Api<NodeSlicePool> = Api::namespaced(self.client.clone(), &self.namespace);
+        let api: Api<Lenient<NodeSlicePool>> =
+            Api::namespaced(self.client.clone(), &self.namespace);
         let slices = match api.get_opt(name).await {
-            Ok(Some(s)) => s,
+            Ok(Some(Lenient::Valid(s))) => s,
+            Ok(Some(Lenient::Invalid { error, .. })) => {
+                self.metrics.config_errors.inc();
+                tracing::warn!(nodeslicepool = name, %error, "NodeSlicePool skipped: it does not fit the schema");
+                return Ok(Vec::new());
+            }
             Ok(None) => {
                 self.metrics.config_errors.inc();
                 tracing::warn!(

@@ -42,7 +42,7 @@ pub struct NodeMetrics {
     pub dead_sandboxes_pending: Gauge,
     /// Dead sandboxes handled, by outcome.
     pub dead_sandboxes: Family<OutcomeLabel, Counter>,
-    /// NetworkAttachmentDefinitions (or node slices) that could not be used.
+    /// NADs, node slices or pools (or pool entries) that could not be used.
     pub config_errors: Counter,
     /// Pods of this node's fences, by lifecycle state (terminating, terminated, finished).
     pub fenced_pods: Family<StateLabel, Gauge>,
@@ -91,7 +91,7 @@ impl NodeMetrics {
             "orphaned_runtime_pods", "Runtime pods with no pod in the API (not acted on)", m.orphaned_runtime_pods;
             "dead_sandboxes_pending", "Dead sandboxes waiting for the grace or a retry", m.dead_sandboxes_pending;
             "dead_sandboxes", "Dead sandboxes handled, by outcome", m.dead_sandboxes;
-            "config_errors", "NADs or node slices that could not be used", m.config_errors;
+            "config_errors", "NADs, node slices or pools (or pool entries) that could not be used", m.config_errors;
             "fenced_pods", "Pods of this node's fences, by lifecycle state (terminating: a sandbox runs; terminated: stopped, not removed; finished: none left)", m.fenced_pods;
             "fence_reports", "Reports that a fenced pod's sandboxes are gone from this node, by outcome", m.fence_reports;
         );
