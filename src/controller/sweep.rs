@@ -91,6 +91,14 @@ impl Sweeper {
         }
     }
 
+    /// Forgets when candidates and orphaned reservations were first seen (while this replica
+    /// does not lead): a grace counts only what one term of leadership saw, never a sighting
+    /// from an earlier term with a standby's gap in between.
+    pub fn forget_sightings(&mut self) {
+        self.clock = GraceClock::default();
+        self.orphan_reservations_seen.clear();
+    }
+
     /// One sweep.
     pub async fn sweep(&mut self) -> SweepReport {
         let started = Instant::now();
