@@ -192,6 +192,15 @@ mod tests {
         BTreeMap::from([(pool.to_string(), seen)])
     }
 
+    /// One task that would release the first seven of `entries`, all of pool `a`.
+    fn seven_of(entries: &[EntryId]) -> BTreeMap<String, PoolSeen> {
+        let seen = PoolSeen {
+            releases: entries[..7].to_vec(),
+            entries: entries.to_vec(),
+        };
+        BTreeMap::from([("a".to_string(), seen)])
+    }
+
     fn judge(b: &mut NodeBreaker, pools: &BTreeMap<String, PoolSeen>, at: Instant) -> Hold {
         hold_pools(b, pools, 0.5, at)
     }
@@ -200,11 +209,7 @@ mod tests {
     fn a_task_over_the_ratio_is_held_and_the_hold_reported_once() {
         let mut b = NodeBreaker::default();
         let entries = pool(12);
-        let seen = PoolSeen {
-            releases: entries[..7].to_vec(),
-            entries: entries.clone(),
-        };
-        let pools = BTreeMap::from([("a".to_string(), seen)]);
+        let pools = seven_of(&entries);
         let v = judge(&mut b, &pools, base());
         assert_eq!(v.held, BTreeSet::from(["a".to_string()]));
         assert_eq!(
@@ -297,11 +302,7 @@ mod tests {
         );
         assert!(b.held().is_empty());
         let entries = pool_of("t", 12);
-        let seen = PoolSeen {
-            releases: entries[..7].to_vec(),
-            entries: entries.clone(),
-        };
-        let v = judge(&mut b, &BTreeMap::from([("a".to_string(), seen)]), later);
+        let v = judge(&mut b, &seven_of(&entries), later);
         assert_eq!(v.new.len(), 1, "{v:?}");
     }
 
@@ -310,11 +311,7 @@ mod tests {
         // Its held sandbox's pod went away: nothing asks about the pool any more.
         let mut b = NodeBreaker::default();
         let entries = pool(12);
-        let seen = PoolSeen {
-            releases: entries[..7].to_vec(),
-            entries: entries.clone(),
-        };
-        let pools = BTreeMap::from([("a".to_string(), seen)]);
+        let pools = seven_of(&entries);
         assert_eq!(judge(&mut b, &pools, base()).new.len(), 1);
         let later = base() + BREAKER_WINDOW;
         judge(&mut b, &task("b", 0, &pool(12)), later);

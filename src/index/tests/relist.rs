@@ -102,25 +102,7 @@ fn reservations_and_fences_not_listed_again_are_forgotten() {
     assert_eq!(ix.reservations().names(), ["192.0.2.2"]);
     assert!(invalid_names(&ix).is_empty());
 
-    let fence = |name: &str, key: &str| {
-        let mut f = IPFence::new(
-            name,
-            IPFenceSpec {
-                pool: POOL.into(),
-                key: key.into(),
-                address: format!("192.0.2.{key}"),
-                sandbox: "sb".into(),
-                podref: "ns/web-0".into(),
-                uid: "u".into(),
-                node: "n".into(),
-                why: "Ready=Unknown".into(),
-                network: "ns/net".into(),
-                since: "2026-11-23T10:00:00Z".into(),
-            },
-        );
-        f.metadata.uid = Some(format!("uid-{name}"));
-        Lenient::Valid(f)
-    };
+    let fence = |name: &str, key: &str| Lenient::Valid(ipfence(name, key, "2026-11-23T10:00:00Z"));
     let mut fences = Relist::<Fences>::default();
     relisted(&mut fences, &mut ix, [fence("p-5", "5"), fence("p-6", "6")]);
     assert_eq!(ix.fence_objects().names().len(), 2);
@@ -131,23 +113,8 @@ fn reservations_and_fences_not_listed_again_are_forgotten() {
 #[test]
 fn a_fence_written_by_a_lagging_clock_is_as_old_as_the_apiserver_says() {
     let mut ix = Index::default();
-    let mut f = IPFence::new(
-        "p-5",
-        IPFenceSpec {
-            pool: POOL.into(),
-            key: "5".into(),
-            address: "192.0.2.5".into(),
-            sandbox: "sb".into(),
-            podref: "ns/web-0".into(),
-            uid: "u".into(),
-            node: "n".into(),
-            why: "Ready=Unknown".into(),
-            network: "ns/net".into(),
-            // The writer's clock was 20 minutes behind.
-            since: "2026-11-23T09:40:00Z".into(),
-        },
-    );
-    f.metadata.uid = Some("uid-p-5".into());
+    // The writer's clock was 20 minutes behind.
+    let mut f = ipfence("p-5", "5", "2026-11-23T09:40:00Z");
     let created: jiff::Timestamp = "2026-11-23T10:00:00Z".parse().unwrap();
     f.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
         created,
@@ -191,4 +158,25 @@ fn a_done_without_its_begin_forgets_nothing() {
     let done = r.step(&mut ix, Step::Done, Instant::now());
     assert!(done.vanished.is_empty());
     assert!(ix.pods().live("ns/a").is_some());
+}
+
+/// The IPFence `name` of entry `key` of the pool, written at `since`.
+fn ipfence(name: &str, key: &str, since: &str) -> IPFence {
+    let mut f = IPFence::new(
+        name,
+        IPFenceSpec {
+            pool: POOL.into(),
+            key: key.into(),
+            address: format!("192.0.2.{key}"),
+            sandbox: "sb".into(),
+            podref: "ns/web-0".into(),
+            uid: "u".into(),
+            node: "n".into(),
+            why: "Ready=Unknown".into(),
+            network: "ns/net".into(),
+            since: since.into(),
+        },
+    );
+    f.metadata.uid = Some(format!("uid-{name}"));
+    f
 }

@@ -63,12 +63,7 @@ fn a_reservation_is_an_orphan_only_without_a_live_pod_an_allocation_or_a_fence()
     live(&mut ix, "ns/live", "uid", "192.0.2.1");
     ix.upsert_pool(&pool(&[("2", "sb-2", "ns/allocated")]));
     ix.upsert_fence_object(POOL, "3", object("p-3", "sb-3", "ns/fenced"));
-    let orphans: Vec<String> = ix
-        .orphan_reservations()
-        .into_iter()
-        .map(|r| r.podref)
-        .collect();
-    assert_eq!(orphans, ["ns/gone"]);
+    assert_eq!(orphan_podrefs(&ix), ["ns/gone"]);
 }
 
 #[test]
@@ -95,10 +90,13 @@ fn an_entry_marked_fenced_keeps_its_pods_reservation_even_without_a_readable_rec
     // The record was deleted by hand (or no longer parses): the entry is still fenced.
     let mut ix = with_reservations(&[("192.0.2.3", "ns/fenced"), ("192.0.2.4", "ns/gone")]);
     ix.upsert_pool(&pool(&[("3", "sb-3", "ns/fenced:fenced")]));
-    let orphans: Vec<String> = ix
-        .orphan_reservations()
+    assert_eq!(orphan_podrefs(&ix), ["ns/gone"]);
+}
+
+/// The podrefs of the orphaned reservations.
+fn orphan_podrefs(ix: &Index) -> Vec<String> {
+    ix.orphan_reservations()
         .into_iter()
         .map(|r| r.podref)
-        .collect();
-    assert_eq!(orphans, ["ns/gone"]);
+        .collect()
 }
