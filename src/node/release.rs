@@ -273,12 +273,7 @@ impl Releaser {
 
     /// Reports a new hold: a warning log line and a Warning Event on the pool.
     async fn report_hold(&self, sandbox: &str, hold: NewHold, uid: &str) {
-        let NewHold {
-            pool,
-            releases,
-            size,
-            recent,
-        } = hold;
+        let (pool, releases, size, recent) = (hold.pool, hold.releases, hold.size, hold.recent);
         let (node, ratio) = (&self.node, self.max_release_ratio);
         let minutes = BREAKER_WINDOW.as_secs() / 60;
         let short = &sandbox[..sandbox.len().min(12)];
