@@ -79,6 +79,9 @@ struct Failure {
     /// Nothing was written because this replica does not lead: the item waits for
     /// leadership, without counting a retry.
     not_leader: bool,
+    /// An entry of the item waits for a replacement's network-status: its tombstones stay
+    /// even when the rest is given up.
+    waiting: bool,
 }
 
 impl Failure {
@@ -88,6 +91,7 @@ impl Failure {
             fence: false,
             pod: None,
             not_leader: false,
+            waiting: false,
         }
     }
 }
@@ -122,6 +126,8 @@ pub struct Worker {
     pub(crate) reclaim: ReclaimConfig,
     pub(crate) max_retries: u32,
     pub(crate) leader: watch::Receiver<bool>,
+    /// When fences lift (`None`: fencing off).
+    pub(crate) fence_policy: Option<crate::reclaim::fence::FencePolicy>,
 }
 
 impl Worker {
@@ -197,11 +203,16 @@ impl Worker {
                 let pod = f.pod.map_or_else(|| self.pod_of(podref), |p| *p);
                 self.ctx.events.failed(&pod, &f.error.to_string()).await;
                 queue.forget(&key);
-                self.ctx
-                    .state
-                    .write()
-                    .expect("state lock")
-                    .clear_tombstones(podref, Instant::now());
+                if f.waiting {
+                    // The waiting entry still needs its tombstone (its fence may be due).
+                    queue.add_after(key.clone(), REPLACEMENT_STATUS_RETRY);
+                } else {
+                    self.ctx
+                        .state
+                        .write()
+                        .expect("state lock")
+                        .clear_tombstones(podref, Instant::now());
+                }
             }
         }
         queue.done(&key);
@@ -308,7 +319,14 @@ impl Worker {
         let waiting = match &self.ctx.nodes {
             Some(view) => {
                 let view = view.read().expect("node view lock");
-                plan_fences(st, &view, podref, &judged, &mut releases)
+                let lifts = super::plan::LiftCheck {
+                    policy: self.fence_policy.as_ref(),
+                    now: crate::reclaim::fence::Moment {
+                        wall: jiff::Timestamp::now(),
+                        mono: Instant::now(),
+                    },
+                };
+                plan_fences(st, &view, podref, &judged, &mut releases, &lifts)
             }
             None => false,
         };
@@ -387,6 +405,7 @@ impl Worker {
                     .any(|(r, _)| matches!(r.write, EntryWrite::Fence(_))),
                 pod: Some(Box::new(first.judged.pod.clone())).filter(|p| !p.uid.is_empty()),
                 not_leader: failed.iter().all(|(_, e)| **e == ReleaseError::NotLeader),
+                waiting,
             });
         }
         let changed = outcomes
@@ -413,6 +432,7 @@ impl Worker {
             reclaim: self.reclaim,
             max_retries: self.max_retries,
             leader: self.leader.clone(),
+            fence_policy: self.fence_policy,
         }
     }
 }

@@ -80,6 +80,8 @@ pub struct Lifter {
     pub(crate) backoff: podlife::backoff::Backoff<Slot>,
     /// Node agent reports rejected so far, as (fence uid, why): logged and counted once.
     pub(crate) rejected: std::sync::Mutex<HashSet<(String, Rejected)>>,
+    /// Fences kept because a replacement lists their address: logged once each.
+    pub(crate) kept_for_replacement: std::sync::Mutex<HashSet<Slot>>,
 }
 
 /// A fence as the lifter's clock knows it: its entry and the deleted pod's uid (a new fence
@@ -126,9 +128,18 @@ struct Lifts {
     oldest: Duration,
 }
 
-/// The fenced entries whose address the live pod of the fenced podref lists, when that pod
-/// is not the deleted one (its replacement got the address: a lift would free it under it).
+/// How long ago a fence was set (by its record).
+fn age_of(f: &FencedEntry, now: Moment) -> Duration {
+    Duration::try_from(now.wall.duration_since(f.record.since)).unwrap_or_default()
+}
+
+/// The fenced entries whose address the live pod of the fenced podref lists on the fence's
+/// network (any, when the record names none), when that pod is not the deleted one (its
+/// replacement got the address: a lift would free it under it).
 fn listed_by_replacement(st: &Index, fenced: &[FencedEntry]) -> HashSet<Slot> {
+    let lists = |f: &FencedEntry, a: &crate::ipam::NetworkAttachment| {
+        a.ips.contains(&f.entry.ip) && (f.record.network.is_empty() || *a.name == f.record.network)
+    };
     fenced
         .iter()
         .filter(|f| {
@@ -137,7 +148,7 @@ fn listed_by_replacement(st: &Index, fenced: &[FencedEntry]) -> HashSet<Slot> {
                     && live
                         .networks
                         .as_deref()
-                        .is_some_and(|n| n.iter().any(|a| a.ips.contains(&f.entry.ip)))
+                        .is_some_and(|n| n.iter().any(|a| lists(f, a)))
             })
         })
         .map(|f| Slot::new(&f.pool, &f.entry.key))
@@ -199,6 +210,8 @@ impl Lifter {
             .lock()
             .expect("fence evidence lock")
             .retain(|(uid, _)| uids.contains(uid.as_str()));
+        let mut kept_for_replacement = self.kept_for_replacement.lock().expect("fence lock");
+        kept_for_replacement.retain(|s| found.listed_by_replacement.contains(s));
         let v = self.view.read().expect("node view lock");
         self.ctx.metrics.unready_nodes.set(v.unready() as i64);
         for f in &found.fenced {
@@ -218,8 +231,12 @@ impl Lifter {
             match lifts {
                 Some(_) if !leader => out.held += 1,
                 Some(why) if replaced => {
-                    tracing::warn!(%pool, ip = %f.entry.ip, podref = %f.record.podref, lifted = why.as_str(), "fence not lifted: a replacement of the deleted pod lists the address (the entry may be its own); lift it by hand once resolved");
+                    let slot = Slot::new(pool, &f.entry.key);
+                    if kept_for_replacement.insert(slot) {
+                        tracing::warn!(%pool, ip = %f.entry.ip, podref = %f.record.podref, lifted = why.as_str(), "fence not lifted: a replacement of the deleted pod lists the address (the entry may be its own); lift it by hand once resolved");
+                    }
                     out.held += 1;
+                    out.oldest = out.oldest.max(age_of(f, now));
                 }
                 Some(why) => {
                     tracing::info!(%pool, ip = %f.entry.ip, podref = %f.record.podref, node = %f.record.node, lifted = why.as_str(), "fence lifts");
@@ -232,9 +249,7 @@ impl Lifter {
                 }
                 None => {
                     out.held += 1;
-                    let age = now.wall.duration_since(f.record.since);
-                    let age = Duration::try_from(age).unwrap_or_default();
-                    out.oldest = out.oldest.max(age);
+                    out.oldest = out.oldest.max(age_of(f, now));
                 }
             }
         }
@@ -379,5 +394,74 @@ impl Lifter {
             .cloned()
             .collect();
         (complete, stale)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::api::{IPAllocation, IPPool, IPPoolSpec};
+    use crate::index::PodSeen;
+
+    /// web-0's entry 10 (192.0.2.10 on ns/net-a) fenced, and a live web-0 whose network-status
+    /// lists `ip` on `network`, with `uid`.
+    fn fenced_and_live(uid: &str, network: &str, ip: &str) -> Index {
+        let mut st = Index::default();
+        let entry = IPAllocation {
+            id: "sb".into(),
+            podref: "ns/web-0:fenced".into(),
+            ifname: Some("net1".into()),
+            ipamclaimref: None,
+        };
+        let spec = IPPoolSpec {
+            range: "192.0.2.0/24".into(),
+            allocations: BTreeMap::from([("10".to_string(), entry)]),
+        };
+        st.upsert_pool(&IPPool::new("p", spec));
+        let record = FenceRecord {
+            podref: "ns/web-0".into(),
+            uid: "old-uid".into(),
+            node: "n".into(),
+            why: "Ready=Unknown".into(),
+            network: "ns/net-a".into(),
+            since: jiff::Timestamp::now(),
+        };
+        let object = FenceObject {
+            name: "p-10".into(),
+            uid: "f".into(),
+            sandbox: "sb".into(),
+            record,
+            evidence: None,
+        };
+        st.upsert_fence_object("p", "10", object);
+        st.set_pools_listed();
+        let status = format!(r#"[{{"name":"{network}","interface":"net1","ips":["{ip}"]}}]"#);
+        let annotations =
+            BTreeMap::from([(crate::ipam::NETWORK_STATUS_ANNOTATION.to_string(), status)]);
+        let seen = PodSeen {
+            annotations: Some(&annotations),
+            node: None,
+            terminal: false,
+        };
+        st.upsert_pod("ns/web-0", uid, seen, Instant::now());
+        st
+    }
+
+    fn kept(st: &Index) -> bool {
+        let fenced = st.fenced();
+        assert_eq!(fenced.len(), 1);
+        !listed_by_replacement(st, &fenced).is_empty()
+    }
+
+    #[test]
+    fn only_a_replacement_listing_the_address_on_the_fences_network_keeps_it() {
+        assert!(kept(&fenced_and_live("new-uid", "ns/net-a", "192.0.2.10")));
+        // The same address in another network's pool (a range used twice) is another address.
+        assert!(!kept(&fenced_and_live("new-uid", "ns/net-b", "192.0.2.10")));
+        assert!(!kept(&fenced_and_live("new-uid", "ns/net-a", "192.0.2.11")));
+        // The deleted pod itself is not a replacement.
+        assert!(!kept(&fenced_and_live("old-uid", "ns/net-a", "192.0.2.10")));
     }
 }

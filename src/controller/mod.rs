@@ -194,6 +194,10 @@ fn spawn_workers(
                 reclaim,
                 max_retries: args.max_retries,
                 leader: leader.clone(),
+                fence_policy: args.fence_unready_nodes.then_some(FencePolicy {
+                    settle: args.fence_settle,
+                    timeout: args.fence_timeout,
+                }),
             };
             tokio::spawn(worker.run())
         })
@@ -223,6 +227,7 @@ fn spawn_lifting(
             clock.clone(),
         ),
         rejected: Default::default(),
+        kept_for_replacement: Default::default(),
     };
     let cooler = cooldown::Cooler {
         ctx: ctx.clone(),
@@ -280,6 +285,9 @@ async fn sweep_forever(
         namespace: args.whereabouts_namespace.clone(),
     };
     let mut sweeper = sweep::Sweeper::new(ctx.clone(), config);
+    // Any change of leadership since the last tick (even one lost and won back between two
+    // ticks) ends the sweep's sightings: a grace counts within one term.
+    let mut term = leader.clone();
     let mut next_sweep = Instant::now();
     let mut pool_series = housekeeping::PoolSeries::default();
     loop {
@@ -292,10 +300,16 @@ async fn sweep_forever(
         }
         ctx.metrics.queue_depth.set(ctx.queue.len() as i64);
         return_free_memory();
+        if term.has_changed().unwrap_or(false) {
+            term.mark_unchanged();
+            sweeper.forget_sightings();
+        }
         if !*leader.borrow() {
             // The sweep's gauges are the leader's: a standby shows none, never stale ones.
             ctx.metrics.pool_leak_candidates.clear();
             ctx.metrics.pool_held.clear();
+            ctx.awaiting.lock().expect("awaiting lock").clear();
+            ctx.metrics.awaiting_replacement_status.set(0);
             sweeper.forget_sightings();
         } else {
             let report = sweeper.sweep().await;

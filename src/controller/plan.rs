@@ -7,8 +7,34 @@ use std::time::Instant;
 
 use super::fence::record_for;
 use crate::index::{Index, NodeIndex, Tombstone};
+use crate::reclaim::fence::{FencePolicy, Moment, lift};
 use crate::reclaim::{Decision, Judged, Reason};
 use crate::release::{EntryWrite, ReleaseRequest};
+
+/// Whether the fence a deletion calls for would have lifted by `now` (its node Ready for the
+/// settle since the deletion was seen, its Node gone or out of service, or the fence timeout
+/// past): nothing is left to wait for then.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LiftCheck<'a> {
+    /// When fences lift (`None`: fencing off).
+    pub policy: Option<&'a FencePolicy>,
+    /// Now, on both clocks.
+    pub now: Moment,
+}
+
+impl LiftCheck<'_> {
+    fn lifted(&self, t: &Tombstone, view: &NodeIndex) -> bool {
+        let (Some(policy), Some(node)) = (self.policy, t.node.as_deref()) else {
+            return true;
+        };
+        let age = self.now.mono.saturating_duration_since(t.seen_at);
+        let fence = Moment {
+            wall: self.now.wall.checked_sub(age).unwrap_or(self.now.wall),
+            mono: t.seen_at,
+        };
+        lift(fence, view.node(node), self.now, policy).is_some()
+    }
+}
 
 /// The releases the judgement calls for (deleted at `deleted_at`, for the latency metric).
 pub(crate) fn releases_of(judged: &[Judged], deleted_at: Option<Instant>) -> Vec<ReleaseRequest> {
@@ -47,8 +73,8 @@ fn fence_reason(t: &Tombstone, view: &NodeIndex) -> Option<String> {
 /// unfenced, that entry would later be released as `IPNotOnPod`, its node still down.
 ///
 /// While that replacement has no network-status yet, such an entry is neither fenced nor
-/// released, and `true` is returned (judge again later): the entry may be the replacement's
-/// own. whereabouts gives a recreated pod its name's entry back under a new sandbox id, and a
+/// released, and `true` is returned (judge again later), until the fence would have lifted
+/// (`lifts`): the entry may be the replacement's own. whereabouts gives a recreated pod its name's entry back under a new sandbox id, and a
 /// pool watch ahead of the pod watch shows that before the deletion, so the deletion's
 /// snapshot of what it held can name the replacement's sandbox. A fence there would be lifted
 /// later by removing the entry under the replacement.
@@ -58,6 +84,7 @@ pub(crate) fn plan_fences(
     podref: &str,
     judged: &[Judged],
     releases: &mut Vec<ReleaseRequest>,
+    lifts: &LiftCheck<'_>,
 ) -> bool {
     for r in releases.iter_mut() {
         if r.reason != Reason::PodDeleted || r.judged.pod.uid.is_empty() {
@@ -103,7 +130,7 @@ pub(crate) fn plan_fences(
                 continue;
             }
             if replacement_unknown {
-                waiting = true;
+                waiting |= !lifts.lifted(t, view);
                 continue;
             }
             let mut fenced = j.clone();
@@ -196,6 +223,21 @@ mod tests {
         st
     }
 
+    /// Fences that take an hour to settle: none has lifted within a test.
+    fn never_lifts() -> LiftCheck<'static> {
+        const HOUR: FencePolicy = FencePolicy {
+            settle: std::time::Duration::from_secs(3600),
+            timeout: None,
+        };
+        LiftCheck {
+            policy: Some(&HOUR),
+            now: Moment {
+                wall: jiff::Timestamp::now(),
+                mono: Instant::now(),
+            },
+        }
+    }
+
     fn plan(st: &Index, v: &NodeIndex) -> Vec<(String, String, bool)> {
         plan_and_wait(st, v).0
     }
@@ -204,7 +246,7 @@ mod tests {
     fn plan_and_wait(st: &Index, v: &NodeIndex) -> (Vec<(String, String, bool)>, bool) {
         let judged = st.judge_podref(WEB, &ReclaimConfig::default());
         let mut releases = releases_of(&judged, None);
-        let waiting = plan_fences(st, v, WEB, &judged, &mut releases);
+        let waiting = plan_fences(st, v, WEB, &judged, &mut releases, &never_lifts());
         let releases = releases
             .into_iter()
             .map(|r| {
@@ -237,6 +279,53 @@ mod tests {
     }
 
     #[test]
+    fn the_wait_for_the_replacements_status_ends_when_the_fence_would_have_lifted() {
+        // Deleted while node-a was down; node-a Ready again since.
+        let mut st = replaced(None);
+        let down = view("Unknown");
+        st.judge_deleted_nodes(WEB, |node| down.distrust(node));
+        let back = view("True");
+        let judged = st.judge_podref(WEB, &ReclaimConfig::default());
+        let wait = |lifts: &LiftCheck<'_>| {
+            let mut releases = releases_of(&judged, None);
+            let waiting = plan_fences(&st, &back, WEB, &judged, &mut releases, lifts);
+            (releases.len(), waiting)
+        };
+        assert_eq!(wait(&never_lifts()), (0, true), "settling");
+        let settled = FencePolicy {
+            settle: std::time::Duration::ZERO,
+            timeout: None,
+        };
+        let now = Moment {
+            wall: jiff::Timestamp::now(),
+            mono: Instant::now() + std::time::Duration::from_secs(1),
+        };
+        let lifts = LiftCheck {
+            policy: Some(&settled),
+            now,
+        };
+        assert_eq!(wait(&lifts), (0, false), "settled: kept, no longer waiting");
+        // The fence timeout ends it too, the node down.
+        let timed_out = FencePolicy {
+            settle: std::time::Duration::from_secs(3600),
+            timeout: Some(std::time::Duration::ZERO),
+        };
+        let lifts = LiftCheck {
+            policy: Some(&timed_out),
+            now,
+        };
+        let mut releases = releases_of(&judged, None);
+        assert!(!plan_fences(
+            &st,
+            &down,
+            WEB,
+            &judged,
+            &mut releases,
+            &lifts
+        ));
+    }
+
+    #[test]
     fn a_replacement_that_lists_the_address_or_reused_the_entry_is_never_fenced() {
         // It lists the address (whereabouts gave it back by podref): it is the replacement's.
         assert_eq!(plan(&replaced(Some("192.0.2.10")), &view("Unknown")), []);
@@ -244,6 +333,48 @@ mod tests {
         let mut st = replaced(None);
         st.upsert_pool(&pool("sb-new"));
         assert_eq!(plan(&st, &view("Unknown")), []);
+    }
+
+    #[test]
+    fn the_old_address_allocated_again_for_the_replacement_is_not_the_tombstones() {
+        // The deleted pod's entry went (its CNI DEL), and the replacement's new sandbox got
+        // the address again; its network-status still shows its first sandbox's address.
+        let mut st = replaced(Some("192.0.2.20"));
+        st.upsert_pool(&pool("sb-new"));
+        let judged = st.judge_podref(WEB, &ReclaimConfig::default());
+        assert_eq!(
+            judged[0].decision,
+            Decision::Candidate(Reason::IPNotOnPod),
+            "{judged:?}"
+        );
+        assert_eq!(plan(&st, &view("Unknown")), []);
+    }
+
+    #[test]
+    fn an_entry_the_pools_had_not_shown_when_the_deletion_was_seen_is_still_the_deleted_pods() {
+        // The pool watch is behind: the deletion is seen before the entry, its slot unknown.
+        let mut st = Index::default();
+        let old = status("192.0.2.10");
+        let on_a = |annotations| PodSeen {
+            annotations,
+            node: Some("node-a"),
+            terminal: false,
+        };
+        let now = Instant::now();
+        st.upsert_pod(WEB, "old-uid", on_a(Some(&old)), now);
+        st.delete_pod(WEB, "old-uid", on_a(Some(&old)), now);
+        let new = status("192.0.2.20");
+        let seen = PodSeen {
+            annotations: Some(&new),
+            node: Some("node-b"),
+            terminal: false,
+        };
+        st.upsert_pod(WEB, "new-uid", seen, now);
+        st.upsert_pool(&pool("sb-old"));
+        assert_eq!(
+            plan(&st, &view("Unknown")),
+            [("10".to_string(), "old-uid".to_string(), true)]
+        );
     }
 
     #[test]

@@ -68,10 +68,10 @@ impl Index {
             .map(|t| DeletedPod {
                 uid: &t.uid,
                 networks: t.networks.as_deref(),
-                held_entry: t
+                entry_replaced: t
                     .held
                     .iter()
-                    .any(|h| h.pool == pool && h.key == entry.key && h.id == entry.id),
+                    .any(|h| h.pool == pool && h.key == entry.key && h.id != entry.id),
             })
             .collect();
         let knowledge = PodKnowledge {

@@ -222,8 +222,13 @@ impl CriPodSource {
         let running = reply("ListContainers", listed.await)?
             .containers
             .iter()
+            // A container created and never started holds nothing; an unknown one may.
             .filter(|c| {
-                c.pod_sandbox_id == id && container_state(c.state) != ContainerState::Exited
+                c.pod_sandbox_id == id
+                    && matches!(
+                        container_state(c.state),
+                        ContainerState::Running | ContainerState::Unknown
+                    )
             })
             .count();
         Ok(SandboxNow::of(

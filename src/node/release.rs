@@ -142,19 +142,6 @@ impl Releaser {
         else {
             return Ok(Outcome::PodGone);
         };
-        // One listing is no proof: the runtime is asked again (a sandbox dead by then stays
-        // dead: no runtime readies a stopped sandbox, nor starts a container in it).
-        match self.runtime.sandbox_now(&sb.id).await {
-            Ok(now) if now.is_dead() => {}
-            Ok(SandboxNow::Ready) => return Ok(Outcome::Revived),
-            Ok(now) => return Ok(Outcome::InUse(now)),
-            Err(e) => {
-                return Ok(Outcome::Failed(NodeError::Runtime {
-                    sandbox: sb.id.clone(),
-                    message: e.to_string(),
-                }));
-            }
-        }
         let Some(pod) = self.live_pod(&key, &sb.pod_uid).await? else {
             return Ok(Outcome::PodGone);
         };
@@ -209,6 +196,7 @@ impl Releaser {
                 Outcome::Kept
             });
         }
+        self.confirm_dead(sb).await?;
         let (held, reserved_at) = self.hold(&sb.id, &seen, &uids).await;
         reqs.retain(|r| !held.contains(&r.judged.pool));
         if reqs.is_empty() {
@@ -312,6 +300,21 @@ impl Releaser {
         let mut breaker = self.breaker.lock().expect("breaker lock");
         for (pool, entries) in unfreed {
             breaker.give_back(pool, &entries, at);
+        }
+    }
+
+    /// One listing is no proof of a death: the runtime is asked again, right before the
+    /// release (a sandbox dead by then stays dead: no runtime readies a stopped sandbox, nor
+    /// starts a container in it). `Err`: the outcome when it is not dead or cannot be asked.
+    async fn confirm_dead(&self, sb: &DeadSandbox) -> Result<(), Outcome> {
+        match self.runtime.sandbox_now(&sb.id).await {
+            Ok(now) if now.is_dead() => Ok(()),
+            Ok(SandboxNow::Ready) => Err(Outcome::Revived),
+            Ok(now) => Err(Outcome::InUse(now)),
+            Err(e) => Err(Outcome::Failed(NodeError::Runtime {
+                sandbox: sb.id.clone(),
+                message: e.to_string(),
+            })),
         }
     }
 

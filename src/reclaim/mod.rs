@@ -162,8 +162,9 @@ pub struct DeletedPod<'a> {
     pub uid: &'a str,
     /// Its secondary networks from network-status; `None` when it had none.
     pub networks: Option<&'a [NetworkAttachment]>,
-    /// Its podref held this very entry (pool, key and sandbox id) when its deletion was seen.
-    pub held_entry: bool,
+    /// When its deletion was seen, this entry's slot (pool and key) held another sandbox: the
+    /// entry is a newer allocation, not this pod's. (A slot not known then counts as its.)
+    pub entry_replaced: bool,
 }
 
 /// Everything known about the pods of an allocation's podref.
@@ -257,13 +258,13 @@ pub fn decide(
     let Some(networks) = live.networks else {
         return Decision::Keep(KeepReason::NoNetworkStatus);
     };
-    // A recreated pod (same podref, new uid): what an older pod listed is the older pod's, if
-    // this entry was there when it was deleted (a newer one of the same address is the new
-    // pod's, allocated by a sandbox its network-status does not show yet).
+    // A recreated pod (same podref, new uid): what an older pod listed is the older pod's,
+    // unless the entry was allocated again since that pod was deleted (then it is the new
+    // pod's, for a sandbox its network-status does not show yet).
     let deleted_listed = pods
         .deleted
         .iter()
-        .filter(|d| d.uid != live.uid && d.held_entry)
+        .filter(|d| d.uid != live.uid && !d.entry_replaced)
         .any(|d| d.networks.is_some_and(|nets| lists(nets, alloc.ip)));
     if deleted_listed {
         return Decision::Release(Reason::PodDeleted);

@@ -29,7 +29,7 @@ struct Case {
     live: Option<(&'static str, PodPhase, Option<Vec<NetworkAttachment>>)>,
     deleted: Vec<(&'static str, Option<Vec<NetworkAttachment>>)>,
     dead: Vec<String>,
-    /// The entry was not there when the deletions were seen (allocated since).
+    /// The entry's slot held another sandbox when the deletions were seen (allocated since).
     entry_newer_than_deletions: bool,
     release_terminal: bool,
     want: Option<Decision>,
@@ -55,7 +55,7 @@ impl Case {
             .map(|(uid, nets)| DeletedPod {
                 uid,
                 networks: nets.as_deref(),
-                held_entry: !self.entry_newer_than_deletions,
+                entry_replaced: self.entry_newer_than_deletions,
             })
             .collect();
         let pods = PodKnowledge {
