@@ -118,6 +118,19 @@ struct PoolRead {
     entries: Vec<PoolEntry>,
 }
 
+/// What a dead sandbox's look plans, over all its pools.
+#[derive(Default)]
+struct Planned {
+    /// The releases.
+    reqs: Vec<ReleaseRequest>,
+    /// Entries of the sandbox the decision keeps.
+    kept: usize,
+    /// Per pool, for the breaker: the releases and every entry as read.
+    seen: BTreeMap<String, PoolSeen>,
+    /// Per pool, its uid (for a hold's Event).
+    uids: BTreeMap<String, String>,
+}
+
 /// A pool entry as the breaker knows it.
 fn entry_id(r: &ReleaseRequest) -> EntryId {
     (r.judged.entry.id.clone(), r.judged.entry.ip)
@@ -164,31 +177,12 @@ impl Releaser {
                 targets.entry(t.pool.clone()).or_insert(t);
             }
         }
-        let mut reqs = Vec::new();
-        let mut kept = 0;
-        let mut seen: BTreeMap<String, PoolSeen> = BTreeMap::new();
-        let mut uids: BTreeMap<String, String> = BTreeMap::new();
-        for t in targets.values() {
-            let Some(PoolRead { uid, entries }) = self.entries_of(&t.pool).await? else {
-                continue;
-            };
-            let all = entries.iter().map(|e| (e.id.clone(), e.ip)).collect();
-            let plan = plan_pool(&sb.id, &podref, live, t, entries, &self.reclaim);
-            for (entry, decision) in &plan.kept {
-                tracing::info!(pool = %t.pool, ip = %entry.ip, ?decision, "dead sandbox's entry kept");
-            }
-            kept += plan.kept.len();
-            let releases = plan.releases.iter().map(entry_id).collect();
-            seen.insert(
-                t.pool.clone(),
-                PoolSeen {
-                    releases,
-                    entries: all,
-                },
-            );
-            uids.insert(t.pool.clone(), uid);
-            reqs.extend(plan.releases);
-        }
+        let Planned {
+            mut reqs,
+            kept,
+            seen,
+            uids,
+        } = self.plan(sb, &podref, live, &targets).await?;
         if reqs.is_empty() {
             return Ok(if kept == 0 {
                 Outcome::NoAllocation
@@ -233,6 +227,37 @@ impl Releaser {
             }
             None => Outcome::Released(written.addresses().len()),
         })
+    }
+
+    /// Reads each target pool fresh and judges the dead sandbox's entries there.
+    async fn plan(
+        &self,
+        sb: &DeadSandbox,
+        podref: &PodRef,
+        live: LivePod<'_>,
+        targets: &BTreeMap<String, PoolTarget>,
+    ) -> Result<Planned, Outcome> {
+        let mut out = Planned::default();
+        for t in targets.values() {
+            let Some(PoolRead { uid, entries }) = self.entries_of(&t.pool).await? else {
+                continue;
+            };
+            let all = entries.iter().map(|e| (e.id.clone(), e.ip)).collect();
+            let plan = plan_pool(&sb.id, podref, live, t, entries, &self.reclaim);
+            for (entry, decision) in &plan.kept {
+                tracing::info!(pool = %t.pool, ip = %entry.ip, ?decision, "dead sandbox's entry kept");
+            }
+            out.kept += plan.kept.len();
+            let releases = plan.releases.iter().map(entry_id).collect();
+            let seen = PoolSeen {
+                releases,
+                entries: all,
+            };
+            out.seen.insert(t.pool.clone(), seen);
+            out.uids.insert(t.pool.clone(), uid);
+            out.reqs.extend(plan.releases);
+        }
+        Ok(out)
     }
 
     /// The blast-radius breaker: judges the sandbox's releases per pool (reserving what
