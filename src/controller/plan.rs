@@ -72,9 +72,9 @@ fn fence_reason(t: &Tombstone, view: &NodeIndex) -> Option<String> {
 /// judged kept only because a replacement of the same name lists other addresses. Left
 /// unfenced, that entry would later be released as `IPNotOnPod`, its node still down.
 ///
-/// While that replacement has no network-status yet, such an entry is neither fenced nor
-/// released, and `true` is returned (judge again later), until the fence would have lifted
-/// (`lifts`): the entry may be the replacement's own. whereabouts gives a recreated pod its name's entry back under a new sandbox id, and a
+/// While that replacement is bound to a node and has no network-status yet, such an entry is
+/// neither fenced nor released, and `true` is returned (judge again later), until the fence
+/// would have lifted (`lifts`): the entry may be the replacement's own. whereabouts gives a recreated pod its name's entry back under a new sandbox id, and a
 /// pool watch ahead of the pod watch shows that before the deletion, so the deletion's
 /// snapshot of what it held can name the replacement's sandbox. A fence there would be lifted
 /// later by removing the entry under the replacement.
@@ -99,7 +99,9 @@ pub(crate) fn plan_fences(
         }
     }
     let live = st.pods().live(podref);
-    let replacement_unknown = live.is_some_and(|l| l.networks.is_none());
+    // Only a replacement bound to a node can have an allocation (the CNI runs there): one not
+    // scheduled yet (its node down, the only one it fits) holds nothing to confuse.
+    let replacement_unknown = live.is_some_and(|l| l.networks.is_none() && l.node.is_some());
     let mut waiting = false;
     let live_lists = |ip| {
         live.and_then(|l| l.networks.as_deref())
@@ -276,6 +278,23 @@ mod tests {
         );
         // On a Ready node nothing is fenced, nothing waits, and a kept entry stays kept.
         assert_eq!(plan_and_wait(&st, &view("True")), (vec![], false));
+    }
+
+    #[test]
+    fn a_replacement_not_scheduled_yet_holds_nothing_the_old_entry_is_fenced_at_once() {
+        // A StatefulSet's replacement of a pod force-deleted from its down node: no node takes
+        // it yet, so no CNI gave it anything.
+        let mut st = replaced(Some("192.0.2.20"));
+        let unbound = PodSeen {
+            annotations: None,
+            node: None,
+            terminal: false,
+        };
+        st.upsert_pod(WEB, "new-uid", unbound, Instant::now());
+        assert_eq!(
+            plan_and_wait(&st, &view("Unknown")),
+            (vec![("10".to_string(), "old-uid".to_string(), true)], false)
+        );
     }
 
     #[test]
