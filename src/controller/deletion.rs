@@ -27,10 +27,6 @@ const NOT_LEADER_RETRY: Duration = Duration::from_secs(1);
 /// Retries of a fence that keeps failing, after the Warning, are spaced by this at most.
 const FENCE_RETRY_MAX: Duration = Duration::from_secs(30);
 
-/// An item with an entry that waits for a replacement's network-status (see
-/// [`plan_fences`]) is judged again this often.
-const REPLACEMENT_STATUS_RETRY: Duration = Duration::from_secs(2);
-
 /// What went wrong with a deletion-path item (its text goes into the Warning Event).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DeletionError {
@@ -79,9 +75,6 @@ struct Failure {
     /// Nothing was written because this replica does not lead: the item waits for
     /// leadership, without counting a retry.
     not_leader: bool,
-    /// An entry of the item waits for a replacement's network-status: its tombstones stay
-    /// even when the rest is given up.
-    waiting: bool,
 }
 
 impl Failure {
@@ -91,7 +84,6 @@ impl Failure {
             fence: false,
             pod: None,
             not_leader: false,
-            waiting: false,
         }
     }
 }
@@ -102,11 +94,9 @@ fn fence_retry_delay(n: u32, max: u32) -> Duration {
     (Duration::from_secs(1) * 2u32.pow(doublings)).min(FENCE_RETRY_MAX)
 }
 
-/// What a deletion writes now, and whether an entry waits to be judged again.
-struct Plan {
-    releases: Vec<ReleaseRequest>,
-    /// An entry the deleted pod held waits for its replacement's network-status.
-    waiting: bool,
+/// Whether `r` takes an entry out of its pool (a fence keeps it).
+fn removes(r: &ReleaseRequest) -> bool {
+    !matches!(r.write, EntryWrite::Fence(_))
 }
 
 /// What became of a queue item.
@@ -115,9 +105,6 @@ enum Processed {
     Done,
     /// Handed to the writer; finished when its outcomes come back.
     Submitted,
-    /// Written what could be; an entry waits for a replacement's network-status: judged
-    /// again soon, the tombstones kept.
-    Waiting,
 }
 
 /// A deletion-path worker.
@@ -126,8 +113,6 @@ pub struct Worker {
     pub(crate) reclaim: ReclaimConfig,
     pub(crate) max_retries: u32,
     pub(crate) leader: watch::Receiver<bool>,
-    /// When fences lift (`None`: fencing off).
-    pub(crate) fence_policy: Option<crate::reclaim::fence::FencePolicy>,
 }
 
 impl Worker {
@@ -152,13 +137,9 @@ impl Worker {
     /// Warning Event. A submitted item is filed by its own task when its outcomes come back.
     async fn finish(&self, podref: &str, processed: Result<Processed, Failure>) {
         let (queue, key) = (&self.ctx.queue, podref.to_owned());
-        if !matches!(processed, Ok(Processed::Submitted)) {
-            self.note_awaiting(podref, matches!(processed, Ok(Processed::Waiting)));
-        }
         match processed {
             Ok(Processed::Submitted) => return,
             Ok(Processed::Done) => queue.forget(&key),
-            Ok(Processed::Waiting) => queue.add_after(key.clone(), REPLACEMENT_STATUS_RETRY),
             Err(f) if f.not_leader => {
                 // Handed back: a worker takes it when this replica leads again.
                 tracing::info!(%podref, "not written: this replica does not lead");
@@ -203,37 +184,14 @@ impl Worker {
                 let pod = f.pod.map_or_else(|| self.pod_of(podref), |p| *p);
                 self.ctx.events.failed(&pod, &f.error.to_string()).await;
                 queue.forget(&key);
-                if f.waiting {
-                    // The waiting entry still needs its tombstone (its fence may be due).
-                    queue.add_after(key.clone(), REPLACEMENT_STATUS_RETRY);
-                } else {
-                    self.ctx
-                        .state
-                        .write()
-                        .expect("state lock")
-                        .clear_tombstones(podref, Instant::now());
-                }
+                self.ctx
+                    .state
+                    .write()
+                    .expect("state lock")
+                    .clear_tombstones(podref, Instant::now());
             }
         }
         queue.done(&key);
-    }
-
-    /// Records whether `podref`'s deletion waits for a replacement's network-status (the
-    /// gauge counts those that do).
-    fn note_awaiting(&self, podref: &str, waiting: bool) {
-        let mut awaiting = self.ctx.awaiting.lock().expect("awaiting lock");
-        let changed = if waiting {
-            awaiting.insert(podref.to_owned())
-        } else {
-            awaiting.remove(podref)
-        };
-        if changed && waiting {
-            tracing::info!(%podref, "an entry of the deleted pod may be its replacement's: kept until the replacement has its network-status");
-        }
-        self.ctx
-            .metrics
-            .awaiting_replacement_status
-            .set(awaiting.len() as i64);
     }
 
     /// The deleted pod of `podref` (its latest tombstone), for a Warning: never the live
@@ -259,30 +217,26 @@ impl Worker {
             let seen = st.pods().tombstones(podref).iter().map(|t| t.seen_at).max();
             ((!blind).then(|| self.decide(&st, podref)), seen, none_live)
         };
-        let mut plan = match decided {
+        let mut releases = match decided {
             // With no pod of the name known, the address a tombstone listed may already be a
             // replacement's (same name, the address given back, our pod watch behind the pool
             // watch): a pod must exist before an allocation is made for it, so a fresh read
-            // now finds any replacement whose entry we judged. Before a fence too: lifted
-            // later, it would remove the entry from under the replacement.
-            Some(plan) if none_live && !plan.releases.is_empty() => {
-                self.confirm_no_replacement(podref, plan, started).await?
+            // now finds any replacement whose entry we judged.
+            Some(releases) if none_live && releases.iter().any(removes) => {
+                self.confirm_no_replacement(podref, releases, started)
+                    .await?
             }
-            Some(plan) => plan,
+            Some(releases) => releases,
             None => self.decide_blind(podref, started).await?,
         };
         let seen = seen.unwrap_or(started);
         let distrusted =
-            super::fresh_node::distrusted_when_read(&self.ctx, podref, &plan.releases, seen)
+            super::fresh_node::distrusted_when_read(&self.ctx, podref, &releases, seen)
                 .await
                 .map_err(|e| Failure::new(e.into()))?;
         if distrusted {
             let st = self.ctx.state.read().expect("state lock");
-            plan = self.decide(&st, podref);
-        }
-        let Plan { releases, waiting } = plan;
-        if releases.is_empty() && waiting {
-            return Ok(Processed::Waiting);
+            releases = self.decide(&st, podref);
         }
         if releases.is_empty() {
             self.ctx
@@ -300,14 +254,14 @@ impl Worker {
                 .events
                 .released_all(releases.iter().zip(&outcomes))
                 .await;
-            let processed = me.settle(&podref, started, &releases, &outcomes, waiting);
+            let processed = me.settle(&podref, started, &releases, &outcomes);
             me.finish(&podref, processed).await;
         });
         Ok(Processed::Submitted)
     }
 
     /// The releases (and fences) of `podref`'s allocations, judged from `st`.
-    fn decide(&self, st: &Index, podref: &str) -> Plan {
+    fn decide(&self, st: &Index, podref: &str) -> Vec<ReleaseRequest> {
         let judged = st.judge_podref(podref, &self.reclaim);
         tracing::debug!(
             %podref,
@@ -316,40 +270,34 @@ impl Worker {
         );
         let deleted_at = st.pods().first_deletion(podref);
         let mut releases = releases_of(&judged, deleted_at);
-        let waiting = match &self.ctx.nodes {
-            Some(view) => {
-                let view = view.read().expect("node view lock");
-                let lifts = super::plan::LiftCheck {
-                    policy: self.fence_policy.as_ref(),
-                    now: crate::reclaim::fence::Moment {
-                        wall: jiff::Timestamp::now(),
-                        mono: Instant::now(),
-                    },
-                };
-                plan_fences(st, &view, podref, &judged, &mut releases, &lifts)
-            }
-            None => false,
-        };
-        Plan { releases, waiting }
+        if let Some(view) = &self.ctx.nodes {
+            let view = view.read().expect("node view lock");
+            plan_fences(st, &view, podref, &judged, &mut releases);
+        }
+        releases
     }
 
     /// Without network-status the tombstone would free every allocation of the name: makes
     /// sure no pod of that name exists now (our cache may lag a recreation), then decides.
-    async fn decide_blind(&self, podref: &str, started: Instant) -> Result<Plan, Failure> {
+    async fn decide_blind(
+        &self,
+        podref: &str,
+        started: Instant,
+    ) -> Result<Vec<ReleaseRequest>, Failure> {
         self.read_pod(podref, started).await?;
         let st = self.ctx.state.read().expect("state lock");
         Ok(self.decide(&st, podref))
     }
 
-    /// `judged` (releases or fences, with no pod of the name known) unless a pod of that name
-    /// exists now: then it is judged again, live. Not judged again when there is none: entries
-    /// newer than the read could be a pod's made after it.
+    /// `judged` (releases that remove entries, with no pod of the name known) unless a pod of
+    /// that name exists now: then it is judged again, live. Not judged again when there is
+    /// none: entries newer than the read could be a pod's made after it.
     async fn confirm_no_replacement(
         &self,
         podref: &str,
-        judged: Plan,
+        judged: Vec<ReleaseRequest>,
         started: Instant,
-    ) -> Result<Plan, Failure> {
+    ) -> Result<Vec<ReleaseRequest>, Failure> {
         if !self.read_pod(podref, started).await? {
             return Ok(judged);
         }
@@ -389,7 +337,6 @@ impl Worker {
         started: Instant,
         releases: &[ReleaseRequest],
         outcomes: &[Result<ReleaseOutcome, ReleaseError>],
-        waiting: bool,
     ) -> Result<Processed, Failure> {
         let failed: Vec<(&ReleaseRequest, &ReleaseError)> = releases
             .iter()
@@ -405,7 +352,6 @@ impl Worker {
                     .any(|(r, _)| matches!(r.write, EntryWrite::Fence(_))),
                 pod: Some(Box::new(first.judged.pod.clone())).filter(|p| !p.uid.is_empty()),
                 not_leader: failed.iter().all(|(_, e)| **e == ReleaseError::NotLeader),
-                waiting,
             });
         }
         let changed = outcomes
@@ -414,9 +360,6 @@ impl Worker {
             .count();
         if changed > 0 {
             tracing::info!(%podref, changed, "entries now belong to another allocation; left alone");
-        }
-        if waiting {
-            return Ok(Processed::Waiting);
         }
         self.ctx
             .state
@@ -432,7 +375,6 @@ impl Worker {
             reclaim: self.reclaim,
             max_retries: self.max_retries,
             leader: self.leader.clone(),
-            fence_policy: self.fence_policy,
         }
     }
 }

@@ -133,27 +133,33 @@ fn age_of(f: &FencedEntry, now: Moment) -> Duration {
     Duration::try_from(now.wall.duration_since(f.record.since)).unwrap_or_default()
 }
 
-/// The fenced entries whose address the live pod of the fenced podref lists on the fence's
-/// network (any, when the record names none), when that pod is not the deleted one (its
-/// replacement got the address: a lift would free it under it).
+/// The fenced entries whose address a replacement lists (see [`replacement_lists`]).
 fn listed_by_replacement(st: &Index, fenced: &[FencedEntry]) -> HashSet<Slot> {
-    let lists = |f: &FencedEntry, a: &crate::ipam::NetworkAttachment| {
-        a.ips.contains(&f.entry.ip) && (f.record.network.is_empty() || *a.name == f.record.network)
-    };
     fenced
         .iter()
-        .filter(|f| {
-            st.pods().live(&f.record.podref).is_some_and(|live| {
-                live.uid != f.record.uid
-                    && live
-                        .networks
-                        .as_deref()
-                        .is_some_and(|n| n.iter().any(|a| lists(f, a)))
-            })
-        })
+        .filter(|f| replacement_lists(st, &f.record, f.entry.ip))
         .map(|f| Slot::new(&f.pool, &f.entry.key))
         .collect()
 }
+
+/// Whether the live pod of the fenced podref, another pod than the deleted one, lists `ip`
+/// on the fence's network (any, when the record names none): its replacement got the address,
+/// and a lift would free it under it.
+fn replacement_lists(st: &Index, record: &FenceRecord, ip: std::net::IpAddr) -> bool {
+    let lists = |a: &crate::ipam::NetworkAttachment| {
+        a.ips.contains(&ip) && (record.network.is_empty() || *a.name == record.network)
+    };
+    st.pods().live(&record.podref).is_some_and(|live| {
+        live.uid != record.uid
+            && live
+                .networks
+                .as_deref()
+                .is_some_and(|n| n.iter().any(lists))
+    })
+}
+
+/// Reads fenced podrefs at most this many at a time before their lifts.
+const LIFT_READS: usize = 16;
 
 impl Lifter {
     /// One pass: updates the fence gauges and, on the leader, releases what lifts, completes
@@ -260,6 +266,7 @@ impl Lifter {
     async fn write(&self, mut writes: Vec<ReleaseRequest>, by_agent: &HashSet<Slot>, now: Instant) {
         let key = |r: &ReleaseRequest| Slot::new(&r.judged.pool, &r.judged.entry.key);
         writes.retain(|r| !self.backoff.is_in_backoff_since(&key(r), now));
+        let writes = self.confirm_lifts(writes).await;
         if writes.is_empty() {
             return;
         }
@@ -290,6 +297,62 @@ impl Lifter {
                 Ok(_) => self.backoff.reset(&key(r)),
             }
         }
+    }
+
+    /// A lift is a release no deletion just triggered: the fenced podref is read fresh first
+    /// (the pod cache may lag), and a lift whose address a replacement lists is dropped. A
+    /// lift whose pod cannot be read waits for the next pass.
+    async fn confirm_lifts(&self, writes: Vec<ReleaseRequest>) -> Vec<ReleaseRequest> {
+        use futures::StreamExt;
+        let checked = futures::stream::iter(writes)
+            .map(|r| async move {
+                let EntryWrite::Unfence(record, _) = &r.write else {
+                    return Some(r);
+                };
+                match self.replaced_now(record, r.judged.entry.ip).await {
+                    Ok(false) => Some(r),
+                    Ok(true) => {
+                        tracing::warn!(ip = %r.judged.entry.ip, podref = %record.podref, "fence not lifted: a replacement of the deleted pod lists the address (read fresh)");
+                        None
+                    }
+                    Err(e) => {
+                        tracing::warn!(ip = %r.judged.entry.ip, podref = %record.podref, error = %e, "the fenced pod's name could not be read; the lift waits");
+                        None
+                    }
+                }
+            })
+            .buffer_unordered(LIFT_READS)
+            .collect::<Vec<_>>()
+            .await;
+        checked.into_iter().flatten().collect()
+    }
+
+    /// Reads the pod of `record`'s podref fresh into the index; whether a replacement lists
+    /// `ip` (see [`replacement_lists`]).
+    async fn replaced_now(
+        &self,
+        record: &FenceRecord,
+        ip: std::net::IpAddr,
+    ) -> Result<bool, kube::Error> {
+        let pod = crate::ipam::PodKey::lenient(&record.podref);
+        let api = kube::Api::<crate::api::slim::PodView>::namespaced(
+            self.ctx.client.clone(),
+            &pod.namespace,
+        );
+        let Some(p) = api.get_opt(&pod.name).await? else {
+            return Ok(false);
+        };
+        let Some(uid) = p.metadata.uid.as_deref() else {
+            return Ok(false);
+        };
+        let mut st = self.ctx.state.write().expect("state lock");
+        st.upsert_pod(
+            &record.podref,
+            uid,
+            crate::index::kinds::seen(&p),
+            Instant::now(),
+        );
+        Ok(replacement_lists(&st, record, ip))
     }
 
     /// Deletes the records left over, and clears fence annotations (earlier releases) whose

@@ -55,8 +55,6 @@ pub struct Ctx {
     pub(crate) metrics: ControllerMetrics,
     /// Nodes' readiness (`None`: fencing is off).
     pub(crate) nodes: Option<Arc<RwLock<NodeIndex>>>,
-    /// Podrefs whose deletion waits for a replacement's network-status.
-    pub(crate) awaiting: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
 
 /// Handles a running controller exposes (for tests and the binary).
@@ -194,10 +192,6 @@ fn spawn_workers(
                 reclaim,
                 max_retries: args.max_retries,
                 leader: leader.clone(),
-                fence_policy: args.fence_unready_nodes.then_some(FencePolicy {
-                    settle: args.fence_settle,
-                    timeout: args.fence_timeout,
-                }),
             };
             tokio::spawn(worker.run())
         })
@@ -308,8 +302,6 @@ async fn sweep_forever(
             // The sweep's gauges are the leader's: a standby shows none, never stale ones.
             ctx.metrics.pool_leak_candidates.clear();
             ctx.metrics.pool_held.clear();
-            ctx.awaiting.lock().expect("awaiting lock").clear();
-            ctx.metrics.awaiting_replacement_status.set(0);
             sweeper.forget_sightings();
         } else {
             let report = sweeper.sweep().await;
@@ -411,7 +403,6 @@ pub async fn run(
         events,
         metrics: metrics.clone(),
         nodes: nodes.clone(),
-        awaiting: Default::default(),
     };
     let synced = spawn_watches(&ctx, &args.whereabouts_namespace, &leader, &mut tasks);
 

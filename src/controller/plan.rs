@@ -7,34 +7,8 @@ use std::time::Instant;
 
 use super::fence::record_for;
 use crate::index::{Index, NodeIndex, Tombstone};
-use crate::reclaim::fence::{FencePolicy, Moment, lift};
 use crate::reclaim::{Decision, Judged, Reason};
 use crate::release::{EntryWrite, ReleaseRequest};
-
-/// Whether the fence a deletion calls for would have lifted by `now` (its node Ready for the
-/// settle since the deletion was seen, its Node gone or out of service, or the fence timeout
-/// past): nothing is left to wait for then.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct LiftCheck<'a> {
-    /// When fences lift (`None`: fencing off).
-    pub policy: Option<&'a FencePolicy>,
-    /// Now, on both clocks.
-    pub now: Moment,
-}
-
-impl LiftCheck<'_> {
-    fn lifted(&self, t: &Tombstone, view: &NodeIndex) -> bool {
-        let (Some(policy), Some(node)) = (self.policy, t.node.as_deref()) else {
-            return true;
-        };
-        let age = self.now.mono.saturating_duration_since(t.seen_at);
-        let fence = Moment {
-            wall: self.now.wall.checked_sub(age).unwrap_or(self.now.wall),
-            mono: t.seen_at,
-        };
-        lift(fence, view.node(node), self.now, policy).is_some()
-    }
-}
 
 /// The releases the judgement calls for (deleted at `deleted_at`, for the latency metric).
 pub(crate) fn releases_of(judged: &[Judged], deleted_at: Option<Instant>) -> Vec<ReleaseRequest> {
@@ -69,23 +43,15 @@ fn fence_reason(t: &Tombstone, view: &NodeIndex) -> Option<String> {
 /// replaced under its name), and the fence follows from that node: a release of a pod deleted
 /// from a node that is not Ready becomes a fence; so does an allocation that pod held (same
 /// pool, key and sandbox id as when its deletion was seen, its address listed by it) that is
-/// judged kept only because a replacement of the same name lists other addresses. Left
-/// unfenced, that entry would later be released as `IPNotOnPod`, its node still down.
-///
-/// While that replacement is bound to a node and has no network-status yet, such an entry is
-/// neither fenced nor released, and `true` is returned (judge again later), until the fence
-/// would have lifted (`lifts`): the entry may be the replacement's own. whereabouts gives a recreated pod its name's entry back under a new sandbox id, and a
-/// pool watch ahead of the pod watch shows that before the deletion, so the deletion's
-/// snapshot of what it held can name the replacement's sandbox. A fence there would be lifted
-/// later by removing the entry under the replacement.
+/// judged kept only because a replacement of the same name is known without network-status
+/// yet. Left unfenced, that entry would later be released as `IPNotOnPod`, its node still down.
 pub(crate) fn plan_fences(
     st: &Index,
     view: &NodeIndex,
     podref: &str,
     judged: &[Judged],
     releases: &mut Vec<ReleaseRequest>,
-    lifts: &LiftCheck<'_>,
-) -> bool {
+) {
     for r in releases.iter_mut() {
         if r.reason != Reason::PodDeleted || r.judged.pod.uid.is_empty() {
             continue;
@@ -99,10 +65,6 @@ pub(crate) fn plan_fences(
         }
     }
     let live = st.pods().live(podref);
-    // Only a replacement bound to a node can have an allocation (the CNI runs there): one not
-    // scheduled yet (its node down, the only one it fits) holds nothing to confuse.
-    let replacement_unknown = live.is_some_and(|l| l.networks.is_none() && l.node.is_some());
-    let mut waiting = false;
     let live_lists = |ip| {
         live.and_then(|l| l.networks.as_deref())
             .is_some_and(|n| n.iter().any(|a| a.ips.contains(&ip)))
@@ -131,10 +93,6 @@ pub(crate) fn plan_fences(
             if planned || !held || !listed || live_lists(e.ip) {
                 continue;
             }
-            if replacement_unknown {
-                waiting |= !lifts.lifted(t, view);
-                continue;
-            }
             let mut fenced = j.clone();
             fenced.decision = Decision::Release(Reason::PodDeleted);
             fenced.pod.uid = t.uid.clone();
@@ -149,7 +107,6 @@ pub(crate) fn plan_fences(
             });
         }
     }
-    waiting
 }
 
 #[cfg(test)]
@@ -225,123 +182,35 @@ mod tests {
         st
     }
 
-    /// Fences that take an hour to settle: none has lifted within a test.
-    fn never_lifts() -> LiftCheck<'static> {
-        const HOUR: FencePolicy = FencePolicy {
-            settle: std::time::Duration::from_secs(3600),
-            timeout: None,
-        };
-        LiftCheck {
-            policy: Some(&HOUR),
-            now: Moment {
-                wall: jiff::Timestamp::now(),
-                mono: Instant::now(),
-            },
-        }
-    }
-
     fn plan(st: &Index, v: &NodeIndex) -> Vec<(String, String, bool)> {
-        plan_and_wait(st, v).0
-    }
-
-    /// The releases (key, uid, fenced) and whether an entry waits for the replacement.
-    fn plan_and_wait(st: &Index, v: &NodeIndex) -> (Vec<(String, String, bool)>, bool) {
         let judged = st.judge_podref(WEB, &ReclaimConfig::default());
         let mut releases = releases_of(&judged, None);
-        let waiting = plan_fences(st, v, WEB, &judged, &mut releases, &never_lifts());
-        let releases = releases
+        plan_fences(st, v, WEB, &judged, &mut releases);
+        releases
             .into_iter()
             .map(|r| {
                 let fence = matches!(r.write, EntryWrite::Fence(_));
                 (r.judged.entry.key, r.judged.pod.uid, fence)
             })
-            .collect();
-        (releases, waiting)
+            .collect()
     }
 
     #[test]
-    fn an_entry_the_deleted_pod_held_waits_while_its_replacement_has_no_network_status() {
+    fn the_deleted_pods_node_decides_the_fence_even_when_the_replacement_is_known_first() {
         // The replacement has no network-status yet: the cache alone judges the entry kept
-        // (the allocation may be racing the annotation). The entry may be the replacement's
-        // (given back under its name): neither fenced nor released, judged again later.
+        // (the allocation may be racing the annotation), and it used to be left unfenced.
         let st = replaced(None);
         let judged = st.judge_podref(WEB, &ReclaimConfig::default());
         assert!(
             matches!(judged[0].decision, Decision::Keep(_)),
             "{judged:?}"
         );
-        assert_eq!(plan_and_wait(&st, &view("Unknown")), (vec![], true));
-        // Its network-status lists another address: the entry was the deleted pod's, fenced.
         assert_eq!(
-            plan_and_wait(&replaced(Some("192.0.2.20")), &view("Unknown")),
-            (vec![("10".to_string(), "old-uid".to_string(), true)], false)
+            plan(&st, &view("Unknown")),
+            [("10".to_string(), "old-uid".to_string(), true)]
         );
-        // On a Ready node nothing is fenced, nothing waits, and a kept entry stays kept.
-        assert_eq!(plan_and_wait(&st, &view("True")), (vec![], false));
-    }
-
-    #[test]
-    fn a_replacement_not_scheduled_yet_holds_nothing_the_old_entry_is_fenced_at_once() {
-        // A StatefulSet's replacement of a pod force-deleted from its down node: no node takes
-        // it yet, so no CNI gave it anything.
-        let mut st = replaced(Some("192.0.2.20"));
-        let unbound = PodSeen {
-            annotations: None,
-            node: None,
-            terminal: false,
-        };
-        st.upsert_pod(WEB, "new-uid", unbound, Instant::now());
-        assert_eq!(
-            plan_and_wait(&st, &view("Unknown")),
-            (vec![("10".to_string(), "old-uid".to_string(), true)], false)
-        );
-    }
-
-    #[test]
-    fn the_wait_for_the_replacements_status_ends_when_the_fence_would_have_lifted() {
-        // Deleted while node-a was down; node-a Ready again since.
-        let mut st = replaced(None);
-        let down = view("Unknown");
-        st.judge_deleted_nodes(WEB, |node| down.distrust(node));
-        let back = view("True");
-        let judged = st.judge_podref(WEB, &ReclaimConfig::default());
-        let wait = |lifts: &LiftCheck<'_>| {
-            let mut releases = releases_of(&judged, None);
-            let waiting = plan_fences(&st, &back, WEB, &judged, &mut releases, lifts);
-            (releases.len(), waiting)
-        };
-        assert_eq!(wait(&never_lifts()), (0, true), "settling");
-        let settled = FencePolicy {
-            settle: std::time::Duration::ZERO,
-            timeout: None,
-        };
-        let now = Moment {
-            wall: jiff::Timestamp::now(),
-            mono: Instant::now() + std::time::Duration::from_secs(1),
-        };
-        let lifts = LiftCheck {
-            policy: Some(&settled),
-            now,
-        };
-        assert_eq!(wait(&lifts), (0, false), "settled: kept, no longer waiting");
-        // The fence timeout ends it too, the node down.
-        let timed_out = FencePolicy {
-            settle: std::time::Duration::from_secs(3600),
-            timeout: Some(std::time::Duration::ZERO),
-        };
-        let lifts = LiftCheck {
-            policy: Some(&timed_out),
-            now,
-        };
-        let mut releases = releases_of(&judged, None);
-        assert!(!plan_fences(
-            &st,
-            &down,
-            WEB,
-            &judged,
-            &mut releases,
-            &lifts
-        ));
+        // On a Ready node nothing is fenced, and a kept entry stays kept.
+        assert_eq!(plan(&st, &view("True")), []);
     }
 
     #[test]

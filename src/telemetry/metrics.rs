@@ -194,9 +194,6 @@ pub struct ControllerMetrics {
     pub oldest_fence_seconds: Gauge,
     /// Nodes whose Ready condition is not True: their pods' deletions are fenced.
     pub unready_nodes: Gauge,
-    /// Deleted pods with an entry that waits for the replacement of the same name to get its
-    /// network-status (neither fenced nor released until then).
-    pub awaiting_replacement_status: Gauge,
     /// Node agent reports on fences that did not count, by why.
     pub fence_evidence_rejected: Family<ReasonLabel, Counter>,
     /// 1 while this replica leads and may write, else 0.
@@ -230,7 +227,6 @@ impl ControllerMetrics {
             fenced_addresses: Gauge::default(),
             oldest_fence_seconds: Gauge::default(),
             unready_nodes: Gauge::default(),
-            awaiting_replacement_status: Gauge::default(),
             fence_evidence_rejected: Family::default(),
             leader: Gauge::default(),
             invalid_objects: Family::default(),
@@ -260,7 +256,6 @@ impl ControllerMetrics {
             "fenced_addresses", "Addresses held by a fence now", m.fenced_addresses;
             "fence_oldest_age_seconds", "Age of the oldest fence held", m.oldest_fence_seconds;
             "unready_nodes", "Nodes not Ready now: their pods' addresses are fenced when the pods are deleted", m.unready_nodes;
-            "deletions_awaiting_replacement_status", "Deleted pods with an entry kept (neither fenced nor released) until the replacement of the same name has its network-status", m.awaiting_replacement_status;
             "fence_evidence_rejected", "Node agent reports on fences that did not count (another node, pod or fence; malformed), by reason", m.fence_evidence_rejected;
             // Pools and the sweep: allocations, unreadable entries, candidates, holds.
             "allocations", "Allocations per IP pool", m.allocations;

@@ -442,8 +442,6 @@ async fn a_fence_the_apiserver_refuses_holds_and_the_rest_of_the_pool_is_release
 /// (no network-status yet): its watch sees the replacement and never web-0's Delete. The
 /// replacement is in the cache before the deletion is judged, and the cache alone keeps the
 /// entry (its allocation may race the annotation); the deleted pod's node still decides: fenced.
-/// (The replacement is not scheduled, as when its node is the one down: it can hold no
-/// allocation, so the entry is not taken for its own.)
 #[tokio::test]
 async fn a_replacement_known_before_the_deletion_is_judged_still_gets_the_old_address_fenced() {
     let (cp, mut env) = Env::private("ctl-fence-replaced").await;
@@ -485,26 +483,29 @@ async fn a_replacement_known_before_the_deletion_is_judged_still_gets_the_old_ad
     drop(second);
 }
 
-/// web-0 is force-deleted from a node that is not Ready and recreated elsewhere; whereabouts
-/// gives the replacement its name's entry back (same podref, the replacement's sandbox) before
-/// Multus writes the replacement's network-status, and the controller's pod watch lags its
-/// pool watch (4 s here), so the deletion's snapshot of what web-0 held names the
-/// replacement's sandbox. The entry is the replacement's: never fenced (a fence is lifted by
-/// removing its entry, from under the replacement), kept while the replacement has no
-/// network-status, and left alone once it lists the address. Before, it was fenced.
+/// web-0 and db-0 are force-deleted from a node that is not Ready, and web-0 is recreated
+/// elsewhere; whereabouts gives the replacement its name's entry back (same podref, the
+/// replacement's sandbox) before Multus writes its network-status, and the controller's pod
+/// watch lags its pool watch (4 s here): the deletion's snapshot of what web-0 held names the
+/// replacement's sandbox, and the entry is fenced (which keeps it allocated). It is never freed
+/// under the replacement: the node comes back and settles, db-0's fence lifts, and web-0's
+/// stays, its lift refused on a fresh read of the pod that lists the address (the pod watch
+/// still lags). Before, the lift removed the replacement's entry.
 #[tokio::test]
-async fn an_entry_given_back_to_the_replacement_before_the_deletion_is_seen_is_never_fenced() {
+async fn an_entry_given_back_to_the_replacement_before_the_deletion_is_seen_is_never_freed() {
     let mut env = Env::new("ctl-fence-given-back").await;
     let ns = env.ns.clone();
     let down = env.fence_node("Unknown").await;
-    env.macvlan(&[(10, "sb-old", "web-0")]).await;
-    env.pod_on("web-0", "macvlan", Some(&["192.0.2.10"]), Some(&down))
+    env.macvlan(&[(10, "sb-old", "web-0"), (11, "sb-db-0", "db-0")])
         .await;
+    for (pod, ip) in [("web-0", "192.0.2.10"), ("db-0", "192.0.2.11")] {
+        env.pod_on(pod, "macvlan", Some(&[ip]), Some(&down)).await;
+    }
     let proxy = FaultProxy::start(env.client.clone(), 6).await.unwrap();
     let lag = Action::DelayEvents(Duration::from_secs(4));
     proxy.set_rules(vec![Rule::new(Some("watch"), Some("pods"), lag)]);
     let through = ControlPlane::shared().client_through_faults(&proxy).await;
-    env.start_as(through, &[]).await;
+    env.start_as(through, &["--fence-settle=1s"]).await;
     // (Other tests' stand-in Nodes count too; a lagging Node watch is read past anyway.)
     wait_for("the controller seeing an unready node", || async {
         metric_value(&env.metrics_text().await, "ipreclaim_unready_nodes") >= 1.0
@@ -512,37 +513,34 @@ async fn an_entry_given_back_to_the_replacement_before_the_deletion_is_seen_is_n
     .await;
 
     env.delete_pod("web-0").await;
-    // The replacement is bound to another node (the CNI ran there: it got an allocation).
+    env.delete_pod("db-0").await;
     let elsewhere = format!("{ns}-node-b");
     env.create_node(&elsewhere, "True").await;
     env.pod_on("web-0", "macvlan", None, Some(&elsewhere)).await;
     env.give_back("web-0", 10, "sb-new").await;
-    let entry = || async { env.entry_and_fence("192.0.2.0-24", "10").await.0 };
-    // The deletion arrives 4 s late and is judged: it waits for the replacement's
-    // network-status or, before, fenced the entry.
-    wait_for("the deletion judged", || async {
-        metric_value(
-            &env.metrics_text().await,
-            "ipreclaim_deletions_awaiting_replacement_status",
-        ) == 1.0
-            || entry().await.is_some_and(|p| p.ends_with(":fenced"))
+    let podref_of = |key: &'static str| {
+        let env = &env;
+        async move { env.entry_and_fence("192.0.2.0-24", key).await.0 }
+    };
+    wait_for("both entries fenced", || async {
+        podref_of("10").await == Some(format!("{ns}/web-0:fenced"))
+            && podref_of("11").await == Some(format!("{ns}/db-0:fenced"))
     })
     .await;
-    env.wait_sweeps(3.0).await;
-    assert_eq!(entry().await, Some(format!("{ns}/web-0")), "not fenced");
-    assert!(env.events(FENCED).await.is_empty());
 
-    // Multus lists the address on the replacement: the entry is its own, left alone.
+    // Multus lists the address on the replacement; the node comes back and settles.
     env.list_on("web-0", &["192.0.2.10"]).await;
-    env.wait_metric("ipreclaim_deletions_awaiting_replacement_status 0")
-        .await;
-    env.wait_sweeps(3.0).await;
+    env.set_ready(&down, "True").await;
+    env.wait_keys("192.0.2.0-24", &["10"]).await;
     let pool = env.pools().get("192.0.2.0-24").await.unwrap();
     let id = pool.spec.allocations.get("10").map(|a| a.id.as_str());
-    assert_eq!(id, Some("sb-new"));
-    assert_eq!(entry().await, Some(format!("{ns}/web-0")));
-    assert!(env.events(FENCED).await.is_empty());
-    assert!(env.events("IPAddressGarbageCollected").await.is_empty());
+    assert_eq!(id, Some("sb-new"), "the replacement's entry");
+    let released = env.wait_events("IPAddressGarbageCollected").await;
+    assert_eq!(
+        released.iter().map(|e| e.0.as_str()).collect::<Vec<_>>(),
+        ["db-0"],
+        "{released:?}"
+    );
     env.finish(&down).await;
     env.delete_node(&elsewhere).await;
     env.delete_pod("web-0").await;
