@@ -163,6 +163,13 @@ mod tests {
     fn replaced(replacement: Option<&str>) -> Index {
         let mut st = Index::default();
         st.upsert_pool(&pool("sb-old"));
+        delete_and_replace(&mut st, replacement);
+        st
+    }
+
+    /// web-0 (old-uid, 192.0.2.10) on node-a deleted, and a replacement web-0 (new-uid) known
+    /// on node-b with the network-status `replacement` (None: not yet).
+    fn delete_and_replace(st: &mut Index, replacement: Option<&str>) {
         let old = status("192.0.2.10");
         let on_a = |annotations| PodSeen {
             annotations,
@@ -179,7 +186,6 @@ mod tests {
             terminal: false,
         };
         st.upsert_pod(WEB, "new-uid", seen, now);
-        st
     }
 
     fn plan(st: &Index, v: &NodeIndex) -> Vec<(String, String, bool)> {
@@ -242,22 +248,7 @@ mod tests {
     fn an_entry_the_pools_had_not_shown_when_the_deletion_was_seen_is_still_the_deleted_pods() {
         // The pool watch is behind: the deletion is seen before the entry, its slot unknown.
         let mut st = Index::default();
-        let old = status("192.0.2.10");
-        let on_a = |annotations| PodSeen {
-            annotations,
-            node: Some("node-a"),
-            terminal: false,
-        };
-        let now = Instant::now();
-        st.upsert_pod(WEB, "old-uid", on_a(Some(&old)), now);
-        st.delete_pod(WEB, "old-uid", on_a(Some(&old)), now);
-        let new = status("192.0.2.20");
-        let seen = PodSeen {
-            annotations: Some(&new),
-            node: Some("node-b"),
-            terminal: false,
-        };
-        st.upsert_pod(WEB, "new-uid", seen, now);
+        delete_and_replace(&mut st, Some("192.0.2.20"));
         st.upsert_pool(&pool("sb-old"));
         assert_eq!(
             plan(&st, &view("Unknown")),

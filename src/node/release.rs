@@ -171,12 +171,7 @@ impl Releaser {
             phase: PodPhase::parse(pod.status.as_ref().and_then(|s| s.phase.as_deref())),
             networks: networks.attached.as_deref(),
         };
-        let mut targets: BTreeMap<String, PoolTarget> = BTreeMap::new();
-        for network in &networks.names {
-            for t in self.pools_of(network).await? {
-                targets.entry(t.pool.clone()).or_insert(t);
-            }
-        }
+        let targets = self.targets_of(&networks.names).await?;
         let Planned {
             mut reqs,
             kept,
@@ -227,6 +222,20 @@ impl Releaser {
             }
             None => Outcome::Released(written.addresses().len()),
         })
+    }
+
+    /// The pools the pod's `networks` allocate from on this node, by name.
+    async fn targets_of(
+        &self,
+        networks: &std::collections::BTreeSet<String>,
+    ) -> Result<BTreeMap<String, PoolTarget>, Outcome> {
+        let mut targets: BTreeMap<String, PoolTarget> = BTreeMap::new();
+        for network in networks {
+            for t in self.pools_of(network).await? {
+                targets.entry(t.pool.clone()).or_insert(t);
+            }
+        }
+        Ok(targets)
     }
 
     /// Reads each target pool fresh and judges the dead sandbox's entries there.
