@@ -231,13 +231,11 @@ impl Lifter {
                 Some(policy) => self.lift(f, fence, node, now, policy),
                 None => Some(Lift::FencingOff),
             };
-            let replaced = found
-                .listed_by_replacement
-                .contains(&Slot::new(pool, &f.entry.key));
+            let slot = Slot::new(pool, &f.entry.key);
+            let replaced = found.listed_by_replacement.contains(&slot);
             match lifts {
                 Some(_) if !leader => out.held += 1,
                 Some(why) if replaced => {
-                    let slot = Slot::new(pool, &f.entry.key);
                     if kept_for_replacement.insert(slot) {
                         tracing::warn!(%pool, ip = %f.entry.ip, podref = %f.record.podref, lifted = why.as_str(), "fence not lifted: a replacement of the deleted pod lists the address (the entry may be its own); lift it by hand once resolved");
                     }
@@ -248,7 +246,7 @@ impl Lifter {
                     tracing::info!(%pool, ip = %f.entry.ip, podref = %f.record.podref, node = %f.record.node, lifted = why.as_str(), "fence lifts");
                     let write = EntryWrite::Unfence(f.record.clone(), f.source.clone());
                     if why == Lift::SandboxesGone {
-                        out.by_agent.insert(Slot::new(pool, &f.entry.key));
+                        out.by_agent.insert(slot);
                     }
                     out.lifted
                         .push(fence_request(pool, &f.entry, &f.record, write));

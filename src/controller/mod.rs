@@ -302,7 +302,6 @@ async fn sweep_forever(
             // The sweep's gauges are the leader's: a standby shows none, never stale ones.
             ctx.metrics.pool_leak_candidates.clear();
             ctx.metrics.pool_held.clear();
-            sweeper.forget_sightings();
         } else {
             let report = sweeper.sweep().await;
             tracing::debug!(?report, "sweep done");

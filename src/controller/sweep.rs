@@ -91,8 +91,8 @@ impl Sweeper {
         }
     }
 
-    /// Forgets when candidates and orphaned reservations were first seen (while this replica
-    /// does not lead): a grace counts only what one term of leadership saw, never a sighting
+    /// Forgets when candidates and orphaned reservations were first seen (on a change of
+    /// leadership): a grace counts only what one term of leadership saw, never a sighting
     /// from an earlier term with a standby's gap in between.
     pub fn forget_sightings(&mut self) {
         self.clock = GraceClock::default();

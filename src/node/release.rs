@@ -132,8 +132,8 @@ struct Planned {
 }
 
 /// A pool entry as the breaker knows it.
-fn entry_id(r: &ReleaseRequest) -> EntryId {
-    (r.judged.entry.id.clone(), r.judged.entry.ip)
+fn entry_id(e: &PoolEntry) -> EntryId {
+    (e.id.clone(), e.ip)
 }
 
 fn failed(what: String, e: kube::Error) -> Outcome {
@@ -227,7 +227,7 @@ impl Releaser {
     /// The pools the pod's `networks` allocate from on this node, by name.
     async fn targets_of(
         &self,
-        networks: &std::collections::BTreeSet<String>,
+        networks: &BTreeSet<String>,
     ) -> Result<BTreeMap<String, PoolTarget>, Outcome> {
         let mut targets: BTreeMap<String, PoolTarget> = BTreeMap::new();
         for network in networks {
@@ -251,13 +251,17 @@ impl Releaser {
             let Some(PoolRead { uid, entries }) = self.entries_of(&t.pool).await? else {
                 continue;
             };
-            let all = entries.iter().map(|e| (e.id.clone(), e.ip)).collect();
+            let all = entries.iter().map(entry_id).collect();
             let plan = plan_pool(&sb.id, podref, live, t, entries, &self.reclaim);
             for (entry, decision) in &plan.kept {
                 tracing::info!(pool = %t.pool, ip = %entry.ip, ?decision, "dead sandbox's entry kept");
             }
             out.kept += plan.kept.len();
-            let releases = plan.releases.iter().map(entry_id).collect();
+            let releases = plan
+                .releases
+                .iter()
+                .map(|r| entry_id(&r.judged.entry))
+                .collect();
             let seen = PoolSeen {
                 releases,
                 entries: all,
@@ -325,7 +329,10 @@ impl Releaser {
         for (r, result) in reqs.iter().zip(results) {
             let freed = matches!(result, Ok(o) if o.freed() || *o == ReleaseOutcome::DryRun);
             if !freed {
-                unfreed.entry(&r.judged.pool).or_default().push(entry_id(r));
+                unfreed
+                    .entry(&r.judged.pool)
+                    .or_default()
+                    .push(entry_id(&r.judged.entry));
             }
         }
         if unfreed.is_empty() {

@@ -252,17 +252,29 @@ impl Budgets {
         paid: Paid,
         metrics: &WriteMetrics,
         verb: &str,
-        mut write: F,
+        write: F,
     ) -> Result<T, kube::Error>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, kube::Error>>,
     {
-        let write = || {
-            metrics.write(verb);
-            write()
-        };
-        self.send_paid(kind, paid, write).await
+        self.send_paid(kind, paid, counted(metrics, verb, write))
+            .await
+    }
+}
+
+/// `write`, counting each request it sends as an API write of `verb` in `metrics`.
+pub fn counted<'a, F, Fut>(
+    metrics: &'a WriteMetrics,
+    verb: &'a str,
+    mut write: F,
+) -> impl FnMut() -> Fut + 'a
+where
+    F: FnMut() -> Fut + 'a,
+{
+    move || {
+        metrics.write(verb);
+        write()
     }
 }
 

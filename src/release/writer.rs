@@ -106,16 +106,12 @@ impl Writer {
     /// A reservation create past the leadership gate: putting back one this replica deleted,
     /// for an allocation that appeared meanwhile (no other replica knows it is due; a create
     /// decides nothing and is refused if one exists).
-    pub(super) async fn send_restore<T, F, Fut>(&self, mut write: F) -> Result<T, kube::Error>
+    pub(super) async fn send_restore<T, F, Fut>(&self, write: F) -> Result<T, kube::Error>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, kube::Error>>,
     {
-        let metrics = &self.metrics;
-        let write = || {
-            metrics.write("create");
-            write()
-        };
+        let write = super::budget::counted(&self.metrics, "create", write);
         self.budgets
             .send_ungated(WriteKind::Reservation, write)
             .await
