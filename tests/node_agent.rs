@@ -180,10 +180,17 @@ impl NodeEnv {
     /// A sandbox of pod `name` that got `ip` (at `offset` of the pool) the way whereabouts and
     /// Multus record it: pool entry, reservation, network-status. Returns the sandbox id.
     async fn sandbox_with_address(&self, name: &str, uid: &str, offset: u32, ip: &str) -> String {
+        let id = self.sandbox_allocated(name, uid, offset, ip).await;
+        self.set_network_status(name, ip).await;
+        id
+    }
+
+    /// A sandbox of pod `name` whose pool entry and reservation whereabouts wrote (`ip` at
+    /// `offset`), with no network-status from Multus. Returns the sandbox id.
+    async fn sandbox_allocated(&self, name: &str, uid: &str, offset: u32, ip: &str) -> String {
         let id = self.run_sandbox(name, uid).await;
         self.allocate(offset, &id, name).await;
         self.reserve(ip, &id, name).await;
-        self.set_network_status(name, ip).await;
         id
     }
 
@@ -618,9 +625,7 @@ async fn a_sandbox_whose_pause_died_keeps_its_entry_while_its_network_is_up() {
     let mut env = NodeEnv::new("node-netup").await;
     env.nad().await;
     let uid = env.pod("web-0").await;
-    let s1 = env.run_sandbox("web-0", &uid).await;
-    env.allocate(10, &s1, "web-0").await;
-    env.reserve("192.0.2.10", &s1, "web-0").await;
+    let s1 = env.sandbox_allocated("web-0", &uid, 10, "192.0.2.10").await;
     env.start(&["--sandbox-grace=1s"]).await;
     env.wait_metric(STARTED, 1.0).await;
     let pid = sandbox_pid(&env.containerd, &s1).await;
@@ -776,9 +781,7 @@ async fn dry_run_reports_a_dead_sandbox_and_writes_nothing() {
     let mut env = NodeEnv::new("node-dry").await;
     env.nad().await;
     let uid = env.pod("web-0").await;
-    let s1 = env.run_sandbox("web-0", &uid).await;
-    env.allocate(30, &s1, "web-0").await;
-    env.reserve("192.0.2.30", &s1, "web-0").await;
+    let s1 = env.sandbox_allocated("web-0", &uid, 30, "192.0.2.30").await;
     env.start(&["--sandbox-grace=0s", "--dry-run"]).await;
     env.wait_metric(STARTED, 1.0).await;
     env.stop_sandbox(&s1).await;
