@@ -261,10 +261,10 @@ impl CriPodSource {
             view.pods
                 .insert(p.uid.clone(), PodKey::new(&p.namespace, &p.name));
             for sb in &p.sandboxes {
-                match view.sandboxes.get_mut(&sb.id) {
+                match view.sandboxes.get_mut(sb.id.as_str()) {
                     Some(last) => *last = n,
                     None => {
-                        view.sandboxes.insert(sb.id.clone(), n);
+                        view.sandboxes.insert(sb.id.to_string(), n);
                     }
                 }
             }
@@ -334,7 +334,7 @@ impl PodSource for CriPodSource {
         for sb in &pod.sandboxes {
             self.call(&self.calls.pod_sandbox_status).await;
             let inspected = client.pod_sandbox_status(PodSandboxStatusRequest {
-                pod_sandbox_id: sb.id.clone(),
+                pod_sandbox_id: sb.id.to_string(),
                 verbose: false,
             });
             let status = reply("PodSandboxStatus", inspected.await)?
@@ -379,7 +379,7 @@ impl PodSource for CriPodSource {
                 .containers
                 .iter()
                 .map(|c| podlife::ContainerStatus {
-                    id: c.id.clone(),
+                    id: c.id.to_string(),
                     state: c.state,
                 })
                 .collect(),

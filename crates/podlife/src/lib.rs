@@ -61,6 +61,6 @@ pub mod throttle;
 pub use cache::PodStatusCache;
 pub use pleg::{PodLifecycleEvent, PodSource};
 pub use pod::{
-    Container, ContainerState, ContainerStatus, PodStatus, PodUid, RuntimePod, SandboxState,
-    SandboxStatus, SourceError,
+    Container, ContainerId, ContainerState, ContainerStatus, PodStatus, PodUid, RuntimePod,
+    SandboxState, SandboxStatus, SourceError,
 };
