@@ -189,12 +189,13 @@ fn helm_lint_and_template_pass_and_every_flag_is_reachable() {
     let daemonset = find(&docs, "DaemonSet", "-node-agent");
     let agent_args = args_of(daemonset);
     assert_eq!(agent_args[0], "node-agent");
-    // The node name comes from the downward API; --dry-run only when on (checked below).
+    // The node name and the pod uid come from the downward API; --dry-run only when on
+    // (checked below).
     assert_flags_set(
         "node-agent",
         NodeCli::command(),
         &agent_args,
-        &["--node-name", "--dry-run"],
+        &["--node-name", "--pod-uid", "--dry-run"],
     );
     let pod = &daemonset["spec"]["template"]["spec"];
     let c = &pod["containers"][0];
@@ -208,6 +209,10 @@ fn helm_lint_and_template_pass_and_every_flag_is_reachable() {
     assert_eq!(
         env("NODE_NAME")["valueFrom"]["fieldRef"]["fieldPath"],
         "spec.nodeName"
+    );
+    assert_eq!(
+        env("POD_UID")["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.uid"
     );
     // logLevel reaches both programs as RUST_LOG.
     assert_eq!(env("RUST_LOG")["value"], "info");

@@ -602,6 +602,48 @@ async fn a_runtime_that_does_not_answer_is_no_evidence() {
     env.stop().await;
 }
 
+/// A runtime that does not list the agent's own pod (`--pod-uid`) is not taken as this
+/// node's (a wrong `--cri-endpoint` lists none of the node's pods, and "not listed" reads as
+/// "gone"): a fenced pod it does not list is not reported, and a dead sandbox due is looked at
+/// again instead of released (`unverified`). Once the agent's own sandbox is listed, both go.
+#[tokio::test]
+async fn a_runtime_that_does_not_list_the_agents_own_pod_is_not_taken_as_this_nodes() {
+    let mut env = NodeEnv::new("node-identity").await;
+    env.nad().await;
+    let uid = env.pod("db-0").await;
+    let sandbox = env.sandbox_allocated("db-0", &uid, 10, "192.0.2.10").await;
+    let node = env.node.clone();
+    env.fence("web-0", &format!("{}-web-0", env.ns), "sb-web-0", &node)
+        .await;
+    let agent_uid = format!("{}-agent", env.ns);
+    let own_pod = format!("--pod-uid={agent_uid}");
+    env.start(&["--sandbox-grace=1s", &own_pod]).await;
+    let gauge = "ipreclaim_node_runtime_unverified";
+    env.wait_metric(gauge, 1.0).await;
+    env.wait_metric(STARTED, 1.0).await;
+    env.remove_sandbox(&sandbox).await;
+    let unverified = r#"ipreclaim_node_dead_sandboxes_total{outcome="unverified"}"#;
+    wait_for("two looks at db-0's dead sandbox", || async {
+        env.metric(unverified).await >= 2.0
+    })
+    .await;
+    assert_eq!(env.keys().await, ["10"], "not released");
+    assert_eq!(env.report_of("web-0").await, None, "not reported");
+    assert_eq!(env.metric(REPORTED).await, 0.0);
+
+    env.run_sandbox("ipreclaim-node-agent", &agent_uid).await;
+    env.wait_metric(gauge, 0.0).await;
+    wait_for("the fence's report", || async {
+        env.report_of("web-0").await.is_some()
+    })
+    .await;
+    wait_for("db-0's entry released", || async {
+        env.keys().await.is_empty()
+    })
+    .await;
+    env.stop().await;
+}
+
 /// The pid of a sandbox's pause process, from containerd's verbose status.
 async fn sandbox_pid(containerd: &Containerd, id: &str) -> i32 {
     let status = containerd

@@ -20,6 +20,11 @@ pub struct NodeAgentArgs {
     /// This node's name (from the downward API in the chart).
     #[arg(long, env = "NODE_NAME")]
     pub node_name: String,
+    /// This agent's own pod uid (from the downward API in the chart). A runtime listing that
+    /// does not list it is not taken as this node's runtime (a wrong --cri-endpoint): no fence
+    /// evidence and no release come from it. Unset: not checked.
+    #[arg(long, env = "POD_UID")]
+    pub pod_uid: Option<String>,
     /// Namespace of the IPPools and reservations (where the whereabouts CNI writes them).
     #[arg(long, env = "WHEREABOUTS_NAMESPACE", default_value = "kube-system")]
     pub whereabouts_namespace: String,

@@ -17,6 +17,7 @@ pub mod error;
 pub mod evidence;
 pub mod fences;
 pub mod hold;
+pub mod identity;
 pub mod plan;
 pub mod release;
 pub mod witness;
@@ -48,6 +49,7 @@ use crate::telemetry::{Health, NodeMetrics, WriteMetrics};
 pub use args::NodeAgentArgs;
 use cri::{CriCalls, CriPodSource, RuntimeView};
 use error::NodeError;
+use identity::{RuntimeIdentity, UNVERIFIED, runtime_is_ours};
 use release::{ApiPod, Outcome, Releaser};
 use witness::{DeadSandbox, Witness};
 
@@ -136,6 +138,7 @@ struct Agent {
     reporter: Arc<fences::FenceReporter>,
     /// The listing the evidence last looked at.
     evidence_listing: u64,
+    identity: RuntimeIdentity,
 }
 
 /// A report on a fence, written or not.
@@ -267,8 +270,9 @@ impl Agent {
             let map = self.fences.lock().expect("fences lock");
             map.values().cloned().collect()
         };
-        let (listings, listing) = {
+        let (listings, listing, ours) = {
             let view = self.view.lock().expect("runtime view lock");
+            let ours = runtime_is_ours(&mut self.identity, &self.metrics, &view);
             let listing = (view.listings > self.evidence_listing).then(|| evidence::Listing {
                 number: view.listings,
                 pods: view.pods.keys().cloned().collect(),
@@ -281,13 +285,16 @@ impl Agent {
                     .collect(),
                 unattributed: view.unattributed,
             });
-            (view.listings, listing)
+            (view.listings, listing, ours)
         };
         for (f, why) in self.evidence.set_fences(listed, listings) {
             tracing::warn!(fence = %f.name, node = %f.node, pod_uid = %f.pod_uid, skipped = ?why, "fence not looked at");
         }
         if let Some(listing) = listing {
             self.evidence_listing = listing.number;
+            if !ours {
+                return;
+            }
             for r in self.evidence.listed(&listing) {
                 tracing::info!(fence = %r.name, pod_uid = %r.pod_uid, listing = listing.number, "fenced pod has no sandbox left on this node; reporting");
                 let reporter = self.reporter.clone();
@@ -342,7 +349,16 @@ impl Agent {
     }
 
     fn start_due(&mut self, tasks: &mut JoinSet<(DeadSandbox, Outcome)>) {
+        let ours = {
+            let view = self.view.lock().expect("runtime view lock");
+            runtime_is_ours(&mut self.identity, &self.metrics, &view)
+        };
         for sb in self.witness.take_due(self.clock.now()) {
+            if !ours {
+                self.metrics.sandbox_outcome(UNVERIFIED);
+                self.witness.recheck(sb, self.clock.now());
+                continue;
+            }
             let pod = api_pod(&self.pods, &sb.pod_uid);
             let releaser = self.releaser.clone();
             tasks.spawn(async move {
@@ -509,6 +525,7 @@ pub async fn run(
     let mut registry = Registry::default();
     let metrics = NodeMetrics::new(&mut registry);
     metrics.zero_outcomes(&release::Outcome::LABELS);
+    metrics.zero_outcomes(&[UNVERIFIED]);
     let writes = WriteMetrics::new(registry.sub_registry_with_prefix("ipreclaim"));
 
     let (mut pleg, events, view, runtime) = start_pleg(&args, &metrics, clock.clone())?;
@@ -554,6 +571,7 @@ pub async fn run(
         evidence: evidence::Evidence::new(&args.node_name),
         reporter: Arc::new(reporter(&client, &args, &budgets)),
         evidence_listing: 0,
+        identity: RuntimeIdentity::new(args.pod_uid.as_deref()),
     };
     let main = async {
         // Nothing is judged before this node's pods are known.

@@ -40,6 +40,8 @@ pub struct NodeMetrics {
     pub orphaned_runtime_pods: Gauge,
     /// Dead sandboxes waiting for their grace or a retry.
     pub dead_sandboxes_pending: Gauge,
+    /// 1 while the runtime's newest listing lacks the agent's own pod (`--pod-uid`).
+    pub runtime_unverified: Gauge,
     /// Dead sandboxes handled, by outcome.
     pub dead_sandboxes: Family<OutcomeLabel, Counter>,
     /// NADs, node slices or pools (or pool entries) that could not be used.
@@ -67,6 +69,7 @@ impl NodeMetrics {
             pleg_healthy: Gauge::default(),
             orphaned_runtime_pods: Gauge::default(),
             dead_sandboxes_pending: Gauge::default(),
+            runtime_unverified: Gauge::default(),
             dead_sandboxes: Family::default(),
             config_errors: Counter::default(),
             fenced_pods: Family::default(),
@@ -87,6 +90,7 @@ impl NodeMetrics {
             "pleg_events", "PLEG events handled, by kind", m.pleg_events;
             "pleg_dropped_events", "PLEG events dropped (channel full)", m.pleg_dropped_events;
             "pleg_healthy", "1 while the PLEG relists within its threshold", m.pleg_healthy;
+            "runtime_unverified", "1 while the runtime's newest listing lacks this agent's own pod (--pod-uid): it is not taken as this node's runtime", m.runtime_unverified;
             // Dead sandboxes, orphaned runtime pods, fence reports.
             "orphaned_runtime_pods", "Runtime pods with no pod in the API (not acted on)", m.orphaned_runtime_pods;
             "dead_sandboxes_pending", "Dead sandboxes waiting for the grace or a retry", m.dead_sandboxes_pending;
