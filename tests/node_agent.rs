@@ -602,10 +602,11 @@ async fn a_runtime_that_does_not_answer_is_no_evidence() {
     env.stop().await;
 }
 
-/// A runtime that does not list the agent's own pod (`--pod-uid`) is not taken as this
-/// node's (a wrong `--cri-endpoint` lists none of the node's pods, and "not listed" reads as
-/// "gone"): a fenced pod it does not list is not reported, and a dead sandbox due is looked at
-/// again instead of released (`unverified`). Once the agent's own sandbox is listed, both go.
+/// A runtime that does not list the agent's own pod (`--pod-uid`) Ready is not taken as this
+/// node's (a wrong `--cri-endpoint` lists none of the node's pods, or only a stopped sandbox of
+/// the agent from before the node left that runtime, and "not listed" reads as "gone"): a
+/// fenced pod it does not list is not reported, and a dead sandbox due is looked at again
+/// instead of released (`unverified`). Once the agent's own sandbox is listed Ready, both go.
 #[tokio::test]
 async fn a_runtime_that_does_not_list_the_agents_own_pod_is_not_taken_as_this_nodes() {
     let mut env = NodeEnv::new("node-identity").await;
@@ -616,6 +617,8 @@ async fn a_runtime_that_does_not_list_the_agents_own_pod_is_not_taken_as_this_no
     env.fence("web-0", &format!("{}-web-0", env.ns), "sb-web-0", &node)
         .await;
     let agent_uid = format!("{}-agent", env.ns);
+    let stale = env.run_sandbox("ipreclaim-node-agent", &agent_uid).await;
+    env.stop_sandbox(&stale).await;
     let own_pod = format!("--pod-uid={agent_uid}");
     env.start(&["--sandbox-grace=1s", &own_pod]).await;
     let gauge = "ipreclaim_node_runtime_unverified";
@@ -631,6 +634,7 @@ async fn a_runtime_that_does_not_list_the_agents_own_pod_is_not_taken_as_this_no
     assert_eq!(env.report_of("web-0").await, None, "not reported");
     assert_eq!(env.metric(REPORTED).await, 0.0);
 
+    env.delete_sandbox(&stale).await;
     env.run_sandbox("ipreclaim-node-agent", &agent_uid).await;
     env.wait_metric(gauge, 0.0).await;
     wait_for("the fence's report", || async {

@@ -9,7 +9,8 @@ use hyper_util::rt::TokioIo;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
     ContainerFilter, ContainerState as CriContainerState, ListContainersRequest,
-    ListPodSandboxRequest, PodSandboxState, PodSandboxStatusRequest,
+    ListPodSandboxRequest, PodSandboxFilter, PodSandboxState, PodSandboxStateValue,
+    PodSandboxStatusRequest,
 };
 use podlife::pleg::PodSource;
 use podlife::throttle::Throttle;
@@ -188,6 +189,27 @@ impl CriPodSource {
     /// What the listings showed.
     pub fn view(&self) -> Arc<Mutex<RuntimeView>> {
         self.view.clone()
+    }
+
+    /// Whether the runtime lists a Ready sandbox of pod `uid` now (the agent's own pod: see
+    /// [`super::identity`]).
+    pub async fn pod_ready_now(&self, uid: &str) -> Result<bool, SourceError> {
+        let mut client = self.client.clone();
+        self.call(&self.calls.list_pod_sandbox).await;
+        let listed = client.list_pod_sandbox(ListPodSandboxRequest {
+            filter: Some(PodSandboxFilter {
+                state: Some(PodSandboxStateValue {
+                    state: PodSandboxState::SandboxReady as i32,
+                }),
+                ..Default::default()
+            }),
+        });
+        Ok(reply("ListPodSandbox", listed.await)?
+            .items
+            .iter()
+            .any(|sb| {
+                sandbox_running(sb.state) && sb.metadata.as_ref().is_some_and(|m| m.uid == uid)
+            }))
     }
 
     /// Asks the runtime about sandbox `id` now (its status, and its containers not exited):

@@ -11,6 +11,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
+use super::args::NodeAgentArgs;
 use super::error::NodeError;
 use super::evidence::{Fence, Report};
 use crate::api::IPFence;
@@ -107,6 +108,21 @@ pub struct FenceReporter {
 }
 
 impl FenceReporter {
+    /// The writer of this node's fence reports.
+    pub fn for_agent(
+        client: &Client,
+        args: &NodeAgentArgs,
+        budgets: &crate::release::Budgets,
+    ) -> Self {
+        FenceReporter {
+            client: client.clone(),
+            namespace: args.whereabouts_namespace.clone(),
+            node: args.node_name.clone(),
+            dry_run: args.dry_run,
+            budgets: budgets.clone(),
+        }
+    }
+
     /// Writes `r` into its fence's status, with the fence's uid as a precondition (a fence
     /// deleted and written again meanwhile is another object: refused with 422).
     pub async fn report(&self, r: &Report) -> Result<(), NodeError> {

@@ -1,8 +1,10 @@
 //! Whether the runtime the agent lists is this node's kubelet's. "Not listed" reads as "gone"
 //! (a fence's evidence, a dead sandbox's fresh check), so a `--cri-endpoint` that points at
 //! another runtime would make every pod of this node look gone. With `--pod-uid` (the
-//! agent's own pod, from the downward API) a listing counts only if it lists that pod: the
-//! kubelet's runtime always runs the agent's own sandbox. Pure but for [`runtime_is_ours`],
+//! agent's own pod, from the downward API) a listing counts only if it lists a Ready sandbox
+//! of that pod: the kubelet's runtime always runs the agent's own sandbox (a stopped one of it
+//! may linger in a runtime the node has left). The release asks the runtime again right
+//! before it writes (`Releaser::confirm_dead`). Pure but for [`runtime_is_ours`],
 //! which logs and sets the gauge.
 
 use super::cri::RuntimeView;
@@ -41,7 +43,7 @@ impl RuntimeIdentity {
     }
 
     /// The verdict on the newest listing (`listings` done so far; `lists` says whether it
-    /// lists a pod uid), and whether it changed since the last call.
+    /// lists a Ready sandbox of a pod uid), and whether it changed since the last call.
     pub fn check(&mut self, listings: u64, lists: impl Fn(&str) -> bool) -> (Verdict, bool) {
         let verdict = match &self.own_pod {
             None => Verdict::Ours,
@@ -54,10 +56,6 @@ impl RuntimeIdentity {
     }
 }
 
-/// The outcome of a dead sandbox due while the runtime is not this node's: looked at again
-/// after the grace.
-pub const UNVERIFIED: &str = "unverified";
-
 /// Whether the newest listing in `view` is of this node's kubelet runtime;
 /// logs and sets the gauge when that changes.
 pub fn runtime_is_ours(
@@ -65,16 +63,16 @@ pub fn runtime_is_ours(
     metrics: &NodeMetrics,
     view: &RuntimeView,
 ) -> bool {
-    let (verdict, changed) = identity.check(view.listings, |uid| view.pods.contains_key(uid));
+    let (verdict, changed) = identity.check(view.listings, |uid| view.ready.contains(uid));
     if changed {
         let own_pod = identity.own_pod().unwrap_or_default();
         match verdict {
             Verdict::NotOurs => tracing::error!(
                 own_pod,
-                "the runtime at --cri-endpoint does not list this agent's own pod, so it is not this node's kubelet runtime: no fence is reported and no dead sandbox released until it does"
+                "the runtime at --cri-endpoint does not list a Ready sandbox of this agent's own pod, so it is not this node's kubelet runtime: no fence is reported and no dead sandbox released while it does not"
             ),
             Verdict::Ours if !own_pod.is_empty() => {
-                tracing::info!(own_pod, "the runtime lists this agent's own pod")
+                tracing::info!(own_pod, "the runtime lists this agent's own pod Ready")
             }
             _ => {}
         }

@@ -49,7 +49,7 @@ use crate::telemetry::{Health, NodeMetrics, WriteMetrics};
 pub use args::NodeAgentArgs;
 use cri::{CriCalls, CriPodSource, RuntimeView};
 use error::NodeError;
-use identity::{RuntimeIdentity, UNVERIFIED, runtime_is_ours};
+use identity::{RuntimeIdentity, runtime_is_ours};
 use release::{ApiPod, Outcome, Releaser};
 use witness::{DeadSandbox, Witness};
 
@@ -292,10 +292,13 @@ impl Agent {
         }
         if let Some(listing) = listing {
             self.evidence_listing = listing.number;
-            if !ours {
-                return;
-            }
-            for r in self.evidence.listed(&listing) {
+            // Nothing listed by a runtime that is not this node's is evidence.
+            let reports = if ours {
+                self.evidence.listed(&listing)
+            } else {
+                Vec::new()
+            };
+            for r in reports {
                 tracing::info!(fence = %r.name, pod_uid = %r.pod_uid, listing = listing.number, "fenced pod has no sandbox left on this node; reporting");
                 let reporter = self.reporter.clone();
                 tasks.spawn(async move {
@@ -355,7 +358,7 @@ impl Agent {
         };
         for sb in self.witness.take_due(self.clock.now()) {
             if !ours {
-                self.metrics.sandbox_outcome(UNVERIFIED);
+                self.metrics.sandbox_outcome(Outcome::Unverified.label());
                 self.witness.recheck(sb, self.clock.now());
                 continue;
             }
@@ -393,6 +396,10 @@ impl Agent {
             }
             Outcome::Held => {
                 tracing::info!(sandbox = %sb.id, "the breaker holds the sandbox's releases; looked at again after the grace");
+                self.witness.recheck(sb, self.clock.now());
+            }
+            Outcome::Unverified => {
+                tracing::warn!(sandbox = %sb.id, "the runtime does not list this agent's own pod Ready: not taken as this node's; looked at again after the grace");
                 self.witness.recheck(sb, self.clock.now());
             }
             other => tracing::info!(sandbox = %sb.id, outcome = ?other, "dead sandbox handled"),
@@ -433,6 +440,7 @@ fn releaser(
         metrics: metrics.clone(),
         max_release_ratio: args.max_release_ratio,
         breaker: Mutex::new(hold::NodeBreaker::default()),
+        own_pod: args.pod_uid.clone().filter(|u| !u.is_empty()),
     }
 }
 
@@ -453,17 +461,6 @@ async fn serve(
 /// The first wait before a dead sandbox's failed release is tried again.
 fn witness_recheck(args: &NodeAgentArgs) -> Duration {
     args.relist_period.max(WITNESS_MIN_RECHECK)
-}
-
-/// The writer of this node's fence reports.
-fn reporter(client: &Client, args: &NodeAgentArgs, budgets: &Budgets) -> fences::FenceReporter {
-    fences::FenceReporter {
-        client: client.clone(),
-        namespace: args.whereabouts_namespace.clone(),
-        node: args.node_name.clone(),
-        dry_run: args.dry_run,
-        budgets: budgets.clone(),
-    }
 }
 
 /// The PLEG, its events, the runtime view its source keeps, and the source (for the
@@ -525,7 +522,6 @@ pub async fn run(
     let mut registry = Registry::default();
     let metrics = NodeMetrics::new(&mut registry);
     metrics.zero_outcomes(&release::Outcome::LABELS);
-    metrics.zero_outcomes(&[UNVERIFIED]);
     let writes = WriteMetrics::new(registry.sub_registry_with_prefix("ipreclaim"));
 
     let (mut pleg, events, view, runtime) = start_pleg(&args, &metrics, clock.clone())?;
@@ -569,7 +565,7 @@ pub async fn run(
         pleg: handle.clone(),
         fences: fence_map,
         evidence: evidence::Evidence::new(&args.node_name),
-        reporter: Arc::new(reporter(&client, &args, &budgets)),
+        reporter: Arc::new(fences::FenceReporter::for_agent(&client, &args, &budgets)),
         evidence_listing: 0,
         identity: RuntimeIdentity::new(args.pod_uid.as_deref()),
     };

@@ -10,6 +10,7 @@ use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::{Client, ResourceExt};
+use podlife::SourceError;
 
 use super::cri::CriPodSource;
 use super::error::NodeError;
@@ -52,13 +53,16 @@ pub enum Outcome {
     /// The blast-radius breaker held its releases in a pool (those in other pools went):
     /// looked at again after a grace.
     Held,
+    /// The runtime is not known to be this node's (it does not list the agent's own pod
+    /// Ready: see [`super::identity`]): looked at again after a grace.
+    Unverified,
     /// Something failed; retried later.
     Failed(NodeError),
 }
 
 impl Outcome {
     /// Every label, for metrics.
-    pub const LABELS: [&'static str; 9] = [
+    pub const LABELS: [&'static str; 10] = [
         "released",
         "dry_run",
         "no_allocation",
@@ -67,6 +71,7 @@ impl Outcome {
         "revived",
         "in_use",
         "held",
+        "unverified",
         "failed",
     ];
 
@@ -81,6 +86,7 @@ impl Outcome {
             Outcome::Revived => "revived",
             Outcome::InUse(_) => "in_use",
             Outcome::Held => "held",
+            Outcome::Unverified => "unverified",
             Outcome::Failed(_) => "failed",
         }
     }
@@ -110,6 +116,8 @@ pub struct Releaser {
     pub(crate) max_release_ratio: f64,
     /// The blast-radius breaker over this agent's releases (release tasks run concurrently).
     pub(crate) breaker: Mutex<NodeBreaker>,
+    /// The agent's own pod uid (`--pod-uid`): a release needs the runtime to list it Ready.
+    pub(crate) own_pod: Option<String>,
 }
 
 /// A pool as just read: its uid (for Events on it) and entries.
@@ -348,14 +356,26 @@ impl Releaser {
     /// release (a sandbox dead by then stays dead: no runtime readies a stopped sandbox, nor
     /// starts a container in it). `Err`: the outcome when it is not dead or cannot be asked.
     async fn confirm_dead(&self, sb: &DeadSandbox) -> Result<(), Outcome> {
-        match self.runtime.sandbox_now(&sb.id).await {
-            Ok(now) if now.is_dead() => Ok(()),
-            Ok(SandboxNow::Ready) => Err(Outcome::Revived),
-            Ok(now) => Err(Outcome::InUse(now)),
-            Err(e) => Err(Outcome::Failed(NodeError::Runtime {
+        let runtime_error = |e: SourceError| {
+            Outcome::Failed(NodeError::Runtime {
                 sandbox: sb.id.clone(),
                 message: e.to_string(),
-            })),
+            })
+        };
+        match self.runtime.sandbox_now(&sb.id).await {
+            Ok(now) if now.is_dead() => {}
+            Ok(SandboxNow::Ready) => return Err(Outcome::Revived),
+            Ok(now) => return Err(Outcome::InUse(now)),
+            Err(e) => return Err(runtime_error(e)),
+        }
+        // Asked after the sandbox: a runtime swapped in before that answer fails this.
+        let Some(own_pod) = &self.own_pod else {
+            return Ok(());
+        };
+        match self.runtime.pod_ready_now(own_pod).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(Outcome::Unverified),
+            Err(e) => Err(runtime_error(e)),
         }
     }
 

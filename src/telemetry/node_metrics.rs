@@ -40,7 +40,7 @@ pub struct NodeMetrics {
     pub orphaned_runtime_pods: Gauge,
     /// Dead sandboxes waiting for their grace or a retry.
     pub dead_sandboxes_pending: Gauge,
-    /// 1 while the runtime's newest listing lacks the agent's own pod (`--pod-uid`).
+    /// 1 while the runtime's newest listing has no Ready sandbox of the agent's own pod.
     pub runtime_unverified: Gauge,
     /// Dead sandboxes handled, by outcome.
     pub dead_sandboxes: Family<OutcomeLabel, Counter>,
@@ -90,7 +90,7 @@ impl NodeMetrics {
             "pleg_events", "PLEG events handled, by kind", m.pleg_events;
             "pleg_dropped_events", "PLEG events dropped (channel full)", m.pleg_dropped_events;
             "pleg_healthy", "1 while the PLEG relists within its threshold", m.pleg_healthy;
-            "runtime_unverified", "1 while the runtime's newest listing lacks this agent's own pod (--pod-uid): it is not taken as this node's runtime", m.runtime_unverified;
+            "runtime_unverified", "1 while the runtime's newest listing has no Ready sandbox of this agent's own pod (--pod-uid): it is not taken as this node's runtime", m.runtime_unverified;
             // Dead sandboxes, orphaned runtime pods, fence reports.
             "orphaned_runtime_pods", "Runtime pods with no pod in the API (not acted on)", m.orphaned_runtime_pods;
             "dead_sandboxes_pending", "Dead sandboxes waiting for the grace or a retry", m.dead_sandboxes_pending;
