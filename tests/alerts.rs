@@ -12,7 +12,7 @@ use testenv::helm::chart_dir;
 use testenv::prometheus::{chart_rules, dashboard_queries, render_chart, run_promtool};
 
 /// The alerts the chart ships (all of them with the default values).
-const ALERTS: [&str; 9] = [
+const ALERTS: [&str; 10] = [
     "IPReclaimPoolNearlyFull",
     "IPReclaimPoolFullSoon",
     "IPReclaimBreakerHoldWaiting",
@@ -21,6 +21,7 @@ const ALERTS: [&str; 9] = [
     "IPReclaimFenceTooOld",
     "IPReclaimDuplicateAddress",
     "IPReclaimNodePLEGUnhealthy",
+    "IPReclaimNodeRuntimeUnverified",
     "IPReclaimNoLeader",
 ];
 
@@ -47,15 +48,20 @@ fn alert_names(rules: &Value) -> BTreeSet<String> {
         .collect()
 }
 
-fn expr_of(rules: &Value, alert: &str) -> String {
+fn rule_of<'a>(rules: &'a Value, alert: &str) -> &'a Value {
     rules["groups"]
         .as_array()
         .unwrap()
         .iter()
         .flat_map(|g| g["rules"].as_array().unwrap())
         .find(|r| r["alert"] == alert)
-        .and_then(|r| r["expr"].as_str())
         .unwrap_or_else(|| panic!("no alert {alert}"))
+}
+
+fn expr_of(rules: &Value, alert: &str) -> String {
+    rule_of(rules, alert)["expr"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no expr in {alert}"))
         .to_string()
 }
 
@@ -93,7 +99,7 @@ fn the_rules_are_opt_in_and_pass_promtool_check_rules_with_defaults_and_every_va
         ALERTS.iter().map(|s| s.to_string()).collect(),
     );
     let out = check_rules(&defaults, "defaults");
-    assert!(out.contains("SUCCESS: 9 rules found"), "{out}");
+    assert!(out.contains("SUCCESS: 10 rules found"), "{out}");
 
     // Every value changed: still valid, and each lands where it should.
     let every = rules_file(&[
@@ -112,6 +118,8 @@ fn the_rules_are_opt_in_and_pass_promtool_check_rules_with_defaults_and_every_va
         "prometheusRule.duplicateAddress.for=2m",
         "prometheusRule.duplicateAddress.severity=critical",
         "prometheusRule.noLeader.for=1m",
+        "prometheusRule.nodeRuntimeUnverified.for=3m",
+        "prometheusRule.nodeRuntimeUnverified.severity=critical",
     ]);
     check_rules(&every, "every value");
     let expr = |a| expr_of(&every, a);
@@ -142,15 +150,12 @@ fn the_rules_are_opt_in_and_pass_promtool_check_rules_with_defaults_and_every_va
     let pool_full = every["groups"][0]["rules"][0].clone();
     assert_eq!(pool_full["for"], "1m");
     assert_eq!(pool_full["labels"]["severity"], "critical");
-    let duplicate = every["groups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|g| g["rules"].as_array().unwrap())
-        .find(|r| r["alert"] == "IPReclaimDuplicateAddress")
-        .unwrap();
+    let duplicate = rule_of(&every, "IPReclaimDuplicateAddress");
     assert_eq!(duplicate["for"], "2m");
     assert_eq!(duplicate["labels"]["severity"], "critical");
+    let runtime = rule_of(&every, "IPReclaimNodeRuntimeUnverified");
+    assert_eq!(runtime["for"], "3m");
+    assert_eq!(runtime["labels"]["severity"], "critical");
 
     // The leak threshold follows the controller's sweep interval and leak grace by default.
     let leaks = |sets: &[&str]| expr_of(&rules_file(sets), "IPReclaimLeaksNotFreed");

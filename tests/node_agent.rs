@@ -14,6 +14,7 @@ use ipreclaim::ipam::{NETWORK_STATUS_ANNOTATION, NETWORKS_ANNOTATION};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use testenv::faultproxy::{Action, FaultProxy, Rule};
 use testenv::poll::{http_get, metric_sum, metric_value, wait_for};
 use testenv::{Containerd, ControlPlane};
 
@@ -72,11 +73,16 @@ impl NodeEnv {
 
     /// Starts the agent with test timings plus `extra` flags; waits until it is ready.
     async fn start(&mut self, extra: &[&str]) {
+        let client = self.chart.clone().unwrap_or_else(|| self.client.clone());
+        self.start_as(client, extra).await;
+    }
+
+    /// [`start`](Self::start) with the agent's API client `client`.
+    async fn start_as(&mut self, client: Client, extra: &[&str]) {
         let cri = format!("--cri-endpoint=unix://{}", self.containerd.socket.display());
         let node = format!("--node-name={}", self.node);
         let mut flags = vec![cri.as_str(), node.as_str(), "--relist-period=100ms"];
         flags.extend_from_slice(extra);
-        let client = self.chart.clone().unwrap_or_else(|| self.client.clone());
         let program = support::node_agent(client, &self.ns, &flags).await;
         self.metrics = program.metrics;
         self.program = Some(program);
@@ -602,6 +608,9 @@ async fn a_runtime_that_does_not_answer_is_no_evidence() {
     env.stop().await;
 }
 
+const RUNTIME_UNVERIFIED: &str = "ipreclaim_node_runtime_unverified";
+const UNVERIFIED: &str = r#"ipreclaim_node_dead_sandboxes_total{outcome="unverified"}"#;
+
 /// A runtime that does not list the agent's own pod (`--pod-uid`) Ready is not taken as this
 /// node's (a wrong `--cri-endpoint` lists none of the node's pods, or only a stopped sandbox of
 /// the agent from before the node left that runtime, and "not listed" reads as "gone"): a
@@ -621,13 +630,11 @@ async fn a_runtime_that_does_not_list_the_agents_own_pod_is_not_taken_as_this_no
     env.stop_sandbox(&stale).await;
     let own_pod = format!("--pod-uid={agent_uid}");
     env.start(&["--sandbox-grace=1s", &own_pod]).await;
-    let gauge = "ipreclaim_node_runtime_unverified";
-    env.wait_metric(gauge, 1.0).await;
+    env.wait_metric(RUNTIME_UNVERIFIED, 1.0).await;
     env.wait_metric(STARTED, 1.0).await;
     env.remove_sandbox(&sandbox).await;
-    let unverified = r#"ipreclaim_node_dead_sandboxes_total{outcome="unverified"}"#;
     wait_for("two looks at db-0's dead sandbox", || async {
-        env.metric(unverified).await >= 2.0
+        env.metric(UNVERIFIED).await >= 2.0
     })
     .await;
     assert_eq!(env.keys().await, ["10"], "not released");
@@ -636,7 +643,7 @@ async fn a_runtime_that_does_not_list_the_agents_own_pod_is_not_taken_as_this_no
 
     env.delete_sandbox(&stale).await;
     env.run_sandbox("ipreclaim-node-agent", &agent_uid).await;
-    env.wait_metric(gauge, 0.0).await;
+    env.wait_metric(RUNTIME_UNVERIFIED, 0.0).await;
     wait_for("the fence's report", || async {
         env.report_of("web-0").await.is_some()
     })
@@ -645,6 +652,44 @@ async fn a_runtime_that_does_not_list_the_agents_own_pod_is_not_taken_as_this_no
         env.keys().await.is_empty()
     })
     .await;
+    env.stop().await;
+}
+
+/// The runtime stops being this node's after the listing that made a dead sandbox due was
+/// judged (the agent's own sandbox is gone by the time the release asks the runtime): the
+/// release asks for the agent's own Ready sandbox again after its fresh look at the dead one,
+/// and releases nothing (`unverified`). The release's pod read is held at the fault proxy
+/// until the agent's own sandbox is removed, so the listing's verdict is stale when the
+/// release reaches the runtime.
+#[tokio::test]
+async fn a_runtime_that_stops_being_this_nodes_during_a_release_releases_nothing() {
+    let mut env = NodeEnv::new("node-identity-late").await;
+    env.nad().await;
+    let uid = env.pod("db-0").await;
+    let sandbox = env.sandbox_allocated("db-0", &uid, 10, "192.0.2.10").await;
+    let agent_uid = format!("{}-agent", env.ns);
+    let own = env.run_sandbox("ipreclaim-node-agent", &agent_uid).await;
+    let proxy = FaultProxy::start(env.client.clone(), 7).await.unwrap();
+    proxy.set_rules(vec![Rule::new(Some("get"), Some("pods"), Action::Hold)]);
+    let through = ControlPlane::shared().client_through_faults(&proxy).await;
+    let own_pod = format!("--pod-uid={agent_uid}");
+    env.start_as(through, &["--sandbox-grace=1s", &own_pod])
+        .await;
+    env.wait_metric(STARTED, 2.0).await;
+    assert_eq!(env.metric(RUNTIME_UNVERIFIED).await, 0.0);
+    env.remove_sandbox(&sandbox).await;
+    let reads = || proxy.requests().get("get pods").copied().unwrap_or(0);
+    wait_for("the release reading db-0", || async { reads() > 0 }).await;
+    env.remove_sandbox(&own).await;
+    env.wait_metric(RUNTIME_UNVERIFIED, 1.0).await;
+    proxy.clear();
+    wait_for("the release's outcome", || async {
+        env.metric(UNVERIFIED).await >= 1.0
+    })
+    .await;
+    assert_eq!(env.keys().await, ["10"], "not released");
+    let released = r#"ipreclaim_node_dead_sandboxes_total{outcome="released"}"#;
+    assert_eq!(env.metric(released).await, 0.0);
     env.stop().await;
 }
 
