@@ -580,6 +580,7 @@ mod tests {
             Outcome::Revived,
             Outcome::InUse(super::SandboxNow::NetworkUp),
             Outcome::Held,
+            Outcome::Unverified,
             Outcome::Failed(NodeError::Report("x".into())),
         ];
         let labels: Vec<&str> = all.iter().map(Outcome::label).collect();
