@@ -13,9 +13,9 @@ use crate::telemetry::NodeMetrics;
 /// What the newest listing says about the runtime.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
-    /// It lists the agent's own pod, or no `--pod-uid` was given (nothing to check).
+    /// It lists a Ready sandbox of the agent's own pod, or no `--pod-uid` was given.
     Ours,
-    /// It does not list the agent's own pod: nothing of it counts as gone.
+    /// It does not: nothing it lists, or misses, counts.
     NotOurs,
     /// No listing yet.
     Unknown,
