@@ -12,7 +12,7 @@ use testenv::helm::chart_dir;
 use testenv::prometheus::{chart_rules, dashboard_queries, render_chart, run_promtool};
 
 /// The alerts the chart ships (all of them with the default values).
-const ALERTS: [&str; 10] = [
+const ALERTS: [&str; 11] = [
     "IPReclaimPoolNearlyFull",
     "IPReclaimPoolFullSoon",
     "IPReclaimBreakerHoldWaiting",
@@ -22,6 +22,7 @@ const ALERTS: [&str; 10] = [
     "IPReclaimDuplicateAddress",
     "IPReclaimNodePLEGUnhealthy",
     "IPReclaimNodeRuntimeUnverified",
+    "IPReclaimNodeDeadSandboxWaiting",
     "IPReclaimNoLeader",
 ];
 
@@ -99,7 +100,7 @@ fn the_rules_are_opt_in_and_pass_promtool_check_rules_with_defaults_and_every_va
         ALERTS.iter().map(|s| s.to_string()).collect(),
     );
     let out = check_rules(&defaults, "defaults");
-    assert!(out.contains("SUCCESS: 10 rules found"), "{out}");
+    assert!(out.contains("SUCCESS: 11 rules found"), "{out}");
 
     // Every value changed: still valid, and each lands where it should.
     let every = rules_file(&[
@@ -120,6 +121,8 @@ fn the_rules_are_opt_in_and_pass_promtool_check_rules_with_defaults_and_every_va
         "prometheusRule.noLeader.for=1m",
         "prometheusRule.nodeRuntimeUnverified.for=3m",
         "prometheusRule.nodeRuntimeUnverified.severity=critical",
+        "prometheusRule.nodeDeadSandboxWaiting.olderThan=2h",
+        "prometheusRule.nodeDeadSandboxWaiting.severity=critical",
     ]);
     check_rules(&every, "every value");
     let expr = |a| expr_of(&every, a);
@@ -132,6 +135,7 @@ fn the_rules_are_opt_in_and_pass_promtool_check_rules_with_defaults_and_every_va
     assert!(expr("IPReclaimReleaseFailures").contains("[1h]"));
     assert!(expr("IPReclaimReleaseFailures").ends_with(") > 3"));
     assert!(expr("IPReclaimFenceTooOld").ends_with(" > 5400"));
+    assert!(expr("IPReclaimNodeDeadSandboxWaiting").ends_with(" > 7200"));
     assert!(expr("IPReclaimNoLeader").contains(r#"ipreclaim_leader{job="kubernetes-pods"}"#));
     for group in every["groups"].as_array().unwrap() {
         for rule in group["rules"].as_array().unwrap() {
@@ -156,6 +160,8 @@ fn the_rules_are_opt_in_and_pass_promtool_check_rules_with_defaults_and_every_va
     let runtime = rule_of(&every, "IPReclaimNodeRuntimeUnverified");
     assert_eq!(runtime["for"], "3m");
     assert_eq!(runtime["labels"]["severity"], "critical");
+    let waiting = rule_of(&every, "IPReclaimNodeDeadSandboxWaiting");
+    assert_eq!(waiting["labels"]["severity"], "critical");
 
     // The leak threshold follows the controller's sweep interval and leak grace by default.
     let leaks = |sets: &[&str]| expr_of(&rules_file(sets), "IPReclaimLeaksNotFreed");
@@ -171,6 +177,7 @@ fn the_rules_are_opt_in_and_pass_promtool_check_rules_with_defaults_and_every_va
     for bad in [
         "prometheusRule.fenceTooOld.olderThan=soon",
         "prometheusRule.fenceTooOld.olderThan=5parsecs",
+        "prometheusRule.nodeDeadSandboxWaiting.olderThan=5parsecs",
         "prometheusRule.poolNearlyFull.for=10 minutes",
     ] {
         let err = render_chart("rel", &["prometheusRule.enabled=true", bad]).unwrap_err();

@@ -310,6 +310,7 @@ const DIED: &str = r#"ipreclaim_node_pleg_events_total{kind="ContainerDied"}"#;
 const STARTED: &str = r#"ipreclaim_node_pleg_events_total{kind="ContainerStarted"}"#;
 const REMOVED: &str = r#"ipreclaim_node_pleg_events_total{kind="ContainerRemoved"}"#;
 const PENDING: &str = "ipreclaim_node_dead_sandboxes_pending";
+const OLDEST_WAIT: &str = "ipreclaim_node_dead_sandbox_oldest_wait_seconds";
 
 async fn a_dead_sandboxs_entry_is_released_after_the_grace_and_the_new_sandboxs_kept(
     mut env: NodeEnv,
@@ -730,6 +731,12 @@ async fn a_sandbox_whose_pause_died_keeps_its_entry_while_its_network_is_up() {
     .await;
     assert_eq!(env.keys().await, ["10"], "kept while the network is up");
     assert_eq!(env.reservations().await, ["192.0.2.10"]);
+    // Two graces of 1s have passed since it died: its wait counts from the death, across
+    // the looks (a wait counted from each look would stay under 2).
+    wait_for("the oldest wait counting from the death", || async {
+        env.metric(OLDEST_WAIT).await >= 2.0
+    })
+    .await;
 
     env.stop_sandbox(&s1).await;
     let (pod, message) = env
@@ -745,6 +752,7 @@ async fn a_sandbox_whose_pause_died_keeps_its_entry_while_its_network_is_up() {
         1.0,
     )
     .await;
+    env.wait_metric(OLDEST_WAIT, 0.0).await;
     env.stop().await;
 }
 

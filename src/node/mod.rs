@@ -257,9 +257,7 @@ impl Agent {
             }
         }
         self.logged_orphans.retain(|u| current.contains(u));
-        self.metrics
-            .dead_sandboxes_pending
-            .set(self.witness.pending() as i64);
+        self.set_waiting_gauges();
     }
 
     /// Looks at this node's fences against the newest complete listing and starts the
@@ -369,13 +367,23 @@ impl Agent {
                 (sb, outcome)
             });
         }
+        self.set_waiting_gauges();
+    }
+
+    /// The dead sandboxes waiting, and how long the oldest of them has.
+    fn set_waiting_gauges(&self) {
         self.metrics
             .dead_sandboxes_pending
             .set(self.witness.pending() as i64);
+        let oldest = self.witness.oldest_wait(self.clock.now());
+        self.metrics
+            .dead_sandbox_oldest_wait_seconds
+            .set(oldest.as_secs() as i64);
     }
 
     async fn finished(&mut self, sb: DeadSandbox, outcome: Outcome) {
         self.metrics.sandbox_outcome(outcome.label());
+        self.witness.looked(&sb.id);
         match outcome {
             Outcome::Failed(cause) if sb.attempts + 1 < MAX_ATTEMPTS => {
                 tracing::warn!(sandbox = %sb.id, %cause, kind = cause.label(), attempt = sb.attempts + 1, "release failed; will retry");
@@ -404,9 +412,7 @@ impl Agent {
             }
             other => tracing::info!(sandbox = %sb.id, outcome = ?other, "dead sandbox handled"),
         }
-        self.metrics
-            .dead_sandboxes_pending
-            .set(self.witness.pending() as i64);
+        self.set_waiting_gauges();
     }
 }
 

@@ -40,6 +40,8 @@ pub struct NodeMetrics {
     pub orphaned_runtime_pods: Gauge,
     /// Dead sandboxes waiting for their grace or a retry.
     pub dead_sandboxes_pending: Gauge,
+    /// Seconds since the oldest dead sandbox still waiting died (0: none waits).
+    pub dead_sandbox_oldest_wait_seconds: Gauge,
     /// 1 while the runtime's newest listing has no Ready sandbox of the agent's own pod.
     pub runtime_unverified: Gauge,
     /// Dead sandboxes handled, by outcome.
@@ -69,6 +71,7 @@ impl NodeMetrics {
             pleg_healthy: Gauge::default(),
             orphaned_runtime_pods: Gauge::default(),
             dead_sandboxes_pending: Gauge::default(),
+            dead_sandbox_oldest_wait_seconds: Gauge::default(),
             runtime_unverified: Gauge::default(),
             dead_sandboxes: Family::default(),
             config_errors: Counter::default(),
@@ -94,6 +97,7 @@ impl NodeMetrics {
             // Dead sandboxes, orphaned runtime pods, fence reports.
             "orphaned_runtime_pods", "Runtime pods with no pod in the API (not acted on)", m.orphaned_runtime_pods;
             "dead_sandboxes_pending", "Dead sandboxes waiting for the grace or a retry", m.dead_sandboxes_pending;
+            "dead_sandbox_oldest_wait_seconds", "Seconds since the oldest dead sandbox still waiting (grace, retry, in use, held, unverified, or a look under way) died; 0 when none waits", m.dead_sandbox_oldest_wait_seconds;
             "dead_sandboxes", "Dead sandboxes handled, by outcome", m.dead_sandboxes;
             "config_errors", "NADs, node slices or pools (or pool entries) that could not be used", m.config_errors;
             "fenced_pods", "Pods of this node's fences, by lifecycle state (terminating: a sandbox runs; terminated: stopped, not removed; finished: none left)", m.fenced_pods;
