@@ -48,7 +48,8 @@ pub struct ControllerArgs {
     pub fence_timeout: Option<Duration>,
     /// Keep each released address out of the pool this long (its entry is marked, not removed)
     /// so a stale client of the old pod does not reach a new one; the leader returns it to the
-    /// pool when the time is up by its own clock. 0: off.
+    /// pool when the time is up by its own clock and it has seen the entry cooling this long
+    /// (whoever wrote it). 0: off.
     #[arg(long, env = "IPRECLAIM_RELEASE_COOLDOWN", default_value = "0s", value_parser = parse_duration)]
     pub release_cooldown: Duration,
     /// Retries of a failed release before a Warning Event (the sweep still owns the leak).

@@ -2,11 +2,16 @@
 //! leader removes the cooling entries whose end time has passed by its clock, each pinned by
 //! its marker, then deletes the pod's reservation of the address. Whatever set the cooldown
 //! (this controller, an earlier leader, a node agent), the end is in the entry, so it ends
-//! here even when this controller's own flag is off.
+//! here even when this controller's own flag is off. With the flag set, an entry also waits
+//! until this replica has seen it cooling for that long (`reclaim::cooldown`): an end written
+//! by a lagging clock does not shorten it. Every replica counts, so a standby that takes over
+//! knows how long each entry has cooled.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::index::{CoolingEntry, Slot};
+use crate::ipam::cooldown::is_due;
+use crate::reclaim::cooldown::CoolingSightings;
 use crate::reclaim::{Decision, Judged, PodRef, Reason};
 use crate::release::{EntryWrite, ReleaseOutcome, ReleaseRequest};
 
@@ -36,21 +41,47 @@ pub struct Cooler {
     pub(crate) dry_run: bool,
     /// Entries whose last removal failed: not tried again before their backoff.
     pub(crate) backoff: podlife::backoff::Backoff<Slot>,
+    /// This controller's `--release-cooldown`: how long it must have seen an entry cooling
+    /// before it ends it (zero: the marker alone decides).
+    pub(crate) length: Duration,
+    /// When this replica first saw each cooling entry (by slot and marker).
+    pub(crate) sightings: CoolingSightings<(Slot, String)>,
 }
 
 impl Cooler {
-    /// One pass: on the leader, removes every cooling entry due at this moment.
-    pub async fn pass(&self, leader: bool) {
+    /// One pass: notes the entries cooling (on every replica); on the leader, removes every
+    /// one that may end at this moment.
+    pub async fn pass(&mut self, leader: bool) {
+        let now = Instant::now();
+        let sighting =
+            |pool: &str, c: &CoolingEntry| (Slot::new(pool, &c.entry.key), c.entry.id.clone());
+        let cooling = self.ctx.state.read().expect("state lock").cooling();
+        self.sightings
+            .observe(cooling.iter().map(|(pool, c)| sighting(pool, c)), now);
+        let past_end = &self.ctx.metrics.cooldowns_past_end;
         if !leader || self.dry_run {
+            past_end.set(0);
             return;
         }
-        let now = Instant::now();
+        let wall = jiff::Timestamp::now();
+        // Past its marked end by this clock (an end that cannot be read never is).
+        let (may_end, waiting): (Vec<_>, Vec<_>) = cooling
+            .iter()
+            .filter_map(|(pool, c)| {
+                let until = *c.until.as_ref().ok()?;
+                is_due(until, wall).then_some((pool, c, until))
+            })
+            .partition(|(pool, c, until)| {
+                let k = sighting(pool, c);
+                self.sightings.may_end(&k, *until, wall, now, self.length)
+            });
+        past_end.set(waiting.len() as i64);
         let key = |r: &ReleaseRequest| Slot::new(&r.judged.pool, &r.judged.entry.key);
         let due: Vec<ReleaseRequest> = {
             let st = self.ctx.state.read().expect("state lock");
-            st.due_cooldowns(jiff::Timestamp::now())
-                .iter()
-                .map(|(pool, c)| {
+            may_end
+                .into_iter()
+                .map(|(pool, c, _)| {
                     let network = st
                         .networks()
                         .of_pool(pool)

@@ -223,7 +223,7 @@ fn spawn_lifting(
         rejected: Default::default(),
         kept_for_replacement: Default::default(),
     };
-    let cooler = cooldown::Cooler {
+    let mut cooler = cooldown::Cooler {
         ctx: ctx.clone(),
         dry_run: args.dry_run,
         backoff: podlife::backoff::Backoff::new(
@@ -231,6 +231,8 @@ fn spawn_lifting(
             fence::WRITE_BACKOFF.1,
             clock,
         ),
+        length: args.release_cooldown,
+        sightings: Default::default(),
     };
     let mut reporter = report::ProblemReporter {
         events: ctx.events.clone(),

@@ -7,7 +7,9 @@
 //! end time (the CNI DEL frees an entry by container id and interface; a late DEL of the old
 //! sandbox must not end the cooldown). The whole state is in that one entry: it survives
 //! restarts and leader changes and needs no object of its own. The leader removes the entry
-//! once the end time has passed by its own clock (a clock behind only lengthens it).
+//! once the end time has passed by its own clock (a clock behind only lengthens it) and, with
+//! its own cooldown set, once it has seen the entry cooling that long (`reclaim::cooldown`: the
+//! end is the writer's clock, which may lag).
 
 use std::time::Duration;
 

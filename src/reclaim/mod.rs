@@ -5,10 +5,11 @@
 //! (a terminal pod's is at most a candidate), and a live pod without network-status keeps every
 //! allocation (the allocation may simply be ahead of the annotation).
 //!
-//! Also the sweep's grace clock and blast-radius breaker. Pure; imports `api` and `ipam`;
-//! imported by `index`, `release` and the programs.
+//! Also the sweep's grace clock and blast-radius breaker, and when a cooling entry may end.
+//! Pure; imports `api` and `ipam`; imported by `index`, `release` and the programs.
 
 pub mod breaker;
+pub mod cooldown;
 pub mod fence;
 pub mod grace;
 mod judged;

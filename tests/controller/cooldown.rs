@@ -4,6 +4,7 @@
 //! the entry and the reservation go and the address is handed out again.
 
 use std::net::Ipv4Addr;
+use std::time::Duration;
 
 use ipreclaim::api::{IPAllocation, OverlappingRangeIPReservation};
 use ipreclaim::reclaim::ReclaimConfig;
@@ -213,8 +214,8 @@ async fn a_refused_cooldown_end_keeps_entry_and_reservation_and_the_other_pools_
     PoolRefusal::wait_in_force(&env, "198.18.8.0-28", remove, false).await;
     testenv::poll::wait_for_within(
         "a-0's cooldown ended once the refusal was lifted (retries are up to 30 s apart)",
-        std::time::Duration::from_secs(60),
-        std::time::Duration::from_millis(200),
+        Duration::from_secs(60),
+        Duration::from_millis(200),
         || async {
             env.keys("198.18.8.0-28").await.is_empty()
                 && !env
@@ -224,5 +225,52 @@ async fn a_refused_cooldown_end_keeps_entry_and_reservation_and_the_other_pools_
         },
     )
     .await;
+    env.stop().await;
+}
+
+/// A node agent whose clock lags an hour releases a-0's address into a 10 s cooldown: the end it
+/// writes has passed an hour ago by the leader's clock. (The test writes the entry as such an
+/// agent writes it: a node's clock cannot be set back on this machine.) With its own
+/// `--release-cooldown` set, the leader keeps the entry and its reservation until it has seen
+/// it cooling that long (`ipreclaim_cooldowns_past_end` is 1 meanwhile), then ends it. Before,
+/// the leader ended it on its first pass, 10 s early.
+#[tokio::test]
+async fn an_end_written_by_a_lagging_clock_waits_the_whole_cooldown_from_the_first_sight() {
+    let mut env = Env::new("cooldown-lagging").await;
+    env.nad("net-a", "198.18.12.0/28").await;
+    let hour_behind = jiff::Timestamp::now()
+        .checked_sub(jiff::SignedDuration::from_secs(3600))
+        .unwrap();
+    let until = ipreclaim::ipam::cooldown::cooldown_end(hour_behind, Duration::from_secs(10));
+    let marker = ipreclaim::ipam::cooldown::cooldown_id(until);
+    env.pool(
+        "198.18.12.0-28",
+        "198.18.12.0/28",
+        &[(3, &marker, "a-0:cooldown")],
+    )
+    .await;
+    env.reservation("198.18.12.3", "a-0").await;
+    env.start(&["--release-cooldown=10s"]).await;
+
+    env.wait_metric("ipreclaim_cooldowns_past_end 1").await;
+    assert_eq!(
+        env.keys("198.18.12.0-28").await,
+        ["3"],
+        "kept while the leader has seen it cooling for less than its cooldown"
+    );
+    assert!(
+        env.reservation_names()
+            .await
+            .contains(&"198.18.12.3".to_string()),
+        "its reservation kept"
+    );
+    env.wait_keys("198.18.12.0-28", &[]).await;
+    wait_for("a-0's reservation deleted at the end", || async {
+        !env.reservation_names()
+            .await
+            .contains(&"198.18.12.3".to_string())
+    })
+    .await;
+    env.wait_metric("ipreclaim_cooldowns_past_end 0").await;
     env.stop().await;
 }
