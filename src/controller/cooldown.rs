@@ -34,6 +34,10 @@ pub fn end_request(pool: &str, c: &CoolingEntry, network: String) -> ReleaseRequ
     }
 }
 
+/// How far past its marked end a cooling entry kept for its sighting must be to be counted
+/// in `ipreclaim_cooldowns_past_end`.
+const PAST_END_REPORTED: jiff::SignedDuration = jiff::SignedDuration::from_secs(5);
+
 /// Ends due cooldowns on the leader, backing off entries whose removal failed.
 pub struct Cooler {
     pub(crate) ctx: super::Ctx,
@@ -75,7 +79,12 @@ impl Cooler {
                 let k = sighting(pool, c);
                 self.sightings.may_end(&k, *until, wall, now, self.length)
             });
-        past_end.set(waiting.len() as i64);
+        // Not the second or two every cooldown waits for its first sighting after the write.
+        let past_end_long = waiting
+            .iter()
+            .filter(|(_, _, until)| wall.duration_since(*until) > PAST_END_REPORTED)
+            .count();
+        past_end.set(past_end_long as i64);
         let key = |r: &ReleaseRequest| Slot::new(&r.judged.pool, &r.judged.entry.key);
         let due: Vec<ReleaseRequest> = {
             let st = self.ctx.state.read().expect("state lock");

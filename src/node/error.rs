@@ -32,6 +32,9 @@ pub enum NodeError {
     /// A fence report was not written.
     #[error("{0}")]
     Report(String),
+    /// The release task ended without an outcome (it panicked); retried like a failure.
+    #[error("the release task failed: {0}")]
+    Task(String),
 }
 
 impl NodeError {
@@ -52,6 +55,7 @@ impl NodeError {
             NodeError::Write(e) => e.label(),
             NodeError::ReportPatch(_) => "report_patch",
             NodeError::Report(_) => "report",
+            NodeError::Task(_) => "task",
         }
     }
 }

@@ -18,6 +18,7 @@ pub mod evidence;
 pub mod fences;
 pub mod hold;
 pub mod identity;
+pub mod looks;
 pub mod plan;
 pub mod release;
 pub mod witness;
@@ -156,7 +157,7 @@ impl Agent {
         mut events: tokio::sync::mpsc::Receiver<PodLifecycleEvent>,
         relist_period: Duration,
     ) {
-        let mut tasks: JoinSet<(DeadSandbox, Outcome)> = JoinSet::new();
+        let mut looks = looks::Looks::default();
         let mut reports: JoinSet<ReportDone> = JoinSet::new();
         let mut tick = tokio::time::interval(relist_period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -174,11 +175,8 @@ impl Agent {
                     Some(ev) => self.on_event(ev),
                     None => return,
                 },
-                _ = due => self.start_due(&mut tasks),
-                Some(done) = tasks.join_next() => match done {
-                    Ok((sb, outcome)) => self.finished(sb, outcome).await,
-                    Err(e) => tracing::error!(error = %e, "release task failed"),
-                },
+                _ = due => self.start_due(&mut looks),
+                Some((sb, outcome)) = looks.next() => self.finished(sb, outcome).await,
                 Some(done) = reports.join_next() => match done {
                     Ok(done) => self.reported(done),
                     Err(e) => tracing::error!(error = %e, "fence report task failed"),
@@ -349,23 +347,21 @@ impl Agent {
             .reported(&fence_uid, outcome.is_ok(), listings);
     }
 
-    fn start_due(&mut self, tasks: &mut JoinSet<(DeadSandbox, Outcome)>) {
+    fn start_due(&mut self, looks: &mut looks::Looks) {
         let ours = {
             let view = self.view.lock().expect("runtime view lock");
             runtime_is_ours(&mut self.identity, &self.metrics, &view)
         };
         for sb in self.witness.take_due(self.clock.now()) {
             if !ours {
+                tracing::info!(sandbox = %sb.id, "the runtime is not taken as this node's; looked at again after the grace");
                 self.metrics.sandbox_outcome(Outcome::Unverified.label());
                 self.witness.recheck(sb, self.clock.now());
                 continue;
             }
             let pod = api_pod(&self.pods, &sb.pod_uid);
             let releaser = self.releaser.clone();
-            tasks.spawn(async move {
-                let outcome = releaser.release(&sb, pod).await;
-                (sb, outcome)
-            });
+            looks.spawn(sb, |sb| async move { releaser.release(&sb, pod).await });
         }
         self.set_waiting_gauges();
     }

@@ -196,8 +196,8 @@ pub struct ControllerMetrics {
     pub unready_nodes: Gauge,
     /// Node agent reports on fences that did not count, by why.
     pub fence_evidence_rejected: Family<ReasonLabel, Counter>,
-    /// Cooling entries past their marked end that the leader has not seen cooling for its
-    /// `--release-cooldown` yet.
+    /// Cooling entries over 5 s past their marked end that the leader has not seen cooling
+    /// for its `--release-cooldown` yet.
     pub cooldowns_past_end: Gauge,
     /// 1 while this replica leads and may write, else 0.
     pub leader: Gauge,
@@ -250,7 +250,7 @@ impl ControllerMetrics {
             "pool_free", "Addresses of the pool still free", m.pools.free;
             "pool_fenced", "Allocations of the pool held by a fence", m.pools.fenced;
             "pool_cooling", "Released addresses of the pool kept out of it by --release-cooldown", m.pools.cooling;
-            "cooldowns_past_end", "Cooling entries whose marked end has passed by the leader's clock, kept until it has seen them cooling for its --release-cooldown (an end written by a lagging clock, or the leader started since; a standby has none)", m.cooldowns_past_end;
+            "cooldowns_past_end", "Cooling entries whose marked end passed over 5 s ago by the leader's clock, kept until it has seen them cooling for its --release-cooldown (an end written by a lagging clock, or the leader started since; a standby has none)", m.cooldowns_past_end;
             "network_size", "Addresses the network's pools can hand out", m.pools.network_size;
             "network_allocated", "Allocations in the network's pools", m.pools.network_allocated;
             "network_free", "Addresses of the network's pools still free", m.pools.network_free;

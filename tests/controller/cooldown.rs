@@ -232,8 +232,8 @@ async fn a_refused_cooldown_end_keeps_entry_and_reservation_and_the_other_pools_
 /// writes has passed an hour ago by the leader's clock. (The test writes the entry as such an
 /// agent writes it: a node's clock cannot be set back on this machine.) With its own
 /// `--release-cooldown` set, the leader keeps the entry and its reservation until it has seen
-/// it cooling that long (`ipreclaim_cooldowns_past_end` is 1 meanwhile), then ends it. Before,
-/// the leader ended it on its first pass, 10 s early.
+/// it cooling that long (`ipreclaim_cooldowns_past_end` is 1 meanwhile), then ends it, no
+/// earlier than 10 s after it started. Before, the leader ended it on its first pass.
 #[tokio::test]
 async fn an_end_written_by_a_lagging_clock_waits_the_whole_cooldown_from_the_first_sight() {
     let mut env = Env::new("cooldown-lagging").await;
@@ -250,6 +250,9 @@ async fn an_end_written_by_a_lagging_clock_waits_the_whole_cooldown_from_the_fir
     )
     .await;
     env.reservation("198.18.12.3", "a-0").await;
+    // The controller cannot have seen the entry before it starts: it may end no earlier than
+    // 10 s after this (a slow machine only makes the wait look longer).
+    let before_start = std::time::Instant::now();
     env.start(&["--release-cooldown=10s"]).await;
 
     env.wait_metric("ipreclaim_cooldowns_past_end 1").await;
@@ -265,6 +268,11 @@ async fn an_end_written_by_a_lagging_clock_waits_the_whole_cooldown_from_the_fir
         "its reservation kept"
     );
     env.wait_keys("198.18.12.0-28", &[]).await;
+    let waited = before_start.elapsed();
+    assert!(
+        waited >= Duration::from_secs(10),
+        "ended {waited:?} after the controller started, before its 10 s cooldown"
+    );
     wait_for("a-0's reservation deleted at the end", || async {
         !env.reservation_names()
             .await
