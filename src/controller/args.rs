@@ -43,7 +43,8 @@ pub struct ControllerArgs {
     /// no longer run), unless the node agent there reports the pod's sandboxes gone first.
     #[arg(long, env = "IPRECLAIM_FENCE_SETTLE", default_value = "30s", value_parser = parse_duration)]
     pub fence_settle: Duration,
-    /// Lift a fence after this long even if its node never comes back (default: never).
+    /// Lift a fence after this long even if its node never comes back (default: never); counted
+    /// by the apiserver's clock.
     #[arg(long, env = "IPRECLAIM_FENCE_TIMEOUT", value_parser = parse_duration)]
     pub fence_timeout: Option<Duration>,
     /// Keep each released address out of the pool this long (its entry is marked, not removed)

@@ -82,6 +82,8 @@ pub struct Lifter {
     pub(crate) rejected: std::sync::Mutex<HashSet<(String, Rejected)>>,
     /// Fences kept because a replacement lists their address: logged once each.
     pub(crate) kept_for_replacement: std::sync::Mutex<HashSet<Slot>>,
+    /// The apiserver's clock, which `--fence-timeout` counts on (set with a timeout).
+    pub(crate) server_clock: Option<Arc<super::server_clock::ServerClock>>,
 }
 
 /// A fence as the lifter's clock knows it: its entry and the deleted pod's uid (a new fence
@@ -165,9 +167,13 @@ impl Lifter {
     /// One pass: updates the fence gauges and, on the leader, releases what lifts, completes
     /// pending fences and clears records whose entry the node's own CNI DEL freed.
     pub async fn pass(&self, leader: bool) {
+        let mono = Instant::now();
+        let server = self.server_clock.as_ref().map(|c| c.now(mono));
+        // A timeout waits for the apiserver's clock; without one, nothing times out.
+        let timeouts = !matches!(server, Some(None));
         let now = Moment {
-            wall: jiff::Timestamp::now(),
-            mono: Instant::now(),
+            wall: server.flatten().unwrap_or_else(jiff::Timestamp::now),
+            mono,
         };
         let found = {
             let st = self.ctx.state.read().expect("state lock");
@@ -180,7 +186,7 @@ impl Lifter {
                 stale_annotations: st.stale_fence_annotations(),
             }
         };
-        let lifts = self.lifts(&found, leader, now);
+        let lifts = self.lifts(&found, leader, now, timeouts);
         self.ctx.metrics.fenced_addresses.set(lifts.held);
         let oldest = lifts.oldest.as_secs() as i64;
         self.ctx.metrics.oldest_fence_seconds.set(oldest);
@@ -195,8 +201,9 @@ impl Lifter {
         self.clean(stale, found.stale_annotations).await;
     }
 
-    /// Which fences lift now (on the leader), how many stay, and the oldest's age.
-    fn lifts(&self, found: &Found, leader: bool, now: Moment) -> Lifts {
+    /// Which fences lift now (on the leader), how many stay, and the oldest's age; `timeouts`:
+    /// whether `--fence-timeout` may lift (the apiserver's clock is known).
+    fn lifts(&self, found: &Found, leader: bool, now: Moment, timeouts: bool) -> Lifts {
         let mut out = Lifts {
             held: found.pending.len() as i64,
             ..Default::default()
@@ -227,8 +234,15 @@ impl Lifter {
                 wall: f.record.since,
                 mono: *first_seen.entry(SeenFence::of(f)).or_insert(now.mono),
             };
-            let lifts = match &self.policy {
-                Some(policy) => self.lift(f, fence, node, now, policy),
+            let lifts = match self.policy {
+                Some(policy) if timeouts => self.lift(f, fence, node, now, &policy),
+                Some(policy) => {
+                    let untimed = FencePolicy {
+                        timeout: None,
+                        ..policy
+                    };
+                    self.lift(f, fence, node, now, &untimed)
+                }
                 None => Some(Lift::FencingOff),
             };
             let slot = Slot::new(pool, &f.entry.key);

@@ -16,6 +16,7 @@ mod housekeeping;
 pub mod leadership;
 pub mod plan;
 pub mod report;
+pub mod server_clock;
 pub mod sweep;
 pub mod watch;
 
@@ -206,6 +207,13 @@ fn spawn_lifting(
     clock: Arc<dyn podlife::clock::Clock>,
     leader: tokio_watch::Receiver<bool>,
 ) -> JoinHandle<()> {
+    // Only a timeout needs the apiserver's clock.
+    let server_clock = args
+        .fence_timeout
+        .map(|_| Arc::new(server_clock::ServerClock::default()));
+    let mut prober = server_clock
+        .clone()
+        .map(|c| server_clock::Prober::new(ctx.client.clone(), c));
     let lifter = fence::Lifter {
         ctx: ctx.clone(),
         view: ctx.nodes.clone().unwrap_or_default(),
@@ -222,6 +230,7 @@ fn spawn_lifting(
         ),
         rejected: Default::default(),
         kept_for_replacement: Default::default(),
+        server_clock: server_clock.clone(),
     };
     let mut cooler = cooldown::Cooler {
         ctx: ctx.clone(),
@@ -248,6 +257,9 @@ fn spawn_lifting(
         loop {
             tick.tick().await;
             let leads = *leader.borrow();
+            if let Some(p) = &mut prober {
+                p.tick().await;
+            }
             lifter.pass(leads).await;
             cooler.pass(leads).await;
             let problems = {

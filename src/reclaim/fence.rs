@@ -92,7 +92,8 @@ fn elapsed(from: Timestamp, now: Timestamp) -> Duration {
 /// and this process's monotonic clock (what settles are measured on).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Moment {
-    /// Wall clock (the controller's, never a node's).
+    /// Wall clock (the apiserver's as the controller reads it, or the controller's own;
+    /// never a node's).
     pub wall: Timestamp,
     /// Monotonic clock of this process.
     pub mono: Instant,

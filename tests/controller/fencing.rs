@@ -120,6 +120,49 @@ async fn a_fence_timeout_releases_with_the_node_still_down() {
     env.finish(&node).await;
 }
 
+/// `--fence-timeout` counts on the apiserver's clock (the `Date` of its answer to
+/// `GET /version`), never on the controller's own: while the controller cannot read it (the
+/// fault proxy answers `/version` 503), web-0's fence does not time out, however long; once it
+/// can, the fence times out. Before, the timeout counted on the controller's clock, so a leader
+/// whose clock ran ahead lifted early. (One process's clock cannot be set ahead on this
+/// machine: the refused reading stands in for a clock that cannot be trusted.)
+#[tokio::test]
+async fn a_fence_timeout_waits_for_the_apiservers_clock() {
+    let mut env = Env::new("ctl-fence-server-clock").await;
+    let node = env.fence_node("Unknown").await;
+    env.macvlan(&[(10, "sb-web-0", "web-0"), (11, "sb-db-0", "db-0")])
+        .await;
+    env.reservation("192.0.2.10", "web-0").await;
+    let uid = env
+        .pod_on("web-0", "macvlan", Some(&["192.0.2.10"]), Some(&node))
+        .await;
+    env.pod_on("db-0", "macvlan", Some(&["192.0.2.11"]), Some(&node))
+        .await;
+    let proxy = FaultProxy::start(env.client.clone(), 5).await.unwrap();
+    // `/version` is the only request of the controller with no resource.
+    proxy.set_rules(vec![Rule::new(Some("list"), Some(""), Action::Status(503))]);
+    let through = ControlPlane::shared().client_through_faults(&proxy).await;
+    env.start_as(through, &["--fence-timeout=1s"]).await;
+    env.delete_pod("web-0").await;
+    env.wait_one_event(FENCED, "web-0", &uid).await;
+    // Refused readings are 5 s apart: by the third, the 1 s timeout has long passed by any clock.
+    wait_for(
+        "three refused readings of the apiserver's clock",
+        || async { proxy.injected().get("503 list ").copied().unwrap_or(0) >= 3 },
+    )
+    .await;
+    env.assert_web_0_fenced(&node).await;
+    proxy.clear();
+    env.wait_web_0_released(&uid).await;
+    let sent = proxy.requests().get("list ").copied().unwrap_or(0);
+    let refused = proxy.injected().get("503 list ").copied().unwrap_or(0);
+    assert!(
+        sent > refused,
+        "the clock was read once the refusal ended: {sent} sent, {refused} refused"
+    );
+    env.finish(&node).await;
+}
+
 /// The node agent's evidence lifts a fence at once though the settle is an hour and the node
 /// is still down, with a release Event that says why; evidence naming another node, another
 /// pod or another fence object (an earlier fence of the same address: stale), or malformed,
