@@ -171,6 +171,9 @@ impl Lifter {
         let server = self.server_clock.as_ref().map(|c| c.now(mono));
         // A timeout waits for the apiserver's clock; without one, nothing times out.
         let timeouts = !matches!(server, Some(None));
+        // Set once the pass is done (its lifts written): a scrape that reads 0 knows a pass
+        // has judged the fences by the apiserver's clock.
+        let waiting = &self.ctx.metrics.fence_timeouts_waiting_for_clock;
         let now = Moment {
             wall: server.flatten().unwrap_or_else(jiff::Timestamp::now),
             mono,
@@ -192,13 +195,28 @@ impl Lifter {
         self.ctx.metrics.oldest_fence_seconds.set(oldest);
         let (complete, stale) = self.due_records(&found, now.mono);
         if !leader {
+            waiting.set(i64::from(!timeouts));
             return;
         }
         let mut writes = lifts.lifted;
         writes.extend(complete);
         self.write(writes, &lifts.by_agent, now.mono).await;
+        waiting.set(i64::from(!timeouts));
         self.backoff.gc();
         self.clean(stale, found.stale_annotations).await;
+    }
+
+    /// When fence `f`, first seen by this process at `first`, counts from for its timeout: its
+    /// record's time (for an IPFence, already the later of it and the object's creation). A
+    /// fence kept in a pool annotation alone (written by an earlier version) has no creation
+    /// time: a lagging writer's record is bounded by when this replica first saw it, by the
+    /// apiserver's clock (a restart only makes it younger).
+    fn fence_since(&self, f: &FencedEntry, first: Instant) -> jiff::Timestamp {
+        let seen = self.server_clock.as_ref().and_then(|c| c.now(first));
+        match (&f.source, seen) {
+            (FenceSource::Annotation, Some(seen)) => f.record.since.max(seen),
+            _ => f.record.since,
+        }
     }
 
     /// Which fences lift now (on the leader), how many stay, and the oldest's age; `timeouts`:
@@ -230,9 +248,10 @@ impl Lifter {
         for f in &found.fenced {
             let pool = &f.pool;
             let node = v.node(&f.record.node);
+            let first = *first_seen.entry(SeenFence::of(f)).or_insert(now.mono);
             let fence = Moment {
-                wall: f.record.since,
-                mono: *first_seen.entry(SeenFence::of(f)).or_insert(now.mono),
+                wall: self.fence_since(f, first),
+                mono: first,
             };
             let lifts = match self.policy {
                 Some(policy) if timeouts => self.lift(f, fence, node, now, &policy),

@@ -211,7 +211,7 @@ fn spawn_lifting(
     let server_clock = args
         .fence_timeout
         .map(|_| Arc::new(server_clock::ServerClock::default()));
-    let mut prober = server_clock
+    let prober = server_clock
         .clone()
         .map(|c| server_clock::Prober::new(ctx.client.clone(), c));
     let lifter = fence::Lifter {
@@ -251,15 +251,18 @@ fn spawn_lifting(
     let mut duplicates = duplicates::DuplicateReporter::default();
     let (state, ns) = (ctx.state.clone(), args.whereabouts_namespace.clone());
     let metrics = ctx.metrics.clone();
-    tokio::spawn(async move {
+    let probing = async move {
+        match prober {
+            Some(p) => p.run().await,
+            None => std::future::pending().await,
+        }
+    };
+    let lifting = async move {
         let mut tick = tokio::time::interval(fence::LIFT_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
             let leads = *leader.borrow();
-            if let Some(p) = &mut prober {
-                p.tick().await;
-            }
             lifter.pass(leads).await;
             cooler.pass(leads).await;
             let problems = {
@@ -271,6 +274,10 @@ fn spawn_lifting(
             };
             reporter.pass(problems, leads).await;
         }
+    };
+    // One task: aborting it stops both.
+    tokio::spawn(async move {
+        tokio::join!(probing, lifting);
     })
 }
 

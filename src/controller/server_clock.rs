@@ -3,8 +3,9 @@
 //! counts on it: a fence's age runs from its record and the IPFence's creationTimestamp (the
 //! apiserver's clock), so a replica whose own clock runs ahead would lift fences early. Until
 //! the first answer, timeouts wait. A `Date` has whole seconds and is stamped before the
-//! answer arrives, so the estimate is at most a second or two behind: a fence may time out
-//! that much late, never early.
+//! answer arrives, so the estimate is a second or two behind (a fence times out that much
+//! late); creationTimestamps have whole seconds too (up to a second early). Apiservers behind
+//! one address must share a clock.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -66,7 +67,8 @@ pub async fn probe(client: &Client) -> Result<Timestamp, String> {
     parse_http_date(date).ok_or_else(|| format!("unreadable Date header {date:?}"))
 }
 
-/// Probes the apiserver now and then, from the fence lifter's loop (so it stops with it).
+/// Probes the apiserver now and then (run beside the fence lifter's loop, in its task, so it
+/// stops with it and never holds a pass up).
 pub struct Prober {
     client: Client,
     clock: Arc<ServerClock>,
@@ -85,12 +87,16 @@ impl Prober {
         }
     }
 
-    /// Probes if one is due.
-    pub async fn tick(&mut self) {
-        if Instant::now() < self.next {
-            return;
+    /// Probes for ever.
+    pub async fn run(mut self) {
+        loop {
+            tokio::time::sleep_until(self.next.into()).await;
+            self.probe().await;
         }
-        // The lifter's loop waits on it: a hanging apiserver must not stall the lifts.
+    }
+
+    /// Probes once and sets when the next probe is due.
+    async fn probe(&mut self) {
         let answer = tokio::time::timeout(PROBE_TIMEOUT, probe(&self.client))
             .await
             .unwrap_or_else(|_| Err(format!("no answer within {PROBE_TIMEOUT:?}")));

@@ -192,6 +192,8 @@ pub struct ControllerMetrics {
     pub fenced_addresses: Gauge,
     /// Age in seconds of the oldest fence held.
     pub oldest_fence_seconds: Gauge,
+    /// 1 while `--fence-timeout` is set and the apiserver's clock has not been read yet.
+    pub fence_timeouts_waiting_for_clock: Gauge,
     /// Nodes whose Ready condition is not True: their pods' deletions are fenced.
     pub unready_nodes: Gauge,
     /// Node agent reports on fences that did not count, by why.
@@ -229,6 +231,7 @@ impl ControllerMetrics {
             duplicate_addresses: Family::default(),
             fenced_addresses: Gauge::default(),
             oldest_fence_seconds: Gauge::default(),
+            fence_timeouts_waiting_for_clock: Gauge::default(),
             unready_nodes: Gauge::default(),
             fence_evidence_rejected: Family::default(),
             leader: Gauge::default(),
@@ -260,6 +263,7 @@ impl ControllerMetrics {
             // Fences: held, their age, unready nodes, rejected node-agent reports.
             "fenced_addresses", "Addresses held by a fence now", m.fenced_addresses;
             "fence_oldest_age_seconds", "Age of the oldest fence held", m.oldest_fence_seconds;
+            "fence_timeouts_waiting_for_clock", "1 while --fence-timeout is set and the apiserver's clock (the Date of GET /version) has not been read: no fence times out", m.fence_timeouts_waiting_for_clock;
             "unready_nodes", "Nodes not Ready now: their pods' addresses are fenced when the pods are deleted", m.unready_nodes;
             "fence_evidence_rejected", "Node agent reports on fences that did not count (another node, pod or fence; malformed), by reason", m.fence_evidence_rejected;
             // Pools and the sweep: allocations, unreadable entries, candidates, holds.

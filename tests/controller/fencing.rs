@@ -121,13 +121,17 @@ async fn a_fence_timeout_releases_with_the_node_still_down() {
 }
 
 /// `--fence-timeout` counts on the apiserver's clock (the `Date` of its answer to
-/// `GET /version`), never on the controller's own: while the controller cannot read it (the
-/// fault proxy answers `/version` 503), web-0's fence does not time out, however long; once it
-/// can, the fence times out. Before, the timeout counted on the controller's clock, so a leader
-/// whose clock ran ahead lifted early. (One process's clock cannot be set ahead on this
-/// machine: the refused reading stands in for a clock that cannot be trusted.)
+/// `GET /version`), never on the controller's own. While the controller cannot read it (the
+/// fault proxy answers `/version` 503), web-0's fence does not time out, however long. Then the
+/// proxy answers with the apiserver's `Date` shifted an hour back: to this controller, its own
+/// clock runs an hour ahead of the apiserver's, the case the rule is for (one process's clock
+/// cannot be set ahead on this machine). By the apiserver's clock the fence is seconds old, so
+/// the pass that first has the reading keeps it, though the 1 s timeout has long passed by the
+/// controller's own clock. Before, the timeout counted on the controller's clock and web-0 was
+/// released after 1 s. (That a reading in step with the fence lets it time out is
+/// `a_fence_timeout_releases_with_the_node_still_down`.)
 #[tokio::test]
-async fn a_fence_timeout_waits_for_the_apiservers_clock() {
+async fn a_fence_timeout_counts_on_the_apiservers_clock_and_waits_for_it() {
     let mut env = Env::new("ctl-fence-server-clock").await;
     let node = env.fence_node("Unknown").await;
     env.macvlan(&[(10, "sb-web-0", "web-0"), (11, "sb-db-0", "db-0")])
@@ -140,26 +144,33 @@ async fn a_fence_timeout_waits_for_the_apiservers_clock() {
         .await;
     let proxy = FaultProxy::start(env.client.clone(), 5).await.unwrap();
     // `/version` is the only request of the controller with no resource.
-    proxy.set_rules(vec![Rule::new(Some("list"), Some(""), Action::Status(503))]);
+    let version = |action| vec![Rule::new(Some("list"), Some(""), action)];
+    proxy.set_rules(version(Action::Status(503)));
     let through = ControlPlane::shared().client_through_faults(&proxy).await;
     env.start_as(through, &["--fence-timeout=1s"]).await;
     env.delete_pod("web-0").await;
     env.wait_one_event(FENCED, "web-0", &uid).await;
-    // Refused readings are 5 s apart: by the third, the 1 s timeout has long passed by any clock.
+    // Refused readings are 5 s apart: by the third, the 1 s timeout has long passed.
     wait_for(
         "three refused readings of the apiserver's clock",
         || async { proxy.injected().get("503 list ").copied().unwrap_or(0) >= 3 },
     )
     .await;
+    env.wait_metric("ipreclaim_fence_timeouts_waiting_for_clock 1")
+        .await;
     env.assert_web_0_fenced(&node).await;
-    proxy.clear();
-    env.wait_web_0_released(&uid).await;
-    let sent = proxy.requests().get("list ").copied().unwrap_or(0);
-    let refused = proxy.injected().get("503 list ").copied().unwrap_or(0);
-    assert!(
-        sent > refused,
-        "the clock was read once the refusal ended: {sent} sent, {refused} refused"
+
+    let hour_back = jiff::SignedDuration::from_secs(-3600);
+    proxy.set_rules(version(Action::ShiftDate(hour_back)));
+    // Set at the end of the first pass that has the reading (after its lifts are written).
+    env.wait_metric("ipreclaim_fence_timeouts_waiting_for_clock 0")
+        .await;
+    assert_eq!(
+        proxy.injected().get("shift-date list ").copied(),
+        Some(1),
+        "one reading, an hour back"
     );
+    env.assert_web_0_fenced(&node).await;
     env.finish(&node).await;
 }
 

@@ -38,6 +38,9 @@ pub enum Action {
     Status(u16),
     /// Forward, and deliver each chunk of the answer (watch events) this much later.
     DelayEvents(Duration),
+    /// Forward, and shift the answer's `Date` header by this much (an apiserver whose clock
+    /// differs from the client's).
+    ShiftDate(jiff::SignedDuration),
 }
 
 /// A rule: requests whose verb and resource match (None matches all) get `action` with
@@ -231,7 +234,7 @@ impl Shared {
                 let _ = releases.changed().await;
             }
             Some(Action::Status(code)) => return refusal(*code),
-            Some(Action::DelayEvents(_)) | None => {}
+            Some(Action::DelayEvents(_) | Action::ShiftDate(_)) | None => {}
         }
         let _ = open.wait_for(|o| *o).await;
         let (parts, body) = req.into_parts();
@@ -262,7 +265,10 @@ impl Shared {
             Ok(a) => a,
             Err(e) => return status(StatusCode::BAD_GATEWAY, &e.to_string()),
         };
-        let (parts, body) = answer.into_parts();
+        let (mut parts, body) = answer.into_parts();
+        if let Some(Action::ShiftDate(by)) = action {
+            shift_date(&mut parts.headers, by);
+        }
         let event_delay = match action {
             Some(Action::DelayEvents(d)) => Some(d),
             _ => None,
@@ -289,6 +295,7 @@ impl Shared {
             Action::Hold => "hold".to_string(),
             Action::Status(c) => c.to_string(),
             Action::DelayEvents(_) => "delay-events".to_string(),
+            Action::ShiftDate(_) => "shift-date".to_string(),
         };
         *s.injected
             .entry(format!("{name} {verb} {resource}"))
@@ -383,6 +390,22 @@ fn is_write(verb: &str) -> bool {
         verb,
         "create" | "update" | "patch" | "delete" | "deletecollection"
     )
+}
+
+/// Shifts the `Date` header of `headers` by `by` (left alone when missing or unreadable).
+fn shift_date(headers: &mut http::HeaderMap, by: jiff::SignedDuration) {
+    let parser = jiff::fmt::rfc2822::DateTimeParser::new();
+    let shifted = headers
+        .get(http::header::DATE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| parser.parse_timestamp(v).ok())
+        .and_then(|t| t.checked_add(by).ok())
+        .map(|t| jiff::fmt::rfc2822::DateTimePrinter::new().timestamp_to_rfc9110_string(&t));
+    if let Some(Ok(value)) = shifted
+        && let Ok(value) = http::HeaderValue::from_str(&value)
+    {
+        headers.insert(http::header::DATE, value);
+    }
 }
 
 /// The Kubernetes verb and resource (with subresource, "pods/status") of a request.
