@@ -133,15 +133,7 @@ async fn a_fence_timeout_releases_with_the_node_still_down() {
 #[tokio::test]
 async fn a_fence_timeout_counts_on_the_apiservers_clock_and_waits_for_it() {
     let mut env = Env::new("ctl-fence-server-clock").await;
-    let node = env.fence_node("Unknown").await;
-    env.macvlan(&[(10, "sb-web-0", "web-0"), (11, "sb-db-0", "db-0")])
-        .await;
-    env.reservation("192.0.2.10", "web-0").await;
-    let uid = env
-        .pod_on("web-0", "macvlan", Some(&["192.0.2.10"]), Some(&node))
-        .await;
-    env.pod_on("db-0", "macvlan", Some(&["192.0.2.11"]), Some(&node))
-        .await;
+    let (node, uid) = web_0_and_db_0_on_a_node(&env, "Unknown").await;
     let proxy = FaultProxy::start(env.client.clone(), 5).await.unwrap();
     // `/version` is the only request of the controller with no resource.
     let version = |action| vec![Rule::new(Some("list"), Some(""), action)];
@@ -284,7 +276,12 @@ async fn a_pod_deleted_from_a_ready_node_is_released_unfenced() {
 /// web-0 (192.0.2.10, with its reservation) and db-0 (192.0.2.11) on a new Ready node: the
 /// node and web-0's uid.
 async fn web_0_and_db_0_on_a_ready_node(env: &Env) -> (String, String) {
-    let node = env.fence_node("True").await;
+    web_0_and_db_0_on_a_node(env, "True").await
+}
+
+/// web-0 and db-0 (see [`web_0_and_db_0_on_a_ready_node`]) on a node whose Ready is `ready`.
+async fn web_0_and_db_0_on_a_node(env: &Env, ready: &str) -> (String, String) {
+    let node = env.fence_node(ready).await;
     env.macvlan(&[(10, "sb-web-0", "web-0"), (11, "sb-db-0", "db-0")])
         .await;
     env.reservation("192.0.2.10", "web-0").await;
