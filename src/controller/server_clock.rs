@@ -33,8 +33,9 @@ impl ServerClock {
         *self.sample.lock().expect("server clock lock") = Some((date, received));
     }
 
-    /// The apiserver's time at `now` (this process's clock), at the latest: `None` before the
-    /// first answer.
+    /// The apiserver's time at `now` (this process's clock), never ahead of it by this
+    /// reading (the `Date` was stamped before the answer arrived); `None` before the first
+    /// answer.
     pub fn now(&self, now: Instant) -> Option<Timestamp> {
         let (date, received) = (*self.sample.lock().expect("server clock lock"))?;
         let since = jiff::SignedDuration::try_from(now.saturating_duration_since(received)).ok()?;
