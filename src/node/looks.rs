@@ -29,6 +29,11 @@ impl Looks {
         self.sandboxes.insert(task.id(), sb);
     }
 
+    /// When the oldest sandbox under a look was first reported dead.
+    pub fn oldest_death(&self) -> Option<std::time::Instant> {
+        self.sandboxes.values().map(|sb| sb.since).min()
+    }
+
     /// The next look to end, with its sandbox; `None` while none is under way. Cancel-safe.
     pub async fn next(&mut self) -> Option<(DeadSandbox, Outcome)> {
         loop {
@@ -64,10 +69,18 @@ mod tests {
     #[tokio::test]
     async fn a_look_that_panics_hands_its_sandbox_back_as_a_failure() {
         let mut looks = Looks::default();
-        looks.spawn(sandbox("ok"), |_| async { Outcome::NoAllocation });
+        assert_eq!(looks.oldest_death(), None);
+        let ok = sandbox("ok");
+        let oldest = ok.since;
+        looks.spawn(ok, |_| async { Outcome::NoAllocation });
         looks.spawn(sandbox("boom"), |sb| async move {
             panic!("release of {} panicked", sb.id);
         });
+        assert_eq!(
+            looks.oldest_death(),
+            Some(oldest),
+            "a look under way still waits"
+        );
         let mut ended = Vec::new();
         while let Some((sb, outcome)) = looks.next().await {
             ended.push((sb.id, outcome.label(), outcome));
@@ -82,5 +95,10 @@ mod tests {
             ended[0].2
         );
         assert!(looks.next().await.is_none(), "none left");
+        assert_eq!(
+            looks.oldest_death(),
+            None,
+            "the end of the last look ends the wait"
+        );
     }
 }

@@ -186,6 +186,7 @@ impl Agent {
                     self.check_fences(&mut reports);
                 }
             }
+            self.set_waiting_gauges(&looks);
         }
     }
 
@@ -255,7 +256,6 @@ impl Agent {
             }
         }
         self.logged_orphans.retain(|u| current.contains(u));
-        self.set_waiting_gauges();
     }
 
     /// Looks at this node's fences against the newest complete listing and starts the
@@ -363,15 +363,21 @@ impl Agent {
             let releaser = self.releaser.clone();
             looks.spawn(sb, |sb| async move { releaser.release(&sb, pod).await });
         }
-        self.set_waiting_gauges();
     }
 
-    /// The dead sandboxes waiting, and how long the oldest of them has.
-    fn set_waiting_gauges(&self) {
+    /// The dead sandboxes waiting, and how long the oldest of them (waiting or under a look)
+    /// has been dead.
+    fn set_waiting_gauges(&self, looks: &looks::Looks) {
         self.metrics
             .dead_sandboxes_pending
             .set(self.witness.pending() as i64);
-        let oldest = self.witness.oldest_wait(self.clock.now());
+        let oldest = [self.witness.oldest_death(), looks.oldest_death()]
+            .into_iter()
+            .flatten()
+            .min()
+            .map_or(Duration::ZERO, |since| {
+                self.clock.now().saturating_duration_since(since)
+            });
         self.metrics
             .dead_sandbox_oldest_wait_seconds
             .set(oldest.as_secs() as i64);
@@ -379,7 +385,6 @@ impl Agent {
 
     async fn finished(&mut self, sb: DeadSandbox, outcome: Outcome) {
         self.metrics.sandbox_outcome(outcome.label());
-        self.witness.looked(&sb.id);
         match outcome {
             Outcome::Failed(cause) if sb.attempts + 1 < MAX_ATTEMPTS => {
                 tracing::warn!(sandbox = %sb.id, %cause, kind = cause.label(), attempt = sb.attempts + 1, "release failed; will retry");
@@ -408,7 +413,6 @@ impl Agent {
             }
             other => tracing::info!(sandbox = %sb.id, outcome = ?other, "dead sandbox handled"),
         }
-        self.set_waiting_gauges();
     }
 }
 

@@ -73,8 +73,6 @@ pub struct Witness {
     retry_max: Duration,
     dead: HashMap<String, DeadSandbox>,
     handled: HashSet<String>,
-    /// Taken for a look and not yet back: when each was first reported dead.
-    looking: HashMap<String, Instant>,
 }
 
 impl Witness {
@@ -87,7 +85,6 @@ impl Witness {
             retry_max,
             dead: HashMap::new(),
             handled: HashSet::new(),
-            looking: HashMap::new(),
         }
     }
 
@@ -121,8 +118,6 @@ impl Witness {
             .collect();
         let mut due: Vec<DeadSandbox> = ids.iter().filter_map(|id| self.dead.remove(id)).collect();
         self.handled.extend(ids);
-        self.looking
-            .extend(due.iter().map(|d| (d.id.clone(), d.since)));
         due.sort_by(|a, b| a.due.cmp(&b.due).then_with(|| a.id.cmp(&b.id)));
         due
     }
@@ -138,7 +133,6 @@ impl Witness {
             .min(self.retry_max);
         sandbox.attempts += 1;
         sandbox.due = now + delay;
-        self.looked(&sandbox.id);
         self.handled.remove(&sandbox.id);
         self.dead.insert(sandbox.id.clone(), sandbox);
     }
@@ -147,7 +141,6 @@ impl Witness {
     /// and its real death is a new one. Returns whether it was known.
     pub fn revived(&mut self, id: &str) -> bool {
         let pending = self.dead.remove(id).is_some();
-        self.looked(id);
         self.handled.remove(id) || pending
     }
 
@@ -155,27 +148,15 @@ impl Witness {
     /// network still up): looked at again after a grace, its attempts unchanged.
     pub fn recheck(&mut self, mut sandbox: DeadSandbox, now: Instant) {
         sandbox.due = now + self.grace;
-        self.looked(&sandbox.id);
         self.handled.remove(&sandbox.id);
         self.dead.insert(sandbox.id.clone(), sandbox);
     }
 
-    /// Ends the look at a sandbox taken by [`Witness::take_due`] (whatever its outcome;
-    /// [`Witness::retry`] and [`Witness::recheck`] end it too).
-    pub fn looked(&mut self, id: &str) {
-        self.looking.remove(id);
-    }
-
-    /// How long the oldest sandbox still waiting (for its grace, a retry, a recheck or a look
-    /// under way) has been dead at `now`; zero when none waits. A sandbox that stays in use
-    /// (its network never torn down), held or unverified grows it without bound.
-    pub fn oldest_wait(&self, now: Instant) -> Duration {
-        self.dead
-            .values()
-            .map(|d| d.since)
-            .chain(self.looking.values().copied())
-            .min()
-            .map_or(Duration::ZERO, |since| now.saturating_duration_since(since))
+    /// When the oldest sandbox waiting here (for its grace, a retry or a recheck) was first
+    /// reported dead; the looks under way are [`super::looks::Looks`]'. One that stays in use
+    /// (its network never torn down), held or unverified keeps it for ever.
+    pub fn oldest_death(&self) -> Option<Instant> {
+        self.dead.values().map(|d| d.since).min()
     }
 
     /// Forgets handled sandboxes for which `still_known` is false (the runtime no longer lists
@@ -353,21 +334,19 @@ mod tests {
     }
 
     #[test]
-    fn the_oldest_wait_counts_from_the_first_death_across_looks_and_ends_with_the_last() {
+    fn the_oldest_death_is_kept_across_rechecks_and_retries_and_ends_with_the_last_look() {
         let t0 = Instant::now();
         let secs = Duration::from_secs;
         let mut w = witness();
-        assert_eq!(w.oldest_wait(t0), Duration::ZERO, "nothing waits");
+        assert_eq!(w.oldest_death(), None, "nothing waits");
         w.died("stuck", "uid-a", t0);
         w.died("young", "uid-b", t0 + secs(20));
-        assert_eq!(w.oldest_wait(t0 + secs(25)), secs(25));
-        // Both taken: a look under way still waits.
+        assert_eq!(w.oldest_death(), Some(t0));
+        // Both taken: the looks under way are the Looks' to count.
         let mut due = w.take_due(t0 + secs(50));
-        assert_eq!(w.pending(), 0);
-        assert_eq!(w.oldest_wait(t0 + secs(50)), secs(50));
+        assert_eq!((w.pending(), w.oldest_death()), (0, None));
         // The young one is settled; the stuck one is found in use, again and again.
-        let young = due.pop().expect("young");
-        w.looked(&young.id);
+        due.pop().expect("young");
         let stuck = due.pop().expect("stuck");
         w.recheck(stuck, t0 + secs(50));
         for look in 1..=5u64 {
@@ -376,24 +355,17 @@ mod tests {
             assert_eq!(sb.since, t0, "the first death is kept");
             w.recheck(sb, at);
         }
+        assert_eq!(w.oldest_death(), Some(t0), "kept while it stays in use");
+        // A failed attempt keeps it too; once its last look is taken, nothing waits here.
         let later = t0 + secs(50) + GRACE * 5;
-        assert_eq!(
-            w.oldest_wait(later),
-            later - t0,
-            "grows while it stays in use"
-        );
-        // A failed attempt keeps it too; the end of its last look ends the wait.
         let sb = w.take_due(later + GRACE).pop().expect("due");
         w.retry(sb, later + GRACE);
-        assert_eq!(w.oldest_wait(later + GRACE), later + GRACE - t0);
-        let sb = w.take_due(later + GRACE * 2).pop().expect("due");
-        w.looked(&sb.id);
-        assert_eq!(w.oldest_wait(later + GRACE * 3), Duration::ZERO);
-        // A revived sandbox waits no more, taken or not.
+        assert_eq!(w.oldest_death(), Some(t0));
+        assert_eq!(w.take_due(later + GRACE * 2).len(), 1);
+        assert_eq!(w.oldest_death(), None);
+        // A revived sandbox waits no more.
         w.died("r", "uid-c", later);
-        let taken = w.take_due(later + GRACE);
-        assert_eq!(taken.len(), 1);
         assert!(w.revived("r"));
-        assert_eq!(w.oldest_wait(later + GRACE), Duration::ZERO);
+        assert_eq!(w.oldest_death(), None);
     }
 }
