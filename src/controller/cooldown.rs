@@ -10,7 +10,6 @@
 use std::time::{Duration, Instant};
 
 use crate::index::{CoolingEntry, Slot};
-use crate::ipam::cooldown::is_due;
 use crate::reclaim::cooldown::CoolingSightings;
 use crate::reclaim::{Decision, Judged, PodRef, Reason};
 use crate::release::{EntryWrite, ReleaseOutcome, ReleaseRequest};
@@ -68,13 +67,9 @@ impl Cooler {
             return;
         }
         let wall = jiff::Timestamp::now();
-        // Past its marked end by this clock (an end that cannot be read never is).
         let (may_end, waiting): (Vec<_>, Vec<_>) = cooling
             .iter()
-            .filter_map(|(pool, c)| {
-                let until = *c.until.as_ref().ok()?;
-                is_due(until, wall).then_some((pool, c, until))
-            })
+            .filter_map(|(pool, c)| Some((pool, c, c.ended_by(wall)?)))
             .partition(|(pool, c, until)| {
                 let k = sighting(pool, c);
                 self.sightings.may_end(&k, *until, wall, now, self.length)

@@ -226,6 +226,10 @@ impl Lifter {
             held: found.pending.len() as i64,
             ..Default::default()
         };
+        let policy = self.policy.map(|p| FencePolicy {
+            timeout: p.timeout.filter(|_| timeouts),
+            ..p
+        });
         let mut first_seen = self.first_seen.lock().expect("fence clock lock");
         let keys: HashSet<SeenFence> = found.fenced.iter().map(SeenFence::of).collect();
         first_seen.retain(|k, _| keys.contains(k));
@@ -253,15 +257,8 @@ impl Lifter {
                 wall: self.fence_since(f, first),
                 mono: first,
             };
-            let lifts = match self.policy {
-                Some(policy) if timeouts => self.lift(f, fence, node, now, &policy),
-                Some(policy) => {
-                    let untimed = FencePolicy {
-                        timeout: None,
-                        ..policy
-                    };
-                    self.lift(f, fence, node, now, &untimed)
-                }
+            let lifts = match &policy {
+                Some(policy) => self.lift(f, fence, node, now, policy),
                 None => Some(Lift::FencingOff),
             };
             let slot = Slot::new(pool, &f.entry.key);

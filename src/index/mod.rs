@@ -29,7 +29,6 @@ use std::time::Instant;
 
 use crate::api::{IPPool, NetworkAttachmentDefinition, ObjectId, OverlappingRangeIPReservation};
 use crate::ipam::PoolEntry;
-use crate::ipam::cooldown;
 use crate::ipam::fence::{FenceRecord, fenced_podref};
 
 pub use duplicates::{Duplicate, DuplicatePod, Duplicates, Holder};
@@ -360,7 +359,7 @@ impl Index {
     pub fn due_cooldowns(&self, now: jiff::Timestamp) -> Vec<(String, CoolingEntry)> {
         self.cooling()
             .into_iter()
-            .filter(|(_, c)| c.until.as_ref().is_ok_and(|u| cooldown::is_due(*u, now)))
+            .filter(|(_, c)| c.ended_by(now).is_some())
             .collect()
     }
 

@@ -138,6 +138,13 @@ impl CoolingEntry {
             entry,
         }
     }
+
+    /// Its end, if its marker's end has passed at `now` (one whose end cannot be read never
+    /// has: it is kept and reported).
+    pub fn ended_by(&self, now: jiff::Timestamp) -> Option<jiff::Timestamp> {
+        let until = *self.until.as_ref().ok()?;
+        crate::ipam::cooldown::is_due(until, now).then_some(until)
+    }
 }
 
 /// An allocation's place: pool and key.
