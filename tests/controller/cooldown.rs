@@ -6,9 +6,8 @@
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use ipreclaim::api::{IPAllocation, OverlappingRangeIPReservation};
+use ipreclaim::api::IPAllocation;
 use ipreclaim::reclaim::ReclaimConfig;
-use kube::api::Api;
 use testenv::ControlPlane;
 use testenv::poll::{metric_value, wait_for};
 use testenv::whereabouts::WhereaboutsCni;
@@ -26,10 +25,6 @@ impl Env {
         let p = self.pools().get(pool).await.unwrap();
         let key = (u32::from(ip) - u32::from(Ipv4Addr::new(198, 18, 7, 0))).to_string();
         p.spec.allocations.get(&key).cloned()
-    }
-
-    fn reservations(&self) -> Api<OverlappingRangeIPReservation> {
-        Api::namespaced(self.client.clone(), &self.ns)
     }
 
     /// A pod `name` on the network, then its sandbox's ADD: the address whereabouts gave. The

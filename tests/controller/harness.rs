@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
-use ipreclaim::api::{IPPool, NetworkAttachmentDefinition};
+use ipreclaim::api::{IPPool, NetworkAttachmentDefinition, OverlappingRangeIPReservation};
 use ipreclaim::ipam::NETWORK_STATUS_ANNOTATION;
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::Client;
@@ -33,6 +33,7 @@ pub struct Env {
 
 impl Env {
     pub async fn new(prefix: &str) -> Env {
+        support::log_to_test_output();
         let cp = ControlPlane::shared();
         let (client, ns) = cp.client_crds_and_namespace(prefix).await;
         Env::with(client, ns)
@@ -395,6 +396,10 @@ impl Env {
     /// The reservation of `ip` for sandbox `sandbox` of pod `pod`.
     pub async fn reservation_of(&self, ip: &str, sandbox: &str, pod: &str) {
         support::create_reservation(&self.client, &self.ns, ip, sandbox, pod).await;
+    }
+
+    pub fn reservations(&self) -> Api<OverlappingRangeIPReservation> {
+        Api::namespaced(self.client.clone(), &self.ns)
     }
 
     pub async fn reservation_names(&self) -> Vec<String> {

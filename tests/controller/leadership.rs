@@ -239,6 +239,16 @@ async fn a_release_written_just_before_the_cut_is_reported_after_the_heal() {
     proxy.cut();
     a.wait_metric("ipreclaim_leader 0").await;
     b.wait_metric("ipreclaim_leader 1").await;
+    // The old leader's Lease writes stay refused after the heal: on a loaded machine a late
+    // renewal of the standby's would hand the Lease back to it, and the retries below must come
+    // from a replica that does not lead.
+    let refuse_lease = |verb| Rule::new(Some(verb), Some("leases"), Action::Status(503));
+    proxy.set_rules(vec![
+        Rule::new(Some("create"), Some("events"), Action::Status(503)),
+        refuse_lease("patch"),
+        refuse_lease("create"),
+        refuse_lease("update"),
+    ]);
     proxy.heal();
     // The one try held in the partition is answered now; more tries show the Event is still
     // sent by a replica that does not lead.

@@ -72,6 +72,23 @@ where
     Program { program, metrics }
 }
 
+/// Sends the logs of the programs a test runs in process to that test's captured output, so a
+/// failed test shows them (a passing one does not): `IPRECLAIM_TEST_LOG` filters them
+/// (default `ipreclaim=info`). For tests only: a benchmark's runs must not pay for it.
+pub fn log_to_test_output() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let filter = tracing_subscriber::EnvFilter::try_from_env("IPRECLAIM_TEST_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("ipreclaim=info"));
+        // Another subscriber set first (a test of its own logging) is kept.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_ansi(false)
+            .with_test_writer()
+            .try_init();
+    });
+}
+
 /// Runs `ipreclaim controller` with `flags` through `client`, watching pools in `namespace`;
 /// returns once it is ready (caches synced).
 pub async fn controller(client: Client, namespace: &str, flags: &[&str]) -> Program {
