@@ -360,6 +360,18 @@ impl PoolIndex {
             .collect()
     }
 
+    /// The pools whose range holds `ip` (where an allocation of it can be).
+    pub fn containing(&self, ip: IpAddr) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .pools
+            .iter()
+            .filter(|(_, p)| p.range.is_some_and(|r| r.contains(&ip)))
+            .map(|(name, _)| name.clone())
+            .collect();
+        names.sort();
+        names
+    }
+
     /// The entry of `podref` that holds `ip` now, in any pool.
     pub fn holder(&self, podref: &str, ip: IpAddr) -> Option<&PoolEntry> {
         self.slots(podref)

@@ -65,6 +65,18 @@ pub fn reservation_prefixes(name: &str) -> impl Iterator<Item = &str> {
     })
 }
 
+/// The addresses a reservation named `name` can reserve: the whole name's, and the rest's of
+/// each split of [`reservation_prefixes`] (a name can split more than one way).
+pub fn reservation_addresses(name: &str) -> Vec<IpAddr> {
+    let parse = |s: &str| {
+        let ip: IpAddr = s.replace('-', ":").parse().ok()?;
+        (reservation_name(ip, None) == s).then_some(ip)
+    };
+    let whole = parse(name);
+    let splits = reservation_prefixes(name).filter_map(|p| parse(&name[p.len() + 1..]));
+    whole.into_iter().chain(splits).collect()
+}
+
 /// An RFC 1123 label (a namespace name): at most 63 of `a-z0-9-`, alphanumeric at both ends.
 fn is_label(s: &str) -> bool {
     !s.is_empty()
@@ -158,6 +170,22 @@ mod tests {
                 want,
                 "{ip} {network:?}"
             );
+        }
+    }
+
+    #[test]
+    fn reservation_addresses_are_read_back_from_every_split() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let cases: [(&str, Vec<IpAddr>); 6] = [
+            ("10.0.0.5", vec![ip("10.0.0.5")]),
+            ("test-10.0.0.5", vec![ip("10.0.0.5")]),
+            ("fd00--5", vec![ip("fd00::5")]),
+            ("test-2001-db8--1", vec![ip("2001:db8::1"), ip("db8::1")]),
+            ("net-10.0.0.05", vec![]),
+            ("not-an-address", vec![]),
+        ];
+        for (name, want) in cases {
+            assert_eq!(reservation_addresses(name), want, "{name}");
         }
     }
 

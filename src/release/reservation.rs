@@ -9,9 +9,11 @@
 //! uid it was chosen with as precondition. whereabouts reads the reservation before it writes the pool
 //! entry, so its allocation can still land between the check and the delete: looks after the
 //! delete (0.3 s, 1 s and 5 s; one fresh read per pool for every delete due) put the
-//! reservation back if an entry for the pod and address appeared.
+//! reservation back if an entry for the pod and address appeared. An orphan's delete is looked
+//! at too: its address is read back from its name, in every pool whose range holds it.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -149,44 +151,74 @@ impl Writer {
         }
     }
 
-    /// Who holds each delete's address now, from one fresh read per pool (the index for an
-    /// orphan, whose pool is unknown); `None` where the pool could not be read in time (the
+    /// Where a look at `d` reads: (pool, address). A delete after a release names both; an
+    /// orphan's address is read back from its name and looked for in every pool the index
+    /// knows whose range holds it (its pool is not known; overlapping ranges share it).
+    fn look_targets(&self, d: &ReservationDelete) -> Vec<(String, IpAddr)> {
+        if let (Some(ip), Some(pool)) = (d.ip, &d.pool) {
+            return vec![(pool.clone(), ip)];
+        }
+        let Some(index) = &self.index else {
+            return Vec::new();
+        };
+        let index = index.read().expect("index lock");
+        crate::ipam::naming::reservation_addresses(&d.name)
+            .into_iter()
+            .flat_map(|ip| {
+                let pools = index.pools().containing(ip);
+                pools.into_iter().map(move |pool| (pool, ip))
+            })
+            .collect()
+    }
+
+    /// A pool's entries for a look, read fresh; `None` where it could not be read in time (the
     /// index may lag the very allocation looked for, so it does not stand in).
+    async fn read_for_look(&self, pool: &str) -> Option<Vec<crate::ipam::PoolEntry>> {
+        match tokio::time::timeout(LOOK_READ_TIMEOUT, self.read_pool(pool)).await {
+            Ok(Ok(Some(p))) => Some(
+                crate::ipam::pool_allocations(&p.spec)
+                    .map(|a| a.entries)
+                    .unwrap_or_default(),
+            ),
+            Ok(Ok(None)) => Some(Vec::new()),
+            Ok(Err(e)) => {
+                tracing::warn!(pool = %pool, error = %e, "could not look again after deleting reservations; looking again later");
+                None
+            }
+            Err(_) => {
+                tracing::warn!(pool = %pool, "reading the pool to look again after deleting reservations timed out; looking again later");
+                None
+            }
+        }
+    }
+
+    /// Who holds each delete's address now, from one fresh read per pool for all of them;
+    /// `None` where a pool to look in could not be read and no holder was found.
     async fn holders_now(&self, looks: &[ReservationDelete]) -> Vec<Option<Option<Holder>>> {
         let mut read: HashMap<String, Option<Vec<crate::ipam::PoolEntry>>> = HashMap::new();
         let mut holders = Vec::with_capacity(looks.len());
         for d in looks {
-            let Some(pool) = &d.pool else {
-                holders.push(self.holder_from(d, true).await.ok());
-                continue;
-            };
-            if !read.contains_key(pool) {
-                let entries = match tokio::time::timeout(LOOK_READ_TIMEOUT, self.read_pool(pool))
-                    .await
-                {
-                    Ok(Ok(Some(p))) => Some(
-                        crate::ipam::pool_allocations(&p.spec)
-                            .map(|a| a.entries)
-                            .unwrap_or_default(),
-                    ),
-                    Ok(Ok(None)) => Some(Vec::new()),
-                    Ok(Err(e)) => {
-                        tracing::warn!(pool = %pool, error = %e, "could not look again after deleting reservations; looking again later");
-                        None
-                    }
-                    Err(_) => {
-                        tracing::warn!(pool = %pool, "reading the pool to look again after deleting reservations timed out; looking again later");
-                        None
-                    }
+            let (mut found, mut unknown) = (None, false);
+            for (pool, ip) in self.look_targets(d) {
+                if !read.contains_key(&pool) {
+                    let entries = self.read_for_look(&pool).await;
+                    read.insert(pool.clone(), entries);
+                }
+                let Some(entries) = read.get(&pool).and_then(Option::as_ref) else {
+                    unknown = true;
+                    continue;
                 };
-                read.insert(pool.clone(), entries);
+                let holder = entries.iter().find(|e| e.podref == d.podref && e.ip == ip);
+                if let Some(e) = holder {
+                    found = Some((e.id.clone(), e.ifname.clone()));
+                    break;
+                }
             }
-            holders.push(read.get(pool).and_then(|e| e.as_ref()).map(|entries| {
-                entries
-                    .iter()
-                    .find(|e| e.podref == d.podref && Some(e.ip) == d.ip)
-                    .map(|e| (e.id.clone(), e.ifname.clone()))
-            }));
+            holders.push(match found {
+                Some(h) => Some(Some(h)),
+                None if unknown => None,
+                None => Some(None),
+            });
         }
         holders
     }
@@ -275,13 +307,12 @@ fn looks(
             let wake = super::sleep_until(next);
             tokio::select! {
                 d = rx.recv(), if open => match d {
-                    Some(d) if d.ip.is_some() => waiting.push(Look {
+                    Some(d) => waiting.push(Look {
                         d,
                         step: 0,
                         retries: 0,
                         due: Instant::now() + SECOND_LOOKS[0],
                     }),
-                    Some(_) => {}
                     None => open = false,
                 },
                 () = wake => {

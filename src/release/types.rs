@@ -140,7 +140,8 @@ pub struct ReservationDelete {
     pub uid: String,
     /// The pod it names.
     pub podref: String,
-    /// The address it reserves, when known (an orphan's is not computed back from its name).
+    /// The address it reserves, when known (not for an orphan: its delete's check reads the
+    /// pod; its looks read the address back from its name).
     pub ip: Option<IpAddr>,
     /// The pool the address was released from, when known.
     pub pool: Option<String>,

@@ -201,6 +201,55 @@ async fn a_look_refused_a_pool_list_reads_the_pool_with_get() {
     env.stop().await;
 }
 
+/// An orphaned reservation's delete passes its check (web-0 is gone) and is held in flight;
+/// meanwhile web-0 is recreated and gets its address back through that very reservation (as
+/// whereabouts' CNI ADD does: it keeps one that names the pod), then the delete lands. The
+/// looks after it read the address back from the reservation's name, find web-0's new entry in
+/// the pool whose range holds it, and put the reservation back. Before, an orphan's delete had
+/// no looks (its address and pool were "not known"), and the live allocation lost its
+/// reservation. The pool write stands in for the CNI.
+#[tokio::test]
+async fn an_orphan_deleted_as_its_pod_gets_the_address_back_is_put_back() {
+    use testenv::faultproxy::{Action, FaultProxy, Rule};
+    let mut env = Env::new("ctl-orphan-look").await;
+    env.macvlan(&[]).await;
+    env.reservation_of("192.0.2.10", "sb-web-0", "web-0").await;
+    let proxy = FaultProxy::start(env.client.clone(), 7).await.unwrap();
+    proxy.set_rules(vec![Rule::new(
+        Some("delete"),
+        Some("overlappingrangeipreservations"),
+        Action::Hold,
+    )]);
+    let through = ControlPlane::shared().client_through_faults(&proxy).await;
+    env.start_as(through, &[]).await;
+    wait_for("the orphan's delete held in flight", || async {
+        proxy
+            .injected()
+            .contains_key("hold delete overlappingrangeipreservations")
+    })
+    .await;
+    proxy.set_rules(Vec::new());
+    env.recreate("web-0", 10, "sb-web-0-new").await;
+    proxy.release_held();
+    wait_for("the held delete to land", || async {
+        env.reservation_names().await.is_empty()
+            || proxy
+                .requests()
+                .contains_key("create overlappingrangeipreservations")
+    })
+    .await;
+    env.wait_metric("ipreclaim_reservations_restored_total 1")
+        .await;
+    let back = env.reservations().get("192.0.2.10").await.unwrap();
+    assert_eq!(
+        (back.spec.podref.as_str(), back.spec.containerid.as_deref()),
+        (format!("{}/web-0", env.ns).as_str(), Some("sb-web-0-new")),
+        "put back for web-0's new sandbox"
+    );
+    env.stop().await;
+    env.delete_pod("web-0").await;
+}
+
 /// A reservation whose pod is gone (an orphan) is due: the sweep reads the pod (gone), and
 /// while that answer is on its way (3 s here) web-0 is recreated and gets the address back
 /// through that very reservation, the controller's pod and pool watches lagging (6 s). The
