@@ -729,6 +729,58 @@ async fn writes(addr: std::net::SocketAddr) -> (f64, f64, f64, f64) {
     )
 }
 
+/// The apiserver's requests so far by "VERB resource" (its `apiserver_request_total`), for the
+/// resources ipreclaim reads and writes: where the apiserver's time goes.
+async fn apiserver_requests(client: &Client) -> BTreeMap<String, f64> {
+    let mut counts = BTreeMap::new();
+    let Ok(request) = http::Request::get("/metrics").body(Vec::new()) else {
+        return counts;
+    };
+    let Ok(text) = client.request_text(request).await else {
+        return counts;
+    };
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+    {
+        let label = |name: &str| {
+            let start = line.find(&format!("{name}=\""))? + name.len() + 2;
+            line[start..].split('"').next()
+        };
+        let (Some(verb), Some(resource)) = (label("verb"), label("resource")) else {
+            continue;
+        };
+        if ![
+            "ippools",
+            "overlappingrangeipreservations",
+            "pods",
+            "events",
+        ]
+        .contains(&resource)
+        {
+            continue;
+        }
+        let n: f64 = line
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        *counts.entry(format!("{verb} {resource}")).or_default() += n;
+    }
+    counts
+}
+
+/// What grew from `before` to `after`, as "VERB resource N" items.
+fn grown(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> String {
+    let items: Vec<String> = after
+        .iter()
+        .map(|(k, n)| (k, n - before.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, d)| *d > 0.0)
+        .map(|(k, d)| format!("{k} {d:.0}"))
+        .collect();
+    items.join(", ")
+}
+
 fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     common::quantile(&mut v, 0.5)
@@ -899,6 +951,7 @@ async fn steady(bench: &mut Bench, o: &Options, keepers: usize) -> anyhow::Resul
     );
     bench.track(&victims);
     let before = writes(addr).await;
+    let requests_before = apiserver_requests(&bench.client).await;
     let cpu = (ipreclaim.cpu_seconds(), control_plane_cpu(&bench.cp));
     let sent: Arc<Mutex<HashMap<(String, String), Instant>>> = Default::default();
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / o.rate));
@@ -941,6 +994,10 @@ async fn steady(bench: &mut Bench, o: &Options, keepers: usize) -> anyhow::Resul
             .unzip()
     };
     let after = writes(addr).await;
+    println!(
+        "steady: apiserver requests meanwhile (all clients): {}",
+        grown(&requests_before, &apiserver_requests(&bench.client).await)
+    );
     // Where the time went: the delete request itself, and the controller's own histogram
     // (observed deletion to pool patched).
     let text = common::metrics_text(addr).await;
