@@ -10,6 +10,7 @@ use serde_json::json;
 
 use ipreclaim::api::IPPool;
 use ipreclaim::index::APPROVE_HOLD_ANNOTATION;
+use ipreclaim::reclaim::breaker::approval_value;
 
 use super::exit;
 use super::writes::WriteArgs;
@@ -20,7 +21,9 @@ use super::writes::WriteArgs;
 The controller releases the held set at its next sweep (each address still after its grace and \
 a fresh look at its pod), emits an Event on the pool, and removes the annotation \
 (ipreclaim.io/approve-hold); a later sweep over the ratio is held again. An approval that \
-finds nothing held at that sweep is removed as well. The same as: \
+finds nothing held at that sweep is removed as well. With --releases N (the number the hold's \
+Event names), a sweep that would release more than N stays held and says so in a new Event, \
+and the approval is used up. Without it, the same as: \
 kubectl annotate ippool POOL ipreclaim.io/approve-hold=<anything>.
 
 Exit status: 0 approved (or would be, with --dry-run), 2 on an error (no such pool, no access).")]
@@ -28,6 +31,10 @@ pub struct ApproveArgs {
     /// The IPPool whose held sweep may release once.
     #[arg(long)]
     pub pool: String,
+    /// Release at most this many (the number in the hold's Event): a held set that grew since
+    /// stays held. Without it, whatever the next sweep holds goes.
+    #[arg(long)]
+    pub releases: Option<usize>,
     #[command(flatten)]
     pub write: WriteArgs,
 }
@@ -55,7 +62,7 @@ async fn approve(args: &ApproveArgs) -> anyhow::Result<String> {
             "ippool {ns}/{pool}: hold would be approved (dry run)"
         ));
     }
-    let value = jiff::Timestamp::now().to_string();
+    let value = approval_value(args.releases, jiff::Timestamp::now());
     let patch = json!({"metadata": {"annotations": {APPROVE_HOLD_ANNOTATION: value}}});
     pools
         .patch(pool, &PatchParams::default(), &Patch::Merge(&patch))

@@ -12,7 +12,7 @@ use crate::api::ObjectId;
 use crate::api::paged::for_each_listed;
 use crate::index::{APPROVE_HOLD_ANNOTATION, NamedReservation};
 use crate::ipam::{NETWORK_STATUS_ANNOTATION, PodKey, parse_network_status};
-use crate::reclaim::breaker::{BREAKER_WINDOW, Breaker, NewHold};
+use crate::reclaim::breaker::{Approval, BREAKER_WINDOW, Breaker, NewHold, Outgrown, approval_of};
 use crate::reclaim::grace::{Candidate, GraceClock, Graces, Tally};
 use crate::reclaim::{
     self, Allocation, Decision, Judged, LivePod, PodKnowledge, PodPhase, PoolContext, Reason,
@@ -254,21 +254,23 @@ impl Sweeper {
         }
         let size = |pool: &str| pool_sizes.get(pool).map_or(0, |s| s.size);
         let ratio = self.config.max_release_ratio;
-        let approved: HashSet<String> = pool_sizes
+        let approvals: HashMap<String, Approval> = pool_sizes
             .iter()
-            .filter(|(_, f)| f.approval.is_some())
-            .map(|(p, _)| p.clone())
+            .filter_map(|(p, f)| Some((p.clone(), approval_of(f.approval.as_deref()?))))
             .collect();
         let verdict = self.breaker.judge(
             &per_pool,
             size,
             ratio,
             unconfirmed,
-            &approved,
+            &approvals,
             Instant::now(),
         );
         for hold in verdict.new {
             self.report_hold(hold, pool_sizes).await;
+        }
+        for outgrown in &verdict.outgrown {
+            self.report_outgrown(outgrown, pool_sizes).await;
         }
         confirmed.retain(|r| !verdict.held.contains(&r.judged.pool));
         report.held_pools = verdict.held.into_iter().collect();
@@ -290,8 +292,10 @@ impl Sweeper {
         // Every approval this sweep could judge is used up, needed or not: one left lying
         // would let a later, unrelated mass release through unheld. A pool whose candidates
         // could not be confirmed keeps it for the next sweep, unless it was acted on.
+        let approved: HashSet<String> = approvals.into_keys().collect();
+        let outgrown: HashSet<&String> = verdict.outgrown.iter().map(|o| &o.pool).collect();
         for pool in approved.difference(unconfirmed) {
-            if !verdict.approved.contains(pool) {
+            if !verdict.approved.contains(pool) && !outgrown.contains(pool) {
                 tracing::info!(%pool, "approval of a hold found with nothing held; removed so that it cannot approve a later hold");
             }
         }
@@ -319,7 +323,7 @@ impl Sweeper {
         };
         let note = format!(
             "sweep would release {releases} of {size} allocations{earlier} (more than --max-release-ratio {ratio}); \
-             held until an operator approves it once (ipreclaim approve-hold --pool {pool}){until}"
+             held until an operator approves it once (ipreclaim approve-hold --pool {pool} --releases {releases}){until}"
         );
         tracing::warn!(%pool, n = releases, size, "breaker holds the sweep of this pool");
         let label = super::report::pool_label(&self.config.namespace, &pool);
@@ -332,6 +336,29 @@ impl Sweeper {
         let events = &self.ctx.events;
         events
             .breaker_hold(&self.config.namespace, &pool, &uid, note)
+            .await;
+    }
+
+    /// Reports an approval that names fewer releases than the sweep would make: log line and
+    /// a Warning Event on the pool (the hold's reason; the approval is used up).
+    async fn report_outgrown(&self, o: &Outgrown, pool_sizes: &HashMap<String, PoolFacts>) {
+        let Outgrown {
+            pool,
+            approved,
+            releases,
+        } = o;
+        tracing::warn!(%pool, approved, releases, "the breaker's hold grew past the operator's approval: still held");
+        let note = format!(
+            "the approval lets at most {approved} allocations go, and the sweep would release {releases}: still held; \
+             approve again to release them (ipreclaim approve-hold --pool {pool} --releases {releases})"
+        );
+        let uid = pool_sizes
+            .get(pool)
+            .map(|s| s.uid.clone())
+            .unwrap_or_default();
+        let events = &self.ctx.events;
+        events
+            .approval_outgrown(&self.config.namespace, pool, &uid, note)
             .await;
     }
 

@@ -291,6 +291,25 @@ impl Index {
         out
     }
 
+    /// The pools an allocation of `ip` that a reservation of `network` (its name's network part)
+    /// stands for can be in: their range holds `ip`, and they are that network's (named for it,
+    /// or a node's slice of a node-slice network of that name).
+    pub fn pools_of_reservation(&self, network: Option<&str>, ip: IpAddr) -> Vec<String> {
+        let network = network.filter(|n| !n.is_empty());
+        let mut pools = self.pools.containing(ip);
+        pools.retain(|pool| {
+            let range = self.pools.get(pool).and_then(|p| p.range);
+            let named = range.is_some_and(|r| crate::ipam::ippool_name(&r, network, None) == *pool);
+            named
+                || self
+                    .networks
+                    .slice_network_names(pool)
+                    .into_iter()
+                    .any(|n| n.filter(|n| !n.is_empty()) == network)
+        });
+        pools
+    }
+
     /// Reservations whose podref has no live pod and no allocation left in any pool (fenced or
     /// not): nothing can still be using them.
     pub fn orphan_reservations(&self) -> Vec<NamedReservation> {

@@ -169,6 +169,14 @@ impl NetworkIndex {
             .map(Vec::as_slice)
     }
 
+    /// The `network_name`s of the node-slice networks `pool` is a node's slice of.
+    pub fn slice_network_names(&self, pool: &str) -> Vec<Option<&str>> {
+        let nets = self.slice_pools.get(pool).map_or(&[][..], Vec::as_slice);
+        nets.iter()
+            .filter_map(|key| Some(self.slices.get(key)?.network_name.as_deref()))
+            .collect()
+    }
+
     /// Whether `key` is a known NAD whose IPAM is whereabouts.
     pub fn is_whereabouts(&self, key: &str) -> bool {
         self.pools_of.contains_key(key) || self.slices.contains_key(key)

@@ -65,15 +65,17 @@ pub fn reservation_prefixes(name: &str) -> impl Iterator<Item = &str> {
     })
 }
 
-/// The addresses a reservation named `name` can reserve: the whole name's, and the rest's of
-/// each split of [`reservation_prefixes`] (a name can split more than one way).
-pub fn reservation_addresses(name: &str) -> Vec<IpAddr> {
+/// The readings of a reservation's name: (its network's name, the address), the whole name's
+/// (no network name) and the rest's of each split of [`reservation_prefixes`] (a name can read
+/// more than one way).
+pub fn reservation_readings(name: &str) -> Vec<(Option<&str>, IpAddr)> {
     let parse = |s: &str| {
         let ip: IpAddr = s.replace('-', ":").parse().ok()?;
         (reservation_name(ip, None) == s).then_some(ip)
     };
-    let whole = parse(name);
-    let splits = reservation_prefixes(name).filter_map(|p| parse(&name[p.len() + 1..]));
+    let whole = parse(name).map(|ip| (None, ip));
+    let splits =
+        reservation_prefixes(name).filter_map(|p| Some((Some(p), parse(&name[p.len() + 1..])?)));
     whole.into_iter().chain(splits).collect()
 }
 
@@ -174,18 +176,25 @@ mod tests {
     }
 
     #[test]
-    fn reservation_addresses_are_read_back_from_every_split() {
+    fn reservation_names_are_read_back_every_way_they_split() {
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
-        let cases: [(&str, Vec<IpAddr>); 6] = [
-            ("10.0.0.5", vec![ip("10.0.0.5")]),
-            ("test-10.0.0.5", vec![ip("10.0.0.5")]),
-            ("fd00--5", vec![ip("fd00::5")]),
-            ("test-2001-db8--1", vec![ip("2001:db8::1"), ip("db8::1")]),
+        type Reading<'a> = (Option<&'a str>, IpAddr);
+        let cases: [(&str, Vec<Reading>); 6] = [
+            ("10.0.0.5", vec![(None, ip("10.0.0.5"))]),
+            ("test-10.0.0.5", vec![(Some("test"), ip("10.0.0.5"))]),
+            ("fd00--5", vec![(None, ip("fd00::5"))]),
+            (
+                "test-2001-db8--1",
+                vec![
+                    (Some("test"), ip("2001:db8::1")),
+                    (Some("test-2001"), ip("db8::1")),
+                ],
+            ),
             ("net-10.0.0.05", vec![]),
             ("not-an-address", vec![]),
         ];
         for (name, want) in cases {
-            assert_eq!(reservation_addresses(name), want, "{name}");
+            assert_eq!(reservation_readings(name), want, "{name}");
         }
     }
 

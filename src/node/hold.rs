@@ -86,7 +86,7 @@ pub fn hold_pools(
         |pool| sizes.get(pool).copied().unwrap_or(0),
         max_ratio,
         &others,
-        &HashSet::new(),
+        &HashMap::new(),
         now,
     );
     for pool in &verdict.held {

@@ -1,7 +1,8 @@
 //! The blast-radius breaker, pure: a sweep that would free more than a share of a pool, counting
 //! what the sweeps freed there in the last [`BREAKER_WINDOW`], is held for an operator, and a
 //! hold is reported once per episode, not once per sweep. An operator approves a pool's hold
-//! once (its releases go in that sweep; the approval is then used up).
+//! once (its releases go in that sweep; the approval is then used up), up to the number it
+//! names: a held set that grew since the operator saw it stays held.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -26,6 +27,36 @@ pub struct NewHold {
     pub recent: usize,
 }
 
+/// An operator's approval of a pool's hold: releases it lets go at most (`None`: any).
+pub type Approval = Option<usize>;
+
+/// The approval annotation's value for at most `releases` (any when `None`), given `at`.
+pub fn approval_value(releases: Option<usize>, at: jiff::Timestamp) -> String {
+    match releases {
+        Some(n) => format!("at-most={n}; approved-at={at}"),
+        None => at.to_string(),
+    }
+}
+
+/// The approval an annotation value gives: `at-most=N` among its `;`-separated parts bounds it;
+/// any other value (an earlier release's timestamp, `kubectl annotate ...=yes`) approves any.
+pub fn approval_of(value: &str) -> Approval {
+    value
+        .split(';')
+        .find_map(|part| part.trim().strip_prefix("at-most="))
+        .and_then(|n| n.trim().parse().ok())
+}
+
+/// An approval whose bound is under what the sweep would release: held still.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outgrown {
+    pub pool: String,
+    /// What the approval lets go at most.
+    pub approved: usize,
+    /// What the sweep would release.
+    pub releases: usize,
+}
+
 /// What the breaker says of one sweep.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Verdict {
@@ -35,6 +66,8 @@ pub struct Verdict {
     pub new: Vec<NewHold>,
     /// Pools over the ratio whose releases go anyway: an operator approved them.
     pub approved: BTreeSet<String>,
+    /// Pools over the ratio with an approval of fewer releases than the sweep would make.
+    pub outgrown: Vec<Outgrown>,
 }
 
 /// The breaker, the pools it held at the last sweep, and what the sweeps released lately.
@@ -50,15 +83,16 @@ impl Breaker {
     /// releases of the last [`BREAKER_WINDOW`] are more than `max_ratio` of the pool as it was
     /// before those (its size now plus them). Pools in `unconfirmed` (their candidates could
     /// not be confirmed this time) keep a hold they had: a failed confirming list ends no hold,
-    /// or its next success would report the same hold again. A pool in `approved` is not held:
-    /// its releases go. What the sweeps freed is told with [`record`](Self::record).
+    /// or its next success would report the same hold again. A pool in `approved` is not held
+    /// (its releases go) unless the approval names fewer releases: then it is held and
+    /// `outgrown`. What the sweeps freed is told with [`record`](Self::record).
     pub fn judge(
         &mut self,
         releases: &BTreeMap<String, usize>,
         size: impl Fn(&str) -> usize,
         max_ratio: f64,
         unconfirmed: &HashSet<String>,
-        approved: &HashSet<String>,
+        approved: &HashMap<String, Approval>,
         now: Instant,
     ) -> Verdict {
         self.forget_before(now);
@@ -68,9 +102,21 @@ impl Breaker {
             let recent = self.recent_releases(pool);
             let base = size + recent;
             if base > BREAKER_MIN_POOL && ((recent + n) as f64) > max_ratio * base as f64 {
-                if approved.contains(pool) {
-                    verdict.approved.insert(pool.clone());
-                    continue;
+                match approved.get(pool) {
+                    Some(None) => {
+                        verdict.approved.insert(pool.clone());
+                        continue;
+                    }
+                    Some(Some(at_most)) if n <= *at_most => {
+                        verdict.approved.insert(pool.clone());
+                        continue;
+                    }
+                    Some(Some(at_most)) => verdict.outgrown.push(Outgrown {
+                        pool: pool.clone(),
+                        approved: *at_most,
+                        releases: n,
+                    }),
+                    None => {}
                 }
                 if !self.held.contains(pool) {
                     verdict.new.push(NewHold {
@@ -86,7 +132,7 @@ impl Breaker {
         let kept = self
             .held
             .intersection(unconfirmed)
-            .filter(|p| !approved.contains(*p))
+            .filter(|p| !verdict.approved.contains(*p))
             .cloned();
         let mut now: HashSet<String> = verdict.held.iter().cloned().collect();
         now.extend(kept);
@@ -167,6 +213,11 @@ mod tests {
         pools.iter().map(|p| p.to_string()).collect()
     }
 
+    /// Approvals of any number of releases for `pools`.
+    fn approvals(pools: &[&str]) -> HashMap<String, Approval> {
+        pools.iter().map(|p| (p.to_string(), None)).collect()
+    }
+
     fn base() -> Instant {
         static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
         *BASE.get_or_init(Instant::now)
@@ -185,7 +236,7 @@ mod tests {
     /// A sweep at `at` that would free `n` of pool "a", `left` allocations now, ratio 0.5;
     /// what it was let free is recorded as freed.
     fn sweep_a(b: &mut Breaker, n: usize, left: usize, approved: &[&str], at: Instant) -> Verdict {
-        let approved = set(approved);
+        let approved = approvals(approved);
         let v = b.judge(
             &releases(&[("a", n)]),
             |_| left,
@@ -254,7 +305,7 @@ mod tests {
                 |_| 100,
                 0.5,
                 &set(&[]),
-                &set(&[]),
+                &approvals(&[]),
                 at,
             );
             assert!(v.held.is_empty(), "sweep {k}: {v:?}");
@@ -279,7 +330,7 @@ mod tests {
         unconfirmed: &[&str],
         approved: &[&str],
     ) -> Verdict {
-        let (unconfirmed, approved) = (set(unconfirmed), set(approved));
+        let (unconfirmed, approved) = (set(unconfirmed), approvals(approved));
         b.judge(
             &releases(of),
             |_| 100,
@@ -327,7 +378,7 @@ mod tests {
             |_| BREAKER_MIN_POOL,
             0.1,
             &set(&[]),
-            &set(&[]),
+            &approvals(&[]),
             apart(),
         );
         assert_eq!(v, Verdict::default());
@@ -362,5 +413,48 @@ mod tests {
         // An approval of a pool under the ratio changes nothing.
         let v = judge100(&mut b, &[("b", 1)], &[], &["b"]);
         assert!(v.approved.is_empty());
+    }
+
+    #[test]
+    fn an_approval_of_fewer_releases_than_the_sweep_would_make_keeps_the_hold() {
+        let mut b = Breaker::default();
+        let judge = |b: &mut Breaker, n: usize, at_most: usize| {
+            let approved = HashMap::from([("a".to_string(), Some(at_most))]);
+            b.judge(
+                &releases(&[("a", n)]),
+                |_| 100,
+                0.5,
+                &set(&[]),
+                &approved,
+                apart(),
+            )
+        };
+        assert_eq!(judge100(&mut b, &[("a", 60)], &[], &[]).new.len(), 1);
+        // The held set grew from the 60 approved to 75: held, not reported as a new hold.
+        let v = judge(&mut b, 75, 60);
+        assert_eq!(v.held, BTreeSet::from(["a".to_string()]));
+        assert!(v.new.is_empty() && v.approved.is_empty(), "{v:?}");
+        let outgrown = Outgrown {
+            pool: "a".into(),
+            approved: 60,
+            releases: 75,
+        };
+        assert_eq!(v.outgrown, [outgrown]);
+        // Up to the number approved, it goes.
+        let v = judge(&mut b, 60, 60);
+        assert_eq!(v.approved, BTreeSet::from(["a".to_string()]));
+        assert!(v.held.is_empty() && v.outgrown.is_empty(), "{v:?}");
+    }
+
+    #[test]
+    fn approval_values_bound_the_approval_or_approve_any() {
+        let at: jiff::Timestamp = "2026-11-28T06:00:00Z".parse().unwrap();
+        assert_eq!(approval_of(&approval_value(Some(12), at)), Some(12));
+        assert_eq!(approval_of(&approval_value(None, at)), None);
+        // What `kubectl annotate` or an earlier release wrote approves any number.
+        for any in ["yes", "", "2026-11-28T06:00:00Z", "at-most=many"] {
+            assert_eq!(approval_of(any), None, "{any:?}");
+        }
+        assert_eq!(approval_of(" at-most= 3 "), Some(3));
     }
 }

@@ -466,6 +466,13 @@ impl Events {
         self.on_pool(what, namespace, pool, uid, note).await;
     }
 
+    /// The breaker still holds a pool's sweep: the operator's approval names fewer releases
+    /// (the hold's reason; its own action, so that it is not folded into the hold's Event).
+    pub async fn approval_outgrown(&self, namespace: &str, pool: &str, uid: &str, note: String) {
+        let what = (EventType::Warning, BREAKER_HOLD, "Approve");
+        self.on_pool(what, namespace, pool, uid, note).await;
+    }
+
     /// A Normal Event on a pool whose held sweep an operator approved once.
     pub async fn hold_approved(&self, namespace: &str, pool: &str, uid: &str, note: String) {
         let what = (EventType::Normal, HOLD_APPROVED, "Sweep");

@@ -152,8 +152,9 @@ impl Writer {
     }
 
     /// Where a look at `d` reads: (pool, address). A delete after a release names both; an
-    /// orphan's address is read back from its name and looked for in every pool the index
-    /// knows whose range holds it (its pool is not known; overlapping ranges share it).
+    /// orphan's network and address are read back from its name, and looked for in every pool
+    /// of that network the index knows whose range holds the address (its pool is not known:
+    /// overlapping ranges share the reservation).
     fn look_targets(&self, d: &ReservationDelete) -> Vec<(String, IpAddr)> {
         if let (Some(ip), Some(pool)) = (d.ip, &d.pool) {
             return vec![(pool.clone(), ip)];
@@ -162,10 +163,10 @@ impl Writer {
             return Vec::new();
         };
         let index = index.read().expect("index lock");
-        crate::ipam::naming::reservation_addresses(&d.name)
+        crate::ipam::naming::reservation_readings(&d.name)
             .into_iter()
-            .flat_map(|ip| {
-                let pools = index.pools().containing(ip);
+            .flat_map(|(network, ip)| {
+                let pools = index.pools_of_reservation(network, ip);
                 pools.into_iter().map(move |pool| (pool, ip))
             })
             .collect()
@@ -246,11 +247,14 @@ impl Writer {
             // Already back (someone put it back first): fine when it names this pod.
             Err(kube::Error::Api(s)) if s.code == 409 => match api.get_opt(&d.name).await {
                 Ok(Some(r)) if r.spec.podref == d.podref => Deleted::Restored,
-                _ => {
+                // Another pod's now: reported once; looking again cannot mend it.
+                Ok(Some(_)) => {
                     tracing::error!(reservation = %d.name, podref = %d.podref, "an allocation for the pod and address appeared while its reservation was deleted, and another pod's reservation now holds the address");
                     self.metrics.failed(Deleted::FAILED_LABEL);
-                    Deleted::Failed
+                    Deleted::NotOurs
                 }
+                // Gone again or unreadable: the create is tried again.
+                _ => Deleted::Failed,
             },
             Ok(_) => {
                 tracing::warn!(reservation = %d.name, podref = %d.podref, "an allocation for the pod and address appeared while its reservation was deleted; reservation put back");
@@ -327,6 +331,7 @@ fn looks(
                         let (retry, restored) = match holder {
                             None => (true, false),
                             Some(Some((id, ifname))) => {
+                                // Put back, or another pod's now (reported): done.
                                 let r = writer.restore(&api, &look.d, id, ifname).await;
                                 (r == Deleted::Failed, r != Deleted::Failed)
                             }

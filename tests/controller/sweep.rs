@@ -126,6 +126,10 @@ async fn breaker_holds_a_sweep_that_would_free_most_of_a_pool(mut env: Env) {
     let held = env.wait_events("IPAddressGarbageCollectionHeld").await;
     assert_eq!(held[0].0, "192.0.2.0-24");
     assert!(held[0].2.contains("12 of 12"), "{held:?}");
+    assert!(
+        held[0].2.contains("--releases 12"),
+        "the command to run: {held:?}"
+    );
     assert_eq!(env.keys("192.0.2.0-24").await.len(), 12, "nothing released");
     env.wait_metric("ipreclaim_breaker_holds_total").await;
     // One hold episode, however many sweeps it lasts.
@@ -139,6 +143,29 @@ async fn breaker_holds_a_sweep_that_would_free_most_of_a_pool(mut env: Env) {
     let held = format!(r#"ipreclaim_pool_held{{pool="{}/192.0.2.0-24"}} 1"#, env.ns);
     env.wait_metric(&held).await;
 
+    // An approval of fewer releases than the hold's (the held set grew since the operator
+    // looked) keeps the hold, says so, and is used up.
+    crate::harness::cli(
+        &env,
+        "approve-hold",
+        &["--pool", "192.0.2.0-24", "--releases", "11"],
+    );
+    let says = ["at most 11", "would release 12", "--releases 12"];
+    testenv::poll::wait_seen(
+        "a Held Event saying the approval is outgrown",
+        || env.events("IPAddressGarbageCollectionHeld"),
+        |events| events.iter().any(|e| says.iter().all(|s| e.2.contains(s))),
+        |events| format!("{events:?}"),
+    )
+    .await;
+    let approval_gone = || async {
+        let pool = env.pools().get("192.0.2.0-24").await.unwrap();
+        let annotations = pool.metadata.annotations.unwrap_or_default();
+        !annotations.contains_key("ipreclaim.io/approve-hold")
+    };
+    wait_for("the outgrown approval removed from the pool", approval_gone).await;
+    assert_eq!(env.keys("192.0.2.0-24").await.len(), 12, "still held");
+
     // An operator approves the hold once, with the command an operator would run.
     approve_hold(&env);
     let approved = env
@@ -146,11 +173,6 @@ async fn breaker_holds_a_sweep_that_would_free_most_of_a_pool(mut env: Env) {
         .await;
     assert!(approved[0].2.contains("releasing 12"), "{approved:?}");
     env.wait_keys("192.0.2.0-24", &[]).await;
-    let approval_gone = || async {
-        let pool = env.pools().get("192.0.2.0-24").await.unwrap();
-        let annotations = pool.metadata.annotations.unwrap_or_default();
-        !annotations.contains_key("ipreclaim.io/approve-hold")
-    };
     wait_for("the used approval removed from the pool", approval_gone).await;
     // An approval with nothing held is used up too: it never waits for a later hold.
     approve_hold(&env);

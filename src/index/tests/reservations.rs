@@ -100,3 +100,36 @@ fn orphan_podrefs(ix: &Index) -> Vec<String> {
         .map(|r| r.podref)
         .collect()
 }
+
+/// The pools an orphan's look reads: those of the network its name reads as, whose range holds
+/// the address; never a pool of another network over the same range.
+#[test]
+fn an_orphans_look_reads_the_pools_of_its_network_that_hold_its_address() {
+    let mut ix = Index::default();
+    for name in ["192.0.2.0-24", "net-a-192.0.2.0-24", "net-b-192.0.2.0-24"] {
+        ix.upsert_pool(&pool_named(name, &[]));
+    }
+    let mut other = pool_named("10.0.0.0-24", &[]);
+    other.spec.range = "10.0.0.0/24".into();
+    ix.upsert_pool(&other);
+    ix.upsert_nad(&nad(
+        "slicenet",
+        r#""range":"192.0.0.0/16","node_slice_size":"/24","network_name":"net-a""#,
+    ));
+    ix.upsert_pool(&pool_named("net-a-node-1-192.0.2.0-24", &[]));
+    let ip: std::net::IpAddr = "192.0.2.10".parse().unwrap();
+    assert_eq!(ix.pools_of_reservation(None, ip), ["192.0.2.0-24"]);
+    assert_eq!(
+        ix.pools_of_reservation(Some("net-a"), ip),
+        ["net-a-192.0.2.0-24", "net-a-node-1-192.0.2.0-24"]
+    );
+    assert_eq!(
+        ix.pools_of_reservation(Some("net-b"), ip),
+        ["net-b-192.0.2.0-24"]
+    );
+    assert!(ix.pools_of_reservation(Some("net-c"), ip).is_empty());
+    assert!(
+        ix.pools_of_reservation(None, "198.51.100.1".parse().unwrap())
+            .is_empty()
+    );
+}
