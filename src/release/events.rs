@@ -51,6 +51,10 @@ enum Tells {
     Released,
     /// A decision or a finding: published only while this replica leads.
     Decided,
+    /// The breaker's verdict on a pool (held, approved, approval outgrown): published like a
+    /// decision, each as an Event of its own, since its numbers change from one to the next
+    /// (the recorder folds a repeat into the earlier Event and keeps that one's note).
+    Verdict,
 }
 
 /// An Event waiting to be published, about `reference`.
@@ -91,19 +95,28 @@ fn retryable(e: &kube::Error) -> bool {
 }
 
 async fn publish_queued(
-    recorder: Recorder,
+    (client, reporter): (Client, Reporter),
     mut rx: mpsc::Receiver<Queued>,
     budgets: Budgets,
     metrics: WriteMetrics,
 ) {
+    let merging = Recorder::new(client.clone(), reporter.clone());
     while let Some((event, reference, tells)) = rx.recv().await {
+        let unmerged;
+        let recorder = match tells {
+            Tells::Verdict => {
+                unmerged = Recorder::new(client.clone(), reporter.clone());
+                &unmerged
+            }
+            Tells::Released | Tells::Decided => &merging,
+        };
         let started = Instant::now();
         let mut delay = RETRY_FIRST;
         loop {
             let publish = || recorder.publish(&event, &reference);
             let sent = match tells {
                 Tells::Released => budgets.send_report(publish).await,
-                Tells::Decided => budgets.send(WriteKind::Event, publish).await,
+                Tells::Decided | Tells::Verdict => budgets.send(WriteKind::Event, publish).await,
             };
             match sent {
                 Ok(()) => {
@@ -177,7 +190,7 @@ impl Events {
         };
         let (tx, rx) = mpsc::channel(QUEUE);
         let task = tokio::spawn(publish_queued(
-            Recorder::new(client, reporter),
+            (client, reporter),
             rx,
             budgets,
             metrics.clone(),
@@ -467,7 +480,7 @@ impl Events {
     }
 
     /// The breaker still holds a pool's sweep: the operator's approval names fewer releases
-    /// (the hold's reason; its own action, so that it is not folded into the hold's Event).
+    /// (the hold's reason, action `Approve`).
     pub async fn approval_outgrown(&self, namespace: &str, pool: &str, uid: &str, note: String) {
         let what = (EventType::Warning, BREAKER_HOLD, "Approve");
         self.on_pool(what, namespace, pool, uid, note).await;
@@ -497,7 +510,8 @@ impl Events {
             uid: (!uid.is_empty()).then(|| uid.into()),
             ..Default::default()
         };
-        self.publish(kind, reason, action.into(), note, &reference)
+        let tells = Tells::Verdict;
+        self.publish_telling(tells, kind, reason, action.into(), note, &reference)
             .await;
     }
 }
