@@ -33,8 +33,8 @@ pub struct ApproveArgs {
     pub pool: String,
     /// Release at most this many (the number in the hold's Event): a held set that grew since
     /// stays held. Without it, whatever the next sweep holds goes.
-    #[arg(long)]
-    pub releases: Option<usize>,
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub releases: Option<u64>,
     #[command(flatten)]
     pub write: WriteArgs,
 }
@@ -62,7 +62,10 @@ async fn approve(args: &ApproveArgs) -> anyhow::Result<String> {
             "ippool {ns}/{pool}: hold would be approved (dry run)"
         ));
     }
-    let value = approval_value(args.releases, jiff::Timestamp::now());
+    let releases = args
+        .releases
+        .map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+    let value = approval_value(releases, jiff::Timestamp::now());
     let patch = json!({"metadata": {"annotations": {APPROVE_HOLD_ANNOTATION: value}}});
     pools
         .patch(pool, &PatchParams::default(), &Patch::Merge(&patch))

@@ -48,7 +48,8 @@ pub struct Sweeper {
     /// Orphaned reservations, with when they were first seen.
     orphan_reservations_seen: HashMap<ObjectId, Instant>,
     breaker: Breaker,
-    /// Pools whose approval this sweep judged (acted on or not needed): used up after it.
+    /// Pools whose approval this sweep judged and did not act on (nothing held, too few):
+    /// used up after it.
     approved: BTreeSet<String>,
 }
 
@@ -254,35 +255,49 @@ impl Sweeper {
         }
         let size = |pool: &str| pool_sizes.get(pool).map_or(0, |s| s.size);
         let ratio = self.config.max_release_ratio;
-        let approvals: HashMap<String, Approval> = pool_sizes
+        let approvals = Self::approvals_in_force(pool_sizes);
+        let bounds: HashMap<String, Approval> = approvals
             .iter()
-            .filter_map(|(p, f)| Some((p.clone(), approval_of(f.approval.as_deref()?))))
+            .map(|(p, (_, bound))| (p.clone(), *bound))
             .collect();
-        let verdict = self.breaker.judge(
-            &per_pool,
-            size,
-            ratio,
-            unconfirmed,
-            &approvals,
-            Instant::now(),
-        );
+        let verdict =
+            self.breaker
+                .judge(&per_pool, size, ratio, unconfirmed, &bounds, Instant::now());
         for hold in verdict.new {
             self.report_hold(hold, pool_sizes).await;
         }
         for outgrown in &verdict.outgrown {
             self.report_outgrown(outgrown, pool_sizes).await;
         }
-        confirmed.retain(|r| !verdict.held.contains(&r.judged.pool));
-        report.held_pools = verdict.held.into_iter().collect();
+        // An approval is used up (removed, pinned by its value) before its releases go: no
+        // later sweep, nor a new leader, can use it again; one that cannot be removed releases
+        // nothing now.
+        let mut spent = BTreeSet::new();
         for pool in &verdict.approved {
+            if self.use_approval(pool, &approvals[pool].0).await {
+                spent.insert(pool.clone());
+            }
+        }
+        let goes = |pool: &String| {
+            !verdict.held.contains(pool)
+                && (!verdict.approved.contains(pool) || spent.contains(pool))
+        };
+        confirmed.retain(|r| goes(&r.judged.pool));
+        let unspent = verdict.approved.difference(&spent).cloned();
+        report.held_pools = verdict.held.iter().cloned().chain(unspent).collect();
+        for pool in &spent {
             let n = per_pool.get(pool).copied().unwrap_or(0);
             tracing::warn!(%pool, releases = n, "an operator approved the breaker's hold: releasing once");
             let uid = pool_sizes
                 .get(pool)
                 .map(|s| s.uid.clone())
                 .unwrap_or_default();
+            let bound = match approvals[pool].1 {
+                Some(at_most) => format!("at most {at_most}"),
+                None => "any number".to_string(),
+            };
             let note = format!(
-                "an operator approved the held sweep: releasing {n} allocations once (the next sweep over --max-release-ratio {ratio} is held again)"
+                "an operator approved the held sweep ({bound}): releasing {n} allocations once (the next sweep over --max-release-ratio {ratio} is held again)"
             );
             let events = &self.ctx.events;
             events
@@ -291,16 +306,17 @@ impl Sweeper {
         }
         // Every approval this sweep could judge is used up, needed or not: one left lying
         // would let a later, unrelated mass release through unheld. A pool whose candidates
-        // could not be confirmed keeps it for the next sweep, unless it was acted on.
+        // could not be confirmed keeps it for the next sweep, unless it was judged too few.
         let approved: HashSet<String> = approvals.into_keys().collect();
-        let outgrown: HashSet<&String> = verdict.outgrown.iter().map(|o| &o.pool).collect();
+        let outgrown: HashSet<String> = verdict.outgrown.iter().map(|o| o.pool.clone()).collect();
         for pool in approved.difference(unconfirmed) {
             if !verdict.approved.contains(pool) && !outgrown.contains(pool) {
                 tracing::info!(%pool, "approval of a hold found with nothing held; removed so that it cannot approve a later hold");
             }
         }
-        self.approved = approved.difference(unconfirmed).cloned().collect();
-        self.approved.extend(verdict.approved.iter().cloned());
+        let judged = approved.difference(unconfirmed).cloned().chain(outgrown);
+        // An approval that could not be used up stays for the next sweep.
+        self.approved = judged.filter(|p| !verdict.approved.contains(p)).collect();
         confirmed
     }
 
@@ -362,16 +378,40 @@ impl Sweeper {
             .await;
     }
 
-    /// Uses up the approvals this sweep judged: removes each pool's approval annotation (pinned
-    /// by its value: an approval given again meanwhile stays for the next sweep).
+    /// Each pool's approval: its annotation value and bound.
+    fn approvals_in_force(
+        pools: &HashMap<String, PoolFacts>,
+    ) -> HashMap<String, (String, Approval)> {
+        pools
+            .iter()
+            .filter_map(|(p, f)| Some((p, f.approval.as_ref()?)))
+            .map(|(p, v)| (p.clone(), (v.clone(), approval_of(v))))
+            .collect()
+    }
+
+    /// Uses up `pool`'s approval `value`: removes the annotation, pinned by its value (one
+    /// removed already, which a lagging index still shows, or given again meanwhile, is not
+    /// this one); whether it did.
+    async fn use_approval(&self, pool: &str, value: &str) -> bool {
+        let annotation = vec![(APPROVE_HOLD_ANNOTATION.to_string(), value.to_string())];
+        match self.ctx.writer.remove_annotations(pool, annotation).await {
+            Ok(()) => true,
+            Err(kube::Error::Api(s)) if s.code == 422 => {
+                tracing::info!(%pool, "the approval read is gone or was given again; judged at the next sweep");
+                false
+            }
+            Err(e) => {
+                tracing::warn!(%pool, error = %e, "could not use up the approval (removing it); its hold waits for the next sweep");
+                false
+            }
+        }
+    }
+
+    /// Uses up the approvals this sweep judged and did not act on.
     async fn use_approvals(&mut self, pools: &HashMap<String, PoolFacts>) {
         for pool in std::mem::take(&mut self.approved) {
-            let Some(value) = pools.get(&pool).and_then(|f| f.approval.clone()) else {
-                continue;
-            };
-            let annotation = vec![(APPROVE_HOLD_ANNOTATION.to_string(), value)];
-            if let Err(e) = self.ctx.writer.remove_annotations(&pool, annotation).await {
-                tracing::warn!(%pool, error = %e, "could not remove the used approval; the next sweep over the ratio releases again");
+            if let Some(value) = pools.get(&pool).and_then(|f| f.approval.clone()) {
+                self.use_approval(&pool, &value).await;
             }
         }
     }

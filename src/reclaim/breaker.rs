@@ -38,13 +38,17 @@ pub fn approval_value(releases: Option<usize>, at: jiff::Timestamp) -> String {
     }
 }
 
-/// The approval an annotation value gives: `at-most=N` among its `;`-separated parts bounds it;
-/// any other value (an earlier release's timestamp, `kubectl annotate ...=yes`) approves any.
+/// The approval an annotation value gives: an `at-most=N` among its `;`-separated parts bounds
+/// it (a bound that does not read as a number approves none: the hold stays and says so); a
+/// value without one (an earlier release's timestamp, `kubectl annotate ...=yes`) approves any.
 pub fn approval_of(value: &str) -> Approval {
-    value
-        .split(';')
-        .find_map(|part| part.trim().strip_prefix("at-most="))
-        .and_then(|n| n.trim().parse().ok())
+    let bounds = value.split(';').filter_map(|part| {
+        let (key, n) = part.split_once('=').unwrap_or((part, ""));
+        key.trim()
+            .eq_ignore_ascii_case("at-most")
+            .then(|| n.trim().parse().unwrap_or(0))
+    });
+    bounds.min()
 }
 
 /// An approval whose bound is under what the sweep would release: held still.
@@ -452,9 +456,26 @@ mod tests {
         assert_eq!(approval_of(&approval_value(Some(12), at)), Some(12));
         assert_eq!(approval_of(&approval_value(None, at)), None);
         // What `kubectl annotate` or an earlier release wrote approves any number.
-        for any in ["yes", "", "2026-11-28T06:00:00Z", "at-most=many"] {
+        for any in ["yes", "", "2026-11-28T06:00:00Z", "at-most-ish=3"] {
             assert_eq!(approval_of(any), None, "{any:?}");
         }
-        assert_eq!(approval_of(" at-most= 3 "), Some(3));
+        assert_eq!(approval_of(" At-Most = 3 "), Some(3));
+        // A bound typed wrong approves none (held, and the Event says so), never any.
+        let wrongs = [
+            "at-most=many",
+            "at-most=-1",
+            "at-most=",
+            "at-most",
+            "at-most=12,",
+            "x; at-most=1e9",
+        ];
+        for wrong in wrongs {
+            assert_eq!(approval_of(wrong), Some(0), "{wrong:?}");
+        }
+        assert_eq!(
+            approval_of("at-most=; at-most=5"),
+            Some(0),
+            "the least bound"
+        );
     }
 }

@@ -184,6 +184,55 @@ async fn breaker_holds_a_sweep_that_would_free_most_of_a_pool(mut env: Env) {
     env.stop().await;
 }
 
+/// An approval is used up before its releases go: while the apiserver refuses to remove the
+/// approval annotation (an admission policy here; any refused write), the held set stays, sweep
+/// after sweep; once it can be removed, the held set goes once. Before, the releases went first
+/// and the approval, not removable, stayed to approve the next sweep over the ratio too (or a
+/// new leader's).
+#[tokio::test]
+async fn an_approval_that_cannot_be_used_up_releases_nothing() {
+    use crate::harness::PoolRefusal;
+    let mut env = Env::new("ctl-approve-first").await;
+    let names: Vec<String> = (0..12).map(|i| format!("p{i}")).collect();
+    env.macvlan_of_pods(&names).await;
+    for (i, n) in names.iter().enumerate() {
+        let other = format!("192.0.2.{}", 100 + i);
+        env.pod(n, "macvlan", Some(&[other.as_str()])).await;
+    }
+    let probe = "test.ipreclaim.io/probe";
+    let annotate = serde_json::json!({"metadata": {"annotations": {probe: "x"}}});
+    env.merge_pool("192.0.2.0-24", annotate).await;
+    let kept = |k: &str| {
+        format!(
+            "!has(oldObject.metadata.annotations) || !('{k}' in oldObject.metadata.annotations) \
+             || (has(object.metadata.annotations) && '{k}' in object.metadata.annotations)"
+        )
+    };
+    let expression = format!(
+        "({}) && ({})",
+        kept("ipreclaim.io/approve-hold"),
+        kept(probe)
+    );
+    let refusal = PoolRefusal::new(&env, "keep-approval", &expression).await;
+    let remove_probe = serde_json::json!([
+        {"op": "remove", "path": "/metadata/annotations/test.ipreclaim.io~1probe"}
+    ]);
+    PoolRefusal::wait_in_force(&env, "192.0.2.0-24", remove_probe.clone(), true).await;
+    env.start(&[]).await;
+    env.wait_events("IPAddressGarbageCollectionHeld").await;
+    approve_hold(&env);
+    env.wait_sweeps(5.0).await;
+    assert_eq!(env.keys("192.0.2.0-24").await.len(), 12, "nothing released");
+    let approved = env.events("IPAddressGarbageCollectionHoldApproved").await;
+    assert!(approved.is_empty(), "{approved:?}");
+    refusal.lift().await;
+    PoolRefusal::wait_in_force(&env, "192.0.2.0-24", remove_probe, false).await;
+    env.wait_keys("192.0.2.0-24", &[]).await;
+    env.wait_events("IPAddressGarbageCollectionHoldApproved")
+        .await;
+    env.stop().await;
+}
+
 /// `ipreclaim approve-hold` for the test's pool, as an operator runs it.
 fn approve_hold(env: &Env) {
     crate::harness::cli(env, "approve-hold", &["--pool", "192.0.2.0-24"]);
