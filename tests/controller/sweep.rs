@@ -114,14 +114,19 @@ async fn a_succeeded_pod_is_released_and_a_late_orphan_waits_for_the_grace(mut e
     env.stop().await;
 }
 
-async fn breaker_holds_a_sweep_that_would_free_most_of_a_pool(mut env: Env) {
+/// Twelve pods with an entry each, every one listing another address: all twelve look like
+/// IPNotOnPod, more than half of the pool.
+async fn twelve_pods_listing_other_addresses(env: &mut Env) {
     let names: Vec<String> = (0..12).map(|i| format!("p{i}")).collect();
     env.macvlan_of_pods(&names).await;
-    // Every pod lists another address: all twelve look like IPNotOnPod.
     for (i, n) in names.iter().enumerate() {
         let other = format!("192.0.2.{}", 100 + i);
         env.pod(n, "macvlan", Some(&[other.as_str()])).await;
     }
+}
+
+async fn breaker_holds_a_sweep_that_would_free_most_of_a_pool(mut env: Env) {
+    twelve_pods_listing_other_addresses(&mut env).await;
     env.start(&[]).await;
     let held = env.wait_events("IPAddressGarbageCollectionHeld").await;
     assert_eq!(held[0].0, "192.0.2.0-24");
@@ -193,12 +198,7 @@ async fn breaker_holds_a_sweep_that_would_free_most_of_a_pool(mut env: Env) {
 async fn an_approval_that_cannot_be_used_up_releases_nothing() {
     use crate::harness::PoolRefusal;
     let mut env = Env::new("ctl-approve-first").await;
-    let names: Vec<String> = (0..12).map(|i| format!("p{i}")).collect();
-    env.macvlan_of_pods(&names).await;
-    for (i, n) in names.iter().enumerate() {
-        let other = format!("192.0.2.{}", 100 + i);
-        env.pod(n, "macvlan", Some(&[other.as_str()])).await;
-    }
+    twelve_pods_listing_other_addresses(&mut env).await;
     let probe = "test.ipreclaim.io/probe";
     let annotate = serde_json::json!({"metadata": {"annotations": {probe: "x"}}});
     env.merge_pool("192.0.2.0-24", annotate).await;
