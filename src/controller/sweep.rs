@@ -51,6 +51,9 @@ pub struct Sweeper {
     /// Pools whose approval this sweep judged and did not act on (nothing held, too few):
     /// used up after it.
     approved: BTreeSet<String>,
+    /// Under `--dry-run` no approval is removed: the ones judged, by pool, so that each is
+    /// judged (and reported) once.
+    dry_run_approvals: HashMap<String, String>,
 }
 
 /// What the sweep needs of a pool.
@@ -89,6 +92,7 @@ impl Sweeper {
             orphan_reservations_seen: HashMap::new(),
             breaker: Breaker::default(),
             approved: BTreeSet::new(),
+            dry_run_approvals: HashMap::new(),
         }
     }
 
@@ -255,7 +259,7 @@ impl Sweeper {
         }
         let size = |pool: &str| pool_sizes.get(pool).map_or(0, |s| s.size);
         let ratio = self.config.max_release_ratio;
-        let approvals = Self::approvals_in_force(pool_sizes);
+        let approvals = self.approvals_in_force(pool_sizes);
         let bounds: HashMap<String, Approval> = approvals
             .iter()
             .map(|(p, (_, bound))| (p.clone(), *bound))
@@ -378,13 +382,15 @@ impl Sweeper {
             .await;
     }
 
-    /// Each pool's approval: its annotation value and bound.
+    /// Each pool's approval: its annotation value and bound (not one a dry run judged).
     fn approvals_in_force(
+        &self,
         pools: &HashMap<String, PoolFacts>,
     ) -> HashMap<String, (String, Approval)> {
         pools
             .iter()
             .filter_map(|(p, f)| Some((p, f.approval.as_ref()?)))
+            .filter(|(p, v)| self.dry_run_approvals.get(*p) != Some(*v))
             .map(|(p, v)| (p.clone(), (v.clone(), approval_of(v))))
             .collect()
     }
@@ -392,7 +398,12 @@ impl Sweeper {
     /// Uses up `pool`'s approval `value`: removes the annotation, pinned by its value (one
     /// removed already, which a lagging index still shows, or given again meanwhile, is not
     /// this one); whether it did.
-    async fn use_approval(&self, pool: &str, value: &str) -> bool {
+    async fn use_approval(&mut self, pool: &str, value: &str) -> bool {
+        if self.ctx.writer.is_dry_run() {
+            self.dry_run_approvals
+                .insert(pool.to_owned(), value.to_owned());
+            return true;
+        }
         let annotation = vec![(APPROVE_HOLD_ANNOTATION.to_string(), value.to_string())];
         match self.ctx.writer.remove_annotations(pool, annotation).await {
             Ok(()) => true,

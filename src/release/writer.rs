@@ -182,6 +182,11 @@ pub struct WriterHandle {
 }
 
 impl WriterHandle {
+    /// Whether it writes nothing (`--dry-run`).
+    pub fn is_dry_run(&self) -> bool {
+        self.writer.dry_run
+    }
+
     /// Queues reservations for deletion on their own budget, each guarded against a live
     /// allocation of its address (see `reservation`; nothing under `--dry-run`).
     pub fn delete_reservations(&self, reservations: Vec<ReservationDelete>) {
