@@ -532,10 +532,8 @@ pub async fn run(
 
     let (mut pleg, events, view, runtime) = start_pleg(&args, &metrics, clock.clone())?;
     let handle = pleg.handle();
-    {
-        let (m, h) = (metrics.clone(), handle.clone());
-        pleg.set_observer(move |stats| m.observe_relist(&stats, &h));
-    }
+    let (m, h) = (metrics.clone(), handle.clone());
+    pleg.set_observer(move |stats| m.observe_relist(&stats, &h));
     let (health, metrics_addr, server) = serve(args.metrics_addr, registry, &handle).await?;
     on_start(&NodeRunning {
         health: health.clone(),
