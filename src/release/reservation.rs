@@ -10,7 +10,8 @@
 //! entry, so its allocation can still land between the check and the delete: looks after the
 //! delete (0.3 s, 1 s and 5 s; one fresh read per pool for every delete due) put the
 //! reservation back if an entry for the pod and address appeared. An orphan's delete is looked
-//! at too: its address is read back from its name, in every pool whose range holds it.
+//! at too: its network and address are read back from its name, in that network's pools whose
+//! range holds the address.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
