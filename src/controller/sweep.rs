@@ -67,6 +67,14 @@ struct PoolFacts {
     approval: Option<String>,
 }
 
+/// `pool`'s uid, for Events on it (empty when unknown).
+fn uid_of(pool_sizes: &HashMap<String, PoolFacts>, pool: &str) -> String {
+    pool_sizes
+        .get(pool)
+        .map(|s| s.uid.clone())
+        .unwrap_or_default()
+}
+
 /// What one sweep did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct SweepReport {
@@ -292,10 +300,7 @@ impl Sweeper {
         for pool in &spent {
             let n = per_pool.get(pool).copied().unwrap_or(0);
             tracing::warn!(%pool, releases = n, "an operator approved the breaker's hold: releasing once");
-            let uid = pool_sizes
-                .get(pool)
-                .map(|s| s.uid.clone())
-                .unwrap_or_default();
+            let uid = uid_of(pool_sizes, pool);
             let bound = match approvals[pool].1 {
                 Some(at_most) => format!("at most {at_most}"),
                 None => "any number".to_string(),
@@ -349,10 +354,7 @@ impl Sweeper {
         let label = super::report::pool_label(&self.config.namespace, &pool);
         let holds = &self.ctx.metrics.breaker_holds;
         holds.get_or_create(&label.into()).inc();
-        let uid = pool_sizes
-            .get(&pool)
-            .map(|s| s.uid.clone())
-            .unwrap_or_default();
+        let uid = uid_of(pool_sizes, &pool);
         let events = &self.ctx.events;
         events
             .breaker_hold(&self.config.namespace, &pool, &uid, note)
@@ -372,10 +374,7 @@ impl Sweeper {
             "the approval lets at most {approved} allocations go, and the sweep would release {releases}: still held; \
              approve again to release them (ipreclaim approve-hold --pool {pool} --releases {releases})"
         );
-        let uid = pool_sizes
-            .get(pool)
-            .map(|s| s.uid.clone())
-            .unwrap_or_default();
+        let uid = uid_of(pool_sizes, pool);
         let events = &self.ctx.events;
         events
             .approval_outgrown(&self.config.namespace, pool, &uid, note)
