@@ -83,13 +83,8 @@ async fn a_reservation_whose_address_a_recreated_pod_got_back_is_never_deleted()
     env.stop().await;
 }
 
-/// Starts the controller through a fault proxy that holds reservation deletes in flight, deletes
-/// web-0 and returns once its entry is released (`left`: the pool's keys after) and its
-/// reservation delete is held.
-async fn web_0_released_with_its_reservation_delete_held(
-    env: &mut Env,
-    left: &[&str],
-) -> testenv::faultproxy::FaultProxy {
+/// Starts the controller through a fault proxy that holds reservation deletes in flight.
+async fn started_with_reservation_deletes_held(env: &mut Env) -> testenv::faultproxy::FaultProxy {
     use testenv::faultproxy::{Action, FaultProxy, Rule};
     let proxy = FaultProxy::start(env.client.clone(), 1).await.unwrap();
     let through = ControlPlane::shared().client_through_faults(&proxy).await;
@@ -99,14 +94,29 @@ async fn web_0_released_with_its_reservation_delete_held(
         Action::Hold,
     )]);
     env.start_as(through, &[]).await;
-    env.delete_pod("web-0").await;
-    env.wait_keys("192.0.2.0-24", left).await;
+    proxy
+}
+
+/// Waits until a reservation delete is held in flight by `proxy`.
+async fn a_reservation_delete_held(proxy: &testenv::faultproxy::FaultProxy) {
     wait_for("the reservation delete held in flight", || async {
         proxy
             .injected()
             .contains_key("hold delete overlappingrangeipreservations")
     })
     .await;
+}
+
+/// [`started_with_reservation_deletes_held`], then deletes web-0 and returns once its entry is
+/// released (`left`: the pool's keys after) and its reservation delete is held.
+async fn web_0_released_with_its_reservation_delete_held(
+    env: &mut Env,
+    left: &[&str],
+) -> testenv::faultproxy::FaultProxy {
+    let proxy = started_with_reservation_deletes_held(env).await;
+    env.delete_pod("web-0").await;
+    env.wait_keys("192.0.2.0-24", left).await;
+    a_reservation_delete_held(&proxy).await;
     proxy
 }
 
@@ -210,34 +220,14 @@ async fn a_look_refused_a_pool_list_reads_the_pool_with_get() {
 /// reservation. The pool write stands in for the CNI.
 #[tokio::test]
 async fn an_orphan_deleted_as_its_pod_gets_the_address_back_is_put_back() {
-    use testenv::faultproxy::{Action, FaultProxy, Rule};
     let mut env = Env::new("ctl-orphan-look").await;
     env.macvlan(&[]).await;
     env.reservation_of("192.0.2.10", "sb-web-0", "web-0").await;
-    let proxy = FaultProxy::start(env.client.clone(), 7).await.unwrap();
-    proxy.set_rules(vec![Rule::new(
-        Some("delete"),
-        Some("overlappingrangeipreservations"),
-        Action::Hold,
-    )]);
-    let through = ControlPlane::shared().client_through_faults(&proxy).await;
-    env.start_as(through, &[]).await;
-    wait_for("the orphan's delete held in flight", || async {
-        proxy
-            .injected()
-            .contains_key("hold delete overlappingrangeipreservations")
-    })
-    .await;
+    let proxy = started_with_reservation_deletes_held(&mut env).await;
+    a_reservation_delete_held(&proxy).await;
     proxy.set_rules(Vec::new());
     env.recreate("web-0", 10, "sb-web-0-new").await;
     proxy.release_held();
-    wait_for("the held delete to land", || async {
-        env.reservation_names().await.is_empty()
-            || proxy
-                .requests()
-                .contains_key("create overlappingrangeipreservations")
-    })
-    .await;
     env.wait_metric("ipreclaim_reservations_restored_total 1")
         .await;
     let back = env.reservations().get("192.0.2.10").await.unwrap();
