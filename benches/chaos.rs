@@ -178,6 +178,8 @@ impl Trial<'_> {
         let mut pod = testenv::fixtures::pod(name, None);
         if let Some(spec) = pod.spec.as_mut() {
             spec.node_name = Some(node.into());
+            // Stand-in nodes stop a pod at once: its 1 s grace is within the settle.
+            spec.termination_grace_period_seconds = Some(1);
         }
         let created = self.pods().create(&PostParams::default(), &pod).await?;
         Ok(created.metadata.uid.unwrap_or_default())
@@ -311,6 +313,7 @@ impl Trial<'_> {
             format!("--leak-grace={}s", GRACE.as_secs()),
             format!("--missing-pod-grace={}s", GRACE.as_secs()),
             format!("--fence-settle={}s", SETTLE.as_secs()),
+            "--fence-grace-margin=0s".into(),
             "--metrics-addr=127.0.0.1:0".into(),
         ];
         let flag = |a: &str| a.split('=').next().unwrap_or_default().to_string();

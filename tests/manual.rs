@@ -150,6 +150,7 @@ impl Env {
             why: "Ready=Unknown".into(),
             network: format!("{}/macvlan", self.ns),
             since: jiff::Timestamp::now(),
+            grace_seconds: None,
         }
     }
 

@@ -454,7 +454,7 @@ impl NodeEnv {
     }
 
     /// The node agent's report in fence `pod`'s status, if any.
-    async fn report_of(&self, pod: &str) -> Option<ipreclaim::api::SandboxesGone> {
+    async fn report_of(&self, pod: &str) -> Option<ipreclaim::api::SandboxReport> {
         Api::<ipreclaim::api::IPFence>::namespaced(self.client.clone(), &self.ns)
             .get(&format!("{POOL}-{pod}"))
             .await
@@ -564,6 +564,7 @@ async fn a_report_for_a_replaced_fence_object_is_refused() {
         name: format!("{POOL}-web-0"),
         fence_uid: fence_uid.into(),
         pod_uid: uid.clone(),
+        kind: ipreclaim::node::evidence::ReportKind::Gone,
     };
     let refused = reporter.report(&report("an-earlier-fence")).await;
     assert!(

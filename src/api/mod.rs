@@ -189,6 +189,14 @@ pub struct IPFenceSpec {
     pub network: String,
     /// When the fence was set (RFC 3339, the controller's clock).
     pub since: String,
+    /// The deleted pod's `spec.terminationGracePeriodSeconds`: a returning kubelet may take
+    /// that long to stop it, so the fence does not lift on the settle before it has passed.
+    #[serde(
+        default,
+        rename = "gracePeriodSeconds",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub grace_period_seconds: Option<i64>,
 }
 
 /// IPFenceStatus: what the node agent on the fence's node reports (a status subresource, so
@@ -201,13 +209,21 @@ pub struct IPFenceStatus {
         rename = "sandboxesGone",
         skip_serializing_if = "Option::is_none"
     )]
-    pub sandboxes_gone: Option<SandboxesGone>,
+    pub sandboxes_gone: Option<SandboxReport>,
+    /// The node agent still sees a sandbox of the pod (its kubelet is still stopping it): the
+    /// fence does not lift on the settle or the timeout while this is the agent's word.
+    #[serde(
+        default,
+        rename = "sandboxesPresent",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub sandboxes_present: Option<SandboxReport>,
 }
 
-/// Evidence that a fenced pod's sandboxes are gone from its node. The controller trusts it only
-/// when `node`, `podUid` and `fenceUid` are this fence's own.
+/// A node agent's report on a fenced pod's sandboxes. The controller trusts it only when
+/// `node`, `podUid` and `fenceUid` are this fence's own.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
-pub struct SandboxesGone {
+pub struct SandboxReport {
     /// The node whose agent looked.
     #[serde(default)]
     pub node: String,
@@ -218,8 +234,8 @@ pub struct SandboxesGone {
     /// fence: a later fence of the same address is another object).
     #[serde(default, rename = "fenceUid")]
     pub fence_uid: String,
-    /// When the listing that showed no sandbox completed (RFC 3339, the node's clock; for
-    /// people, not trusted).
+    /// When the listing it reports completed (RFC 3339, the node's clock; for people, not
+    /// trusted).
     #[serde(default, rename = "observedAt")]
     pub observed_at: String,
 }

@@ -22,9 +22,23 @@ pub struct PodView {
     pub node: Option<String>,
     /// `status.phase`.
     pub phase: Option<String>,
+    /// `spec.terminationGracePeriodSeconds`: how long its kubelet may take to stop it.
+    pub grace_seconds: Option<i64>,
 }
 
+/// The annotation the kubelet puts on a static pod's mirror pod: deleting that object stops
+/// nothing (the kubelet recreates it), so its deletion is never proof the pod is gone.
+pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+
 impl PodView {
+    /// The API's mirror of a static pod, which the kubelet runs from a file.
+    pub fn is_mirror(&self) -> bool {
+        self.metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(MIRROR_ANNOTATION))
+    }
+
     /// Succeeded or Failed: its containers are done and will not run again.
     pub fn is_terminal(&self) -> bool {
         matches!(self.phase.as_deref(), Some("Succeeded" | "Failed"))
@@ -57,6 +71,7 @@ struct WireMeta {
 #[serde(rename_all = "camelCase")]
 struct WireSpec {
     node_name: Option<String>,
+    termination_grace_period_seconds: Option<i64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -80,6 +95,7 @@ impl<'de> Deserialize<'de> for PodView {
             },
             node: w.spec.node_name.filter(|n| !n.is_empty()),
             phase: w.status.phase,
+            grace_seconds: w.spec.termination_grace_period_seconds,
         })
     }
 }

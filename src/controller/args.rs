@@ -43,8 +43,13 @@ pub struct ControllerArgs {
     /// no longer run), unless the node agent there reports the pod's sandboxes gone first.
     #[arg(long, env = "IPRECLAIM_FENCE_SETTLE", default_value = "30s", value_parser = parse_duration)]
     pub fence_settle: Duration,
+    /// Added to a fenced pod's termination grace period: its node, Ready again, must have been
+    /// Ready for that grace plus this margin (if longer than --fence-settle) before the fence
+    /// lifts, since the returning kubelet stops the pod with its full grace period.
+    #[arg(long, env = "IPRECLAIM_FENCE_GRACE_MARGIN", default_value = "15s", value_parser = parse_duration)]
+    pub fence_grace_margin: Duration,
     /// Lift a fence after this long even if its node never comes back (default: never); counted
-    /// by the apiserver's clock.
+    /// by the apiserver's clock. The node agent's "still present" report holds it.
     #[arg(long, env = "IPRECLAIM_FENCE_TIMEOUT", value_parser = parse_duration)]
     pub fence_timeout: Option<Duration>,
     /// Keep each released address out of the pool this long (its entry is marked, not removed)

@@ -6,6 +6,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::api::ObjectId;
+use crate::api::SandboxReport;
 use crate::index::{
     FenceAnnotation, FenceObject, FencedEntry, Index, NodeIndex, PendingFence, Slot,
 };
@@ -13,7 +14,8 @@ use crate::ipam::PoolEntry;
 use crate::ipam::fence::FenceRecord;
 use crate::ipam::fence::FenceSource;
 use crate::reclaim::fence::{
-    FenceIdentity, FencePolicy, GoneReport, Lift, Moment, NodeReadiness, Rejected, lift_with_report,
+    AgentReport, AgentReports, FenceClock, FenceIdentity, FencePolicy, Lift, Moment, NodeReadiness,
+    Rejected, lift_with_reports,
 };
 use crate::reclaim::{Decision, Judged, PodRef, Reason};
 use crate::release::events::Lifted;
@@ -22,8 +24,14 @@ use crate::release::{EntryWrite, ReleaseOutcome, ReleaseRequest};
 /// How often fences are checked for lifting.
 pub const LIFT_EVERY: Duration = Duration::from_secs(1);
 
-/// A fence record for a release the deletion path decided, if the pod's node is not Ready.
-pub fn record_for(judged: &Judged, node: String, why: String) -> FenceRecord {
+/// A fence record for a release the deletion path decided, if the pod's node is not Ready;
+/// `grace_seconds`: the deleted pod's termination grace period, if known.
+pub fn record_for(
+    judged: &Judged,
+    node: String,
+    why: String,
+    grace_seconds: Option<i64>,
+) -> FenceRecord {
     FenceRecord {
         podref: judged.entry.podref.clone(),
         uid: judged.pod.uid.clone(),
@@ -31,6 +39,7 @@ pub fn record_for(judged: &Judged, node: String, why: String) -> FenceRecord {
         why,
         network: judged.network.clone(),
         since: jiff::Timestamp::now(),
+        grace_seconds,
     }
 }
 
@@ -80,6 +89,9 @@ pub struct Lifter {
     pub(crate) backoff: podlife::backoff::Backoff<Slot>,
     /// Node agent reports rejected so far, as (fence uid, why): logged and counted once.
     pub(crate) rejected: std::sync::Mutex<HashSet<(String, Rejected)>>,
+    /// Fences (by object uid) whose timer lift the node agent's "still present" holds: logged
+    /// once each time.
+    pub(crate) held_by_agent: std::sync::Mutex<HashSet<String>>,
     /// Fences kept because a replacement lists their address: logged once each.
     pub(crate) kept_for_replacement: std::sync::Mutex<HashSet<Slot>>,
     /// The apiserver's clock, which `--fence-timeout` counts on (set with a timeout).
@@ -160,6 +172,16 @@ fn replacement_lists(st: &Index, record: &FenceRecord, ip: std::net::IpAddr) -> 
     })
 }
 
+/// A node agent's report as the lift rules read it.
+fn agent_report(r: &SandboxReport) -> AgentReport<'_> {
+    AgentReport {
+        node: &r.node,
+        pod_uid: &r.pod_uid,
+        fence_uid: &r.fence_uid,
+        observed_at: &r.observed_at,
+    }
+}
+
 /// Reads fenced podrefs at most this many at a time before their lifts.
 const LIFT_READS: usize = 16;
 
@@ -191,6 +213,15 @@ impl Lifter {
         };
         let lifts = self.lifts(&found, leader, now, timeouts);
         self.ctx.metrics.fenced_addresses.set(lifts.held);
+        let held_by_agent = self
+            .held_by_agent
+            .lock()
+            .expect("fence evidence lock")
+            .len();
+        self.ctx
+            .metrics
+            .fences_held_by_node_agent
+            .set(held_by_agent as i64);
         let oldest = lifts.oldest.as_secs() as i64;
         self.ctx.metrics.oldest_fence_seconds.set(oldest);
         let (complete, stale) = self.due_records(&found, now.mono);
@@ -245,6 +276,10 @@ impl Lifter {
             .lock()
             .expect("fence evidence lock")
             .retain(|(uid, _)| uids.contains(uid.as_str()));
+        self.held_by_agent
+            .lock()
+            .expect("fence evidence lock")
+            .retain(|uid| uids.contains(uid.as_str()));
         let mut kept_for_replacement = self.kept_for_replacement.lock().expect("fence lock");
         kept_for_replacement.retain(|s| found.listed_by_replacement.contains(s));
         let v = self.view.read().expect("node view lock");
@@ -253,9 +288,12 @@ impl Lifter {
             let pool = &f.pool;
             let node = v.node(&f.record.node);
             let first = *first_seen.entry(SeenFence::of(f)).or_insert(now.mono);
-            let fence = Moment {
-                wall: self.fence_since(f, first),
-                mono: first,
+            let fence = FenceClock {
+                set: Moment {
+                    wall: self.fence_since(f, first),
+                    mono: first,
+                },
+                grace: f.record.grace(),
             };
             let lifts = match &policy {
                 Some(policy) => self.lift(f, fence, node, now, policy),
@@ -404,12 +442,12 @@ impl Lifter {
         }
     }
 
-    /// Whether fence `f` lifts, its node agent's report counted; a report that does not count
-    /// is logged and counted once per fence and why, never acted on.
+    /// Whether fence `f` lifts, its node agent's reports counted; a report that does not
+    /// count is logged and counted once per fence and why, never acted on.
     fn lift(
         &self,
         f: &FencedEntry,
-        fence: Moment,
+        fence: FenceClock,
         node: Option<&NodeReadiness>,
         now: Moment,
         policy: &FencePolicy,
@@ -423,22 +461,24 @@ impl Lifter {
             pod_uid: &f.record.uid,
             fence_uid,
         };
-        let report = f.evidence.as_ref().map(|e| GoneReport {
-            node: &e.node,
-            pod_uid: &e.pod_uid,
-            fence_uid: &e.fence_uid,
-            observed_at: &e.observed_at,
-        });
-        let (lifts, rejected) =
-            lift_with_report(fence, identity, report.as_ref(), node, now, policy);
-        if let (Some(why), Some(report)) = (rejected, &report)
-            && self
-                .rejected
-                .lock()
-                .expect("fence evidence lock")
-                .insert((fence_uid.to_owned(), why))
-        {
-            tracing::warn!(ip = %f.entry.ip, podref = %f.record.podref, node = %f.record.node, fence_uid, report_node = report.node, report_pod_uid = report.pod_uid, report_fence_uid = report.fence_uid, rejected = why.as_str(), "node agent report on a fence ignored");
+        let reports = AgentReports {
+            gone: f.evidence.sandboxes_gone.as_ref().map(agent_report),
+            present: f.evidence.sandboxes_present.as_ref().map(agent_report),
+        };
+        let verdict = lift_with_reports(fence, identity, &reports, node, now, policy);
+        let mut rejected = self.rejected.lock().expect("fence evidence lock");
+        for why in verdict.rejected {
+            if !rejected.insert((fence_uid.to_owned(), why)) {
+                continue;
+            }
+            let report = [&reports.gone, &reports.present]
+                .into_iter()
+                .flatten()
+                .next();
+            let (report_node, report_pod_uid, report_fence_uid) = report
+                .map(|r| (r.node, r.pod_uid, r.fence_uid))
+                .unwrap_or_default();
+            tracing::warn!(ip = %f.entry.ip, podref = %f.record.podref, node = %f.record.node, fence_uid, report_node, report_pod_uid, report_fence_uid, rejected = why.as_str(), "node agent report on a fence ignored");
             self.ctx
                 .metrics
                 .fence_evidence_rejected
@@ -447,7 +487,14 @@ impl Lifter {
                 })
                 .inc();
         }
-        lifts
+        drop(rejected);
+        let mut held = self.held_by_agent.lock().expect("fence evidence lock");
+        if !verdict.held_by_agent {
+            held.remove(fence_uid);
+        } else if held.insert(fence_uid.to_owned()) {
+            tracing::info!(ip = %f.entry.ip, podref = %f.record.podref, node = %f.record.node, fence_uid, "fence held: the node agent there still sees a sandbox of the deleted pod (its kubelet is stopping it)");
+        }
+        verdict.lift
     }
 
     /// Pending fences to complete and left-over records to delete, each once it has waited
@@ -518,13 +565,14 @@ mod tests {
             why: "Ready=Unknown".into(),
             network: "ns/net-a".into(),
             since: jiff::Timestamp::now(),
+            grace_seconds: None,
         };
         let object = FenceObject {
             name: "p-10".into(),
             uid: "f".into(),
             sandbox: "sb".into(),
             record,
-            evidence: None,
+            evidence: Default::default(),
         };
         st.upsert_fence_object("p", "10", object);
         st.set_pools_listed();
@@ -535,6 +583,8 @@ mod tests {
             annotations: Some(&annotations),
             node: None,
             terminal: false,
+            mirror: false,
+            grace_seconds: None,
         };
         st.upsert_pod("ns/web-0", uid, seen, Instant::now());
         st

@@ -220,6 +220,7 @@ fn spawn_lifting(
         policy: args.fence_unready_nodes.then_some(FencePolicy {
             settle: args.fence_settle,
             timeout: args.fence_timeout,
+            grace_margin: args.fence_grace_margin,
         }),
         first_seen: Default::default(),
         records_seen: Default::default(),
@@ -229,6 +230,7 @@ fn spawn_lifting(
             clock.clone(),
         ),
         rejected: Default::default(),
+        held_by_agent: Default::default(),
         kept_for_replacement: Default::default(),
         server_clock: server_clock.clone(),
     };
@@ -412,9 +414,12 @@ pub async fn run(
         identity.clone(),
     ));
 
-    let nodes = args
-        .fence_unready_nodes
-        .then(|| Arc::new(RwLock::new(NodeIndex::default())));
+    let nodes = args.fence_unready_nodes.then(|| {
+        Arc::new(RwLock::new(NodeIndex::new(
+            args.fence_settle,
+            clock.clone(),
+        )))
+    });
     let ctx = Ctx {
         client: client.clone(),
         state: state.clone(),

@@ -61,7 +61,7 @@ pub(crate) fn plan_fences(
         };
         if let Some(why) = fence_reason(t, view) {
             let node = t.node.as_deref().unwrap_or_default().to_owned();
-            r.write = EntryWrite::Fence(record_for(&r.judged, node, why));
+            r.write = EntryWrite::Fence(record_for(&r.judged, node, why, t.grace_seconds));
         }
     }
     let live = st.pods().live(podref);
@@ -97,7 +97,7 @@ pub(crate) fn plan_fences(
             fenced.decision = Decision::Release(Reason::PodDeleted);
             fenced.pod.uid = t.uid.clone();
             let node = t.node.as_deref().unwrap_or_default().to_owned();
-            let record = record_for(&fenced, node, why.clone());
+            let record = record_for(&fenced, node, why.clone(), t.grace_seconds);
             releases.push(ReleaseRequest {
                 judged: fenced,
                 reason: Reason::PodDeleted,
@@ -175,6 +175,8 @@ mod tests {
             annotations,
             node: Some("node-a"),
             terminal: false,
+            mirror: false,
+            grace_seconds: None,
         };
         let now = Instant::now();
         st.upsert_pod(WEB, "old-uid", on_a(Some(&old)), now);
@@ -184,6 +186,8 @@ mod tests {
             annotations: new.as_ref(),
             node: Some("node-b"),
             terminal: false,
+            mirror: false,
+            grace_seconds: None,
         };
         st.upsert_pod(WEB, "new-uid", seen, now);
     }

@@ -8,7 +8,7 @@ use kube::Resource;
 
 use super::Index;
 use super::pools::Slot;
-use crate::api::{IPPool, ObjectId, SandboxesGone};
+use crate::api::{IPFenceStatus, IPPool, ObjectId};
 use crate::ipam::PoolEntry;
 pub use crate::ipam::fence::FenceSource;
 use crate::ipam::fence::{FenceRecord, fenced_podref};
@@ -24,8 +24,8 @@ pub struct FencedEntry {
     pub record: FenceRecord,
     /// Where the record is kept.
     pub source: FenceSource,
-    /// The node agent's report on its object, if any (checked before it counts).
-    pub evidence: Option<SandboxesGone>,
+    /// The node agent's reports on its object (checked before they count).
+    pub evidence: IPFenceStatus,
 }
 
 /// An `IPFence` object, parsed.
@@ -39,8 +39,8 @@ pub struct FenceObject {
     pub sandbox: String,
     /// The record.
     pub record: FenceRecord,
-    /// The node agent's report (its status), if any.
-    pub evidence: Option<SandboxesGone>,
+    /// The node agent's reports (its status).
+    pub evidence: IPFenceStatus,
 }
 
 impl FenceObject {
@@ -173,7 +173,7 @@ impl Index {
         pool: &str,
         key: &str,
         entry: &PoolEntry,
-    ) -> Option<(FenceRecord, FenceSource, Option<SandboxesGone>)> {
+    ) -> Option<(FenceRecord, FenceSource, IPFenceStatus)> {
         if let Some(o) = self.fences.get(pool, key)
             && entry.podref == fenced_podref(&o.record.podref)
             && entry.id == o.sandbox
@@ -186,7 +186,7 @@ impl Index {
         }
         let r = self.pools.get(pool)?.annotation_fences.get(key)?;
         (entry.podref == fenced_podref(&r.podref))
-            .then(|| (r.clone(), FenceSource::Annotation, None))
+            .then(|| (r.clone(), FenceSource::Annotation, IPFenceStatus::default()))
     }
 
     /// Every fenced entry whose record is known, as (pool, entry).

@@ -24,6 +24,8 @@ pub fn seen(p: &PodView) -> PodSeen<'_> {
         annotations: p.metadata.annotations.as_ref(),
         node: p.node.as_deref(),
         terminal: p.is_terminal(),
+        mirror: p.is_mirror(),
+        grace_seconds: p.grace_seconds,
     }
 }
 
@@ -62,7 +64,7 @@ impl Kind for Pods {
     }
 
     fn delete(ix: &mut Index, key: &PodUid, p: PodView, now: Instant) -> Option<Buried> {
-        ix.delete_pod(&key.podref, &key.uid, seen(&p), now);
+        ix.delete_pod(&key.podref, &key.uid, seen(&p), now)?;
         Some(Buried {
             podref: key.podref.clone(),
             vanished: false,
@@ -267,7 +269,7 @@ impl Named for Fences {
                     uid: fence.metadata.uid.clone().unwrap_or_default(),
                     sandbox: fence.spec.sandbox.clone(),
                     record,
-                    evidence: fence.status.as_ref().and_then(|s| s.sandboxes_gone.clone()),
+                    evidence: fence.status.clone().unwrap_or_default(),
                 };
                 (fence.spec.pool.clone(), fence.spec.key.clone(), object)
             }),

@@ -132,34 +132,45 @@ impl Index {
         now: Instant,
     ) -> Option<Tombstone> {
         let old = self.pods.upsert(podref, uid, seen, now)?;
+        // A mirror pod recreated by its kubelet under the same name: the static pod runs on.
+        if old.mirror {
+            return None;
+        }
         Some(self.bury_live(podref, old, now))
     }
 
     /// Buries `live`, a pod gone as last known, with the entries of `podref` held now.
     fn bury_live(&mut self, podref: &str, live: LiveInfo, now: Instant) -> Tombstone {
         let held = self.pools.held_by(podref);
-        self.pods
-            .bury(podref, live.uid, live.networks, live.node, held, now)
+        self.pods.bury(podref, live.into(), held, now)
     }
 
-    /// Records a deleted pod (from its final state); returns the tombstone.
+    /// Records a deleted pod (from its final state); returns the tombstone. The deletion of a
+    /// static pod's mirror makes none: the kubelet recreates the object and the pod runs on
+    /// (its node's CNI DEL and the sweep free what it really leaves).
     pub fn delete_pod(
         &mut self,
         podref: &str,
         uid: &str,
         seen: PodSeen<'_>,
         now: Instant,
-    ) -> Tombstone {
+    ) -> Option<Tombstone> {
         let known = self.pods.remove_live(podref, uid);
-        let (networks, node) = self.pods.final_state(known, seen);
+        if seen.mirror || known.as_ref().is_some_and(|l| l.mirror) {
+            return None;
+        }
+        let gone = self.pods.final_state(uid, known, seen);
         let held = self.pools.held_by(podref);
-        self.pods
-            .bury(podref, uid.to_owned(), networks, node, held, now)
+        Some(self.pods.bury(podref, gone, held, now))
     }
 
-    /// A pod that vanished without a Delete event (watch gap): tombstone from what was known.
+    /// A pod that vanished without a Delete event (watch gap): tombstone from what was known
+    /// (none for a static pod's mirror).
     pub fn vanish_pod(&mut self, podref: &str, uid: &str, now: Instant) -> Option<Tombstone> {
         let live = self.pods.remove_live(podref, uid)?;
+        if live.mirror {
+            return None;
+        }
         Some(self.bury_live(podref, live, now))
     }
 
@@ -347,7 +358,7 @@ impl Index {
             uid,
             sandbox: sandbox.to_owned(),
             record: record.clone(),
-            evidence: None,
+            evidence: Default::default(),
         };
         self.fences.upsert(pool, key, object);
     }

@@ -2,19 +2,33 @@
 //! and since when (on this process's clock) a node has been Ready again.
 
 use std::collections::HashMap;
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use podlife::clock::{Clock, RealClock};
 
 use crate::api::slim::NodeReadyView;
 use crate::reclaim::fence::{NodeReadiness, distrust};
 
 /// Nodes by name.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct NodeIndex {
     nodes: HashMap<String, NodeReadiness>,
     /// When each node's last fresh read (a GET, not the watch) began.
     read: HashMap<String, Instant>,
     /// The Node watch has listed every Node once (before, an unknown node is no word).
     listed: bool,
+    /// How long a node seen Ready again is still distrusted (`--fence-settle`).
+    settle: Duration,
+    /// Judges whether a node is still settling.
+    clock: Arc<dyn Clock>,
+}
+
+impl Default for NodeIndex {
+    /// No settle: a node is trusted the moment it is seen Ready.
+    fn default() -> Self {
+        NodeIndex::new(Duration::ZERO, Arc::new(RealClock))
+    }
 }
 
 /// Why a deletion seen before the Node watch first listed is fenced.
@@ -38,16 +52,27 @@ pub enum Transition {
 }
 
 impl NodeIndex {
+    /// No nodes yet; a node seen Ready again is distrusted for `settle` more on `clock`.
+    pub fn new(settle: Duration, clock: Arc<dyn Clock>) -> Self {
+        NodeIndex {
+            nodes: HashMap::new(),
+            read: HashMap::new(),
+            listed: false,
+            settle,
+            clock,
+        }
+    }
+
     /// A node's readiness, if the Node exists.
     pub fn node(&self, name: &str) -> Option<&NodeReadiness> {
         self.nodes.get(name)
     }
 
-    /// Why a pod deleted now from `node` must be fenced: its node exists and is not Ready.
-    /// A pod never scheduled, or bound to a Node that is gone, ran nowhere that can be
-    /// trusted less than the operator's word.
+    /// Why a pod deleted now from `node` must be fenced: its node exists and is not Ready, or
+    /// was seen Ready again less than the settle ago. A pod never scheduled, or bound to a Node
+    /// that is gone, ran nowhere that can be trusted less than the operator's word.
     pub fn distrust(&self, node: Option<&str>) -> Option<String> {
-        distrust(self.node(node?))
+        distrust(self.node(node?), self.clock.now())
     }
 
     /// Why a pod deleted now from `node` must be fenced, for the tombstone: as
@@ -74,7 +99,7 @@ impl NodeIndex {
     pub fn upsert(&mut self, node: &NodeReadyView, seen: Instant) -> Option<Transition> {
         let name = node.metadata.name.clone().unwrap_or_default();
         let before = self.nodes.get(&name);
-        let now = readiness_of(node, before, seen);
+        let now = readiness_of(node, before, seen, self.settle);
         let was = before.map(NodeReadiness::is_ready);
         let transition = if was != Some(now.is_ready()) && !now.is_ready() {
             Some(Transition::NotReady {
@@ -119,21 +144,31 @@ impl NodeIndex {
 
 /// The Ready condition of a Node (`missing` when it has none yet), given what was known of it
 /// before and when this observation was made. Ready counts from our own first observation of
-/// it (the node's `lastTransitionTime` is the node's clock, which may lag).
+/// it (the node's `lastTransitionTime` is the node's clock, which may lag); a node seen not
+/// Ready before settles for `settle` from that observation.
 pub fn readiness_of(
     node: &NodeReadyView,
     before: Option<&NodeReadiness>,
     seen: Instant,
+    settle: Duration,
 ) -> NodeReadiness {
     let (status, reason) = match &node.ready {
         Some(c) => (c.status.clone(), c.reason.clone()),
         None => ("missing".into(), None),
     };
-    let ready_seen = (status == "True").then(|| before.and_then(|b| b.ready_seen).unwrap_or(seen));
+    let ready = status == "True";
+    let ready_seen = ready.then(|| before.and_then(|b| b.ready_seen).unwrap_or(seen));
+    let settling_until = match before {
+        _ if !ready => None,
+        Some(b) if !b.is_ready() => Some(seen + settle),
+        Some(b) => b.settling_until,
+        None => None,
+    };
     NodeReadiness {
         status,
         reason,
         ready_seen,
         out_of_service: node.out_of_service,
+        settling_until,
     }
 }

@@ -24,6 +24,10 @@ pub struct LiveInfo {
     pub node: Option<Arc<str>>,
     /// Succeeded or Failed.
     pub terminal: bool,
+    /// A static pod's mirror: its deletion stops nothing.
+    pub mirror: bool,
+    /// Its termination grace period in seconds (saturated; the API's default when unknown).
+    pub grace_seconds: u32,
 }
 
 impl LiveInfo {
@@ -45,7 +49,24 @@ pub struct PodSeen<'a> {
     pub node: Option<&'a str>,
     /// Succeeded or Failed.
     pub terminal: bool,
+    /// A static pod's mirror (`kubernetes.io/config.mirror`).
+    pub mirror: bool,
+    /// `spec.terminationGracePeriodSeconds`, if known.
+    pub grace_seconds: Option<i64>,
 }
+
+impl PodSeen<'_> {
+    /// Its grace period as a live pod keeps it (the API's default when unknown).
+    fn grace_kept(&self) -> u32 {
+        let s = self
+            .grace_seconds
+            .map_or(DEFAULT_GRACE_SECONDS, |s| s.max(0));
+        u32::try_from(s).unwrap_or(u32::MAX)
+    }
+}
+
+/// The API's default termination grace period.
+const DEFAULT_GRACE_SECONDS: i64 = 30;
 
 /// A deleted pod waiting for its addresses to be released.
 #[derive(Debug, Clone)]
@@ -66,6 +87,32 @@ pub struct Tombstone {
     pub distrust: Option<String>,
     /// `distrust` was set (it is set once, as the deletion is seen).
     pub node_judged: bool,
+    /// Its termination grace period in seconds, if known (a fence keeps it).
+    pub grace_seconds: Option<i64>,
+}
+
+/// What a tombstone is made of: the pod as it was last known.
+#[derive(Debug, Clone)]
+pub struct GonePod {
+    /// Uid (empty when unknown).
+    pub uid: String,
+    /// Its secondary networks (`None`: no readable network-status).
+    pub networks: Option<Arc<[NetworkAttachment]>>,
+    /// Its node.
+    pub node: Option<Arc<str>>,
+    /// Its termination grace period in seconds.
+    pub grace_seconds: Option<i64>,
+}
+
+impl From<LiveInfo> for GonePod {
+    fn from(l: LiveInfo) -> Self {
+        GonePod {
+            uid: l.uid,
+            networks: l.networks,
+            node: l.node,
+            grace_seconds: Some(i64::from(l.grace_seconds)),
+        }
+    }
 }
 
 /// An allocation as it was: pool, key and sandbox id.
@@ -173,6 +220,8 @@ impl PodIndex {
             malformed_status,
             node: self.node_name(seen.node),
             terminal: seen.terminal,
+            mirror: seen.mirror,
+            grace_seconds: seen.grace_kept(),
         };
         if self.live.get(podref).is_none_or(|old| !old.lists_as(&info)) {
             self.listing_changes += 1;
@@ -219,20 +268,19 @@ impl PodIndex {
     pub fn bury(
         &mut self,
         podref: &str,
-        uid: String,
-        networks: Option<Arc<[NetworkAttachment]>>,
-        node: Option<Arc<str>>,
+        gone: GonePod,
         held: Vec<HeldEntry>,
         now: Instant,
     ) -> Tombstone {
         let t = Tombstone {
-            uid,
-            networks,
+            uid: gone.uid,
+            networks: gone.networks,
             seen_at: now,
-            node,
+            node: gone.node,
             held,
             distrust: None,
             node_judged: false,
+            grace_seconds: gone.grace_seconds,
         };
         self.tombstones
             .entry(podref.to_owned())
@@ -241,16 +289,25 @@ impl PodIndex {
         t
     }
 
-    /// A deleted pod's final state: its networks and node (the node it was last seen on when
-    /// the final state names none).
+    /// A deleted pod's final state: its networks, node and grace (the node and grace it was
+    /// last seen with when the final state names none).
     pub fn final_state(
         &mut self,
+        uid: &str,
         known: Option<LiveInfo>,
         seen: PodSeen<'_>,
-    ) -> (Option<Arc<[NetworkAttachment]>>, Option<Arc<str>>) {
+    ) -> GonePod {
         let (networks, _) = self.networks_of(seen.annotations);
+        let grace_seconds = seen
+            .grace_seconds
+            .or(known.as_ref().map(|l| i64::from(l.grace_seconds)));
         let node = self.node_name(seen.node).or(known.and_then(|l| l.node));
-        (networks, node)
+        GonePod {
+            uid: uid.to_owned(),
+            networks,
+            node,
+            grace_seconds,
+        }
     }
 
     /// Records, on the tombstones of `podref` just made, why their node was not trusted then.

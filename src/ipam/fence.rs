@@ -40,9 +40,24 @@ pub struct FenceRecord {
     pub network: String,
     /// When the fence was set.
     pub since: jiff::Timestamp,
+    /// The deleted pod's termination grace period in seconds (`None`: not recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grace_seconds: Option<i64>,
 }
 
+/// The grace period assumed for a fence that records none: the API's default.
+pub const DEFAULT_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+
 impl FenceRecord {
+    /// The deleted pod's termination grace period ([`DEFAULT_GRACE`] when not recorded; a
+    /// negative one, which the API refuses, counts as none).
+    pub fn grace(&self) -> std::time::Duration {
+        match self.grace_seconds {
+            Some(s) => std::time::Duration::from_secs(s.max(0).unsigned_abs()),
+            None => DEFAULT_GRACE,
+        }
+    }
+
     /// The network to name in Events: the record's, or `pool` when the record names none.
     pub fn network_or(&self, pool: &str) -> String {
         if self.network.is_empty() {
@@ -116,6 +131,7 @@ pub fn fence_spec(
         why: record.why.clone(),
         network: record.network.clone(),
         since: record.since.to_string(),
+        grace_period_seconds: record.grace_seconds,
     }
 }
 
@@ -135,6 +151,7 @@ pub fn fence_record(spec: &crate::api::IPFenceSpec) -> Result<FenceRecord, Strin
         why: spec.why.clone(),
         network: spec.network.clone(),
         since,
+        grace_seconds: spec.grace_period_seconds,
     })
 }
 
@@ -218,6 +235,7 @@ mod tests {
             why: "Ready=Unknown (NodeStatusUnknown)".into(),
             network: "apps/macvlan".into(),
             since: "2026-11-23T10:00:00Z".parse().unwrap(),
+            grace_seconds: None,
         }
     }
 

@@ -28,8 +28,10 @@ pub struct Fence {
     pub pod_uid: String,
     /// `spec.sandbox`: the entry's sandbox id.
     pub sandbox: String,
-    /// Its status already holds a report for this object.
+    /// Its status already holds a "gone" report for this object.
     pub reported: bool,
+    /// Its status already holds a "still present" report for this object.
+    pub present_reported: bool,
 }
 
 /// One complete, successful listing of the runtime.
@@ -48,7 +50,17 @@ pub struct Listing {
     pub unattributed: usize,
 }
 
-/// A report to write: the fence's pod has no sandbox on this node.
+/// What a report says of a fenced pod's sandboxes on this node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReportKind {
+    /// None is listed: the fence may lift at once.
+    Gone,
+    /// One is still listed (its kubelet is still stopping it): the fence must not lift on a
+    /// timer meanwhile.
+    Present,
+}
+
+/// A report to write on a fence.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Report {
     /// The fence object's name.
@@ -57,6 +69,8 @@ pub struct Report {
     pub fence_uid: String,
     /// The pod's uid.
     pub pod_uid: String,
+    /// What it says.
+    pub kind: ReportKind,
 }
 
 /// Why a fence listed for this node is not looked at.
@@ -78,10 +92,24 @@ enum Progress {
     Done,
 }
 
+/// Where the "still present" report of a fence stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Present {
+    /// Not written (nor due: no counting listing has listed a sandbox of the pod).
+    No,
+    /// Being written.
+    InFlight,
+    /// Written, or the object already says so.
+    Written,
+}
+
 #[derive(Debug)]
 struct Watched {
     fence: Fence,
+    /// The "gone" report.
     progress: Progress,
+    /// The "still present" report: written once, before "gone" and never after it.
+    present: Present,
 }
 
 /// Fences of this node and their pods' lifecycles.
@@ -146,9 +174,13 @@ impl Evidence {
             let w = self.fences.entry(f.uid.clone()).or_insert_with(|| Watched {
                 fence: f.clone(),
                 progress: Progress::Waiting { from, failures: 0 },
+                present: Present::No,
             });
             if f.reported {
                 w.progress = Progress::Done;
+            }
+            if f.present_reported && w.present == Present::No {
+                w.present = Present::Written;
             }
         }
         self.fences.retain(|uid, _| present.contains(uid));
@@ -194,19 +226,27 @@ impl Evidence {
             };
             let f = &w.fence;
             // Finished is final, so look at this listing again: it must list nothing of the pod.
-            let absent = !l.pods.contains(&f.pod_uid)
-                && !l.sandboxes.contains(&f.sandbox)
-                && l.unattributed == 0;
-            if l.number >= from
-                && absent
+            let listed = l.pods.contains(&f.pod_uid) || l.sandboxes.contains(&f.sandbox);
+            let absent = !listed && l.unattributed == 0;
+            if l.number < from {
+                continue;
+            }
+            let report = |kind| Report {
+                name: f.name.clone(),
+                fence_uid: f.uid.clone(),
+                pod_uid: f.pod_uid.clone(),
+                kind,
+            };
+            // "Gone" waits for a "present" in flight: written after it, it would be overwritten.
+            if absent
+                && w.present != Present::InFlight
                 && self.tracker.state(&f.pod_uid) == Some(PodState::Finished)
             {
                 w.progress = Progress::InFlight { failures };
-                reports.push(Report {
-                    name: f.name.clone(),
-                    fence_uid: f.uid.clone(),
-                    pod_uid: f.pod_uid.clone(),
-                });
+                reports.push(report(ReportKind::Gone));
+            } else if listed && w.present == Present::No {
+                w.present = Present::InFlight;
+                reports.push(report(ReportKind::Present));
             }
         }
         let desired: HashSet<String> = self
@@ -223,11 +263,16 @@ impl Evidence {
     }
 
     /// A report was written (`ok`) or failed, when `listings` listings had completed; a failed
-    /// one is due again after a delay that doubles.
-    pub fn reported(&mut self, fence_uid: &str, ok: bool, listings: u64) {
+    /// "gone" is due again after a delay that doubles, a failed "present" at the next listing
+    /// that still lists the pod.
+    pub fn reported(&mut self, fence_uid: &str, kind: ReportKind, ok: bool, listings: u64) {
         let Some(w) = self.fences.get_mut(fence_uid) else {
             return;
         };
+        if kind == ReportKind::Present {
+            w.present = if ok { Present::Written } else { Present::No };
+            return;
+        }
         let failures = match w.progress {
             Progress::Waiting { failures, .. } | Progress::InFlight { failures } => failures,
             Progress::Done => 0,
@@ -272,6 +317,7 @@ mod tests {
             pod_uid: pod.into(),
             sandbox: format!("sb-{pod}"),
             reported: false,
+            present_reported: false,
         }
     }
 
@@ -288,8 +334,20 @@ mod tests {
         }
     }
 
+    /// The fences of the "gone" reports.
     fn names(r: &[Report]) -> Vec<&str> {
-        r.iter().map(|r| r.fence_uid.as_str()).collect()
+        r.iter()
+            .filter(|r| r.kind == ReportKind::Gone)
+            .map(|r| r.fence_uid.as_str())
+            .collect()
+    }
+
+    /// The fences of the "still present" reports.
+    fn present(r: &[Report]) -> Vec<&str> {
+        r.iter()
+            .filter(|r| r.kind == ReportKind::Present)
+            .map(|r| r.fence_uid.as_str())
+            .collect()
     }
 
     #[test]
@@ -297,8 +355,9 @@ mod tests {
         let mut e = Evidence::new("node-a");
         assert!(e.set_fences([fence("f1", "p1")], 5).is_empty());
         assert_eq!(e.state("p1"), Some(PodState::Terminating));
-        assert!(e.listed(&listing(7, &["p1"], &[])).is_empty());
+        assert_eq!(present(&e.listed(&listing(7, &["p1"], &[]))), ["f1"]);
         assert_eq!(e.state("p1"), Some(PodState::Terminating), "running");
+        e.reported("f1", ReportKind::Present, true, 7);
         assert!(e.listed(&listing(8, &[], &["p1"])).is_empty());
         assert_eq!(
             e.state("p1"),
@@ -311,12 +370,13 @@ mod tests {
             [Report {
                 name: "pool-f1".into(),
                 fence_uid: "f1".into(),
-                pod_uid: "p1".into()
+                pod_uid: "p1".into(),
+                kind: ReportKind::Gone,
             }]
         );
         assert_eq!(e.state("p1"), Some(PodState::Finished));
         assert!(e.listed(&listing(10, &[], &[])).is_empty(), "in flight");
-        e.reported("f1", true, 10);
+        e.reported("f1", ReportKind::Gone, true, 10);
         assert!(e.listed(&listing(11, &[], &[])).is_empty(), "done");
         // The fence lifted: the finished pod is forgotten.
         e.set_fences([], 11);
@@ -349,7 +409,9 @@ mod tests {
         // The pod's uid is not listed, but the fence's sandbox id is.
         let mut l = listing(2, &[], &[]);
         l.sandboxes.insert("sb-p1".into());
-        assert!(e.listed(&l).is_empty());
+        let r = e.listed(&l);
+        assert_eq!((names(&r), present(&r)), (vec![], vec!["f1"]));
+        e.reported("f1", ReportKind::Present, true, 2);
         let mut l = listing(3, &[], &[]);
         l.unattributed = 1;
         assert!(e.listed(&l).is_empty());
@@ -383,7 +445,7 @@ mod tests {
         let mut e = Evidence::new("node-a");
         e.set_fences([fence("f1", "p1")], 0);
         assert_eq!(names(&e.listed(&listing(2, &[], &[]))), ["f1"]);
-        e.reported("f1", true, 2);
+        e.reported("f1", ReportKind::Gone, true, 2);
         // A second fence of the same pod (another address), seen at listing 10.
         e.set_fences([fence("f1", "p1"), fence("f2", "p1")], 10);
         assert!(e.listed(&listing(11, &[], &[])).is_empty());
@@ -399,11 +461,39 @@ mod tests {
         };
         e.set_fences([done, fence("f2", "p2")], 0);
         assert_eq!(names(&e.listed(&listing(2, &[], &[]))), ["f2"]);
-        e.reported("f2", false, 2);
+        e.reported("f2", ReportKind::Gone, false, 2);
         assert!(e.listed(&listing(2, &[], &[])).is_empty());
         assert_eq!(names(&e.listed(&listing(3, &[], &[]))), ["f2"]);
-        e.reported("f2", false, 3);
+        e.reported("f2", ReportKind::Gone, false, 3);
         assert!(e.listed(&listing(4, &[], &[])).is_empty(), "doubled");
         assert_eq!(names(&e.listed(&listing(5, &[], &[]))), ["f2"]);
+    }
+
+    #[test]
+    fn a_sandbox_still_listed_is_reported_present_once_and_gone_waits_for_that_write() {
+        let mut e = Evidence::new("node-a");
+        e.set_fences([fence("f1", "p1")], 0);
+        // Listing 1 may have begun before the fence was seen: it says nothing.
+        assert!(e.listed(&listing(1, &["p1"], &[])).is_empty());
+        assert_eq!(present(&e.listed(&listing(2, &["p1"], &[]))), ["f1"]);
+        // Gone while "present" is in flight: "gone" waits for it (written after, it would be
+        // overwritten and the fence held for good).
+        assert!(e.listed(&listing(3, &[], &[])).is_empty());
+        e.reported("f1", ReportKind::Present, true, 3);
+        assert_eq!(names(&e.listed(&listing(4, &[], &[]))), ["f1"]);
+        // A failed "present" is written again while the pod is listed.
+        let mut e = Evidence::new("node-a");
+        e.set_fences([fence("f2", "p2")], 0);
+        assert_eq!(present(&e.listed(&listing(2, &["p2"], &[]))), ["f2"]);
+        e.reported("f2", ReportKind::Present, false, 2);
+        assert_eq!(present(&e.listed(&listing(3, &[], &["p2"]))), ["f2"]);
+        // The object already says so (an agent restart): not written again.
+        let mut e = Evidence::new("node-a");
+        let said = Fence {
+            present_reported: true,
+            ..fence("f3", "p3")
+        };
+        e.set_fences([said], 0);
+        assert!(e.listed(&listing(2, &["p3"], &[])).is_empty());
     }
 }

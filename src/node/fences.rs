@@ -13,7 +13,7 @@ use serde_json::json;
 
 use super::args::NodeAgentArgs;
 use super::error::NodeError;
-use super::evidence::{Fence, Report};
+use super::evidence::{Fence, Report, ReportKind};
 use crate::api::IPFence;
 use crate::api::lenient::Lenient;
 use crate::ipam::fence::{NODE_LABEL, node_label_value};
@@ -31,11 +31,10 @@ fn fence_of(f: &Lenient<IPFence>) -> Option<Fence> {
         }
     };
     let uid = fence.metadata.uid.clone().unwrap_or_default();
-    let reported = fence
-        .status
-        .as_ref()
-        .and_then(|s| s.sandboxes_gone.as_ref())
-        .is_some_and(|g| g.fence_uid == uid);
+    let status = fence.status.as_ref();
+    let ours = |r: Option<&crate::api::SandboxReport>| r.is_some_and(|r| r.fence_uid == uid);
+    let reported = ours(status.and_then(|s| s.sandboxes_gone.as_ref()));
+    let present_reported = ours(status.and_then(|s| s.sandboxes_present.as_ref()));
     Some(Fence {
         name: fence.name_any(),
         uid,
@@ -43,6 +42,7 @@ fn fence_of(f: &Lenient<IPFence>) -> Option<Fence> {
         pod_uid: fence.spec.uid.clone(),
         sandbox: fence.spec.sandbox.clone(),
         reported,
+        present_reported,
     })
 }
 
@@ -123,19 +123,24 @@ impl FenceReporter {
         }
     }
 
-    /// Writes `r` into its fence's status, with the fence's uid as a precondition (a fence
-    /// deleted and written again meanwhile is another object: refused with 422).
+    /// Writes `r` into its fence's status (the whole status: one report at a time), with the
+    /// fence's uid as a precondition (a fence deleted and written again meanwhile is another
+    /// object: refused with 422).
     pub async fn report(&self, r: &Report) -> Result<(), NodeError> {
         let observed_at = jiff::Timestamp::now().to_string();
+        let field = match r.kind {
+            ReportKind::Gone => "sandboxesGone",
+            ReportKind::Present => "sandboxesPresent",
+        };
         if self.dry_run {
-            tracing::info!(fence = %r.name, pod_uid = %r.pod_uid, "dry-run: would report the fenced pod's sandboxes gone");
+            tracing::info!(fence = %r.name, pod_uid = %r.pod_uid, report = field, "dry-run: would report on the fenced pod's sandboxes");
             return Ok(());
         }
         // A JSON patch's `test` is a real precondition on the status subresource (a uid in a
         // merge patch is not: the status strategy keeps the stored metadata).
         let ops = json!([
             {"op": "test", "path": "/metadata/uid", "value": r.fence_uid},
-            {"op": "add", "path": "/status", "value": {"sandboxesGone": {
+            {"op": "add", "path": "/status", "value": {field: {
                 "node": self.node,
                 "podUid": r.pod_uid,
                 "fenceUid": r.fence_uid,

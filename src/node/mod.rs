@@ -146,6 +146,7 @@ struct Agent {
 struct ReportDone {
     fence_uid: String,
     pod_uid: String,
+    kind: evidence::ReportKind,
     outcome: Result<(), NodeError>,
 }
 
@@ -295,13 +296,21 @@ impl Agent {
                 Vec::new()
             };
             for r in reports {
-                tracing::info!(fence = %r.name, pod_uid = %r.pod_uid, listing = listing.number, "fenced pod has no sandbox left on this node; reporting");
+                match r.kind {
+                    evidence::ReportKind::Gone => {
+                        tracing::info!(fence = %r.name, pod_uid = %r.pod_uid, listing = listing.number, "fenced pod has no sandbox left on this node; reporting")
+                    }
+                    evidence::ReportKind::Present => {
+                        tracing::info!(fence = %r.name, pod_uid = %r.pod_uid, listing = listing.number, "fenced pod still has a sandbox on this node (its kubelet is stopping it); reporting, which holds the fence")
+                    }
+                }
                 let reporter = self.reporter.clone();
                 tasks.spawn(async move {
                     let outcome = reporter.report(&r).await;
                     ReportDone {
                         fence_uid: r.fence_uid,
                         pod_uid: r.pod_uid,
+                        kind: r.kind,
                         outcome,
                     }
                 });
@@ -326,6 +335,7 @@ impl Agent {
         let ReportDone {
             fence_uid,
             pod_uid,
+            kind,
             outcome,
         } = done;
         let label = if outcome.is_ok() {
@@ -334,7 +344,7 @@ impl Agent {
             "failed"
         };
         if let Err(error) = &outcome {
-            tracing::warn!(%fence_uid, %pod_uid, %error, kind = error.label(), "reporting a fenced pod's sandboxes gone failed; retried");
+            tracing::warn!(%fence_uid, %pod_uid, report = ?kind, %error, kind = error.label(), "reporting on a fenced pod's sandboxes failed; retried");
         }
         self.metrics
             .fence_reports
@@ -344,7 +354,7 @@ impl Agent {
             .inc();
         let listings = self.view.lock().expect("runtime view lock").listings;
         self.evidence
-            .reported(&fence_uid, outcome.is_ok(), listings);
+            .reported(&fence_uid, kind, outcome.is_ok(), listings);
     }
 
     fn start_due(&mut self, looks: &mut looks::Looks) {

@@ -21,6 +21,10 @@ pub struct NodeReadiness {
     pub ready_seen: Option<Instant>,
     /// Tainted `node.kubernetes.io/out-of-service`: its operator declared it powered off.
     pub out_of_service: bool,
+    /// Seen Ready again after being seen not Ready: until then its kubelet may still be
+    /// stopping pods deleted while it was away, so a deletion seen before counts as one from a
+    /// node not Ready (`None`: Ready since first seen, or not Ready).
+    pub settling_until: Option<Instant>,
 }
 
 impl NodeReadiness {
@@ -30,13 +34,22 @@ impl NodeReadiness {
     }
 }
 
-/// Why a pod deleted now, on `node`, must be fenced; `None` when its node is trusted to kill
-/// the sandbox (Ready) or is gone (a deleted Node is declared dead).
-pub fn distrust(node: Option<&NodeReadiness>) -> Option<String> {
+/// Why a pod deleted at `now`, on `node`, must be fenced; `None` when its node is trusted to
+/// kill the sandbox (Ready and settled) or is gone (a deleted Node is declared dead).
+pub fn distrust(node: Option<&NodeReadiness>, now: Instant) -> Option<String> {
     let node = node?;
-    // Ready, or declared powered off by its operator (nothing runs there any more).
-    if node.is_ready() || node.out_of_service {
+    // Declared powered off by its operator: nothing runs there any more.
+    if node.out_of_service {
         return None;
+    }
+    if node.is_ready() {
+        // Back from NotReady moments ago: a deletion seen now may be one made while it was
+        // away (a re-list after a gap), and its kubelet may still be stopping the pod.
+        let until = node.settling_until.filter(|u| *u > now)?;
+        let left = until.saturating_duration_since(now).as_secs().max(1);
+        return Some(format!(
+            "Ready=True again, settling for {left}s more: it may still be stopping pods deleted while it was away"
+        ));
     }
     Some(match &node.reason {
         Some(reason) => format!("Ready={} ({reason})", node.status),
@@ -51,6 +64,18 @@ pub struct FencePolicy {
     pub settle: Duration,
     /// Lift after this long whatever the node does (`None`: wait).
     pub timeout: Option<Duration>,
+    /// Added to a fenced pod's termination grace period: a returning kubelet kills the pod
+    /// with its own cached spec (no grace override), waits up to that grace, then stops the
+    /// sandbox (the CNI DEL). A fence never lifts by the settle before grace + margin.
+    pub grace_margin: Duration,
+}
+
+impl FencePolicy {
+    /// How long a node must have been Ready before a fence of a pod with termination grace
+    /// `grace` lifts on the settle: the settle, or the grace plus the margin if longer.
+    pub fn settle_for(&self, grace: Duration) -> Duration {
+        self.settle.max(grace.saturating_add(self.grace_margin))
+    }
 }
 
 /// Why a fence lifted.
@@ -99,18 +124,28 @@ pub struct Moment {
     pub mono: Instant,
 }
 
-/// Whether a fence lifts. `fence`: the record's `since` (wall) and when this process first
-/// saw the fence (monotonic); `node`: the node now (`None`: no such Node).
+/// A fence as the lift rules read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FenceClock {
+    /// The record's `since` (wall) and when this process first saw the fence (monotonic).
+    pub set: Moment,
+    /// The deleted pod's termination grace period (its spec's, as the kubelet caches it).
+    pub grace: Duration,
+}
+
+/// Whether a fence lifts. `fence`: when it was set and the pod's grace; `node`: the node now
+/// (`None`: no such Node).
 pub fn lift(
-    fence: Moment,
+    fence: FenceClock,
     node: Option<&NodeReadiness>,
     now: Moment,
     policy: &FencePolicy,
 ) -> Option<Lift> {
     // The timeout spans restarts, so it counts from the record, written by a controller.
+    let FenceClock { set, grace } = fence;
     if policy
         .timeout
-        .is_some_and(|t| elapsed(fence.wall, now.wall) >= t)
+        .is_some_and(|t| elapsed(set.wall, now.wall) >= t)
     {
         return Some(Lift::TimedOut);
     }
@@ -126,8 +161,9 @@ pub fn lift(
     };
     // Ready counts from the later of our observation of it and of the fence: a stale view of
     // the node when the fence was set must not shorten the settle period.
-    let ready_from = ready_seen.max(fence.mono);
-    (now.mono.saturating_duration_since(ready_from) >= policy.settle).then_some(Lift::NodeSettled)
+    let ready_from = ready_seen.max(set.mono);
+    let settled = now.mono.saturating_duration_since(ready_from) >= policy.settle_for(grace);
+    settled.then_some(Lift::NodeSettled)
 }
 
 /// Whose a fence is, as its evidence must name it.
@@ -141,9 +177,9 @@ pub struct FenceIdentity<'a> {
     pub fence_uid: &'a str,
 }
 
-/// A node agent's report that a pod's sandboxes are gone (an `IPFence` status, as read).
+/// A node agent's report on a fenced pod's sandboxes (an `IPFence` status, as read).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GoneReport<'a> {
+pub struct AgentReport<'a> {
     /// The node whose agent looked.
     pub node: &'a str,
     /// The pod it looked for.
@@ -152,6 +188,16 @@ pub struct GoneReport<'a> {
     pub fence_uid: &'a str,
     /// When it looked (the node's clock: must parse, never compared).
     pub observed_at: &'a str,
+}
+
+/// What the node agent on a fence's node says: the pod's sandboxes are gone, or one is still
+/// there (its kubelet is still stopping it). The agent writes one at a time.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AgentReports<'a> {
+    /// None of the pod's sandboxes is listed.
+    pub gone: Option<AgentReport<'a>>,
+    /// A sandbox of the pod is still listed.
+    pub present: Option<AgentReport<'a>>,
 }
 
 /// Why a report does not count.
@@ -186,7 +232,7 @@ impl Rejected {
 /// which exists only after the fence was decided: the agent reads it before the listing that
 /// found no sandbox, so a report carrying it was made after the fence was written. Clocks are
 /// never compared (the node's may lag or lead).
-pub fn check_report(fence: FenceIdentity<'_>, report: &GoneReport<'_>) -> Result<(), Rejected> {
+pub fn check_report(fence: FenceIdentity<'_>, report: &AgentReport<'_>) -> Result<(), Rejected> {
     if fence.pod_uid.is_empty() || fence.fence_uid.is_empty() || fence.node.is_empty() {
         return Err(Rejected::Unbound);
     }
@@ -211,25 +257,62 @@ pub fn check_report(fence: FenceIdentity<'_>, report: &GoneReport<'_>) -> Result
     Ok(())
 }
 
-/// [`lift`], where the node agent's report also counts: valid evidence lifts at once (after a
-/// timeout or the node's deletion or taint, which say so first). Returns why a report present
-/// was rejected, for logs and metrics.
-pub fn lift_with_report(
-    fence: Moment,
+/// What the lift rules make of a fence and its node agent's reports.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Verdict {
+    /// Why it lifts now, if it does.
+    pub lift: Option<Lift>,
+    /// A lift by the settle or the timeout held because the agent still sees a sandbox.
+    pub held_by_agent: bool,
+    /// Why reports present were rejected (logged and counted, never acted on).
+    pub rejected: Vec<Rejected>,
+}
+
+/// [`lift`], where the node agent's reports also count. Valid "gone" evidence lifts at once
+/// (after a timeout or the node's deletion or taint, which say so first); valid "still
+/// present" holds the settle and the timeout (the returning kubelet is still stopping the
+/// pod), never the operator's word (a deleted Node, the out-of-service taint). Both at once
+/// (the agent writes one at a time) count as present.
+pub fn lift_with_reports(
+    fence: FenceClock,
     identity: FenceIdentity<'_>,
-    report: Option<&GoneReport<'_>>,
+    reports: &AgentReports<'_>,
     node: Option<&NodeReadiness>,
     now: Moment,
     policy: &FencePolicy,
-) -> (Option<Lift>, Option<Rejected>) {
+) -> Verdict {
     let by_node = lift(fence, node, now, policy);
-    let checked = report.map(|r| check_report(identity, r));
-    let rejected = checked.and_then(Result::err);
-    match by_node {
-        Some(Lift::NodeSettled) | None if checked == Some(Ok(())) => {
-            (Some(Lift::SandboxesGone), rejected)
-        }
-        other => (other, rejected),
+    let mut rejected = Vec::new();
+    let mut valid =
+        |r: &Option<AgentReport<'_>>| match r.as_ref().map(|r| check_report(identity, r)) {
+            Some(Ok(())) => true,
+            Some(Err(why)) => {
+                rejected.push(why);
+                false
+            }
+            None => false,
+        };
+    let (gone, present) = (valid(&reports.gone), valid(&reports.present));
+    // While a sandbox is present only the operator's word lifts (checked without the timer).
+    let by_operator = || {
+        let untimed = FencePolicy {
+            timeout: None,
+            ..*policy
+        };
+        lift(fence, node, now, &untimed).filter(|l| *l != Lift::NodeSettled)
+    };
+    let (lift, held_by_agent) = match by_node {
+        Some(Lift::NodeSettled | Lift::TimedOut) if present => match by_operator() {
+            Some(l) => (Some(l), false),
+            None => (None, true),
+        },
+        Some(Lift::NodeSettled) | None if gone && !present => (Some(Lift::SandboxesGone), false),
+        other => (other, false),
+    };
+    Verdict {
+        lift,
+        held_by_agent,
+        rejected,
     }
 }
 
@@ -254,9 +337,9 @@ mod tests {
     /// and not a second earlier.
     #[track_caller]
     fn assert_settles_at(fence: Moment, ready: &NodeReadiness, o: Instant, s: u64) {
-        assert_eq!(lift(fence, Some(ready), at(o, s - 1), &POLICY), None);
+        assert_eq!(lift_at(fence, Some(ready), at(o, s - 1), &POLICY), None);
         assert_eq!(
-            lift(fence, Some(ready), at(o, s), &POLICY),
+            lift_at(fence, Some(ready), at(o, s), &POLICY),
             Some(Lift::NodeSettled)
         );
     }
@@ -267,23 +350,67 @@ mod tests {
             reason: (status != "True").then(|| "NodeStatusUnknown".into()),
             ready_seen,
             out_of_service: false,
+            settling_until: None,
         }
     }
 
     const POLICY: FencePolicy = FencePolicy {
         settle: Duration::from_secs(30),
         timeout: None,
+        grace_margin: Duration::ZERO,
     };
+
+    /// [`lift`] of a fence set at `set` of a pod with no grace period.
+    fn lift_at(
+        set: Moment,
+        node: Option<&NodeReadiness>,
+        now: Moment,
+        policy: &FencePolicy,
+    ) -> Option<Lift> {
+        lift(
+            FenceClock {
+                set,
+                grace: Duration::ZERO,
+            },
+            node,
+            now,
+            policy,
+        )
+    }
+
+    /// [`lift_with_reports`] with `gone` as the only report: the lift and the first rejection.
+    fn reported(
+        set: Moment,
+        identity: FenceIdentity<'_>,
+        gone: Option<&AgentReport<'_>>,
+        node: Option<&NodeReadiness>,
+        now: Moment,
+        policy: &FencePolicy,
+    ) -> (Option<Lift>, Option<Rejected>) {
+        let reports = AgentReports {
+            gone: gone.cloned(),
+            present: None,
+        };
+        let fence = FenceClock {
+            set,
+            grace: Duration::ZERO,
+        };
+        let v = lift_with_reports(fence, identity, &reports, node, now, policy);
+        (v.lift, v.rejected.first().copied())
+    }
 
     #[test]
     fn only_a_node_that_is_not_ready_is_distrusted() {
-        assert_eq!(distrust(Some(&node("True", Some(Instant::now())))), None);
         assert_eq!(
-            distrust(Some(&node("Unknown", None))).as_deref(),
+            distrust(Some(&node("True", Some(Instant::now()))), Instant::now()),
+            None
+        );
+        assert_eq!(
+            distrust(Some(&node("Unknown", None)), Instant::now()).as_deref(),
             Some("Ready=Unknown (NodeStatusUnknown)")
         );
         assert_eq!(
-            distrust(Some(&node("False", None))).as_deref(),
+            distrust(Some(&node("False", None)), Instant::now()).as_deref(),
             Some("Ready=False (NodeStatusUnknown)")
         );
         let missing = NodeReadiness {
@@ -291,9 +418,17 @@ mod tests {
             reason: None,
             ready_seen: None,
             out_of_service: false,
+            settling_until: None,
         };
-        assert_eq!(distrust(Some(&missing)).as_deref(), Some("Ready=missing"));
-        assert_eq!(distrust(None), None, "a deleted Node is declared dead");
+        assert_eq!(
+            distrust(Some(&missing), Instant::now()).as_deref(),
+            Some("Ready=missing")
+        );
+        assert_eq!(
+            distrust(None, Instant::now()),
+            None,
+            "a deleted Node is declared dead"
+        );
     }
 
     #[test]
@@ -301,7 +436,7 @@ mod tests {
         let o = Instant::now();
         let fence = at(o, 100);
         assert_eq!(
-            lift(fence, Some(&node("Unknown", None)), at(o, 10_000), &POLICY),
+            lift_at(fence, Some(&node("Unknown", None)), at(o, 10_000), &POLICY),
             None
         );
         let ready = node("True", Some(at(o, 200).mono));
@@ -330,7 +465,7 @@ mod tests {
     fn a_ready_node_without_an_observation_never_lifts() {
         let o = Instant::now();
         assert_eq!(
-            lift(at(o, 0), Some(&node("True", None)), at(o, 10_000), &POLICY),
+            lift_at(at(o, 0), Some(&node("True", None)), at(o, 10_000), &POLICY),
             None
         );
     }
@@ -339,7 +474,7 @@ mod tests {
     fn a_deleted_node_lifts_at_once_and_a_timeout_whatever_the_node_does() {
         let o = Instant::now();
         assert_eq!(
-            lift(at(o, 100), None, at(o, 100), &POLICY),
+            lift_at(at(o, 100), None, at(o, 100), &POLICY),
             Some(Lift::NodeDeleted)
         );
         let policy = FencePolicy {
@@ -347,9 +482,9 @@ mod tests {
             ..POLICY
         };
         let down = node("Unknown", None);
-        assert_eq!(lift(at(o, 100), Some(&down), at(o, 119), &policy), None);
+        assert_eq!(lift_at(at(o, 100), Some(&down), at(o, 119), &policy), None);
         assert_eq!(
-            lift(at(o, 100), Some(&down), at(o, 120), &policy),
+            lift_at(at(o, 100), Some(&down), at(o, 120), &policy),
             Some(Lift::TimedOut)
         );
     }
@@ -363,7 +498,7 @@ mod tests {
         };
         let now = skewed(o, 50, 500);
         assert_eq!(
-            lift(at(o, 100), Some(&node("Unknown", None)), now, &policy),
+            lift_at(at(o, 100), Some(&node("Unknown", None)), now, &policy),
             None
         );
     }
@@ -376,10 +511,10 @@ mod tests {
             ..node("Unknown", None)
         };
         assert_eq!(
-            lift(at(o, 100), Some(&down), at(o, 101), &POLICY),
+            lift_at(at(o, 100), Some(&down), at(o, 101), &POLICY),
             Some(Lift::OutOfService)
         );
-        assert_eq!(distrust(Some(&down)), None);
+        assert_eq!(distrust(Some(&down), Instant::now()), None);
     }
 
     const FENCE: FenceIdentity<'static> = FenceIdentity {
@@ -388,8 +523,8 @@ mod tests {
         fence_uid: "fence-2",
     };
 
-    fn report() -> GoneReport<'static> {
-        GoneReport {
+    fn report() -> AgentReport<'static> {
+        AgentReport {
             node: "node-a",
             pod_uid: "pod-1",
             fence_uid: "fence-2",
@@ -402,22 +537,22 @@ mod tests {
         let o = Instant::now();
         let long = FencePolicy {
             settle: Duration::from_secs(3600),
-            timeout: None,
+            ..POLICY
         };
         let down = node("Unknown", None);
         let r = report();
         assert_eq!(
-            lift_with_report(at(o, 100), FENCE, Some(&r), Some(&down), at(o, 101), &long),
+            reported(at(o, 100), FENCE, Some(&r), Some(&down), at(o, 101), &long),
             (Some(Lift::SandboxesGone), None)
         );
         let ready = node("True", Some(at(o, 100).mono));
         assert_eq!(
-            lift_with_report(at(o, 100), FENCE, Some(&r), Some(&ready), at(o, 101), &long).0,
+            reported(at(o, 100), FENCE, Some(&r), Some(&ready), at(o, 101), &long).0,
             Some(Lift::SandboxesGone)
         );
         // Without a report, the settle still rules.
         assert_eq!(
-            lift_with_report(at(o, 100), FENCE, None, Some(&ready), at(o, 101), &long),
+            reported(at(o, 100), FENCE, None, Some(&ready), at(o, 101), &long),
             (None, None)
         );
     }
@@ -428,14 +563,14 @@ mod tests {
         let down = node("Unknown", None);
         let cases = [
             (
-                GoneReport {
+                AgentReport {
                     node: "node-b",
                     ..report()
                 },
                 Rejected::WrongNode,
             ),
             (
-                GoneReport {
+                AgentReport {
                     pod_uid: "pod-9",
                     ..report()
                 },
@@ -443,21 +578,21 @@ mod tests {
             ),
             // Stale: made for an earlier fence of the same address (another object).
             (
-                GoneReport {
+                AgentReport {
                     fence_uid: "fence-1",
                     ..report()
                 },
                 Rejected::OtherFence,
             ),
             (
-                GoneReport {
+                AgentReport {
                     observed_at: "yesterday",
                     ..report()
                 },
                 Rejected::Malformed,
             ),
             (
-                GoneReport {
+                AgentReport {
                     node: "",
                     ..report()
                 },
@@ -466,7 +601,7 @@ mod tests {
         ];
         for (r, why) in cases {
             assert_eq!(
-                lift_with_report(
+                reported(
                     at(o, 100),
                     FENCE,
                     Some(&r),
@@ -487,13 +622,13 @@ mod tests {
             pod_uid: "",
             ..FENCE
         };
-        let r = GoneReport {
+        let r = AgentReport {
             pod_uid: "",
             ..report()
         };
         let down = node("Unknown", None);
         assert_eq!(
-            lift_with_report(at(o, 1), old, Some(&r), Some(&down), at(o, 2), &POLICY),
+            reported(at(o, 1), old, Some(&r), Some(&down), at(o, 2), &POLICY),
             (None, Some(Rejected::Unbound))
         );
     }
@@ -503,8 +638,115 @@ mod tests {
         let o = Instant::now();
         let r = report();
         assert_eq!(
-            lift_with_report(at(o, 1), FENCE, Some(&r), None, at(o, 2), &POLICY).0,
+            reported(at(o, 1), FENCE, Some(&r), None, at(o, 2), &POLICY).0,
             Some(Lift::NodeDeleted)
         );
+    }
+
+    fn present() -> AgentReport<'static> {
+        report()
+    }
+
+    #[test]
+    fn a_fence_waits_the_pods_grace_period_plus_the_margin_when_longer_than_the_settle() {
+        // A database pod with a 120 s grace: the returning kubelet may run it 120 s more.
+        let o = Instant::now();
+        let policy = FencePolicy {
+            grace_margin: Duration::from_secs(10),
+            ..POLICY
+        };
+        let fence = FenceClock {
+            set: at(o, 100),
+            grace: Duration::from_secs(120),
+        };
+        let ready = node("True", Some(at(o, 200).mono));
+        assert_eq!(lift(fence, Some(&ready), at(o, 329), &policy), None);
+        assert_eq!(
+            lift(fence, Some(&ready), at(o, 330), &policy),
+            Some(Lift::NodeSettled)
+        );
+        // A short grace: the settle rules.
+        let short = FenceClock {
+            grace: Duration::from_secs(5),
+            ..fence
+        };
+        assert_eq!(lift(short, Some(&ready), at(o, 229), &policy), None);
+        assert_eq!(
+            lift(short, Some(&ready), at(o, 230), &policy),
+            Some(Lift::NodeSettled)
+        );
+    }
+
+    #[test]
+    fn the_agents_still_present_report_holds_the_settle_and_the_timeout_but_not_the_operators_word()
+    {
+        let o = Instant::now();
+        let policy = FencePolicy {
+            timeout: Some(Duration::from_secs(50)),
+            ..POLICY
+        };
+        let fence = FenceClock {
+            set: at(o, 0),
+            grace: Duration::ZERO,
+        };
+        let reports = AgentReports {
+            gone: None,
+            present: Some(present()),
+        };
+        let ready = node("True", Some(at(o, 0).mono));
+        let held = |node: Option<&NodeReadiness>, s| {
+            lift_with_reports(fence, FENCE, &reports, node, at(o, s), &policy)
+        };
+        let v = held(Some(&ready), 40);
+        assert_eq!((v.lift, v.held_by_agent), (None, true), "settled, held");
+        let v = held(Some(&node("Unknown", None)), 60);
+        assert_eq!((v.lift, v.held_by_agent), (None, true), "timed out, held");
+        assert_eq!(held(None, 60).lift, Some(Lift::NodeDeleted));
+        let tainted = NodeReadiness {
+            out_of_service: true,
+            ..ready.clone()
+        };
+        assert_eq!(held(Some(&tainted), 1).lift, Some(Lift::OutOfService));
+        // Gone and present at once (the agent writes one): present.
+        let both = AgentReports {
+            gone: Some(report()),
+            present: Some(present()),
+        };
+        let v = lift_with_reports(fence, FENCE, &both, Some(&ready), at(o, 40), &policy);
+        assert_eq!(v.lift, None);
+        // A present report for another fence object holds nothing and is rejected.
+        let stale = AgentReports {
+            gone: None,
+            present: Some(AgentReport {
+                fence_uid: "fence-1",
+                ..present()
+            }),
+        };
+        let v = lift_with_reports(fence, FENCE, &stale, Some(&ready), at(o, 40), &policy);
+        assert_eq!(
+            (v.lift, v.held_by_agent, v.rejected),
+            (Some(Lift::NodeSettled), false, vec![Rejected::OtherFence])
+        );
+    }
+
+    #[test]
+    fn a_node_seen_ready_again_is_distrusted_until_its_settle_has_passed() {
+        let o = Instant::now();
+        let settling = NodeReadiness {
+            settling_until: Some(o + Duration::from_secs(30)),
+            ..node("True", Some(o))
+        };
+        let why = distrust(Some(&settling), o + Duration::from_secs(10));
+        assert!(
+            why.as_deref()
+                .is_some_and(|w| w.contains("settling for 20s")),
+            "{why:?}"
+        );
+        assert_eq!(distrust(Some(&settling), o + Duration::from_secs(30)), None);
+        let tainted = NodeReadiness {
+            out_of_service: true,
+            ..settling
+        };
+        assert_eq!(distrust(Some(&tainted), o), None);
     }
 }

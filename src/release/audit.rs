@@ -284,6 +284,7 @@ mod tests {
             why: "Ready=Unknown".into(),
             network: "ns/macvlan".into(),
             since: "2025-01-01T00:00:00Z".parse().unwrap(),
+            grace_seconds: None,
         }
     }
 

@@ -40,5 +40,6 @@ pub fn record() -> FenceRecord {
         why: "Ready=Unknown".into(),
         network: "ns/net".into(),
         since: "2026-11-23T10:00:00Z".parse().unwrap(),
+        grace_seconds: None,
     }
 }

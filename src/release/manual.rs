@@ -407,6 +407,7 @@ mod tests {
             why: "Ready=Unknown".into(),
             network: "ns/net".into(),
             since: "2025-01-01T00:00:00Z".parse().unwrap(),
+            grace_seconds: None,
         }
     }
 
@@ -416,7 +417,7 @@ mod tests {
             uid: format!("uid-{name}"),
             sandbox: sandbox.into(),
             record: record(podref, node),
-            evidence: None,
+            evidence: Default::default(),
         }
     }
 
@@ -433,6 +434,8 @@ mod tests {
             annotations: Some(&annotations),
             node: Some("node-a"),
             terminal,
+            mirror: false,
+            grace_seconds: None,
         };
         ix.upsert_pod(podref, &format!("uid-{podref}"), seen, Instant::now());
     }

@@ -348,3 +348,51 @@ async fn a_replacement_given_the_address_back_while_the_pod_watch_lags_keeps_it(
     // The manual commands of other tests read every namespace's pods listing 192.0.2.x.
     env.delete_pod("db-0").await;
 }
+
+/// The API object of a static pod is a mirror (`kubernetes.io/config.mirror`): deleting it
+/// stops nothing, and the kubelet recreates it a moment later, without network-status. The
+/// deletion path never releases on it (the static pod's node's CNI DEL and the sweep, with its
+/// grace, remain); a plain pod deleted after it is released as usual. (Before, the mirror's
+/// address was released at once under the running static pod.)
+#[tokio::test]
+async fn a_mirror_pods_deletion_frees_nothing_while_a_plain_pods_does() {
+    let mut env = Env::new("ctl-mirror").await;
+    // The API admits a mirror pod only bound to a node (a Ready one: nothing is fenced).
+    let node = env.fence_node("True").await;
+    env.macvlan(&[(10, "sb-static", "etcd-node-a"), (11, "sb-gone", "gone-0")])
+        .await;
+    let mirror = |ips: Option<&[&str]>| {
+        let mut pod = env.pod_object("etcd-node-a", "macvlan", ips, Some(&node), 30);
+        pod.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(MIRROR.into(), "a3c9".into());
+        pod
+    };
+    let (static_pod, recreated) = (mirror(Some(&["192.0.2.10"])), mirror(None));
+    testenv::fixtures::create(&env.pods(), &static_pod).await;
+    let gone = env.pod("gone-0", "macvlan", Some(&["192.0.2.11"])).await;
+    // The sweep's grace keeps the recreated mirror's entry out of this test: only the deletion
+    // path is judged.
+    env.start(&["--leak-grace=10m"]).await;
+    env.delete_pod("etcd-node-a").await;
+    testenv::fixtures::create(&env.pods(), &recreated).await;
+    env.delete_pod("gone-0").await;
+    env.wait_one_event("IPAddressGarbageCollected", "gone-0", &gone)
+        .await;
+    env.wait_keys("192.0.2.0-24", &["10"]).await;
+    env.wait_sweeps(2.0).await;
+    assert_eq!(
+        env.keys("192.0.2.0-24").await,
+        ["10"],
+        "the static pod's entry"
+    );
+    assert_eq!(
+        env.events("IPAddressGarbageCollected").await.len(),
+        1,
+        "only gone-0's"
+    );
+    env.finish(&node).await;
+}
+
+const MIRROR: &str = "kubernetes.io/config.mirror";

@@ -663,3 +663,99 @@ async fn a_deletion_seen_before_the_nodes_are_listed_is_fenced() {
     assert!(env.events("IPAddressGarbageCollected").await.is_empty());
     env.finish(&node).await;
 }
+
+/// A returning kubelet stops a pod deleted while it was away with the pod's own grace period
+/// (its cached spec; no grace override), and only then runs the CNI DEL: a database pod with a
+/// long grace keeps running on its address meanwhile. So the fence waits for the grace period
+/// plus the margin after the node is Ready, not only for the settle. (Before, it lifted the
+/// settle (1 s) after Ready.)
+#[tokio::test]
+async fn a_fence_waits_the_deleted_pods_grace_period_after_its_node_is_ready_again() {
+    let mut env = Env::new("ctl-fence-grace").await;
+    let node = env.fence_node("Unknown").await;
+    let flags = ["--fence-settle=1s", "--fence-grace-margin=2s"];
+    let uid = env.fenced_web_0_with("192.0.2", &node, 20, &flags).await;
+    env.assert_web_0_fenced(&node).await;
+    let name = ipreclaim::ipam::fence::fence_object_name("192.0.2.0-24", "10");
+    let fence = Api::<ipreclaim::api::IPFence>::namespaced(env.client.clone(), &env.ns)
+        .get(&name)
+        .await
+        .unwrap();
+    assert_eq!(
+        fence.spec.grace_period_seconds,
+        Some(20),
+        "the fence keeps it"
+    );
+    let set_ready = std::time::Instant::now();
+    env.set_ready(&node, "True").await;
+    // Fences are checked every second: five passes past the settle, still fenced.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    env.assert_web_0_fenced(&node).await;
+    env.wait_web_0_released(&uid).await;
+    assert!(
+        set_ready.elapsed() >= Duration::from_secs(22),
+        "released {:?} after the node was set Ready; grace 20 s, margin 2 s",
+        set_ready.elapsed()
+    );
+    env.finish(&node).await;
+}
+
+/// The node agent on a returning node still lists the deleted pod's sandbox (its kubelet is
+/// stopping it) and says so: the fence holds past the settle and past `--fence-timeout`, until
+/// the agent reports the sandboxes gone. (Before, the agent could only report "gone", and the
+/// fence lifted on the settle while the sandbox ran.)
+#[tokio::test]
+async fn the_node_agents_still_present_report_holds_a_fence_past_the_settle_and_the_timeout() {
+    let flags = ["--fence-settle=1s", "--fence-timeout=3s"];
+    let (mut env, node, uid) = Env::with_web_0_seen_fenced("ctl-fence-present", &flags).await;
+    let name = ipreclaim::ipam::fence::fence_object_name("192.0.2.0-24", "10");
+    let fence = Api::<ipreclaim::api::IPFence>::namespaced(env.client.clone(), &env.ns)
+        .get(&name)
+        .await
+        .unwrap();
+    let report = serde_json::json!({
+        "node": node, "podUid": uid, "fenceUid": fence.metadata.uid.clone().unwrap(),
+        "observedAt": jiff::Timestamp::now().to_string(),
+    });
+    env.report(
+        &name,
+        serde_json::json!({"sandboxesPresent": report.clone()}),
+    )
+    .await;
+    env.set_ready(&node, "True").await;
+    // A pass judged the settle and the timeout over and held the fence on the agent's word.
+    env.wait_metric("ipreclaim_fences_held_by_node_agent 1")
+        .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    env.assert_web_0_fenced(&node).await;
+    env.report_gone(&name, report).await;
+    env.wait_web_0_released(&uid).await;
+    env.wait_metric("ipreclaim_fences_held_by_node_agent 0")
+        .await;
+    env.finish(&node).await;
+}
+
+/// A node that was NotReady is Ready again, and a pod deletion is seen moments later (a watch
+/// re-list after a gap finds deletions made while the node was away): its kubelet may still be
+/// stopping that pod, so the deletion is fenced as one from a node that is not Ready, and
+/// lifts once the node has settled. (Before, it was released at once.) A private control plane,
+/// so that `ipreclaim_unready_nodes` counts this test's node alone.
+#[tokio::test]
+async fn a_deletion_seen_while_its_node_is_settling_after_ready_is_fenced() {
+    let (_cp, mut env) = Env::private("ctl-fence-settling").await;
+    let (node, uid) = web_0_and_db_0_on_a_node(&env, "Unknown").await;
+    env.start(&["--fence-settle=8s"]).await;
+    env.wait_metric("ipreclaim_unready_nodes 1").await;
+    env.set_ready(&node, "True").await;
+    env.wait_metric("ipreclaim_unready_nodes 0").await;
+    env.delete_pod("web-0").await;
+    let message = env.wait_one_event(FENCED, "web-0", &uid).await;
+    assert!(message.contains("settling"), "{message}");
+    env.assert_web_0_fenced(&node).await;
+    env.wait_web_0_released(&uid).await;
+    // Settled since: a deletion now is released unfenced.
+    env.delete_pod("db-0").await;
+    env.wait_keys("192.0.2.0-24", &[]).await;
+    assert_eq!(env.events(FENCED).await.len(), 1, "db-0 was not fenced");
+    env.finish(&node).await;
+}

@@ -207,7 +207,8 @@ impl Env {
         self.pod_on(name, nad, ips, None).await
     }
 
-    /// Like [`pod`](Self::pod), bound to `node`.
+    /// Like [`pod`](Self::pod), bound to `node`, with a termination grace period of 1 s (a
+    /// stand-in stops at once; a graceful delete still leaves it Terminating).
     pub async fn pod_on(
         &self,
         name: &str,
@@ -215,15 +216,29 @@ impl Env {
         ips: Option<&[&str]>,
         node: Option<&str>,
     ) -> String {
+        let pod = self.pod_object(name, nad, ips, node, 1);
+        testenv::fixtures::create(&self.pods(), &pod).await
+    }
+
+    /// The pod [`pod_on`](Self::pod_on) creates, with termination grace `grace` seconds.
+    pub fn pod_object(
+        &self,
+        name: &str,
+        nad: &str,
+        ips: Option<&[&str]>,
+        node: Option<&str>,
+        grace: i64,
+    ) -> Pod {
         let annotations = ips.map(|ips| {
             let status = support::network_status(&self.ns, nad, ips);
             BTreeMap::from([(NETWORK_STATUS_ANNOTATION.to_string(), status)])
         });
         let mut pod = testenv::fixtures::pod(name, annotations);
-        if let (Some(spec), Some(node)) = (pod.spec.as_mut(), node) {
-            spec.node_name = Some(node.into());
+        if let Some(spec) = pod.spec.as_mut() {
+            spec.node_name = node.map(Into::into);
+            spec.termination_grace_period_seconds = Some(grace);
         }
-        testenv::fixtures::create(&self.pods(), &pod).await
+        pod
     }
 
     pub async fn delete_pod(&self, name: &str) {
@@ -455,15 +470,25 @@ impl Env {
     /// pods cluster-wide (every test's NAD is in the same cluster, and NADs of one range map
     /// to one pool).
     pub async fn fenced_web_0_in(&mut self, net: &str, node: &str, extra: &[&str]) -> String {
+        self.fenced_web_0_with(net, node, 1, extra).await
+    }
+
+    /// [`fenced_web_0_in`](Self::fenced_web_0_in), web-0 with termination grace `grace` s.
+    pub async fn fenced_web_0_with(
+        &mut self,
+        net: &str,
+        node: &str,
+        grace: i64,
+        extra: &[&str],
+    ) -> String {
         let (web, db) = (format!("{net}.10"), format!("{net}.11"));
         self.nad("macvlan", &format!("{net}.0/24")).await;
         let allocations = [(10, "sb-web-0", "web-0"), (11, "sb-db-0", "db-0")];
         self.pool(&format!("{net}.0-24"), &format!("{net}.0/24"), &allocations)
             .await;
         self.reservation(&web, "web-0").await;
-        let uid = self
-            .pod_on("web-0", "macvlan", Some(&[&web]), Some(node))
-            .await;
+        let web_0 = self.pod_object("web-0", "macvlan", Some(&[&web]), Some(node), grace);
+        let uid = testenv::fixtures::create(&self.pods(), &web_0).await;
         self.pod_on("db-0", "macvlan", Some(&[&db]), Some(node))
             .await;
         self.start(extra).await;
@@ -533,7 +558,16 @@ impl Env {
 impl Env {
     /// Writes `gone` as the node agent's report into fence `name`'s status.
     pub async fn report_gone(&self, name: &str, gone: serde_json::Value) {
-        let status = serde_json::json!({"status": {"sandboxesGone": gone}});
+        self.report(
+            name,
+            serde_json::json!({"sandboxesGone": gone, "sandboxesPresent": null}),
+        )
+        .await;
+    }
+
+    /// Writes `status` (the node agent's reports) into fence `name`'s status.
+    pub async fn report(&self, name: &str, status: serde_json::Value) {
+        let status = serde_json::json!({ "status": status });
         testenv::fixtures::merge_status(
             &Api::<ipreclaim::api::IPFence>::namespaced(self.client.clone(), &self.ns),
             name,

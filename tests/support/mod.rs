@@ -29,7 +29,12 @@ use testenv::program::{InProcess, Shutdown};
 use tokio::sync::oneshot;
 
 /// The controller's timings in tests: a sweep every 200 ms, no leak grace.
-pub const TEST_TIMINGS: &[&str] = &["--sweep-interval=200ms", "--leak-grace=0s"];
+/// (Stand-in pods have a grace of 1 s and no kubelet: no margin after it.)
+pub const TEST_TIMINGS: &[&str] = &[
+    "--sweep-interval=200ms",
+    "--leak-grace=0s",
+    "--fence-grace-margin=0s",
+];
 
 /// Flags as the binary parses them; a later flag overrides an earlier one.
 #[derive(Parser)]

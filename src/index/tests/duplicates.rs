@@ -168,6 +168,8 @@ fn a_terminal_or_deleted_pod_is_no_duplicate() {
     let done = PodSeen {
         annotations: Some(&annotations),
         terminal: true,
+        mirror: false,
+        grace_seconds: None,
         ..Default::default()
     };
     ix.upsert_pod("ns/b", "uid-b", done, Instant::now());

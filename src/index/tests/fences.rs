@@ -1,7 +1,7 @@
 //! Fence records joined with their entries: fenced, pending, left over, unrecorded.
 
 use super::*;
-use crate::api::SandboxesGone;
+use crate::api::SandboxReport;
 use crate::index::{FenceSource, InvalidKey, UnrecordedMark};
 use crate::reclaim::KeepReason;
 
@@ -98,7 +98,7 @@ fn a_record_of_an_earlier_fence_of_the_same_address_and_name_never_speaks_for_a_
     let mut ix = Index::default();
     ix.upsert_pool(&pool(&[("5", "sb-2", "ns/web-0:fenced")]));
     let mut old = object("p-5", "sb-1", "ns/web-0");
-    old.evidence = Some(SandboxesGone {
+    old.evidence.sandboxes_gone = Some(SandboxReport {
         node: "n".into(),
         pod_uid: "uid".into(),
         fence_uid: "uid-p-5".into(),

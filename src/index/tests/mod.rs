@@ -137,6 +137,7 @@ fn record(podref: &str) -> FenceRecord {
         why: "Ready=Unknown".into(),
         network: "ns/net".into(),
         since: "2026-11-23T10:00:00Z".parse().unwrap(),
+        grace_seconds: None,
     }
 }
 
@@ -147,7 +148,7 @@ fn object(name: &str, sandbox: &str, podref: &str) -> FenceObject {
         uid: format!("uid-{name}"),
         sandbox: sandbox.into(),
         record: record(podref),
-        evidence: None,
+        evidence: Default::default(),
     }
 }
 

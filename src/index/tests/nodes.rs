@@ -6,7 +6,7 @@ use super::*;
 use crate::index::NodeIndex;
 use crate::index::kinds::Nodes;
 use crate::index::nodes::Transition;
-use crate::reclaim::fence::{FencePolicy, Lift, Moment, lift};
+use crate::reclaim::fence::{FenceClock, FencePolicy, Lift, Moment, lift};
 
 #[test]
 fn a_pod_of_a_node_that_is_not_ready_is_distrusted_from_the_moment_the_node_is_seen() {
@@ -85,10 +85,14 @@ fn ready_counts_from_our_observation_not_from_the_nodes_lagging_transition_time(
     let policy = FencePolicy {
         settle: Duration::from_secs(30),
         timeout: None,
+        grace_margin: Duration::ZERO,
     };
-    let fence = Moment {
-        wall: hour_ago,
-        mono: t0,
+    let fence = FenceClock {
+        set: Moment {
+            wall: hour_ago,
+            mono: t0,
+        },
+        grace: Duration::ZERO,
     };
     let at = |s| Moment {
         wall: jiff::Timestamp::now(),

@@ -120,7 +120,9 @@ fn a_deleted_pods_node_and_a_finished_pods_phase_come_from_the_pod_watch() {
 fn a_tombstone_holds_what_the_podref_held_when_the_deletion_was_seen() {
     let mut ix = Index::default();
     ix.upsert_pool(&pool(&[("10", "sb-a", "ns/a")]));
-    let t = ix.delete_pod("ns/a", "uid-a", PodSeen::default(), Instant::now());
+    let t = ix
+        .delete_pod("ns/a", "uid-a", PodSeen::default(), Instant::now())
+        .expect("a tombstone");
     assert_eq!(t.held.len(), 1);
     assert_eq!(
         (t.held[0].key.as_str(), t.held[0].id.as_str()),

@@ -175,6 +175,7 @@ fn ipfence(name: &str, key: &str, since: &str) -> IPFence {
             why: "Ready=Unknown".into(),
             network: "ns/net".into(),
             since: since.into(),
+            grace_period_seconds: None,
         },
     );
     f.metadata.uid = Some(format!("uid-{name}"));
