@@ -8,10 +8,13 @@
 //! - N pods deleted at once (64 deletes in flight): when each pool entry and reservation went;
 //! - N pods deleted while the controller was down: released after it is ready;
 //! - M deletions at R/s: deletion-to-release latency, in pools of three sizes;
-//! - the controller's memory with F pods, and again after a restart that lists them all.
+//! - the controller's memory with F pods, and again after a restart that lists them all;
+//! - hostile: the steady phase again beside `--forged` pods (default 400) whose network-status
+//!   a tenant forged (large, many-attachment, many-IP, shared-address), with the controller's
+//!   memory against the chart's limit (not in the default phases).
 //!
 //! `cargo bench --bench scale [-- --pods N --whereabouts-pods W --trickle M --rate R
-//! --footprint F --phases whereabouts,mass,restart,steady,footprint --steady-keepers K,...
+//! --footprint F --forged H --phases whereabouts,mass,restart,steady,footprint,hostile --steady-keepers K,...
 //! --controller-arg FLAG...]` (defaults: 2000, 100, 1000, 50, 20000, all phases, 64,300,600,
 //! ipreclaim's default flags). Each phase has 4 pools of its own (the footprint one per 5,000 pods); live pods ("keepers") in
 //! them: W in the side-by-side, N/10 in the mass delete, 1.2 N in the restart (more than it
@@ -54,6 +57,8 @@ struct Options {
     trickle: usize,
     rate: f64,
     footprint: usize,
+    /// Forged pods in the hostile phase.
+    forged: usize,
     phases: Vec<String>,
     /// Live pods per pool in the steady phase, one run each.
     steady_keepers: Vec<usize>,
@@ -68,6 +73,7 @@ fn options() -> anyhow::Result<Options> {
         trickle: 1000,
         rate: 50.0,
         footprint: 20_000,
+        forged: 400,
         phases: ["whereabouts", "mass", "restart", "steady", "footprint"]
             .map(String::from)
             .to_vec(),
@@ -93,6 +99,7 @@ fn options() -> anyhow::Result<Options> {
             "--trickle" => o.trickle = value()?.parse()?,
             "--rate" => o.rate = value()?.parse()?,
             "--footprint" => o.footprint = value()?.parse()?,
+            "--forged" => o.forged = value()?.parse()?,
             "--phases" => o.phases = value()?.split(',').map(String::from).collect(),
             "--steady-keepers" => {
                 o.steady_keepers = value()?
@@ -941,8 +948,22 @@ async fn restart(bench: &mut Bench, o: &Options) -> anyhow::Result<()> {
 /// Deletions at a steady rate: latency of each pod's release from its delete request, in
 /// pools with `keepers` live pods each.
 async fn steady(bench: &mut Bench, o: &Options, keepers: usize) -> anyhow::Result<()> {
+    steady_with(bench, o, keepers, 0).await
+}
+
+/// [`steady`], with `forged` pods of forged network-status in place before the controller
+/// starts (see [`forge`]); prints the controller's memory after.
+async fn steady_with(
+    bench: &mut Bench,
+    o: &Options,
+    keepers: usize,
+    forged: usize,
+) -> anyhow::Result<()> {
     bench.new_pools().await?;
     bench.add(keepers * POOLS, true).await?;
+    if forged > 0 {
+        forge(bench, forged).await?;
+    }
     let (ipreclaim, addr) = bench.start_ipreclaim(&o.controller_args).await?;
     let victims = bench.add(o.trickle, false).await?;
     println!(
@@ -1033,7 +1054,97 @@ async fn steady(bench: &mut Bench, o: &Options, keepers: usize) -> anyhow::Resul
         ipreclaim.cpu_seconds() - cpu.0,
         control_plane_cpu(&bench.cp) - cpu.1,
     );
+    if forged > 0 {
+        let limit = chart_memory_limit_mib()?;
+        println!(
+            "hostile: with {forged} forged pods: controller RSS {:.1} MiB, peak {:.1} MiB; the chart's memory limit is {limit} MiB (peak at {:.0}% of it)",
+            ipreclaim.rss_mib(),
+            ipreclaim.peak_rss_mib(),
+            ipreclaim.peak_rss_mib() / limit * 100.0,
+        );
+    }
     ipreclaim.stop();
+    Ok(())
+}
+
+/// The steady phase with forged pods beside it: what any user who can create a pod can do
+/// to the controller (issue 35, item 4).
+async fn hostile(bench: &mut Bench, o: &Options) -> anyhow::Result<()> {
+    let keepers = o.steady_keepers.first().copied().unwrap_or(64);
+    println!("hostile: the steady phase ({keepers} live pods per pool) beside forged pods");
+    steady_with(bench, o, keepers, o.forged).await
+}
+
+/// The controller's memory limit in the chart (`controller.resources.limits.memory`), in MiB.
+fn chart_memory_limit_mib() -> anyhow::Result<f64> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/ipreclaim/values.yaml");
+    let values: serde_json::Value = serde_norway::from_str(&std::fs::read_to_string(path)?)?;
+    let limit = values["controller"]["resources"]["limits"]["memory"]
+        .as_str()
+        .context("controller.resources.limits.memory")?;
+    limit
+        .strip_suffix("Mi")
+        .and_then(|m| m.parse().ok())
+        .with_context(|| format!("a limit in Mi: {limit}"))
+}
+
+/// `n` pods with forged network-status, a quarter of each kind, each also carrying 100 KiB of
+/// an annotation no controller reads: `big` (130 KiB of addresses on one attachment), `wide`
+/// (400 attachments), `many` (1,500 addresses on one attachment), and `shared` (within every
+/// cap: 16 attachments of 16 addresses, the same 256 addresses of pool 0 on every such pod).
+async fn forge(bench: &Bench, n: usize) -> anyhow::Result<()> {
+    let ns = bench.ns.clone();
+    let net = format!("{ns}/{}", network(bench.in_use[0]));
+    let ip = |k: usize| format!("198.19.{}.{}", k / 256 % 256, k % 256);
+    let status = |kind: &str| -> String {
+        let entries: Vec<serde_json::Value> = match kind {
+            "big" => vec![serde_json::json!({
+                "name": net, "interface": "net1", "ips": (0..9_000).map(ip).collect::<Vec<_>>(),
+            })],
+            "wide" => (0..400)
+                .map(|k| serde_json::json!({"name": net, "ips": [ip(k)]}))
+                .collect(),
+            "many" => vec![serde_json::json!({
+                "name": net, "interface": "net1", "ips": (0..1_500).map(ip).collect::<Vec<_>>(),
+            })],
+            _ => (0..16)
+                .map(|k| {
+                    let ips: Vec<String> = (0..16)
+                        .map(|j| address(bench.in_use[0], 3000 + k * 16 + j))
+                        .collect();
+                    serde_json::json!({"name": net, "interface": format!("net{k}"), "ips": ips})
+                })
+                .collect(),
+        };
+        serde_json::Value::from(entries).to_string()
+    };
+    let kinds = ["big", "wide", "many", "shared"];
+    let statuses: Vec<String> = kinds.iter().map(|k| status(k)).collect();
+    let blob = "x".repeat(100 * 1024);
+    let started = Instant::now();
+    let pods = bench.pods();
+    stream::iter(0..n)
+        .map(|i| {
+            let (pods, kind) = (pods.clone(), kinds[i % kinds.len()]);
+            let annotations = BTreeMap::from([
+                (
+                    NETWORK_STATUS_ANNOTATION.to_string(),
+                    statuses[i % kinds.len()].clone(),
+                ),
+                ("tenant.example.com/blob".to_string(), blob.clone()),
+            ]);
+            async move {
+                let pod = testenv::fixtures::pod(&format!("forged-{kind}-{i}"), Some(annotations));
+                pods.create(&PostParams::default(), &pod).await
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<_>>()
+        .await?;
+    println!(
+        "hostile: {n} forged pods created in {:.1}s (big, wide, many, shared; 100 KiB of other annotations each)",
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
@@ -1127,7 +1238,10 @@ async fn run() -> anyhow::Result<()> {
                 }
             }
             "footprint" => footprint(&mut bench, &o).await?,
-            other => bail!("no phase {other:?} (whereabouts, mass, restart, steady, footprint)"),
+            "hostile" => hostile(&mut bench, &o).await?,
+            other => {
+                bail!("no phase {other:?} (whereabouts, mass, restart, steady, footprint, hostile)")
+            }
         }
     }
     let t = bench.tracker.lock().unwrap();

@@ -11,12 +11,16 @@ use k8s_openapi::api::core::v1::{Node, NodeCondition, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Resource;
 use kube::api::ObjectMeta;
+use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
+
+use crate::ipam::{MAX_NETWORK_STATUS_BYTES, NETWORK_STATUS_ANNOTATION};
 
 /// A pod, stripped to what reclaiming and fencing need.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PodView {
-    /// Name, namespace, uid, resourceVersion, creationTimestamp and annotations only.
+    /// Name, namespace, uid, resourceVersion, creationTimestamp and the annotations of
+    /// [`KEPT_POD_ANNOTATIONS`] only, each cut to its most.
     pub metadata: ObjectMeta,
     /// `spec.nodeName`: where its sandbox runs (`None` until it is scheduled).
     pub node: Option<String>,
@@ -64,7 +68,107 @@ struct WireMeta {
     uid: Option<String>,
     resource_version: Option<String>,
     creation_timestamp: Option<Time>,
+    #[serde(default, deserialize_with = "kept_annotations")]
     annotations: Option<BTreeMap<String, String>>,
+}
+
+/// The pod annotations the controller reads, each with the most bytes of its value kept. The
+/// others are skipped as the text is read: a pod's annotations may hold 256 KiB that any tenant
+/// writes, and none of it is ours to keep. network-status is cut just past its parser's cap
+/// ([`MAX_NETWORK_STATUS_BYTES`]: a longer value is malformed either way, so the cut changes no
+/// outcome); the kubelet's mirror-pod mark (`kubernetes.io/config.mirror`, a hash: the mirror-pod
+/// rule reads only that it is there) to 64.
+pub const KEPT_POD_ANNOTATIONS: [(&str, usize); 2] = [
+    (NETWORK_STATUS_ANNOTATION, MAX_NETWORK_STATUS_BYTES + 1),
+    ("kubernetes.io/config.mirror", 64),
+];
+
+/// The kept annotations ([`KEPT_POD_ANNOTATIONS`]), each cut to its most; `None` when there is
+/// none.
+fn kept_annotations<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<BTreeMap<String, String>>, D::Error> {
+    struct Kept;
+    impl<'de> Visitor<'de> for Kept {
+        type Value = Option<BTreeMap<String, String>>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a map of annotations")
+        }
+        fn visit_none<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_map(self)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut kept = BTreeMap::new();
+            while let Some(KeptKey(key)) = map.next_key()? {
+                match key {
+                    Some((key, most)) => {
+                        let CutText(value) = map.next_value_seed(Cut(most))?;
+                        kept.insert(key.to_owned(), value);
+                    }
+                    None => {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+            }
+            Ok((!kept.is_empty()).then_some(kept))
+        }
+    }
+    d.deserialize_option(Kept)
+}
+
+/// An annotation's key: which of [`KEPT_POD_ANNOTATIONS`] it is (read without a copy).
+struct KeptKey(Option<(&'static str, usize)>);
+
+impl<'de> Deserialize<'de> for KeptKey {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Key;
+        impl Visitor<'_> for Key {
+            type Value = KeptKey;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an annotation key")
+            }
+            fn visit_str<E>(self, key: &str) -> Result<KeptKey, E> {
+                Ok(KeptKey(
+                    KEPT_POD_ANNOTATIONS.into_iter().find(|(k, _)| *k == key),
+                ))
+            }
+        }
+        d.deserialize_str(Key)
+    }
+}
+
+/// A text cut to at most `.0` bytes (at the first character boundary from there) as it is
+/// read: the whole is never copied.
+struct Cut(usize);
+
+/// What [`Cut`] read.
+struct CutText(String);
+
+impl<'de> DeserializeSeed<'de> for Cut {
+    type Value = CutText;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<CutText, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl Visitor<'_> for Cut {
+    type Value = CutText;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("an annotation value")
+    }
+    fn visit_str<E>(self, text: &str) -> Result<CutText, E> {
+        let mut end = text.len().min(self.0);
+        while !text.is_char_boundary(end) {
+            end += 1;
+        }
+        Ok(CutText(text[..end].to_owned()))
+    }
 }
 
 #[derive(Deserialize, Default)]
@@ -217,6 +321,37 @@ mod tests {
         assert_eq!(p.metadata.managed_fields, None, "never read");
         assert_eq!(p.node.as_deref(), Some("node-a"));
         assert!(p.is_terminal());
+    }
+
+    #[test]
+    fn only_the_annotations_the_controller_reads_are_kept_and_each_is_bounded() {
+        let status = format!("[{}]", " ".repeat(200 * 1024));
+        let pod = json!({
+            "metadata": {"name": "p", "annotations": {
+                "tenant.example.com/blob": "x".repeat(200 * 1024),
+                NETWORK_STATUS_ANNOTATION: status,
+                "kubernetes.io/config.mirror": "m".repeat(1000),
+            }},
+        });
+        let p: PodView = serde_json::from_value(pod).unwrap();
+        let kept = p.metadata.annotations.expect("network-status kept");
+        let mirror = "kubernetes.io/config.mirror";
+        assert_eq!(
+            kept.keys().collect::<Vec<_>>(),
+            [NETWORK_STATUS_ANNOTATION, mirror]
+        );
+        assert_eq!(kept[mirror].len(), 64);
+        let value = &kept[NETWORK_STATUS_ANNOTATION];
+        assert_eq!(value.len(), MAX_NETWORK_STATUS_BYTES + 1);
+        // Still past the parser's cap, so still malformed (not a cut that happens to parse).
+        assert!(crate::ipam::parse_network_status(value).is_err());
+        // From text as the watch reads it (a borrowed read), and with nothing to keep.
+        let text = r#"{"metadata":{"name":"q","annotations":{"a":"b","c":"d"}}}"#;
+        let q: PodView = serde_json::from_str(text).unwrap();
+        assert_eq!(q.metadata.annotations, None);
+        let r: PodView =
+            serde_json::from_str(r#"{"metadata":{"name":"r","annotations":null}}"#).unwrap();
+        assert_eq!(r.metadata.annotations, None);
     }
 
     #[test]

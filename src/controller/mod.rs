@@ -267,10 +267,11 @@ fn spawn_lifting(
             let leads = *leader.borrow();
             lifter.pass(leads).await;
             cooler.pass(leads).await;
+            // Found with the lock let go but for short reads (see `DuplicateReporter::found`).
+            let found = duplicates.found(&state);
             let problems = {
                 let st = state.read().expect("state lock");
                 let mut problems = report::problems(&st, &ns);
-                let found = duplicates.found(&st).clone();
                 problems.extend(duplicates.pass(&st, &found, &metrics, &ns, leads));
                 problems
             };

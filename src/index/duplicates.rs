@@ -11,12 +11,14 @@
 //! ours to judge. Addresses compare in canonical form (IPv6 text forms parse to one value; an
 //! IPv4-mapped IPv6 address is its IPv4 address).
 
+use std::borrow::Cow;
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use super::Index;
-use crate::ipam::{PodKey, qualified_network};
+use crate::ipam::{NetworkAttachment, PodKey, qualified_network};
 
 /// Whom a pool entry names: its podref and sandbox id.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -71,24 +73,38 @@ impl Duplicates {
     }
 }
 
-impl Index {
-    /// Every address that two or more live, not terminal, pods list on one network. One pass
-    /// over the live pods, one hash lookup per listed address.
-    pub fn duplicates(&self) -> Duplicates {
-        let mut first: HashMap<(std::borrow::Cow<'_, str>, IpAddr), &str> =
-            HashMap::with_capacity(self.pods.live_count());
-        let mut shared: BTreeMap<(String, IpAddr), BTreeSet<&str>> = BTreeMap::new();
-        let mut unreadable = 0;
-        for (podref, live) in self.pods.live_iter() {
-            if live.terminal {
-                continue;
-            }
-            let Some(networks) = live.networks.as_deref() else {
-                unreadable += usize::from(live.malformed_status.is_some());
-                continue;
-            };
+/// What live, not terminal, pods list, copied out of the index under a short read (a
+/// reference count per pod): the pass over it ([`Listings::shared`]) runs after the lock is let
+/// go, so a tenant's listings never hold the watches and the deletion path.
+#[derive(Debug, Default)]
+pub struct Listings {
+    pods: Vec<(Arc<str>, Arc<[NetworkAttachment]>)>,
+    unreadable: usize,
+}
+
+/// One address two or more pods list on one network: (network, address) and the pods' podrefs,
+/// sorted.
+pub type SharedAddress = ((String, IpAddr), Vec<Arc<str>>);
+
+/// The addresses two or more pods list, by (network, address).
+#[derive(Debug, Default)]
+pub struct Shared {
+    /// The addresses, sorted by (network, address).
+    pub addresses: Vec<SharedAddress>,
+    /// Live pods left out because their network-status cannot be read.
+    pub unreadable: usize,
+}
+
+impl Listings {
+    /// The addresses two or more pods list: one pass over the listings, one hash lookup per
+    /// listed address (bounded per pod by the network-status caps).
+    pub fn shared(&self) -> Shared {
+        let mut first: HashMap<(Cow<'_, str>, IpAddr), &Arc<str>> =
+            HashMap::with_capacity(self.pods.len());
+        let mut shared: BTreeMap<(String, IpAddr), BTreeSet<Arc<str>>> = BTreeMap::new();
+        for (podref, networks) in &self.pods {
             let namespace = PodKey::namespace_of(podref);
-            for n in networks {
+            for n in networks.iter() {
                 let network = qualified_network(&n.name, namespace);
                 for ip in &n.ips {
                     match first.entry((network.clone(), ip.to_canonical())) {
@@ -97,85 +113,118 @@ impl Index {
                         }
                         Entry::Occupied(o) if *o.get() != podref => {
                             let key = (o.key().0.to_string(), o.key().1);
-                            let pods = shared.entry(key).or_insert_with(|| [*o.get()].into());
-                            pods.insert(podref);
+                            let pods = shared
+                                .entry(key)
+                                .or_insert_with(|| [(*o.get()).clone()].into());
+                            pods.insert(podref.clone());
                         }
                         Entry::Occupied(_) => {}
                     }
                 }
             }
         }
-        let found = shared
-            .into_iter()
-            .map(|((network, ip), pods)| self.duplicate(network, ip, pods))
-            .filter(|d| d.pool.is_some() || self.networks.is_whereabouts(&d.network))
-            .collect();
-        Duplicates { found, unreadable }
+        Shared {
+            addresses: shared
+                .into_iter()
+                .map(|(k, pods)| (k, pods.into_iter().collect()))
+                .collect(),
+            unreadable: self.unreadable,
+        }
     }
+}
 
-    fn duplicate(&self, network: String, ip: IpAddr, pods: BTreeSet<&str>) -> Duplicate {
-        let pods: Vec<DuplicatePod> = pods
-            .into_iter()
-            .map(|p| DuplicatePod {
-                podref: p.to_owned(),
-                uid: self.pods.live(p).map(|l| l.uid.clone()).unwrap_or_default(),
-            })
-            .collect();
-        let (pool, entry) = match self.pool_of(&network, ip, &pods) {
-            Some((pool, entry)) => (Some(pool), entry),
-            None => (None, None),
-        };
-        Duplicate {
-            network,
-            ip,
-            pods,
-            pool,
-            entry,
+impl Index {
+    /// Every address that two or more live, not terminal, pods list on one network (the three
+    /// steps the controller takes with the lock let go in between, in one).
+    pub fn duplicates(&self) -> Duplicates {
+        let shared = self.listings().shared();
+        Duplicates {
+            found: self.resolve(&shared.addresses),
+            unreadable: shared.unreadable,
         }
     }
 
-    /// The pool of `network` whose range holds `ip` (one with an entry for it first), else a
-    /// pool whose entry for `ip` names one of `pods`; with whom that entry names.
-    fn pool_of(
-        &self,
-        network: &str,
-        ip: IpAddr,
-        pods: &[DuplicatePod],
-    ) -> Option<(String, Option<Holder>)> {
-        let mut best: Option<(u8, &str, Option<Holder>)> = None;
+    /// What live, not terminal, pods list.
+    pub fn listings(&self) -> Listings {
+        let mut out = Listings::default();
+        for (podref, live) in self.pods.live_shared() {
+            if live.terminal {
+                continue;
+            }
+            match &live.networks {
+                Some(n) => out.pods.push((podref.clone(), n.clone())),
+                None => out.unreadable += usize::from(live.malformed_status.is_some()),
+            }
+        }
+        out
+    }
+
+    /// The duplicates among `shared` (whereabouts' addresses only), with their pods' uids and
+    /// the pool that holds or serves each. Each pool's range is looked up in the addresses
+    /// (sorted), and an address's entry by its key: the work grows with the addresses and the
+    /// pools, never with their product times the entries.
+    pub fn resolve(&self, shared: &[SharedAddress]) -> Vec<Duplicate> {
+        let mut by_ip: BTreeMap<IpAddr, Vec<usize>> = BTreeMap::new();
+        for (i, ((_, ip), _)) in shared.iter().enumerate() {
+            by_ip.entry(*ip).or_default().push(i);
+        }
+        let mut best: Vec<Option<(u8, &str, Option<Holder>)>> = vec![None; shared.len()];
         for (name, pool) in self.pools.all() {
-            let entry = pool
-                .entries
-                .values()
-                .chain(pool.marked.values())
-                .chain(pool.cooling.values().map(|c| &c.entry))
-                .find(|e| e.ip.to_canonical() == ip)
-                .map(|e| Holder {
+            let Some(range) = pool.range else { continue };
+            let networks = self.networks.of_pool(name);
+            for (ip, indices) in by_ip.range(range.network()..=range.broadcast()) {
+                let entry = pool.entry_at(*ip).map(|e| Holder {
                     podref: e.podref.clone(),
                     id: e.id.clone(),
                 });
-            let of_network = self
-                .networks
-                .of_pool(name)
-                .is_some_and(|n| n.iter().any(|n| n == network));
-            let in_range = pool.range.is_some_and(|r| r.contains(&ip));
-            let named = entry
-                .as_ref()
-                .is_some_and(|h| pods.iter().any(|d| d.podref == h.podref));
-            let rank = match (of_network && in_range, entry.is_some(), named) {
-                (true, true, _) => 3,
-                (true, false, _) => 2,
-                (false, _, true) => 1,
-                _ => continue,
-            };
-            // Ties go to the first name, so the answer does not depend on hash order.
-            if best
-                .as_ref()
-                .is_none_or(|(r, n, _)| rank > *r || (rank == *r && name.as_str() < *n))
-            {
-                best = Some((rank, name, entry));
+                for &i in indices {
+                    let ((network, _), pods) = &shared[i];
+                    let of_network = networks.is_some_and(|n| n.iter().any(|n| n == network));
+                    let named = entry
+                        .as_ref()
+                        .is_some_and(|h| pods.iter().any(|p| **p == *h.podref));
+                    let rank = match (of_network, entry.is_some(), named) {
+                        (true, true, _) => 3,
+                        (true, false, _) => 2,
+                        (false, _, true) => 1,
+                        _ => continue,
+                    };
+                    // Ties go to the first name, so the answer does not depend on hash order.
+                    let b = &mut best[i];
+                    if b.as_ref()
+                        .is_none_or(|(r, n, _)| rank > *r || (rank == *r && name.as_str() < *n))
+                    {
+                        *b = Some((rank, name.as_str(), entry.clone()));
+                    }
+                }
             }
         }
-        best.map(|(_, name, entry)| (name.to_owned(), entry))
+        shared
+            .iter()
+            .zip(best)
+            .filter_map(|(((network, ip), pods), best)| {
+                let (pool, entry) = match best {
+                    Some((_, name, entry)) => (Some(name.to_owned()), entry),
+                    None => (None, None),
+                };
+                if pool.is_none() && !self.networks.is_whereabouts(network) {
+                    return None;
+                }
+                let pods = pods
+                    .iter()
+                    .map(|p| DuplicatePod {
+                        podref: p.to_string(),
+                        uid: self.pods.live(p).map(|l| l.uid.clone()).unwrap_or_default(),
+                    })
+                    .collect();
+                Some(Duplicate {
+                    network: network.clone(),
+                    ip: *ip,
+                    pods,
+                    pool,
+                    entry,
+                })
+            })
+            .collect()
     }
 }

@@ -31,7 +31,9 @@ use crate::api::{IPPool, NetworkAttachmentDefinition, ObjectId, OverlappingRange
 use crate::ipam::PoolEntry;
 use crate::ipam::fence::{FenceRecord, fenced_podref};
 
-pub use duplicates::{Duplicate, DuplicatePod, Duplicates, Holder};
+pub use duplicates::{
+    Duplicate, DuplicatePod, Duplicates, Holder, Listings, Shared, SharedAddress,
+};
 pub use fences::{
     FenceAnnotation, FenceIndex, FenceObject, FenceSource, FencedEntry, PendingFence,
     UnrecordedMark,

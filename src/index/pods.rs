@@ -149,8 +149,9 @@ pub struct MalformedStatus {
 
 #[derive(Debug, Default)]
 pub struct PodIndex {
-    /// By podref (boxed: 100,000 keys).
-    live: HashMap<Box<str>, LiveInfo>,
+    /// By podref (shared: the duplicate pass copies the listings out under a short read, a
+    /// reference count each, and looks at them after the lock is let go).
+    live: HashMap<Arc<str>, LiveInfo>,
     /// Node names, network names and interface names, one copy of each shared by all pods.
     names: HashSet<Arc<str>>,
     tombstones: HashMap<String, Vec<Tombstone>>,
@@ -418,6 +419,11 @@ impl PodIndex {
     /// Live pods by podref.
     pub fn live_iter(&self) -> impl Iterator<Item = (&str, &LiveInfo)> {
         self.live.iter().map(|(p, l)| (&**p, l))
+    }
+
+    /// Live pods by shared podref.
+    pub fn live_shared(&self) -> impl Iterator<Item = (&Arc<str>, &LiveInfo)> {
+        self.live.iter()
     }
 
     /// The live pod of a podref.

@@ -11,6 +11,7 @@ use crate::ipam::cooldown::{BadCooldown, cooldown_until, cooled_pod, is_cooling}
 use crate::ipam::fence::{
     BadFence, FENCED_PODREF_SUFFIX, FenceRecord, fence_annotation_key, pool_fences,
 };
+use crate::ipam::pool::offset_of;
 use crate::ipam::{PoolEntry, pool_allocations};
 
 use super::pods::HeldEntry;
@@ -46,6 +47,9 @@ pub struct PoolInfo {
     pub has_annotations: bool,
     /// An operator's approval of the breaker's hold ([`APPROVE_HOLD_ANNOTATION`]'s value).
     pub approval: Option<String>,
+    /// Some key is not its offset's plain decimal (`010`): [`PoolInfo::entry_at`] then reads
+    /// every entry instead of looking its key up.
+    pub odd_keys: bool,
 }
 
 /// The annotation on an IPPool with which an operator lets the breaker release the held set
@@ -79,6 +83,10 @@ impl PoolInfo {
         // A marked entry is the fence's, whether or not its record is known yet. Split as
         // Vecs and collected once each: a map collected whole is built with full nodes, one
         // filled an insert at a time is left about half empty (a third more memory).
+        // Keys are plain digits: only a leading zero makes one that is not its offset's.
+        let odd_keys = entries
+            .iter()
+            .any(|e| e.key.len() > 1 && e.key.starts_with('0'));
         let (marked, entries): (Vec<_>, Vec<_>) = entries
             .into_iter()
             .map(|e| (e.key.clone(), e))
@@ -114,7 +122,24 @@ impl PoolInfo {
             bad_fences,
             has_annotations: annotations.is_some(),
             approval: annotations.and_then(|a| a.get(APPROVE_HOLD_ANNOTATION).cloned()),
+            odd_keys,
         }
+    }
+
+    /// The entry for `ip` (usable, fenced or cooling), found by its key: the address's offset in
+    /// the range.
+    pub fn entry_at(&self, ip: IpAddr) -> Option<&PoolEntry> {
+        if self.odd_keys {
+            let all = self.entries.values().chain(self.marked.values());
+            return all
+                .chain(self.cooling.values().map(|c| &c.entry))
+                .find(|e| e.ip.to_canonical() == ip);
+        }
+        let key = offset_of(self.range.as_ref()?, ip)?.to_string();
+        let found = self.entries.get(&key).or_else(|| self.marked.get(&key));
+        found
+            .or_else(|| self.cooling.get(&key).map(|c| &c.entry))
+            .filter(|e| e.ip.to_canonical() == ip)
     }
 }
 

@@ -17,8 +17,8 @@ pub mod pool;
 pub use config::{IpRange, IpamConfig, NadConfigError, parse_nad_config};
 pub use naming::{ippool_name, is_node_slice_pool, reservation_name, reservation_prefixes};
 pub use network_status::{
-    NETWORK_STATUS_ANNOTATION, NetworkAttachment, NetworkStatusError, parse_network_status,
-    qualified_network,
+    MAX_ATTACHMENTS, MAX_IPS_PER_ATTACHMENT, MAX_NETWORK_STATUS_BYTES, NETWORK_STATUS_ANNOTATION,
+    NetworkAttachment, NetworkStatusError, parse_network_status, qualified_network,
 };
 pub use networks::{NETWORKS_ANNOTATION, NetworksError, parse_networks};
 pub use pod_key::{PodKey, PodKeyError};

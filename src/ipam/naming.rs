@@ -81,8 +81,14 @@ pub fn reservation_readings(name: &str) -> Vec<(Option<&str>, IpAddr)> {
 
 /// An RFC 1123 label (a namespace name): at most 63 of `a-z0-9-`, alphanumeric at both ends.
 fn is_label(s: &str) -> bool {
+    s.len() <= 63 && is_label_text(s)
+}
+
+/// Lower-case letters, digits and `-`, neither first nor last: a label's text. In a subdomain
+/// (a pod's name) a label's length is not limited, only the whole's (Kubernetes'
+/// `IsDNS1123Subdomain`: a pod may be named by 253 characters without a dot).
+fn is_label_text(s: &str) -> bool {
     !s.is_empty()
-        && s.len() <= 63
         && s.bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !s.starts_with('-')
@@ -93,7 +99,7 @@ fn is_label(s: &str) -> bool {
 /// an RFC 1123 subdomain: dot-separated labels, at most 253 characters).
 pub fn is_pod_ref(podref: &str) -> bool {
     super::pod_key::split(podref).is_some_and(|(namespace, name)| {
-        is_label(namespace) && name.len() <= 253 && name.split('.').all(is_label)
+        is_label(namespace) && name.len() <= 253 && name.split('.').all(is_label_text)
     })
 }
 
@@ -103,9 +109,15 @@ mod tests {
 
     #[test]
     fn pod_refs_are_namespace_and_pod_name() {
-        for good in ["ns/web-0", "kube-system/a.b-c", "a/b"] {
+        let longest = format!("{}/{}", "n".repeat(63), "p".repeat(253));
+        for good in ["ns/web-0", "kube-system/a.b-c", "a/b", &longest] {
             assert!(is_pod_ref(good), "{good}");
         }
+        let too_long = [
+            format!("{}/p", "n".repeat(64)),
+            format!("ns/{}", "p".repeat(254)),
+        ];
+        assert!(too_long.iter().all(|p| !is_pod_ref(p)));
         for bad in [
             "",
             "web-0",

@@ -12,6 +12,7 @@ mod cooldown;
 mod deletion;
 mod duplicates;
 mod fencing;
+mod forged;
 mod leadership;
 mod manual;
 mod observability;

@@ -94,3 +94,71 @@ async fn text_logs_to_a_pipe_carry_no_colour_codes() {
         "ANSI escape codes in piped logs: {seen:?}"
     );
 }
+
+/// The longest names Kubernetes allows (namespace 63, NAD and pod 253, the pod's name one
+/// label or dotted labels): each pod's address is released and its Event (whose action names
+/// the network, whose name starts with the pod's) accepted, and found by its reason.
+#[tokio::test]
+async fn a_release_event_at_the_longest_names_is_accepted() {
+    crate::support::log_to_test_output();
+    let cp = ControlPlane::shared();
+    let (client, _) = cp.client_crds_and_namespace("ctl-long-names").await;
+    let tag = format!(
+        "{:x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos()
+    );
+    let ns = format!("ctl-long-{tag}-{}", "n".repeat(63 - 10 - tag.len()));
+    assert_eq!(ns.len(), 63);
+    let namespace = k8s_openapi::api::core::v1::Namespace {
+        metadata: kube::api::ObjectMeta {
+            name: Some(ns.clone()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .create(&Default::default(), &namespace)
+        .await
+        .unwrap();
+    let mut env = Env::with(client, ns.clone());
+    let nad = format!("macvlan-{}", "x".repeat(253 - 8));
+    let one_label = format!("web-{}", "p".repeat(253 - 4));
+    let dotted = format!("db.{}", [62, 62, 62, 61].map(|n| "q".repeat(n)).join("."));
+    assert_eq!((nad.len(), one_label.len(), dotted.len()), (253, 253, 253));
+    env.nad(&nad, "192.0.2.0/24").await;
+    let entries = [(10, "sb-web", one_label.as_str()), (11, "sb-db", &dotted)];
+    env.pool("192.0.2.0-24", "192.0.2.0/24", &entries).await;
+    let mut uids = Vec::new();
+    for (offset, _, pod) in entries {
+        let ip = format!("192.0.2.{offset}");
+        uids.push(env.pod(pod, &nad, Some(&[&ip])).await);
+    }
+    env.start(&[]).await;
+    for (_, _, pod) in entries {
+        env.delete_pod(pod).await;
+    }
+    env.wait_keys("192.0.2.0-24", &[]).await;
+    let reason = "IPAddressGarbageCollected";
+    let events = testenv::poll::wait_seen(
+        &format!("{reason} Events in {ns}"),
+        || env.events(reason),
+        |events| events.len() == 2,
+        |events| format!("{events:?}; refused ones are counted in ipreclaim_events_dropped_total"),
+    )
+    .await;
+    for ((offset, _, pod), uid) in entries.iter().zip(&uids) {
+        let (_, _, message) = events
+            .iter()
+            .find(|(name, event_uid, _)| name == pod && event_uid == uid)
+            .unwrap_or_else(|| panic!("an Event on {pod}: {events:?}"));
+        assert!(
+            message.contains(&format!("[192.0.2.{offset}]")),
+            "{message}"
+        );
+        assert!(message.len() <= 1024, "{}", message.len());
+    }
+    env.stop().await;
+}

@@ -258,6 +258,37 @@ fn the_pool_named_is_the_networks_and_else_one_whose_entry_names_a_pod() {
     assert_eq!(d.entry, Some(holder("ns/gone:cooldown", &marker)));
 }
 
+#[test]
+fn an_entry_is_found_by_its_key_and_a_key_with_a_leading_zero_still_counts() {
+    let mut ix = with_whereabouts_net();
+    listing(&mut ix, "a", &on("ns/net", &["192.0.2.10", "192.0.2.11"]));
+    listing(&mut ix, "b", &on("ns/net", &["192.0.2.10", "192.0.2.11"]));
+    let entries = [("10", "sb-b", "ns/b"), ("011", "sb-a", "ns/a")];
+    ix.upsert_pool(&pool_named("192.0.2.0-24", &entries));
+    let d = ix.duplicates().found;
+    let holders: Vec<_> = d.iter().map(|d| d.entry.clone()).collect();
+    assert_eq!(
+        holders,
+        [Some(holder("ns/b", "sb-b")), Some(holder("ns/a", "sb-a"))]
+    );
+}
+
+#[test]
+fn listings_copied_out_are_looked_at_after_the_index_moved_on() {
+    let mut ix = with_whereabouts_net();
+    listing(&mut ix, "a", &on("ns/net", &["192.0.2.10"]));
+    listing(&mut ix, "b", &on("ns/net", &["192.0.2.10"]));
+    let listings = ix.listings();
+    // The index changes after the copy (the lock let go): the pass reads what was copied.
+    listing(&mut ix, "b", &on("ns/net", &["192.0.2.12"]));
+    let shared = listings.shared();
+    assert_eq!(shared.addresses.len(), 1);
+    // Resolved against the index as it is now: b's uid is still known.
+    let d = ix.resolve(&shared.addresses);
+    assert_eq!(d[0].pods[1].uid, "uid-b");
+    assert!(ix.duplicates().found.is_empty());
+}
+
 /// The cost of a look at 20,000 pods (the controller looks once a second): printed, not
 /// asserted (`cargo test --lib duplicates -- --nocapture`).
 #[test]
