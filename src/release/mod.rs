@@ -20,6 +20,7 @@ mod fixtures;
 mod fresh_pool;
 pub mod manual;
 pub mod patch;
+pub mod repair;
 pub mod reservation;
 pub mod schedule;
 pub mod types;
