@@ -48,9 +48,10 @@ pub struct ReservationSightings {
 /// A missing reservation across sweeps: pool, key, sandbox and reservation name.
 type MissingKey = (String, String, String, String);
 
-/// A repair (its fresh read and create) that takes longer is left for the next sweep: the
-/// sweep waits for it, and a held write must not stall the leak sweep.
-const REPAIR_TIMEOUT: Duration = Duration::from_secs(10);
+/// The repairs of one sweep (each a fresh read and a create) take at most this long together;
+/// one cut off, and the rest, are left for the next sweep: the sweep waits for them, and a
+/// held write must not stall the leak sweep.
+const REPAIRS_TIME: Duration = Duration::from_secs(10);
 /// Repairs one sweep makes at most (the rest wait for the next).
 const REPAIRS_PER_SWEEP: usize = 100;
 
@@ -145,10 +146,14 @@ impl ReservationSightings {
         let mut reported = 0;
         let due = self.missing.due(missing, now, graces.repair).into_iter();
         let due = due.filter(|(k, _)| !self.dry_run_reported.contains(k));
+        let deadline = tokio::time::Instant::now() + REPAIRS_TIME;
         for (key, m) in due.collect::<Vec<_>>().into_iter().take(REPAIRS_PER_SWEEP) {
-            let outcome = tokio::time::timeout(REPAIR_TIMEOUT, ctx.writer.repair_reservation(&m))
-                .await
-                .unwrap_or_else(|_| Err(kube::Error::Service("the repair timed out".into())));
+            let Ok(outcome) =
+                tokio::time::timeout_at(deadline, ctx.writer.repair_reservation(&m)).await
+            else {
+                tracing::warn!(pool = %m.pool, reservation = %m.name, "repairs of missing reservations took too long this sweep; the rest wait for the next");
+                break;
+            };
             if matches!(outcome, Ok(Repaired::DryRun)) {
                 self.dry_run_reported.insert(key);
             }

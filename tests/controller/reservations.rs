@@ -620,3 +620,39 @@ async fn a_repair_refused_because_one_was_made_meanwhile_never_overwrites_it() {
     );
     env.stop().await;
 }
+
+/// web-0's and db-0's entries have no reservation. The controller's pool watch is 8 s behind
+/// (fault proxy) when db-0's entry goes (whereabouts' DEL, say): its index still shows it, but
+/// the repair reads the pool fresh first and creates nothing for it; web-0's (the control) is
+/// created. Before, neither was (the control fails).
+#[tokio::test]
+async fn a_repair_creates_nothing_for_an_entry_gone_from_a_fresh_read() {
+    use testenv::faultproxy::{Action, FaultProxy, Rule};
+    let mut env = Env::new("ctl-res-repair-gone").await;
+    env.web_0_and_db_0().await;
+    let proxy = FaultProxy::start(env.client.clone(), 1).await.unwrap();
+    proxy.set_rules(vec![Rule::new(
+        Some("watch"),
+        Some("ippools"),
+        Action::DelayEvents(Duration::from_secs(8)),
+    )]);
+    let through = ControlPlane::shared().client_through_faults(&proxy).await;
+    env.start_as(through, &["--reservation-repair-grace=1s"])
+        .await;
+    env.merge_pool(
+        "192.0.2.0-24",
+        serde_json::json!({"spec": {"allocations": {"11": null}}}),
+    )
+    .await;
+    wait_for("web-0's reservation created", || async {
+        !env.reservation_names().await.is_empty()
+    })
+    .await;
+    env.wait_sweeps(3.0).await;
+    assert_eq!(
+        env.reservation_names().await,
+        ["192.0.2.10"],
+        "none for db-0's entry, gone"
+    );
+    env.stop().await;
+}
