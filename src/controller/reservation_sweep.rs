@@ -242,3 +242,28 @@ async fn report(
         .await;
     true
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_case_is_due_once_seen_for_its_grace_and_starts_again_when_its_key_changes() {
+        let grace = Duration::from_secs(120);
+        let t0 = Instant::now();
+        let mut seen: Sightings<(&str, &str)> = Sightings::default();
+        // The reservation judged against web-0's pod of uid u1.
+        let case = |uid| vec![(("192.0.2.10", uid), uid)];
+        assert!(seen.due(case("u1"), t0, grace).is_empty());
+        assert!(seen.due(case("u1"), t0 + grace / 2, grace).is_empty());
+        assert_eq!(seen.due(case("u1"), t0 + grace, grace), ["u1"]);
+        // web-0 recreated (uid u2): judged anew, its grace from now.
+        let t1 = t0 + grace + Duration::from_secs(1);
+        assert!(seen.due(case("u2"), t1, grace).is_empty());
+        assert_eq!(seen.due(case("u2"), t1 + grace, grace), ["u2"]);
+        // Not seen in a sweep: forgotten, and its grace starts again.
+        let t2 = t1 + grace * 2;
+        assert!(seen.due(Vec::<(_, &str)>::new(), t2, grace).is_empty());
+        assert!(seen.due(case("u2"), t2, grace).is_empty());
+    }
+}
