@@ -24,6 +24,12 @@ pub struct ControllerArgs {
     /// behind it; e.g. deleted while no replica ran); at most --leak-grace.
     #[arg(long, env = "IPRECLAIM_MISSING_POD_GRACE", default_value = "5s", value_parser = parse_duration)]
     pub missing_pod_grace: Duration,
+    /// How long a live entry of a network with overlapping ranges must be seen without its
+    /// reservation before the leader creates it (guarded: never replacing one); keep it well
+    /// above whereabouts' 10 s request timeout, since whereabouts writes the entry first and
+    /// fails the pod's ADD if the reservation exists when it creates it.
+    #[arg(long, env = "IPRECLAIM_RESERVATION_REPAIR_GRACE", default_value = "2m", value_parser = parse_duration)]
+    pub reservation_repair_grace: Duration,
     /// Release the addresses of Succeeded/Failed pods.
     #[arg(long, env = "IPRECLAIM_RELEASE_TERMINAL_PODS", default_value_t = true, action = clap::ArgAction::Set)]
     pub release_terminal_pods: bool,

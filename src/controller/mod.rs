@@ -16,6 +16,7 @@ mod housekeeping;
 pub mod leadership;
 pub mod plan;
 pub mod report;
+mod reservation_sweep;
 pub mod server_clock;
 pub mod sweep;
 pub mod watch;
@@ -301,6 +302,7 @@ async fn sweep_forever(
         max_release_ratio: args.max_release_ratio,
         reclaim,
         namespace: args.whereabouts_namespace.clone(),
+        reservation_repair_grace: args.reservation_repair_grace,
     };
     let mut sweeper = sweep::Sweeper::new(ctx.clone(), config);
     // Any change of leadership since the last tick (even one lost and won back between two
@@ -326,6 +328,7 @@ async fn sweep_forever(
             // The sweep's gauges are the leader's: a standby shows none, never stale ones.
             ctx.metrics.pool_leak_candidates.clear();
             ctx.metrics.pool_held.clear();
+            ctx.metrics.reservations_missing.set(0);
         } else {
             let report = sweeper.sweep().await;
             tracing::debug!(?report, "sweep done");

@@ -8,9 +8,9 @@ use std::time::Instant;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 
-use crate::api::ObjectId;
+use super::reservation_sweep::{ReservationGraces, ReservationSightings};
 use crate::api::paged::for_each_listed;
-use crate::index::{APPROVE_HOLD_ANNOTATION, NamedReservation};
+use crate::index::APPROVE_HOLD_ANNOTATION;
 use crate::ipam::{NETWORK_STATUS_ANNOTATION, PodKey, parse_network_status};
 use crate::reclaim::breaker::{Approval, BREAKER_WINDOW, Breaker, NewHold, Outgrown, approval_of};
 use crate::reclaim::grace::{Candidate, GraceClock, Graces, Tally};
@@ -19,7 +19,6 @@ use crate::reclaim::{
     ReclaimConfig,
 };
 use crate::release::ReleaseRequest;
-use crate::release::reservation::ReservationDelete;
 
 /// Up to this many missing pods are confirmed by a GET each, more by one list.
 const CONFIRM_BY_GET: usize = 8;
@@ -37,6 +36,8 @@ pub struct SweepConfig {
     pub reclaim: ReclaimConfig,
     /// Namespace of the pools (for breaker Events).
     pub namespace: String,
+    /// How long a live entry must be seen without its reservation before one is created.
+    pub reservation_repair_grace: std::time::Duration,
 }
 
 /// The sweep's memory between runs: when each candidate was first seen, and what the breaker
@@ -45,8 +46,8 @@ pub struct Sweeper {
     ctx: super::Ctx,
     config: SweepConfig,
     clock: GraceClock,
-    /// Orphaned reservations, with when they were first seen.
-    orphan_reservations_seen: HashMap<ObjectId, Instant>,
+    /// Reservations orphaned, left behind or missing, with when each was first seen.
+    reservations: ReservationSightings,
     breaker: Breaker,
     /// Pools whose approval this sweep judged and did not act on (nothing held, too few):
     /// used up after it.
@@ -84,7 +85,7 @@ pub struct SweepReport {
     pub released: usize,
     /// Pools held by the breaker.
     pub held_pools: Vec<String>,
-    /// Orphaned reservations deleted.
+    /// Reservation deletes queued (orphans, and ones left behind for live pods).
     pub reservations_deleted: usize,
     /// When the next candidate's grace ends (sweep again then, not a whole interval later).
     pub next_due: Option<Instant>,
@@ -97,19 +98,19 @@ impl Sweeper {
             ctx,
             config,
             clock: GraceClock::default(),
-            orphan_reservations_seen: HashMap::new(),
+            reservations: ReservationSightings::default(),
             breaker: Breaker::default(),
             approved: BTreeSet::new(),
             dry_run_approvals: HashMap::new(),
         }
     }
 
-    /// Forgets when candidates and orphaned reservations were first seen (on a change of
+    /// Forgets when candidates and reservation cases were first seen (on a change of
     /// leadership): a grace counts only what one term of leadership saw, never a sighting
     /// from an earlier term with a standby's gap in between.
     pub fn forget_sightings(&mut self) {
         self.clock = GraceClock::default();
-        self.orphan_reservations_seen.clear();
+        self.reservations = ReservationSightings::default();
     }
 
     /// One sweep.
@@ -135,7 +136,16 @@ impl Sweeper {
         report.released = confirmed.len();
         self.release(confirmed).await;
         self.use_approvals(&pool_sizes).await;
-        report.reservations_deleted = self.sweep_reservations(started).await;
+        let graces = ReservationGraces {
+            leak: self.config.graces.leak,
+            repair: self.config.reservation_repair_grace,
+        };
+        let ns = &self.config.namespace;
+        let reservations = self
+            .reservations
+            .sweep(&self.ctx, graces, ns, started)
+            .await;
+        report.reservations_deleted = reservations.deletes;
         self.ctx
             .metrics
             .sweep_duration_seconds
@@ -449,51 +459,6 @@ impl Sweeper {
         for (pool, n) in freed {
             self.breaker.record(pool, n, now);
         }
-    }
-
-    /// Reservations of pods that are gone and hold no allocation any more (e.g. a delete that
-    /// failed earlier): after the grace period and a GET confirming the pod is gone.
-    async fn sweep_reservations(&mut self, now: Instant) -> usize {
-        let orphans = self
-            .ctx
-            .state
-            .read()
-            .expect("state lock")
-            .orphan_reservations();
-        let current: HashSet<ObjectId> = orphans.iter().map(NamedReservation::id).collect();
-        self.orphan_reservations_seen
-            .retain(|k, _| current.contains(k));
-        let mut due = Vec::new();
-        for r in orphans {
-            let first = *self.orphan_reservations_seen.entry(r.id()).or_insert(now);
-            if now.saturating_duration_since(first) < self.config.graces.leak {
-                continue;
-            }
-            let NamedReservation { name, uid, podref } = r;
-            let pod = PodKey::lenient(&podref);
-            match Api::<Pod>::namespaced(self.ctx.client.clone(), &pod.namespace)
-                .get_metadata_opt(&pod.name)
-                .await
-            {
-                Ok(None) => due.push(ReservationDelete {
-                    name,
-                    uid,
-                    podref,
-                    ip: None,
-                    pool: None,
-                }),
-                Ok(Some(_)) => {}
-                Err(e) => {
-                    tracing::warn!(reservation = %name, error = %e, "could not confirm the pod is gone")
-                }
-            }
-        }
-        let n = due.len();
-        if n > 0 {
-            tracing::info!(count = n, "deleting orphaned reservations");
-            self.ctx.writer.delete_reservations(due);
-        }
-        n
     }
 
     /// Every pod's `namespace/name`, from one consistent list of metadata, paged.

@@ -17,6 +17,7 @@ pub mod kinds;
 mod lock;
 pub mod networks;
 pub mod nodes;
+mod out_of_step;
 pub mod pods;
 pub mod pools;
 pub mod relist;
@@ -42,6 +43,7 @@ pub use invalid::{InvalidIndex, InvalidKey, InvalidObject};
 pub use lock::{Acquisitions, IndexLock, SharedIndex};
 pub use networks::NetworkIndex;
 pub use nodes::NodeIndex;
+pub use out_of_step::{LeftBehind, MissingReservation};
 pub use pods::{
     HeldEntry, LiveInfo, MalformedStatus, PodIndex, PodSeen, PodUid, TOMBSTONES_PER_PODREF,
     Tombstone,

@@ -35,6 +35,10 @@ pub struct NetworkIndex {
     errors: HashMap<String, String>,
     /// Pool name -> the range config it was named for (the first network's), for its size.
     ranges: HashMap<String, IpRange>,
+    /// Network -> its reservations' naming: `Some(network_name)` where it has
+    /// `enable_overlapping_ranges` (whereabouts reserves each address it hands out), `None`
+    /// where it does not.
+    reserves: HashMap<String, Option<Option<String>>>,
 }
 
 /// A NAD's key, `ns/name`.
@@ -62,6 +66,7 @@ impl NetworkIndex {
         };
         match parse_nad_config(config) {
             Ok(Some(ipam)) if ipam.node_slice_size.is_some() => {
+                self.reserves.insert(key.clone(), reserves(&ipam));
                 // whereabouts slices only the first range (a parsed config has one).
                 let Some(first) = ipam.ranges.first() else {
                     return;
@@ -80,6 +85,7 @@ impl NetworkIndex {
                 self.slices.insert(key, slice);
             }
             Ok(Some(ipam)) => {
+                self.reserves.insert(key.clone(), reserves(&ipam));
                 let pools: Vec<String> =
                     ipam.pool_names(None).into_iter().map(|(_, n)| n).collect();
                 for (pool, range) in pools.iter().zip(&ipam.ranges) {
@@ -102,6 +108,7 @@ impl NetworkIndex {
     /// Forgets a NAD.
     pub fn remove(&mut self, key: &str) {
         self.errors.remove(key);
+        self.reserves.remove(key);
         if self.slices.remove(key).is_some() {
             self.slice_pools.retain(|_, nets| {
                 nets.retain(|n| n != key);
@@ -177,6 +184,20 @@ impl NetworkIndex {
             .collect()
     }
 
+    /// The `network_name` (`None`: unnamed) of the reservations whereabouts makes for the
+    /// allocations of `pool`: only when every network known to allocate from it has
+    /// `enable_overlapping_ranges` and they agree on the name. `None` when a network of it
+    /// reserves nothing, they disagree, or none is known (a deleted NAD): no reservation is
+    /// expected there.
+    pub fn reservation_network(&self, pool: &str) -> Option<Option<&str>> {
+        let nets = self.of_pool(pool)?;
+        let mut named = nets
+            .iter()
+            .map(|n| self.reserves.get(n)?.as_ref().map(|name| name.as_deref()));
+        let first = named.next()??;
+        named.all(|n| n == Some(first)).then_some(first)
+    }
+
     /// Whether `key` is a known NAD whose IPAM is whereabouts.
     pub fn is_whereabouts(&self, key: &str) -> bool {
         self.pools_of.contains_key(key) || self.slices.contains_key(key)
@@ -196,6 +217,12 @@ impl NetworkIndex {
     pub fn errors(&self) -> &HashMap<String, String> {
         &self.errors
     }
+}
+
+/// How `ipam`'s reservations are named: `Some(network_name)` with overlapping ranges on.
+fn reserves(ipam: &crate::ipam::IpamConfig) -> Option<Option<String>> {
+    let name = ipam.network_name.clone().filter(|n| !n.is_empty());
+    ipam.enable_overlapping_ranges.then_some(name)
 }
 
 impl SliceNetwork {

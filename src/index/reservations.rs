@@ -92,6 +92,11 @@ impl ReservationIndex {
             .collect()
     }
 
+    /// The reservation named `name`.
+    pub fn get(&self, name: &str) -> Option<&ReservationInfo> {
+        self.by_name.get(name)
+    }
+
     /// Every reservation.
     pub fn iter(&self) -> impl Iterator<Item = NamedReservation> + '_ {
         self.by_name.iter().map(|(name, r)| NamedReservation {

@@ -22,4 +22,6 @@ pub use network_status::{
 };
 pub use networks::{NETWORKS_ANNOTATION, NetworksError, parse_networks};
 pub use pod_key::{PodKey, PodKeyError};
-pub use pool::{PoolAllocations, PoolEntry, PoolProblem, ip_at, offset_of, pool_allocations};
+pub use pool::{
+    PoolAllocations, PoolEntry, PoolProblem, holds_address, ip_at, offset_of, pool_allocations,
+};

@@ -121,6 +121,21 @@ pub fn parse_pool_range(range: &str) -> Result<IpNet, BadPoolRange> {
         })
 }
 
+/// Whether any allocation of a pool holds `ip`, whoever's and whatever its fields (fenced,
+/// cooling, a podref that does not parse): every key whereabouts reads as that offset. A range
+/// that does not parse holds everything (nothing can be told about it).
+pub fn holds_address(spec: &IPPoolSpec, ip: IpAddr) -> bool {
+    let Ok(range) = parse_pool_range(&spec.range) else {
+        return true;
+    };
+    let Some(offset) = offset_of(&range, ip) else {
+        return false;
+    };
+    spec.allocations
+        .keys()
+        .any(|k| k.trim().parse::<u128>().ok() == Some(offset))
+}
+
 /// Reads a pool's allocations. Malformed keys and out-of-range offsets are reported, not dropped.
 pub fn pool_allocations(spec: &IPPoolSpec) -> Result<PoolAllocations, BadPoolRange> {
     let range = parse_pool_range(&spec.range)?;

@@ -546,6 +546,7 @@ impl Releaser {
                 podref: pod.podref(),
                 ip: Some(ip),
                 pool: Some(t.pool.clone()),
+                live_pod: None,
             }]);
         }
     }

@@ -25,7 +25,13 @@ impl Writer {
                 async move {
                     match d {
                         ObjectDelete::Reservation(d) => {
-                            if w.delete_reservation(d.clone()).await == Deleted::Deleted {
+                            let done = w.delete_reservation(d.clone()).await;
+                            let id = ObjectId {
+                                name: d.name.clone(),
+                                uid: d.uid.clone(),
+                            };
+                            w.pending_deletes.lock().expect("pending lock").remove(&id);
+                            if done == Deleted::Deleted {
                                 let _ = looks.send(d);
                             }
                         }

@@ -25,6 +25,9 @@ pub const GC_DRY_RUN: &str = "IPAddressGarbageCollectionDryRun";
 pub const GC_FENCED: &str = "IPAddressGarbageCollectionFenced";
 /// ipreclaim's reason for a sweep held by the blast-radius breaker.
 pub const BREAKER_HOLD: &str = "IPAddressGarbageCollectionHeld";
+/// ipreclaim's reason for a live entry found without its reservation (created again, or
+/// found made meanwhile for another pod).
+pub const RESERVATION_MISSING: &str = "ReservationMissing";
 /// ipreclaim's reason for a held sweep an operator approved once.
 pub const HOLD_APPROVED: &str = "IPAddressGarbageCollectionHoldApproved";
 
@@ -490,6 +493,20 @@ impl Events {
     /// A Normal Event on a pool whose held sweep an operator approved once.
     pub async fn hold_approved(&self, namespace: &str, pool: &str, uid: &str, note: String) {
         let what = (EventType::Normal, HOLD_APPROVED, "Sweep");
+        self.on_pool(what, namespace, pool, uid, note).await;
+    }
+
+    /// A Warning on a pool one of whose live entries (address `ip`) had no reservation.
+    pub async fn reservation_missing(
+        &self,
+        namespace: &str,
+        pool: &str,
+        uid: &str,
+        ip: IpAddr,
+        note: String,
+    ) {
+        let action = format!("Repair {ip}");
+        let what = (EventType::Warning, RESERVATION_MISSING, action.as_str());
         self.on_pool(what, namespace, pool, uid, note).await;
     }
 

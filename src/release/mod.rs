@@ -21,6 +21,7 @@ mod fresh_pool;
 pub mod manual;
 pub mod patch;
 pub mod recorder;
+pub mod repair;
 pub mod reservation;
 pub mod schedule;
 pub mod types;

@@ -61,6 +61,10 @@ impl Writer {
         d: &ReservationDelete,
         indexed: bool,
     ) -> Result<Option<Holder>, kube::Error> {
+        if let Some(uid) = &d.live_pod {
+            let kept = self.left_behind_kept(d, uid).await?;
+            return Ok(kept.then(|| (String::new(), None)));
+        }
         let Some(ip) = d.ip else {
             // An orphan: kept while its pod holds any allocation or lives.
             let any = self.index.as_ref().is_some_and(|i| {
@@ -96,6 +100,67 @@ impl Writer {
             .map(|e| (e.id, e.ifname)))
     }
 
+    /// Whether a reservation the sweep found left behind for the live pod `uid` of its name
+    /// must stay after all, read fresh right before its delete: the pod (gone, recreated, without
+    /// network-status, or listing the address: kept) and the pools of its network whose range
+    /// holds the address (any entry of it, whoever's, keeps it; so does one that cannot be
+    /// read, and a network with no such pool known).
+    async fn left_behind_kept(
+        &self,
+        d: &ReservationDelete,
+        uid: &str,
+    ) -> Result<bool, kube::Error> {
+        let key = crate::ipam::PodKey::lenient(&d.podref);
+        let pods: Api<k8s_openapi::api::core::v1::Pod> =
+            Api::namespaced(self.client.clone(), &key.namespace);
+        let Some(pod) = pods.get_metadata_opt(&key.name).await? else {
+            // Gone since: an orphan now, judged as one (with its own grace) by a later sweep.
+            return Ok(true);
+        };
+        if pod.metadata.uid.as_deref() != Some(uid) {
+            return Ok(true);
+        }
+        let status = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(crate::ipam::NETWORK_STATUS_ANNOTATION));
+        let Some(Ok(networks)) = status.map(|s| crate::ipam::parse_network_status(s)) else {
+            return Ok(true);
+        };
+        let readings = crate::ipam::naming::reservation_readings(&d.name);
+        let lists = |ip: &IpAddr| networks.iter().any(|n| n.ips.contains(ip));
+        if readings.iter().any(|(_, ip)| lists(ip)) {
+            return Ok(true);
+        }
+        let (targets, own) = match &self.index {
+            Some(index) => {
+                let index = index.read().expect("index lock");
+                let own = readings
+                    .iter()
+                    .any(|(_, ip)| index.pools().holder(&d.podref, *ip).is_some());
+                (index.reservation_pools(&d.name), own)
+            }
+            None => (Vec::new(), false),
+        };
+        if own || targets.is_empty() {
+            return Ok(true);
+        }
+        let mut read: HashMap<&str, Option<crate::api::IPPool>> = HashMap::new();
+        for (pool, ip) in &targets {
+            if !read.contains_key(pool.as_str()) {
+                read.insert(pool, self.read_pool(pool).await?);
+            }
+            let held = read[pool.as_str()]
+                .as_ref()
+                .is_some_and(|p| crate::ipam::holds_address(&p.spec, *ip));
+            if held {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     /// Whether a pod of `podref` exists now (read fresh, its metadata only).
     async fn pod_exists(&self, podref: &str) -> Result<bool, kube::Error> {
         let pod = crate::ipam::PodKey::lenient(podref);
@@ -127,7 +192,10 @@ impl Writer {
                     }
                     self.metrics.write("delete");
                     match api.delete(&d.name, &params).await {
-                        Ok(_) => Ok(Deleted::Deleted),
+                        Ok(_) => {
+                            self.count_swept(&d);
+                            Ok(Deleted::Deleted)
+                        }
                         // Gone already, or replaced (its uid changed).
                         Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {
                             Ok(Deleted::NotOurs)
@@ -152,6 +220,18 @@ impl Writer {
         }
     }
 
+    /// Counts a reservation the sweep deleted (one with no address known: an orphan, or one
+    /// left behind for a live pod).
+    fn count_swept(&self, d: &ReservationDelete) {
+        let why = match (&d.live_pod, d.ip) {
+            (Some(_), _) => "left_behind",
+            (None, None) => "orphan",
+            (None, Some(_)) => return,
+        };
+        let swept = &self.metrics.reservations_swept;
+        swept.get_or_create(&why.to_string().into()).inc();
+    }
+
     /// Where a look at `d` reads: (pool, address). A delete after a release names both; an
     /// orphan's network and address are read back from its name, and looked for in every pool
     /// of that network the index knows whose range holds the address (its pool is not known:
@@ -164,13 +244,7 @@ impl Writer {
             return Vec::new();
         };
         let index = index.read().expect("index lock");
-        crate::ipam::naming::reservation_readings(&d.name)
-            .into_iter()
-            .flat_map(|(network, ip)| {
-                let pools = index.pools_of_reservation(network, ip);
-                pools.into_iter().map(move |pool| (pool, ip))
-            })
-            .collect()
+        index.reservation_pools(&d.name)
     }
 
     /// A pool's entries for a look, read fresh; `None` where it could not be read in time (the

@@ -145,6 +145,9 @@ pub struct ReservationDelete {
     pub ip: Option<IpAddr>,
     /// The pool the address was released from, when known.
     pub pool: Option<String>,
+    /// For a reservation left behind for a live pod of its name: that pod's uid. Its delete's
+    /// check reads the pod and its network's pools fresh (see `reservation`).
+    pub live_pod: Option<String>,
 }
 
 impl ReservationDelete {
@@ -158,6 +161,7 @@ impl ReservationDelete {
             podref: podref.to_owned(),
             ip: Some(judged.entry.ip),
             pool: Some(judged.pool.clone()),
+            live_pod: None,
         }
     }
 }

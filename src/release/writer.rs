@@ -71,6 +71,9 @@ pub struct Writer {
     /// Fresh pool reads are GETs, not LISTs by name (see `fresh_pool`): RBAC refused the list,
     /// or the program is granted none.
     pub(crate) pools_read_by_get: std::sync::atomic::AtomicBool,
+    /// Reservation deletes queued or under way: the sweep finds a reservation it queued again
+    /// until the delete is done, and it is queued once.
+    pub(crate) pending_deletes: std::sync::Mutex<HashSet<ObjectId>>,
 }
 
 /// Delete parameters that touch only the object of uid `uid`: one replaced since (another
@@ -138,6 +141,7 @@ impl Writer {
             dry_run_reported: Default::default(),
             cooldown: Duration::ZERO,
             pools_read_by_get: Default::default(),
+            pending_deletes: Default::default(),
         }
     }
 
@@ -188,12 +192,26 @@ impl WriterHandle {
     }
 
     /// Queues reservations for deletion on their own budget, each guarded against a live
-    /// allocation of its address (see `reservation`; nothing under `--dry-run`).
+    /// allocation of its address (see `reservation`; nothing under `--dry-run`). One queued or
+    /// under way already is not queued again.
     pub fn delete_reservations(&self, reservations: Vec<ReservationDelete>) {
         if self.writer.dry_run {
             return;
         }
         for d in reservations {
+            let id = ObjectId {
+                name: d.name.clone(),
+                uid: d.uid.clone(),
+            };
+            if !self
+                .writer
+                .pending_deletes
+                .lock()
+                .expect("pending lock")
+                .insert(id)
+            {
+                continue;
+            }
             // The receiver lives as long as any handle.
             let _ = self.deletes.send(ObjectDelete::Reservation(d));
         }

@@ -59,6 +59,13 @@ pub struct WriteMetrics {
     pub reservations_kept: Counter,
     /// Reservations put back: an allocation for the pod and address appeared as it was deleted.
     pub reservations_restored: Counter,
+    /// Reservations the sweep deleted, by why: `orphan` (no pod of that name), `left_behind`
+    /// (a live pod of that name that holds and lists no such address).
+    pub reservations_swept: Family<ReasonLabel, Counter>,
+    /// Missing reservations of live entries created again.
+    pub reservations_repaired: Counter,
+    /// Missing reservations found made meanwhile for another pod: reported, never replaced.
+    pub reservation_conflicts: Counter,
     /// Events published.
     pub events_published: Counter,
     /// Events that could not be published (queue full, or refused or failing for too long).
@@ -76,6 +83,9 @@ const LATENCY_BUCKETS: [f64; 12] = [
 ];
 
 const BATCH_BUCKETS: [f64; 8] = [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 500.0];
+
+/// The reasons of `reservations_swept_total`.
+pub const SWEPT_RESERVATIONS: [&str; 2] = ["orphan", "left_behind"];
 
 /// The causes [`WriteMetrics::failed`] is called with.
 pub const FAILURE_CAUSES: [&str; 6] = [
@@ -100,6 +110,9 @@ impl WriteMetrics {
             fence_failures: Counter::default(),
             reservations_kept: Counter::default(),
             reservations_restored: Counter::default(),
+            reservations_swept: Family::default(),
+            reservations_repaired: Counter::default(),
+            reservation_conflicts: Counter::default(),
             events_published: Counter::default(),
             events_dropped: Counter::default(),
             throttled: Counter::default(),
@@ -112,6 +125,7 @@ impl WriteMetrics {
         zero(&m.dry_run_releases, reasons);
         zero(&m.failures, FAILURE_CAUSES);
         zero(&m.api_writes, ["patch", "delete"]);
+        zero(&m.reservations_swept, SWEPT_RESERVATIONS);
         register_metrics!(r;
             // Releases, fences and reservations: what was written and why.
             "releases", "Addresses released, by reason", m.releases;
@@ -122,6 +136,9 @@ impl WriteMetrics {
             "fence_write_failures", "Fence writes that failed: the address is kept and the fence retried with backoff, never released instead", m.fence_failures;
             "reservations_kept", "Reservation deletes not sent because a live allocation of the pod holds the address", m.reservations_kept;
             "reservations_restored", "Reservations put back because an allocation for the pod and address appeared as they were deleted", m.reservations_restored;
+            "reservations_swept", "Reservations the sweep deleted, by reason: orphan (no pod of that name), left_behind (a live pod of that name holds and lists no such address)", m.reservations_swept;
+            "reservations_repaired", "Reservations created again for live entries whose reservation was missing", m.reservations_repaired;
+            "reservation_conflicts", "Missing reservations of live entries found made meanwhile for another pod (reported, never replaced)", m.reservation_conflicts;
             // The API writes themselves: patches, throttling, Events.
             "api_writes", "API write requests, by verb", m.api_writes;
             "api_throttled", "Writes the apiserver answered 429 Too Many Requests; every write then paused for its Retry-After", m.throttled;
@@ -203,6 +220,8 @@ pub struct ControllerMetrics {
     /// Cooling entries over 5 s past their marked end that the leader has not seen cooling
     /// for its `--release-cooldown` yet.
     pub cooldowns_past_end: Gauge,
+    /// Live entries seen without their reservation by the last sweep (the leader's).
+    pub reservations_missing: Gauge,
     /// 1 while this replica leads and may write, else 0.
     pub leader: Gauge,
 }
@@ -239,6 +258,7 @@ impl ControllerMetrics {
             fence_evidence_rejected: Family::default(),
             leader: Gauge::default(),
             cooldowns_past_end: Gauge::default(),
+            reservations_missing: Gauge::default(),
             invalid_objects: Family::default(),
         };
         let evidence = [
@@ -277,6 +297,7 @@ impl ControllerMetrics {
             "gc_candidate_oldest_age_seconds", "Age of the oldest candidate", m.oldest_candidate_seconds;
             "sweep_duration_seconds", "Duration of a leak sweep", m.sweep_duration_seconds;
             "breaker_holds", "Sweeps held by the blast-radius breaker", m.breaker_holds;
+            "reservations_missing", "Live entries of networks with overlapping ranges seen without their reservation by the last sweep (the leader's; each is created again after --reservation-repair-grace)", m.reservations_missing;
             // The cache and the queue: watches, bad input, leadership.
             "invalid_objects", "Objects skipped because they do not fit their schema, by kind", m.invalid_objects;
             "leader", "1 while this replica leads and may write (it holds the Lease and renewed it within the renew deadline), else 0", m.leader;

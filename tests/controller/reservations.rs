@@ -287,3 +287,372 @@ async fn an_orphan_whose_pod_comes_back_before_its_delete_goes_is_kept() {
     env.stop().await;
     env.delete_pod("web-0").await;
 }
+
+/// The reservation `name`'s (podref, containerid), if it exists.
+async fn reservation_of(env: &Env, name: &str) -> Option<(String, Option<String>)> {
+    let r = env.reservations().get_opt(name).await.unwrap()?;
+    Some((r.spec.podref, r.spec.containerid))
+}
+
+/// A second network over the same range with its own `network_name` ("other", pool
+/// other-192.0.2.0-24, empty): reservations of the two networks share addresses, not names.
+async fn other_network(env: &Env) {
+    env.nad_config(
+        "other",
+        r#"{"cniVersion":"0.3.1","type":"macvlan","master":"eth0","ipam":{"type":"whereabouts","range":"192.0.2.0/24","network_name":"other"}}"#,
+    )
+    .await;
+    env.pool("other-192.0.2.0-24", "192.0.2.0/24", &[]).await;
+}
+
+/// web-0's reservation of 192.0.2.10 was left behind (its delete failed once); web-0 lives on
+/// at 192.0.2.11. Nothing holds or lists .10 for it: the sweep deletes it (whereabouts #712:
+/// it blocked .10 network-wide for web-0's whole life). Also deleted: web-0's reservation of
+/// .10 in network "other", whatever the macvlan network's pool holds at .10 (c-0's entry):
+/// another network's reservation is judged by its own network's pools. web-0's live
+/// reservation stays. Before, a reservation was swept only when its pod was gone.
+#[tokio::test]
+async fn a_reservation_left_behind_for_a_live_name_is_swept() {
+    let mut env = Env::new("ctl-res-left").await;
+    env.macvlan(&[(11, "sb-web-0-new", "web-0"), (10, "sb-c-0", "c-0")])
+        .await;
+    other_network(&env).await;
+    env.pod("web-0", "macvlan", Some(&["192.0.2.11"])).await;
+    env.pod("c-0", "macvlan", Some(&["192.0.2.10"])).await;
+    env.reservation_of("192.0.2.11", "sb-web-0-new", "web-0")
+        .await;
+    env.reservation_of("other-192.0.2.10", "sb-web-0-old", "web-0")
+        .await;
+    env.reservation_of("192.0.2.12", "sb-web-0-old", "web-0")
+        .await;
+    env.start(&[]).await;
+    wait_for("the reservations left behind deleted", || async {
+        env.reservation_names().await == ["192.0.2.11"]
+    })
+    .await;
+    env.wait_metric(r#"ipreclaim_reservations_swept_total{reason="left_behind"} 2"#)
+        .await;
+    assert_eq!(env.keys("192.0.2.0-24").await, ["10", "11"]);
+    env.stop().await;
+}
+
+/// Reservations left behind for live pods are kept while anything may still use their address:
+/// a pod without network-status yet (an allocation may be in flight), a pod that lists the
+/// address (its entry may come), any entry holding the address in the network's pools
+/// (whoever's: b-0's here), a name that reads as no address, another network's reservation of
+/// an address the pod lists, and a network with no pool known. web-0's reservation left behind
+/// (the control) goes. Before, none was ever swept (the control fails).
+#[tokio::test]
+async fn reservations_an_allocation_may_still_need_are_kept() {
+    let mut env = Env::new("ctl-res-keep").await;
+    env.macvlan(&[(11, "sb-web-0", "web-0"), (30, "sb-b-0", "b-0")])
+        .await;
+    other_network(&env).await;
+    env.pod("web-0", "macvlan", Some(&["192.0.2.11"])).await;
+    env.pod("pending-0", "macvlan", None).await;
+    env.pod("lists-0", "macvlan", Some(&["192.0.2.21"])).await;
+    env.pod("a-0", "macvlan", Some(&["192.0.2.31"])).await;
+    env.pod("b-0", "macvlan", Some(&["192.0.2.30"])).await;
+    for (name, pod) in [
+        ("192.0.2.10", "web-0"),
+        ("192.0.2.20", "pending-0"),
+        ("192.0.2.21", "lists-0"),
+        ("192.0.2.30", "a-0"),
+        ("not-an-address", "a-0"),
+        ("other-192.0.2.31", "a-0"),
+        ("blue-192.0.2.40", "a-0"),
+    ] {
+        env.reservation_of(name, "sb-old", pod).await;
+    }
+    env.start(&[]).await;
+    wait_for("web-0's reservation left behind deleted", || async {
+        !env.reservation_names().await.contains(&"192.0.2.10".into())
+    })
+    .await;
+    env.wait_sweeps(5.0).await;
+    let mut left = env.reservation_names().await;
+    left.sort();
+    assert_eq!(
+        left,
+        [
+            "192.0.2.20",
+            "192.0.2.21",
+            "192.0.2.30",
+            "blue-192.0.2.40",
+            "not-an-address",
+            "other-192.0.2.31"
+        ]
+    );
+    env.wait_metric(r#"ipreclaim_reservations_swept_total{reason="left_behind"} 1"#)
+        .await;
+    env.stop().await;
+}
+
+/// web-0's reservation delete is refused (500) after its release; web-0 is recreated under its
+/// name at another address (a StatefulSet's pod). Each sweep finds the reservation again and
+/// retries (the failures count up), and once deletes go through it is gone. Before, a failed
+/// delete was given up, and with its pod's name alive no sweep took it: .10 stayed blocked.
+#[tokio::test]
+async fn a_failed_reservation_delete_is_retried_by_the_sweep() {
+    use testenv::faultproxy::{Action, FaultProxy, Rule};
+    let mut env = Env::new("ctl-res-retry").await;
+    env.macvlan(&[(10, "sb-web-0", "web-0")]).await;
+    env.reservation("192.0.2.10", "web-0").await;
+    env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
+    let proxy = FaultProxy::start(env.client.clone(), 1).await.unwrap();
+    proxy.set_rules(vec![Rule::new(
+        Some("delete"),
+        Some("overlappingrangeipreservations"),
+        Action::Status(500),
+    )]);
+    let through = ControlPlane::shared().client_through_faults(&proxy).await;
+    env.start_as(through, &[]).await;
+    env.delete_pod("web-0").await;
+    env.wait_keys("192.0.2.0-24", &[]).await;
+    env.recreate("web-0", 12, "sb-web-0-new").await;
+    let refused = || {
+        let injected = proxy.injected();
+        injected
+            .get("500 delete overlappingrangeipreservations")
+            .copied()
+            .unwrap_or(0)
+    };
+    wait_for("the sweep retrying the refused delete", || async {
+        refused() >= 3
+    })
+    .await;
+    assert_eq!(env.reservation_names().await, ["192.0.2.10"]);
+    proxy.clear();
+    wait_for("the reservation left behind deleted", || async {
+        env.reservation_names().await.is_empty()
+    })
+    .await;
+    assert_eq!(env.keys("192.0.2.0-24").await, ["12"]);
+    env.stop().await;
+}
+
+/// web-0's reservation of .10 was left behind; its delete passes its check (web-0 lives at
+/// .11) and is held in flight. Meanwhile web-0 is recreated and whereabouts gives it .10 back
+/// through that very reservation (it names web-0), then the delete lands. The looks after it
+/// find web-0's new entry and put the reservation back. Before, the reservation was never
+/// deleted at all (the held delete never comes).
+#[tokio::test]
+async fn a_left_behind_delete_racing_the_pods_recreation_is_put_back() {
+    let mut env = Env::new("ctl-res-left-race").await;
+    env.macvlan(&[(11, "sb-web-0", "web-0")]).await;
+    env.pod("web-0", "macvlan", Some(&["192.0.2.11"])).await;
+    env.reservation_of("192.0.2.10", "sb-web-0-old", "web-0")
+        .await;
+    let proxy = started_with_reservation_deletes_held(&mut env).await;
+    a_reservation_delete_held(&proxy).await;
+    proxy.set_rules(Vec::new());
+    env.delete_pod("web-0").await;
+    env.wait_keys("192.0.2.0-24", &[]).await;
+    env.recreate("web-0", 10, "sb-web-0-new").await;
+    proxy.release_held();
+    env.wait_metric("ipreclaim_reservations_restored_total 1")
+        .await;
+    assert_eq!(
+        reservation_of(&env, "192.0.2.10").await,
+        Some((format!("{}/web-0", env.ns), Some("sb-web-0-new".into()))),
+        "put back for web-0's new sandbox"
+    );
+    env.stop().await;
+    env.delete_pod("web-0").await;
+}
+
+/// web-0's reservation of .10 was left behind and is due; the delete's check reads web-0 fresh,
+/// and that read reaches the apiserver 3 s late (fault proxy). Meanwhile web-0 is recreated
+/// and given .10 back (the pod lists it, the entry is written), with the controller's pod and
+/// pool watches 8 s behind: the check finds another pod (a new uid) that lists the address, and
+/// the reservation stays. Before, the reservation was never judged (no read of web-0 comes).
+#[tokio::test]
+async fn a_left_behind_reservation_whose_pod_is_recreated_before_its_delete_is_kept() {
+    use testenv::faultproxy::{Action, FaultProxy, Rule};
+    let mut env = Env::new("ctl-res-left-back").await;
+    env.macvlan(&[(11, "sb-web-0", "web-0")]).await;
+    env.pod("web-0", "macvlan", Some(&["192.0.2.11"])).await;
+    env.reservation_of("192.0.2.10", "sb-web-0-old", "web-0")
+        .await;
+    let proxy = FaultProxy::start(env.client.clone(), 6).await.unwrap();
+    proxy.set_rules(vec![
+        Rule::new(
+            Some("get"),
+            Some("pods"),
+            Action::Delay(Duration::from_secs(3)),
+        ),
+        Rule::new(
+            Some("watch"),
+            Some("pods"),
+            Action::DelayEvents(Duration::from_secs(8)),
+        ),
+        Rule::new(
+            Some("watch"),
+            Some("ippools"),
+            Action::DelayEvents(Duration::from_secs(8)),
+        ),
+    ]);
+    let through = ControlPlane::shared().client_through_faults(&proxy).await;
+    env.start_as(through, &[]).await;
+    let reads = || proxy.requests().get("get pods").copied().unwrap_or(0);
+    wait_for("the delete's check reading web-0", || async { reads() > 0 }).await;
+    env.delete_pod("web-0").await;
+    env.recreate("web-0", 10, "sb-web-0-new").await;
+    let kept = "ipreclaim_reservations_kept_total";
+    wait_for("the delete's check keeping it", || async {
+        testenv::poll::metric_value(&env.metrics_text().await, kept) >= 1.0
+            || env.reservation_names().await.is_empty()
+    })
+    .await;
+    assert_eq!(
+        reservation_of(&env, "192.0.2.10").await,
+        Some((format!("{}/web-0", env.ns), Some("sb-web-0-old".into()))),
+        "the recreated web-0's reservation"
+    );
+    env.stop().await;
+    env.delete_pod("web-0").await;
+}
+
+/// web-0's entry (.10) has no reservation (a crash between whereabouts' pool write and its
+/// create). After --reservation-repair-grace the leader creates it for web-0's sandbox, with a
+/// Warning Event on the pool and the metrics. Not in network "flat", which has no overlapping
+/// ranges (whereabouts makes no reservations there), and db-0's existing reservation is left
+/// as it is. Before, nothing noticed: an overlapping range could hand .10 out again.
+#[tokio::test]
+async fn a_live_entry_missing_its_reservation_is_reported_and_repaired() {
+    let mut env = Env::new("ctl-res-repair").await;
+    env.web_0_and_db_0().await;
+    env.nad_config(
+        "flat",
+        r#"{"cniVersion":"0.3.1","type":"macvlan","master":"eth0","ipam":{"type":"whereabouts","range":"192.0.2.0/24","network_name":"flat","enable_overlapping_ranges":false}}"#,
+    )
+    .await;
+    env.pool(
+        "flat-192.0.2.0-24",
+        "192.0.2.0/24",
+        &[(10, "sb-web", "web-0")],
+    )
+    .await;
+    env.reservation_of("192.0.2.11", "sb-db", "db-0").await;
+    let db_before = env.reservations().get("192.0.2.11").await.unwrap();
+    env.start(&["--reservation-repair-grace=1s"]).await;
+    wait_for("web-0's reservation created", || async {
+        env.reservation_names().await == ["192.0.2.10", "192.0.2.11"]
+    })
+    .await;
+    assert_eq!(
+        reservation_of(&env, "192.0.2.10").await,
+        Some((format!("{}/web-0", env.ns), Some("sb-web".into())))
+    );
+    let events = env
+        .wait_events_saying(
+            "ReservationMissing",
+            &[
+                "entry 10 (192.0.2.10)",
+                "/web-0 had no reservation 192.0.2.10",
+                "created it",
+            ],
+        )
+        .await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].0, "192.0.2.0-24");
+    env.wait_metric("ipreclaim_reservations_repaired_total 1")
+        .await;
+    env.wait_metric("ipreclaim_reservations_missing 0").await;
+    env.wait_sweeps(3.0).await;
+    let db = env.reservations().get("192.0.2.11").await.unwrap();
+    assert_eq!(
+        db.metadata.uid, db_before.metadata.uid,
+        "db-0's left as it is"
+    );
+    assert_eq!(
+        env.reservation_names().await,
+        ["192.0.2.10", "192.0.2.11"],
+        "none in the network without overlapping ranges"
+    );
+    env.stop().await;
+}
+
+/// The create of web-0's missing reservation is held in flight (fault proxy) while a
+/// reservation of that name is made for another live pod (x-0): the create is refused (409), the
+/// one made meanwhile is compared and left as it is (never overwritten), and the conflict is
+/// reported. Before, no create came at all.
+#[tokio::test]
+async fn a_repair_refused_because_one_was_made_meanwhile_never_overwrites_it() {
+    use testenv::faultproxy::{Action, FaultProxy, Rule};
+    let mut env = Env::new("ctl-res-repair-race").await;
+    env.macvlan(&[(10, "sb-web", "web-0")]).await;
+    env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
+    env.pod("x-0", "macvlan", Some(&["192.0.2.99"])).await;
+    let proxy = FaultProxy::start(env.client.clone(), 1).await.unwrap();
+    proxy.set_rules(vec![Rule::new(
+        Some("create"),
+        Some("overlappingrangeipreservations"),
+        Action::Hold,
+    )]);
+    let through = ControlPlane::shared().client_through_faults(&proxy).await;
+    env.start_as(through, &["--reservation-repair-grace=1s"])
+        .await;
+    wait_for("the repair's create held in flight", || async {
+        proxy
+            .injected()
+            .contains_key("hold create overlappingrangeipreservations")
+    })
+    .await;
+    env.reservation_of("192.0.2.10", "sb-x", "x-0").await;
+    proxy.set_rules(Vec::new());
+    proxy.release_held();
+    env.wait_metric("ipreclaim_reservation_conflicts_total 1")
+        .await;
+    env.wait_events_saying("ReservationMissing", &["made meanwhile for pod", "/x-0"])
+        .await;
+    assert_eq!(
+        reservation_of(&env, "192.0.2.10").await,
+        Some((format!("{}/x-0", env.ns), Some("sb-x".into()))),
+        "the one made meanwhile, as it was"
+    );
+    assert_eq!(
+        testenv::poll::metric_value(
+            &env.metrics_text().await,
+            "ipreclaim_reservations_repaired_total"
+        ),
+        0.0
+    );
+    env.stop().await;
+}
+
+/// web-0's and db-0's entries have no reservation. The controller's pool watch is 8 s behind
+/// (fault proxy) when db-0's entry goes (whereabouts' DEL, say): its index still shows it, but
+/// the repair reads the pool fresh first and creates nothing for it; web-0's (the control) is
+/// created. Before, neither was (the control fails).
+#[tokio::test]
+async fn a_repair_creates_nothing_for_an_entry_gone_from_a_fresh_read() {
+    use testenv::faultproxy::{Action, FaultProxy, Rule};
+    let mut env = Env::new("ctl-res-repair-gone").await;
+    env.web_0_and_db_0().await;
+    let proxy = FaultProxy::start(env.client.clone(), 1).await.unwrap();
+    proxy.set_rules(vec![Rule::new(
+        Some("watch"),
+        Some("ippools"),
+        Action::DelayEvents(Duration::from_secs(8)),
+    )]);
+    let through = ControlPlane::shared().client_through_faults(&proxy).await;
+    env.start_as(through, &["--reservation-repair-grace=1s"])
+        .await;
+    env.merge_pool(
+        "192.0.2.0-24",
+        serde_json::json!({"spec": {"allocations": {"11": null}}}),
+    )
+    .await;
+    wait_for("web-0's reservation created", || async {
+        !env.reservation_names().await.is_empty()
+    })
+    .await;
+    env.wait_sweeps(3.0).await;
+    assert_eq!(
+        env.reservation_names().await,
+        ["192.0.2.10"],
+        "none for db-0's entry, gone"
+    );
+    env.stop().await;
+}
