@@ -858,9 +858,14 @@ async fn sent(
     seen()
 }
 
-/// The command's output once it exits, with the test's range written back.
-fn finished(env: &Env, child: std::process::Child) -> Output {
-    env.written_back(child.wait_with_output().unwrap())
+/// The command's output once it exits, with the test's range written back (waited for off the
+/// runtime, which runs the proxy the command talks through).
+async fn finished(env: &Env, child: std::process::Child) -> Output {
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    env.written_back(out)
 }
 
 /// A live pod whose network-status is not written yet holds an allocation that may be in flight:
@@ -932,7 +937,7 @@ async fn release_reads_pools_before_pods_so_a_pod_recreated_meanwhile_keeps_its_
     env.create_pod("gone-0", None).await;
     env.set_entry_id(POOL, "30", "sb-gone-new").await;
     proxy.clear();
-    let out = finished(&env, child);
+    let out = finished(&env, child).await;
 
     assert_eq!(
         env.entry_of(POOL, "30").await,
@@ -957,8 +962,9 @@ async fn release_reads_the_target_pod_again_right_before_the_write() {
     use testenv::faultproxy::{Action, FaultProxy, Rule};
     let env = Env::new("release-fresh", false, 10).await;
     let ns = env.ns.clone();
-    let proxy = FaultProxy::start(env.client.clone(), 35).await.unwrap();
     for force in [false, true] {
+        // A proxy of its own per run: its request counts are this run's.
+        let proxy = FaultProxy::start(env.client.clone(), 35).await.unwrap();
         proxy.set_rules(vec![Rule::new(Some("get"), Some("pods"), Action::Hold)]);
         let args: &[&str] = match force {
             false => &["--ip", "192.0.2.30"],
@@ -983,7 +989,7 @@ async fn release_reads_the_target_pod_again_right_before_the_write() {
             }
         };
         proxy.clear();
-        let out = finished(&env, child);
+        let out = finished(&env, child).await;
         assert!(
             env.entries(POOL).await.contains_key("30"),
             "released 192.0.2.30 with no fresh read of its pod (read again: {read_again}): {}",
