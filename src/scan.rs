@@ -176,17 +176,12 @@ fn listed<K: Kind<Store = Index>>(index: &mut Index, objects: impl IntoIterator<
     relist.step(index, Step::Done, now);
 }
 
-/// The index the manual commands (`unfence`, `release`) write from: pods, pools, fence records,
-/// reservations and NADs of the cluster now, by the controller's own rules. Unlike `scan`, a
-/// kind that cannot be listed fails it (a write must not rest on a partial view).
+/// The index the manual commands (`unfence`, `release`) write from: pools, fence records,
+/// reservations, NADs and then pods of the cluster now, by the controller's own rules. Unlike
+/// `scan`, a kind that cannot be listed fails it (a write must not rest on a partial view).
 pub async fn index_for_writes(client: Client, namespace: &str) -> anyhow::Result<Index> {
     let wall = jiff::Timestamp::now();
-    let (mut index, _) = index_of(client.clone(), namespace, wall, true).await?;
-    let reservations = Api::<Lenient<OverlappingRangeIPReservation>>::namespaced(client, namespace)
-        .list(&ListParams::default())
-        .await
-        .with_context(|| format!("list OverlappingRangeIPReservations in {namespace}"))?;
-    listed::<Reservations>(&mut index, reservations);
+    let (index, _) = index_of(client, namespace, wall, true).await?;
     Ok(index)
 }
 
@@ -201,7 +196,14 @@ async fn index_cluster(
     index_of(client, namespace, wall, false).await
 }
 
-/// [`index_cluster`]; `strict`: fence records and NADs that cannot be listed fail it.
+/// [`index_cluster`]; `strict` (for writes): reservations are listed too, and fence records and
+/// NADs that cannot be listed fail it.
+///
+/// Pools are listed before pods: an entry in the pools read was allocated before the pod
+/// listing began, and the CNI allocates only for a pod that exists, so its pod (unless deleted
+/// since) is in the listing. Pods listed first would miss a pod created, and given an entry,
+/// between the two lists (a StatefulSet pod recreated under the same name): its entry would look
+/// like a missing pod's.
 async fn index_of(
     client: Client,
     namespace: &str,
@@ -209,31 +211,6 @@ async fn index_of(
     strict: bool,
 ) -> anyhow::Result<(Index, BTreeMap<String, i64>)> {
     let mut index = Index::default();
-    let mut created: BTreeMap<String, i64> = BTreeMap::new();
-    let pods = Api::<PodView>::all(client.clone());
-    let now = std::time::Instant::now();
-    let mut relist = Relist::<Pods>::default();
-    relist.step(&mut index, Step::Begin, now);
-    // Paged: a page of full pods is read, stripped and dropped before the next.
-    for_each_listed(
-        POD_PAGE,
-        |page| {
-            let pods = pods.clone();
-            async move { pods.list(&page).await }
-        },
-        |p| {
-            if let (Some(pod), Some(t)) =
-                (PodKey::of_meta(&p.metadata), &p.metadata.creation_timestamp)
-            {
-                let age = wall.duration_since(t.0).as_secs();
-                created.insert(pod.podref(), age);
-            }
-            relist.step(&mut index, Step::Listed(p), now);
-        },
-    )
-    .await
-    .context("list pods")?;
-    relist.step(&mut index, Step::Done, now);
     let pools = Api::<Lenient<IPPool>>::namespaced(client.clone(), namespace)
         .list(&ListParams::default())
         .await
@@ -255,7 +232,15 @@ async fn index_of(
             tracing::warn!(error = %e, "cannot list IPFences: fenced addresses are not shown")
         }
     }
-    match Api::<Lenient<NetworkAttachmentDefinition>>::all(client)
+    if strict {
+        let reservations =
+            Api::<Lenient<OverlappingRangeIPReservation>>::namespaced(client.clone(), namespace)
+                .list(&ListParams::default())
+                .await
+                .with_context(|| format!("list OverlappingRangeIPReservations in {namespace}"))?;
+        listed::<Reservations>(&mut index, reservations);
+    }
+    match Api::<Lenient<NetworkAttachmentDefinition>>::all(client.clone())
         .list(&ListParams::default())
         .await
     {
@@ -264,7 +249,42 @@ async fn index_of(
         // Without NADs the rules fall back to interface names: still a useful report.
         Err(e) => tracing::warn!(error = %e, "cannot list NetworkAttachmentDefinitions"),
     }
+    let created = list_pods(&mut index, client, wall).await?;
     Ok((index, created))
+}
+
+/// Lists every pod (stripped, paged) into `index`; each pod's age in seconds by podref.
+async fn list_pods(
+    index: &mut Index,
+    client: Client,
+    wall: jiff::Timestamp,
+) -> anyhow::Result<BTreeMap<String, i64>> {
+    let mut created: BTreeMap<String, i64> = BTreeMap::new();
+    let pods = Api::<PodView>::all(client);
+    let now = std::time::Instant::now();
+    let mut relist = Relist::<Pods>::default();
+    relist.step(index, Step::Begin, now);
+    // Paged: a page of full pods is read, stripped and dropped before the next.
+    for_each_listed(
+        POD_PAGE,
+        |page| {
+            let pods = pods.clone();
+            async move { pods.list(&page).await }
+        },
+        |p| {
+            if let (Some(pod), Some(t)) =
+                (PodKey::of_meta(&p.metadata), &p.metadata.creation_timestamp)
+            {
+                let age = wall.duration_since(t.0).as_secs();
+                created.insert(pod.podref(), age);
+            }
+            relist.step(index, Step::Listed(p), now);
+        },
+    )
+    .await
+    .context("list pods")?;
+    relist.step(index, Step::Done, now);
+    Ok(created)
 }
 
 /// An object that does not fit its schema: its name and what is wrong.

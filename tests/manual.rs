@@ -53,9 +53,9 @@ fn entry(id: &str, podref: String) -> IPAllocation {
 }
 
 impl Env {
-    /// `n`: this test's range, 198.18.`n`.0/24 (1 to 9).
+    /// `n`: this test's range, 198.18.`n`.0/24 (1 to 19).
     async fn new(prefix: &str, listed: bool, n: u8) -> Env {
-        assert!((1..10).contains(&n));
+        assert!((1..20).contains(&n));
         let cp = ControlPlane::shared();
         let (client, ns) = cp.client_crds_and_namespace(prefix).await;
         let net = format!("198.18.{n}");
@@ -737,4 +737,443 @@ async fn kubectl_ipreclaim_unfence_lifts_a_fence() {
     // Flags: neither --ip nor --node nor --all is a usage error (2).
     let out = kubectl(&env, &dir, &["ipreclaim", "unfence", &wns]);
     assert_eq!(exit_code(&out), 2, "{}", explain(&out));
+}
+
+// Manual commands as safe as the controller (issue 35, item 3): the controller's decision rules
+// (a `Keep` needs --force), pools read before pods, a fresh read of each target pod right before
+// the write, a `--sandbox` pin, and no fence lifted on a node that may still run the pod.
+
+impl Env {
+    /// Adds entry `key` held by sandbox `id` for `podref` to pool `name` (as the CNI does).
+    async fn add_entry(&self, name: &str, key: &str, id: &str, podref: &str) {
+        let patch = serde_json::json!([{
+            "op": "add",
+            "path": format!("/spec/allocations/{key}"),
+            "value": {"id": id, "podref": podref, "ifname": "net1"},
+        }]);
+        let patch: json_patch::Patch = serde_json::from_value(patch).unwrap();
+        Api::<IPPool>::namespaced(self.client.clone(), &self.ns)
+            .patch(
+                &self.fwd(name),
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::<()>::Json(patch),
+            )
+            .await
+            .unwrap();
+    }
+
+    /// Sets the sandbox id of entry `key` of pool `name` (whereabouts' ADD of a recreated pod
+    /// reuses its podref's entry and rewrites only the id).
+    async fn set_entry_id(&self, name: &str, key: &str, id: &str) {
+        let patch = serde_json::json!({"spec": {"allocations": {key: {"id": id}}}});
+        testenv::fixtures::merge(
+            &Api::<IPPool>::namespaced(self.client.clone(), &self.ns),
+            &self.fwd(name),
+            patch,
+        )
+        .await;
+    }
+
+    /// Creates pod `name`, with a network-status listing `ips` on `macvlan` when given (none:
+    /// Multus has not written it yet); its uid.
+    async fn create_pod(&self, name: &str, ips: Option<&[&str]>) -> String {
+        let pod = match ips {
+            Some(ips) => {
+                let ips: Vec<String> = ips.iter().map(|i| self.fwd(i)).collect();
+                let status = serde_json::json!([
+                    {"name": format!("{}/macvlan", self.ns), "interface": "net1", "ips": ips},
+                ]);
+                testenv::fixtures::annotated_pod(
+                    name,
+                    ipreclaim::ipam::NETWORK_STATUS_ANNOTATION,
+                    &status.to_string(),
+                )
+            }
+            None => testenv::fixtures::pod(name, None),
+        };
+        testenv::fixtures::create(&Api::<Pod>::namespaced(self.client.clone(), &self.ns), &pod)
+            .await
+    }
+
+    /// Entry `key` of pool `name`: (id, podref), if there.
+    async fn entry_of(&self, name: &str, key: &str) -> Option<(String, String)> {
+        let pool = self.pool_now(name).await;
+        pool.spec
+            .allocations
+            .get(key)
+            .map(|a| (a.id.clone(), a.podref.clone()))
+    }
+
+    /// Starts `ipreclaim <command> <args>` talking to the apiserver through `proxy`.
+    fn spawn_through(
+        &self,
+        proxy: &testenv::faultproxy::FaultProxy,
+        command: &str,
+        args: &[&str],
+    ) -> std::process::Child {
+        let dir = testenv::procs::run_dir(&format!("manual-proxy-{}", self.ns)).unwrap();
+        let kc = dir.join("kubeconfig");
+        ControlPlane::shared()
+            .write_kubeconfig_through_faults(proxy, &self.ns, &kc)
+            .unwrap();
+        Command::new(BIN)
+            .arg(command)
+            .args(args.iter().map(|a| self.fwd(a)))
+            .args(["--whereabouts-namespace", &self.ns, "--kubeconfig"])
+            .arg(kc)
+            .env_remove("KUBECONFIG")
+            .env_remove("WHEREABOUTS_NAMESPACE")
+            .env_remove("IPRECLAIM_RELEASE_COOLDOWN")
+            .env("HOME", "/nonexistent")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run the ipreclaim binary")
+    }
+
+    /// A Node `name` (cluster-wide: name it after the namespace) whose Ready condition is
+    /// `status`, its last transition at `at`.
+    async fn node(&self, name: &str, status: &str, at: jiff::Timestamp) {
+        let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(self.client.clone());
+        if nodes.get_opt(name).await.unwrap().is_none() {
+            testenv::fixtures::create(&nodes, &testenv::fixtures::node(name)).await;
+        }
+        let patch = testenv::fixtures::ready_condition(status, "SetByTest", &at.to_string());
+        testenv::fixtures::merge_status(&nodes, name, patch).await;
+    }
+}
+
+/// Waits (bounded) until `proxy` has seen `request` ("verb resource"); false when the command
+/// exited first (it never sent one).
+async fn sent(
+    proxy: &testenv::faultproxy::FaultProxy,
+    child: &mut std::process::Child,
+    request: &str,
+) -> bool {
+    let seen = || proxy.requests().get(request).copied().unwrap_or(0) > 0;
+    testenv::poll::wait_for(request, || {
+        let done = seen() || child.try_wait().unwrap().is_some();
+        async move { done }
+    })
+    .await;
+    seen()
+}
+
+/// The command's output once it exits, with the test's range written back (waited for off the
+/// runtime, which runs the proxy the command talks through).
+async fn finished(env: &Env, child: std::process::Child) -> Output {
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    env.written_back(out)
+}
+
+/// A live pod whose network-status is not written yet holds an allocation that may be in flight:
+/// the controller keeps it (`KeepReason::NoNetworkStatus`), and so does `release`, unless forced.
+#[tokio::test]
+async fn release_keeps_the_address_of_a_live_pod_without_network_status_unless_forced() {
+    let env = Env::new("release-nostatus", false, 8).await;
+    let ns = env.ns.clone();
+    env.create_pod("new-0", None).await;
+    env.add_entry(POOL, "40", "sb-new", &format!("{ns}/new-0"))
+        .await;
+    let before = env.pool_now(POOL).await.metadata.resource_version;
+
+    let out = env.run("release", &["--ip", "192.0.2.40"]);
+    assert!(
+        env.entries(POOL).await.contains_key("40"),
+        "released the address of live pod new-0, which has no network-status yet: {}",
+        explain(&out)
+    );
+    assert_eq!(exit_code(&out), 1, "{}", explain(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("refused 192.0.2.40")
+            && text.contains(&format!("live pod {ns}/new-0 has no network-status yet"))
+            && text.contains("--force"),
+        "{}",
+        explain(&out)
+    );
+    env.run_says(
+        "release",
+        &["--pod", &format!("{ns}/new-0")],
+        1,
+        &["refused 192.0.2.40"],
+    );
+    assert_eq!(env.pool_now(POOL).await.metadata.resource_version, before);
+
+    // --force says what it overrides, and releases it.
+    let help = stdout(&env.run("release", &["--help"]));
+    assert!(
+        help.contains("no network-status yet") && help.contains("live pod's network-status lists"),
+        "{help}"
+    );
+    env.run_says(
+        "release",
+        &["--ip", "192.0.2.40", "--force"],
+        0,
+        &["released 192.0.2.40"],
+    );
+    assert!(!env.entries(POOL).await.contains_key("40"));
+}
+
+/// A StatefulSet pod recreated while the command reads the cluster: its CNI ADD reuses the old
+/// pod's entry (same podref, the id rewritten) before Multus writes its network-status. Listing
+/// pods before pools saw no pod and then the new pod's entry, and freed it; pools are read
+/// first now, so the pod listed after them is seen, without network-status, and kept.
+#[tokio::test]
+async fn release_reads_pools_before_pods_so_a_pod_recreated_meanwhile_keeps_its_address() {
+    use testenv::faultproxy::{Action, FaultProxy, Rule};
+    let env = Env::new("release-order", false, 9).await;
+    let ns = env.ns.clone();
+    let proxy = FaultProxy::start(env.client.clone(), 35).await.unwrap();
+    proxy.set_rules(vec![Rule::new(Some("list"), Some("ippools"), Action::Hold)]);
+    let mut child = env.spawn_through(&proxy, "release", &["--ip", "192.0.2.30"]);
+    assert!(
+        sent(&proxy, &mut child, "list ippools").await,
+        "no pool list"
+    );
+    // While the pool list is held: gone-0 comes back and its ADD takes its old entry.
+    env.create_pod("gone-0", None).await;
+    env.set_entry_id(POOL, "30", "sb-gone-new").await;
+    proxy.clear();
+    let out = finished(&env, child).await;
+
+    assert_eq!(
+        env.entry_of(POOL, "30").await,
+        Some(("sb-gone-new".into(), format!("{ns}/gone-0"))),
+        "freed the address of the recreated pod: {}",
+        explain(&out)
+    );
+    assert_eq!(exit_code(&out), 1, "{}", explain(&out));
+    assert!(
+        stdout(&out).contains("refused 192.0.2.30"),
+        "{}",
+        explain(&out)
+    );
+    assert_eq!(env.reservations().await, ["192.0.2.10", "192.0.2.30"]);
+}
+
+/// Between the listing and the write, gone-0 is recreated and given the address (its
+/// network-status lists it): the command reads each target pod again right before the write
+/// and refuses what changed, even with --force (what was forced was the old view).
+#[tokio::test]
+async fn release_reads_the_target_pod_again_right_before_the_write() {
+    use testenv::faultproxy::{Action, FaultProxy, Rule};
+    let env = Env::new("release-fresh", false, 10).await;
+    let ns = env.ns.clone();
+    for force in [false, true] {
+        // A proxy of its own per run: its request counts are this run's.
+        let proxy = FaultProxy::start(env.client.clone(), 35).await.unwrap();
+        proxy.set_rules(vec![Rule::new(Some("get"), Some("pods"), Action::Hold)]);
+        let args: &[&str] = match force {
+            false => &["--ip", "192.0.2.30"],
+            true => &["--ip", "192.0.2.30", "--force"],
+        };
+        // The forced run lists the first new gone-0 (which lists the address: forced) and sees
+        // a second one on its fresh read.
+        let mut child = env.spawn_through(&proxy, "release", args);
+        let read_again = sent(&proxy, &mut child, "get pods").await;
+        // While the fresh read is held: the StatefulSet's new gone-0, listing the address.
+        let uid = match force {
+            false => env.create_pod("gone-0", Some(&["192.0.2.30"])).await,
+            true => {
+                let pods = Api::<Pod>::namespaced(env.client.clone(), &ns);
+                pods.delete(
+                    "gone-0",
+                    &kube::api::DeleteParams::default().grace_period(0),
+                )
+                .await
+                .unwrap();
+                env.create_pod("gone-0", Some(&["192.0.2.30"])).await
+            }
+        };
+        proxy.clear();
+        let out = finished(&env, child).await;
+        assert!(
+            env.entries(POOL).await.contains_key("30"),
+            "released 192.0.2.30 with no fresh read of its pod (read again: {read_again}): {}",
+            explain(&out)
+        );
+        assert_eq!(exit_code(&out), 1, "{}", explain(&out));
+        let text = stdout(&out);
+        assert!(
+            text.contains("refused 192.0.2.30")
+                && text.contains(&format!("pod {ns}/gone-0 changed since the listing"))
+                && text.contains(&uid),
+            "{}",
+            explain(&out)
+        );
+    }
+    assert!(env.released("gone-0").await.is_empty());
+    assert_eq!(env.reservations().await, ["192.0.2.10", "192.0.2.30"]);
+}
+
+/// `--sandbox ID` pins the entry the operator saw: when the address is held by another sandbox
+/// now (here: the recreated pod's ADD took the entry), nothing is written, even with --force.
+#[tokio::test]
+async fn release_with_a_sandbox_pin_refuses_an_entry_held_by_another_sandbox() {
+    let env = Env::new("release-pin", false, 11).await;
+    let ns = env.ns.clone();
+    // The operator saw sb-gone at .30 (ipreclaim scan); gone-0 came back and its ADD took the
+    // entry, Multus has not written its network-status yet.
+    env.create_pod("gone-0", None).await;
+    env.set_entry_id(POOL, "30", "sb-gone-new").await;
+    let before = env.pool_now(POOL).await.metadata.resource_version;
+    let out = env.run(
+        "release",
+        &["--ip", "192.0.2.30", "--sandbox", "sb-gone", "--force"],
+    );
+    assert_eq!(env.pool_now(POOL).await.metadata.resource_version, before);
+    assert_eq!(exit_code(&out), 1, "{}", explain(&out));
+    assert!(
+        stdout(&out).contains("held by sandbox sb-gone-new now, not sb-gone (--sandbox)"),
+        "{}",
+        explain(&out)
+    );
+    let help = stdout(&env.run("release", &["--help"]));
+    assert!(help.contains("--sandbox <ID>"), "{help}");
+
+    // The pin of the sandbox seen, by a prefix of 12 characters or more as `scan` shows it.
+    env.add_entry(POOL, "50", "0123456789abcdef0123", &format!("{ns}/gone-5"))
+        .await;
+    env.run_says(
+        "release",
+        &["--ip", "192.0.2.50", "--sandbox", "0123456789ab"],
+        0,
+        &["released 192.0.2.50"],
+    );
+    assert!(!env.entries(POOL).await.contains_key("50"));
+    // --pod with a pin: only that sandbox's entries.
+    env.add_entry(POOL, "51", "sb-x1", &format!("{ns}/gone-6"))
+        .await;
+    env.add_entry(POOL, "52", "sb-x2", &format!("{ns}/gone-6"))
+        .await;
+    env.run_says(
+        "release",
+        &["--pod", &format!("{ns}/gone-6"), "--sandbox", "sb-x2"],
+        0,
+        &["released 192.0.2.52"],
+    );
+    let entries = env.entries(POOL).await;
+    assert!(
+        entries.contains_key("51") && !entries.contains_key("52"),
+        "{entries:?}"
+    );
+}
+
+/// A fence whose node is NotReady (it may still run the pod) or Ready for less than the settle
+/// is refused without --force, and the refusal names the out-of-service taint; a tainted node,
+/// a Node that is gone, or one Ready long enough lifts as the controller lifts.
+#[tokio::test]
+async fn unfence_refuses_a_fence_whose_node_may_still_run_the_pod() {
+    let env = Env::new("unfence-node", false, 12).await;
+    let ns = env.ns.clone();
+    let down = format!("{ns}-down");
+    let now = jiff::Timestamp::now();
+    env.node(&down, "Unknown", now).await;
+    for (key, pod) in [("13", "d"), ("14", "e")] {
+        env.add_entry(POOL, key, &format!("sb-{pod}"), &fenced(&ns, pod))
+            .await;
+        env.fence(key, pod, &format!("sb-{pod}"), &down).await;
+    }
+    let before = env.pool_now(POOL).await.metadata.resource_version;
+    let taint = format!(
+        "kubectl taint node {down} node.kubernetes.io/out-of-service=nodeshutdown:NoExecute"
+    );
+    for args in [vec!["--node", down.as_str()], vec!["--ip", "192.0.2.13"]] {
+        let out = env.run("unfence", &args);
+        assert_eq!(
+            env.pool_now(POOL).await.metadata.resource_version,
+            before,
+            "lifted a fence of NotReady node {down}: {}",
+            explain(&out)
+        );
+        assert_eq!(exit_code(&out), 1, "{}", explain(&out));
+        let text = stdout(&out);
+        assert!(
+            text.contains("refused 192.0.2.13")
+                && text.contains(&format!("node {down} is Ready=Unknown"))
+                && text.contains(&taint)
+                && text.contains("--force"),
+            "{}",
+            explain(&out)
+        );
+    }
+    // --all lifts the fences of nodes that are gone (node-1, node-2: no such Node) and refuses
+    // the NotReady node's.
+    let out = env.run_exits("unfence", &["--all"], 1);
+    assert!(stdout(&out).contains(&taint), "{}", explain(&out));
+    let entries = env.entries(POOL).await;
+    assert_eq!(
+        entries.keys().collect::<Vec<_>>(),
+        ["13", "14", "20", "30"],
+        "{}",
+        explain(&out)
+    );
+
+    // Ready again, but for less than the settle: the kubelet may still be stopping the pod.
+    env.node(&down, "True", jiff::Timestamp::now()).await;
+    env.run_says(
+        "unfence",
+        &["--ip", "192.0.2.13"],
+        1,
+        &["refused 192.0.2.13", "Ready for only", &taint],
+    );
+    let help = stdout(&env.run("unfence", &["--help"]));
+    assert!(
+        help.contains("not Ready")
+            && help.contains("out-of-service")
+            && help.contains("--fence-settle"),
+        "{help}"
+    );
+    // Ready for longer than the settle: lifted.
+    let earlier = jiff::Timestamp::now() - jiff::SignedDuration::from_secs(600);
+    env.node(&down, "True", earlier).await;
+    env.run_says(
+        "unfence",
+        &["--ip", "192.0.2.13"],
+        0,
+        &["unfenced 192.0.2.13"],
+    );
+    // NotReady again, then tainted out-of-service by its operator: lifted.
+    env.node(&down, "False", jiff::Timestamp::now()).await;
+    env.run_exits("unfence", &["--ip", "192.0.2.14"], 1);
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(env.client.clone());
+    let taints = serde_json::json!({"spec": {"taints": [{
+        "key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute",
+    }]}});
+    testenv::fixtures::merge(&nodes, &down, taints).await;
+    env.run_says("unfence", &["--node", &down], 0, &["unfenced 192.0.2.14"]);
+    assert_eq!(
+        env.entries(POOL).await.keys().collect::<Vec<_>>(),
+        ["20", "30"]
+    );
+    nodes
+        .delete(&down, &kube::api::DeleteParams::default())
+        .await
+        .unwrap();
+}
+
+/// --force lifts a NotReady node's fence, and says what it overrode.
+#[tokio::test]
+async fn unfence_force_lifts_a_fence_of_a_node_that_is_not_ready() {
+    let env = Env::new("unfence-node-force", false, 13).await;
+    let ns = env.ns.clone();
+    let down = format!("{ns}-down");
+    env.node(&down, "Unknown", jiff::Timestamp::now()).await;
+    env.add_entry(POOL, "13", "sb-d", &fenced(&ns, "d")).await;
+    env.fence("13", "d", "sb-d", &down).await;
+    env.run_says(
+        "unfence",
+        &["--node", &down, "--force"],
+        0,
+        &["unfenced 192.0.2.13"],
+    );
+    assert!(!env.entries(POOL).await.contains_key("13"));
+    Api::<k8s_openapi::api::core::v1::Node>::all(env.client.clone())
+        .delete(&down, &kube::api::DeleteParams::default())
+        .await
+        .unwrap();
 }

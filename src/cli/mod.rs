@@ -60,12 +60,14 @@ enum Command {
     /// at its next sweep and removes).
     ApproveHold(approve::ApproveArgs),
     /// Lift fences by hand (--ip, --node, or --all to uninstall), through the controller's
-    /// guarded writes; refuses an address a live pod lists unless --force.
+    /// guarded writes; refuses an address a live pod lists, and a fence whose node is not Ready
+    /// or not settled, unless --force.
     ///
     /// Exit code: 0 done, 1 something refused, failed or not found, 2 an error.
     Unfence(unfence::UnfenceArgs),
     /// Release allocations by hand (--ip [--network] or --pod), through the controller's
-    /// guarded writes; refuses an address a live pod lists unless --force.
+    /// guarded writes; refuses what the controller's rules keep unless --force, and a pod
+    /// changed since the listing.
     ///
     /// Exit code: 0 done, 1 something refused, failed or not found, 2 an error.
     Release(release::ReleaseArgs),

@@ -1,13 +1,15 @@
 //! `ipreclaim release` (`kubectl ipreclaim release`): frees allocations by hand through the
 //! controller's own guarded writes.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::process::ExitCode;
 
 use ipreclaim::api::OverlappingRangeIPReservation;
+use ipreclaim::api::slim::PodView;
 use ipreclaim::index::Index;
 use ipreclaim::ipam::PodKey;
-use ipreclaim::release::manual::{self, Planned, ReleaseTarget};
+use ipreclaim::release::manual::{self, Planned, PodLook, ReleaseTarget};
 use ipreclaim::release::reservation::ReservationDelete;
 use ipreclaim::release::{EntryWrite, ReleaseError, ReleaseOutcome, ReleaseRequest};
 use kube::api::Api;
@@ -20,10 +22,14 @@ use super::writes::{self, Session, WriteArgs, place};
 #[command(
     group = clap::ArgGroup::new("what").required(true).args(["ip", "pod"]),
     after_help = "\
-Each allocation is removed as the controller removes one: the pool entry is removed with `test`s \
-of its sandbox id and podref (an entry changed meanwhile is left alone), then the pod's \
-reservation of the address is deleted with its uid as precondition, unless a live allocation of \
-that pod holds the address again. Each release leaves a release Event on the pod (reporting \
+Each allocation is judged by the controller's rules and removed as the controller removes one. \
+Pools are read before pods (an entry allocated after the pod listing is never taken for a \
+missing pod's), and each target's pod is read again right before the write: a pod changed since \
+the listing (another uid, or its network-status now lists the address) is refused, even with \
+--force. The pool entry is removed with `test`s of its sandbox id and podref (an entry changed \
+meanwhile, such as a recreated pod's allocation, is left alone), then the pod's reservation of \
+the address is deleted with its uid as precondition, unless a live allocation of that pod holds \
+the address again. Each release leaves a release Event on the pod (reporting \
 instance `ipreclaim-cli`) and an audit log line on stderr. A fenced address is not released \
 here: `ipreclaim unfence --ip ADDR` lifts its fence. An address in its release cooldown \
 (`--release-cooldown`) is refused; with --force its cooldown ends now (the marked entry is \
@@ -31,9 +37,10 @@ removed, then the old pod's reservation of it). With --release-cooldown the rele
 are marked cooling instead of removed, as the controller's are under its flag: the controller's \
 leader returns them to the pool, and deletes the reservations, when the time is up.
 
-Exit status: 0 when everything asked for was released, 1 when something was refused (a live pod \
-lists the address; an address in several pools without --network), failed or not found, 2 on an \
-error (nothing read).")]
+Exit status: 0 when everything asked for was released, 1 when something was refused (what the \
+controller keeps, without --force; a pod changed since the listing; another sandbox than \
+--sandbox; an address in several pools without --network), failed or not found, 2 on an error \
+(nothing read).")]
 pub struct ReleaseArgs {
     /// Release this address.
     #[arg(long, value_name = "ADDR")]
@@ -45,11 +52,19 @@ pub struct ReleaseArgs {
     /// Release every allocation of this pod (NAMESPACE/NAME).
     #[arg(long, value_name = "NS/NAME", value_parser = PodKey::parse)]
     pub pod: Option<PodKey>,
-    /// Release even when a live pod's network-status lists the address (by default such an
-    /// address is refused: the pod is using it, and a freed address can be handed to another
-    /// pod); with --ip, also end the address's release cooldown now.
+    /// Release what the controller's rules keep (by default refused: the pod may be using it,
+    /// and a freed address can be handed to another pod): an address a live pod's
+    /// network-status lists, the address of a live pod that has no network-status yet (its
+    /// allocation may be in flight) or whose network-status says nothing of the network, an
+    /// entry whose fence is being written. With --ip, also end the address's release cooldown
+    /// now. Never overrides a pod changed since the listing, nor --sandbox.
     #[arg(long)]
     pub force: bool,
+    /// Release only what this sandbox holds: the entry you saw (the whole id, or 12 characters
+    /// or more of its start, as `ipreclaim scan` shows it). An address held by another sandbox
+    /// now is refused, even with --force; the write tests the entry's whole id.
+    #[arg(long, value_name = "ID")]
+    pub sandbox: Option<String>,
     /// Keep each released address out of the pool this long (its entry is marked cooling, its
     /// reservation kept; the controller's leader returns it), as the controller's flag does. 0:
     /// removed now.
@@ -74,7 +89,7 @@ async fn release(args: ReleaseArgs) -> anyhow::Result<u8> {
         (None, None) => anyhow::bail!("--ip or --pod is required"),
     };
     let (client, index) = writes::index(&args.write).await?;
-    let planned = match manual::releases(&index, &target, args.force) {
+    let planned = match manual::releases(&index, &target, args.force, args.sandbox.as_deref()) {
         Ok(p) => p,
         Err(why) => {
             println!("refused: {why}");
@@ -83,13 +98,18 @@ async fn release(args: ReleaseArgs) -> anyhow::Result<u8> {
     };
     let mut code = exit::OK;
     let held = |p: &Planned| format!("held by {}", p.request.judged.entry.podref);
-    let (go, any_refused) = writes::refuse_listed(planned, args.force, held, "releases it");
+    let (go, any_refused) =
+        writes::refuse_unsafe(planned, args.force, held, |_| None, "releases it");
     if any_refused {
         code = exit::FOUND_OR_FAILED;
     }
     if args.write.dry_run {
         print_dry_run(&args, &index, &go);
         return Ok(code);
+    }
+    let (go, any_changed) = read_pods_again(&client, &index, go).await;
+    if any_changed {
+        code = exit::FOUND_OR_FAILED;
     }
     let session = Session::start_cooling(
         client.clone(),
@@ -126,6 +146,54 @@ async fn release(args: ReleaseArgs) -> anyhow::Result<u8> {
         }
     }
     Ok(code)
+}
+
+/// Reads the pod of each of `go`'s entries again, right before the write, and refuses (even
+/// with --force: what was forced was the listing's view) each whose pod changed since the
+/// listing: another pod now (a StatefulSet's new pod), or one the controller's rules judge
+/// otherwise. The ends of cooldowns name no pod's allocation and go ahead. Whether anything
+/// was refused.
+async fn read_pods_again(
+    client: &kube::Client,
+    index: &Index,
+    go: Vec<Planned>,
+) -> (Vec<Planned>, bool) {
+    let mut looked: BTreeMap<String, Result<Option<PodLook>, String>> = BTreeMap::new();
+    let mut kept = Vec::new();
+    let mut any_changed = false;
+    for p in go {
+        let j = &p.request.judged;
+        if p.request.write == EntryWrite::EndCooldown {
+            kept.push(p);
+            continue;
+        }
+        let podref = j.entry.podref.clone();
+        if !looked.contains_key(&podref) {
+            let key = PodKey::lenient(&podref);
+            let pods: Api<PodView> = Api::namespaced(client.clone(), &key.namespace);
+            let fresh = pods
+                .get_opt(&key.name)
+                .await
+                .map(|p| p.as_ref().map(PodLook::of))
+                .map_err(|e| format!("cannot read pod {podref} again before the write: {e}"));
+            looked.insert(podref.clone(), fresh);
+        }
+        let why = match &looked[&podref] {
+            Ok(fresh) => manual::changed_since_listing(index, &p, fresh.as_ref()),
+            Err(e) => Some(e.clone()),
+        };
+        match why {
+            None => kept.push(p),
+            Some(why) => {
+                any_changed = true;
+                println!(
+                    "refused {}: held by {podref}; {why} (nothing written: look again)",
+                    place(&j.pool, j.entry.ip)
+                );
+            }
+        }
+    }
+    (kept, any_changed)
 }
 
 /// Prints what `release --dry-run` would write.

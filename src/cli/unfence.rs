@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::process::ExitCode;
 
+use ipreclaim::api::slim::NodeReadyView;
 use ipreclaim::api::{IPFence, ObjectId};
 use ipreclaim::index::{FenceAnnotation, FenceSource, Index};
 use ipreclaim::release::events::Lifted;
@@ -26,6 +27,15 @@ is deleted with its uid as precondition, and the reservation the deleted pod hel
 is deleted unless a live allocation of that pod holds it. Each lift leaves a release Event on the \
 deleted pod (reporting instance `ipreclaim-cli`) and an audit log line on stderr.
 
+A fence whose node is not Ready, or Ready for less than --fence-settle or the deleted pod's \
+termination grace period plus 15s if longer (by its Ready condition's last transition), or on \
+which the node agent reports a sandbox of the pod still present, is refused without --force: the node may still run the pod, whose address a \
+freed entry hands to another. The safe way to free the addresses of a node that does not come \
+back is to declare it powered off: `kubectl taint node NODE \
+node.kubernetes.io/out-of-service=nodeshutdown:NoExecute`; the controller then lifts its fences, \
+and so does this command. A fence whose Node is deleted, or on which the node agent there \
+reported the pod's sandboxes gone, is lifted as the controller lifts it.
+
 --all is the uninstall path: it also deletes IPFence records left over or pending and removes \
 fence annotations of earlier releases, then checks that no `:fenced` entry, IPFence or fence \
 annotation is left. Stop the controller first (scale it to 0), or it may fence again.
@@ -42,11 +52,16 @@ pub struct UnfenceArgs {
     /// Lift every fence and delete every ipreclaim fence record (uninstall).
     #[arg(long)]
     pub all: bool,
-    /// Lift a fence even when a live pod's network-status lists its address (by default such
-    /// an address is refused: the pod may be using it, and a freed address can be handed to
-    /// another pod).
+    /// Lift a fence even when a live pod's network-status lists its address, or when its node
+    /// is not Ready or Ready for less than --fence-settle (by default each is refused: the pod
+    /// may be using the address, and a freed address can be handed to another pod). For a node
+    /// that is down, tainting it out-of-service is the safe way (see below).
     #[arg(long)]
     pub force: bool,
+    /// How long a node must have been Ready before its fences are lifted here (the
+    /// controller's --fence-settle: time for its kubelet to stop what it should no longer run).
+    #[arg(long, value_name = "DURATION", env = "IPRECLAIM_FENCE_SETTLE", default_value = "30s", value_parser = ipreclaim::flags::parse_duration)]
+    pub fence_settle: std::time::Duration,
     #[command(flatten)]
     pub write: WriteArgs,
 }
@@ -124,8 +139,12 @@ async fn unfence(args: UnfenceArgs) -> anyhow::Result<u8> {
         println!("no fence of {what}");
         code = exit::FOUND_OR_FAILED;
     }
+    let nodes = nodes_of(&client, &planned).await;
+    let now = jiff::Timestamp::now();
+    let node_holds = |p: &Planned| node_refusal(p, &nodes, now, args.fence_settle);
     let fence = |p: &Planned| fence_of(&p.request);
-    let (go, any_refused) = writes::refuse_listed(planned, args.force, fence, "lifts it");
+    let (go, any_refused) =
+        writes::refuse_unsafe(planned, args.force, fence, node_holds, "lifts it");
     if any_refused {
         code = exit::FOUND_OR_FAILED;
     }
@@ -177,6 +196,52 @@ async fn unfence(args: UnfenceArgs) -> anyhow::Result<u8> {
         code = exit::FOUND_OR_FAILED;
     }
     Ok(code)
+}
+
+/// The Nodes of the fences in `planned`, read now, by name (`None`: no such Node), or why one
+/// cannot be read.
+async fn nodes_of(
+    client: &kube::Client,
+    planned: &[Planned],
+) -> BTreeMap<String, Result<Option<NodeReadyView>, String>> {
+    let api: Api<NodeReadyView> = Api::all(client.clone());
+    let mut nodes = BTreeMap::new();
+    for p in planned {
+        let EntryWrite::Unfence(record, _) = &p.request.write else {
+            continue;
+        };
+        if record.node.is_empty() || nodes.contains_key(&record.node) {
+            continue;
+        }
+        let node = api.get_opt(&record.node).await.map_err(|e| e.to_string());
+        nodes.insert(record.node.clone(), node);
+    }
+    nodes
+}
+
+/// Why the fence of `p` is not lifted without --force: its node may still run the pod (with
+/// the safe way to free it), or cannot be read.
+fn node_refusal(
+    p: &Planned,
+    nodes: &BTreeMap<String, Result<Option<NodeReadyView>, String>>,
+    now: jiff::Timestamp,
+    settle: std::time::Duration,
+) -> Option<String> {
+    let EntryWrite::Unfence(record, _) = &p.request.write else {
+        return None;
+    };
+    if p.sandboxes_gone {
+        return None;
+    }
+    let why = match nodes.get(&record.node)? {
+        Err(e) => format!("cannot read node {}: {e}", record.node),
+        Ok(node) => manual::node_holds(p, node.as_ref(), now, settle)?,
+    };
+    Some(format!(
+        "{why}; if it is down for good, declare it powered off with `{}` (the safe way) and run \
+         again",
+        manual::out_of_service_command(&record.node)
+    ))
 }
 
 /// After a lift: the deleted pod's reservations of the address (guarded by the writer), and the

@@ -7,7 +7,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use ipreclaim::index::Index;
-use ipreclaim::release::manual::Planned;
+use ipreclaim::reclaim::KeepReason;
+use ipreclaim::release::manual::{Planned, kept_because};
 use ipreclaim::release::writer::{self, WriterHandle};
 use ipreclaim::release::{BudgetConfig, Budgets, Events, Writer};
 use ipreclaim::release::{ReleaseError, ReleaseOutcome};
@@ -128,28 +129,48 @@ where
     }
 }
 
-/// Splits `planned` into what goes ahead and what a live pod's network-status refuses (unless
-/// `force`), printing each refusal as `refused <place>: <what>; live pod <pods> lists the
-/// address (--force <overrides> anyway)`; whether anything was refused.
-pub fn refuse_listed(
+/// Splits `planned` into what goes ahead and what is refused unless `force`: what a live pod's
+/// network-status lists, what the controller's rules keep, and whatever `more` says holds it.
+/// Prints each refusal as `refused <place>: <what>; <why> (--force <overrides> anyway)`;
+/// whether anything was refused.
+pub fn refuse_unsafe(
     planned: Vec<Planned>,
     force: bool,
     what: impl Fn(&Planned) -> String,
+    more: impl Fn(&Planned) -> Option<String>,
     overrides: &str,
 ) -> (Vec<Planned>, bool) {
-    let (go, refused): (Vec<Planned>, Vec<Planned>) = planned
-        .into_iter()
-        .partition(|p| p.listed_by.is_empty() || force);
-    for p in &refused {
+    let mut go = Vec::new();
+    let mut any_refused = false;
+    for p in planned {
+        let mut why = Vec::new();
+        if !p.listed_by.is_empty() {
+            why.push(format!(
+                "live pod {} lists the address",
+                p.listed_by.join(", ")
+            ));
+        }
+        match p.kept {
+            // Said above, with every pod that lists it.
+            Some(KeepReason::ListedOnPod) if !p.listed_by.is_empty() => {}
+            Some(k) => why.push(kept_because(k, &p.request.judged.entry.podref)),
+            None => {}
+        }
+        why.extend(more(&p));
+        if why.is_empty() || force {
+            go.push(p);
+            continue;
+        }
+        any_refused = true;
         let j = &p.request.judged;
         println!(
-            "refused {}: {}; live pod {} lists the address (--force {overrides} anyway)",
+            "refused {}: {}; {} (--force {overrides} anyway)",
             place(&j.pool, j.entry.ip),
-            what(p),
-            p.listed_by.join(", ")
+            what(&p),
+            why.join("; ")
         );
     }
-    (go, !refused.is_empty())
+    (go, any_refused)
 }
 
 /// `what` (`pool`, address) as the commands print it.

@@ -70,6 +70,9 @@ pub struct FencePolicy {
     pub grace_margin: Duration,
 }
 
+/// The controller's default `--fence-grace-margin` (what a manual command assumes).
+pub const DEFAULT_GRACE_MARGIN: Duration = Duration::from_secs(15);
+
 impl FencePolicy {
     /// How long a node must have been Ready before a fence of a pod with termination grace
     /// `grace` lifts on the settle: the settle, or the grace plus the margin if longer.

@@ -5,11 +5,19 @@
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
+use std::time::Duration;
 
-use crate::index::{CoolingEntry, FenceSource, Index, PodUid, UnrecordedMark};
+use crate::api::slim::{NodeReadyView, OUT_OF_SERVICE_TAINT};
+use crate::index::{CoolingEntry, FenceSource, FencedEntry, Index, PodUid, UnrecordedMark};
 use crate::ipam::fence::{FENCED_PODREF_SUFFIX, FenceRecord};
-use crate::ipam::{PodKey, PoolEntry};
-use crate::reclaim::{Decision, Judged, PodRef, Reason};
+use crate::ipam::{
+    NETWORK_STATUS_ANNOTATION, NetworkAttachment, PodKey, PoolEntry, parse_network_status,
+};
+use crate::reclaim::fence::{AgentReport, FenceIdentity, FencePolicy, check_report, distrust};
+use crate::reclaim::{
+    Allocation, Decision, Judged, KeepReason, LivePod, PodKnowledge, PodPhase, PodRef, PoolContext,
+    Reason, ReclaimConfig,
+};
 
 use super::types::{EntryWrite, ReleaseRequest};
 
@@ -24,14 +32,55 @@ pub enum FenceSelect {
     All,
 }
 
-/// One planned write, and the live pods whose network-status lists its address (a write
-/// they list is refused unless forced).
+/// One planned write, the live pods whose network-status lists its address, and what the
+/// controller's rules say of it (a write they list or the rules keep is refused unless forced).
 #[derive(Debug, Clone)]
 pub struct Planned {
     /// The request for the writer.
     pub request: ReleaseRequest,
     /// Live (not finished) pods listing the address, as `namespace/name`.
     pub listed_by: Vec<String>,
+    /// Why the controller would keep it (`release`'s entries; `None` for lifts of fences, whose
+    /// node is judged apart: [`node_holds`]).
+    pub kept: Option<KeepReason>,
+    /// A fence's: the node agent on its node reported the pod's sandboxes gone, and the report
+    /// binds to this fence as the controller checks it (the controller lifts it then).
+    pub sandboxes_gone: bool,
+    /// A fence's: the node agent on its node still lists a sandbox of the pod (a valid report).
+    pub sandboxes_present: bool,
+}
+
+impl Planned {
+    fn new(request: ReleaseRequest, listed_by: Vec<String>) -> Planned {
+        Planned {
+            request,
+            listed_by,
+            kept: None,
+            sandboxes_gone: false,
+            sandboxes_present: false,
+        }
+    }
+}
+
+/// What a `Keep` of the controller's rules means for the pod of `podref`, as a refusal says it.
+pub fn kept_because(why: KeepReason, podref: &str) -> String {
+    match why {
+        KeepReason::ListedOnPod => format!("live pod {podref} lists the address"),
+        KeepReason::NoNetworkStatus => format!(
+            "live pod {podref} has no network-status yet (its allocation may be in flight: \
+             the controller keeps it)"
+        ),
+        KeepReason::NoInformationForNetwork => format!(
+            "live pod {podref}'s network-status says nothing of this network (the controller \
+             keeps it)"
+        ),
+        KeepReason::TerminalReleaseDisabled => {
+            format!("pod {podref} finished and its release is turned off")
+        }
+        KeepReason::FencePending => "a fence record is written for it (the controller is \
+             fencing it: `ipreclaim unfence` lifts it once fenced)"
+            .to_string(),
+    }
 }
 
 /// Live pods that have not finished whose network-status lists `ip` on a network that
@@ -118,8 +167,12 @@ pub fn fences(index: &Index, select: &FenceSelect) -> Vec<Planned> {
             FenceSelect::All => true,
         })
         .map(|f| Planned {
-            listed_by: listed_by(index, &f.pool, f.entry.ip),
-            request: lift(&f.pool, &f.entry, &f.record, f.source),
+            sandboxes_gone: agent_reports(&f).0,
+            sandboxes_present: agent_reports(&f).1,
+            ..Planned::new(
+                lift(&f.pool, &f.entry, &f.record, f.source.clone()),
+                listed_by(index, &f.pool, f.entry.ip),
+            )
         })
         .collect();
     if !matches!(select, FenceSelect::Node(_)) {
@@ -138,9 +191,8 @@ pub fn fences(index: &Index, select: &FenceSelect) -> Vec<Planned> {
             let podref = marked.strip_suffix(FENCED_PODREF_SUFFIX).unwrap_or(&marked);
             let pod = PodRef::from_podref(podref, String::new());
             let network = network_of(index, &pool);
-            out.push(Planned {
-                listed_by: listed_by(index, &pool, entry.ip),
-                request: request(
+            out.push(Planned::new(
+                request(
                     &pool,
                     entry,
                     network,
@@ -148,7 +200,8 @@ pub fn fences(index: &Index, select: &FenceSelect) -> Vec<Planned> {
                     Reason::PodDeleted,
                     EntryWrite::Remove,
                 ),
-            });
+                listed_by(index, &pool, entry.ip),
+            ));
         }
     }
     out.sort_by(|a, b| {
@@ -207,31 +260,158 @@ pub enum NotPlanned {
         /// When its cooldown ends (the latest, if in several pools), or why it cannot be read.
         until: String,
     },
+    /// `--sandbox` pins a sandbox that holds none of what was asked for (any more).
+    #[error(
+        "{what} is held by sandbox {held} now, not {pinned} (--sandbox): it changed since you \
+         looked; look again (ipreclaim scan -o wide)"
+    )]
+    OtherSandbox {
+        /// The address or pod asked for.
+        what: String,
+        /// The sandbox pinned.
+        pinned: String,
+        /// The sandboxes that hold it now.
+        held: String,
+    },
 }
 
-/// The reason code a manual release of `entry` carries: what the controller's rules say of
-/// the pod named in it (the audit line and the Event also say it was done by hand), or
-/// [`Reason::Forced`] when a live pod lists the address (written only with `--force`).
-fn manual_reason(index: &Index, entry: &PoolEntry, listed_by: &[String]) -> Reason {
-    if !listed_by.is_empty() {
-        return Reason::Forced;
+/// The live pod of a podref as the controller's rules read it: from the listing, or from a
+/// fresh read right before the write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodLook {
+    /// Its uid.
+    pub uid: String,
+    /// Succeeded or Failed.
+    pub terminal: bool,
+    /// Its secondary networks; `None` when its network-status is missing or malformed.
+    pub networks: Option<Vec<NetworkAttachment>>,
+}
+
+impl PodLook {
+    /// The live pod of `podref` in the listing.
+    pub fn listed(index: &Index, podref: &str) -> Option<PodLook> {
+        index.pods().live(podref).map(|l| PodLook {
+            uid: l.uid.clone(),
+            terminal: l.terminal,
+            networks: l.networks.as_deref().map(<[NetworkAttachment]>::to_vec),
+        })
     }
-    match index.pods().live(&entry.podref) {
-        None => Reason::PodMissing,
-        Some(l) if l.terminal => Reason::PodTerminal,
-        Some(_) => Reason::IPNotOnPod,
+
+    /// A pod as read.
+    pub fn of(pod: &crate::api::slim::PodView) -> PodLook {
+        let networks = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(NETWORK_STATUS_ANNOTATION))
+            .and_then(|s| parse_network_status(s).ok());
+        PodLook {
+            uid: pod.metadata.uid.clone().unwrap_or_default(),
+            terminal: pod.is_terminal(),
+            networks,
+        }
     }
+}
+
+/// The controller's decision on `entry` of `pool` with `pod` the live pod of its podref (a
+/// manual command knows of no deleted pod and no dead sandbox: one listing, no history).
+fn decide_on(index: &Index, pool: &str, entry: &PoolEntry, pod: Option<&PodLook>) -> Decision {
+    if index.pending_fence(pool, entry).is_some() {
+        return Decision::Keep(KeepReason::FencePending);
+    }
+    let live = pod.map(|p| LivePod {
+        uid: &p.uid,
+        phase: if p.terminal {
+            PodPhase::Succeeded
+        } else {
+            PodPhase::Running
+        },
+        networks: p.networks.as_deref(),
+    });
+    crate::reclaim::decide(
+        &Allocation {
+            ip: entry.ip,
+            sandbox_id: &entry.id,
+            podref: &entry.podref,
+            ifname: entry.ifname.as_deref(),
+        },
+        &PoolContext {
+            networks: index.networks().of_pool(pool),
+        },
+        &PodKnowledge {
+            live,
+            ..Default::default()
+        },
+        &ReclaimConfig::default(),
+    )
+}
+
+/// The reason code a manual release of `entry` carries and why the rules keep it, if they do:
+/// what the controller's rules say of the pod named in it (the audit line and the Event also say
+/// it was done by hand), or [`Reason::Forced`] for what the rules keep or a live pod lists
+/// (written only with `--force`).
+fn judged(
+    index: &Index,
+    pool: &str,
+    entry: &PoolEntry,
+    listed_by: &[String],
+) -> (Reason, Option<KeepReason>) {
+    let pod = PodLook::listed(index, &entry.podref);
+    match decide_on(index, pool, entry, pod.as_ref()) {
+        Decision::Keep(why) => (Reason::Forced, Some(why)),
+        _ if !listed_by.is_empty() => (Reason::Forced, None),
+        Decision::Release(r) | Decision::Candidate(r) => (r, None),
+    }
+}
+
+/// Whether `sandbox` (the whole id, or 12 characters or more of its start, as `scan` shows
+/// it) names the sandbox id `id`.
+pub fn pins(sandbox: &str, id: &str) -> bool {
+    id == sandbox || (sandbox.chars().count() >= 12 && id.starts_with(sandbox))
 }
 
 /// The removals `target` names (each pinned by its id and podref), sorted by pool and address,
 /// or why there are none. A cooling address (`--release-cooldown`) is refused, or with `force`
-/// its cooldown ends now.
+/// its cooldown ends now. With `sandbox`, only entries held by that sandbox (see [`pins`]);
+/// when the target is held by others only, that is refused.
 pub fn releases(
     index: &Index,
     target: &ReleaseTarget,
     force: bool,
+    sandbox: Option<&str>,
 ) -> Result<Vec<Planned>, NotPlanned> {
     let found = targeted(index, target);
+    let planned = plan_releases(index, target, force, found)?;
+    let Some(pin) = sandbox else {
+        return Ok(planned);
+    };
+    let (pinned, others): (Vec<Planned>, Vec<Planned>) = planned
+        .into_iter()
+        .partition(|p| pins(pin, &p.request.judged.entry.id));
+    if pinned.is_empty() {
+        let held: BTreeSet<String> = others
+            .iter()
+            .map(|p| p.request.judged.entry.id.clone())
+            .collect();
+        let what = match target {
+            ReleaseTarget::Ip { ip, .. } => ip.to_string(),
+            ReleaseTarget::Pod(pod) => format!("pod {pod}"),
+        };
+        return Err(NotPlanned::OtherSandbox {
+            what,
+            pinned: pin.to_owned(),
+            held: held.into_iter().collect::<Vec<_>>().join(", "),
+        });
+    }
+    Ok(pinned)
+}
+
+fn plan_releases(
+    index: &Index,
+    target: &ReleaseTarget,
+    force: bool,
+    found: Vec<(String, PoolEntry)>,
+) -> Result<Vec<Planned>, NotPlanned> {
     if let ReleaseTarget::Ip { ip, network } = target {
         match refuse_ip(index, &found, *ip, network.as_deref()) {
             Err(NotPlanned::Cooling { .. }) if force => {
@@ -259,13 +439,166 @@ pub fn releases(
                 .unwrap_or_default();
             let pod = PodRef::from_podref(&entry.podref, uid);
             let listed_by = listed_by(index, &pool, entry.ip);
-            let reason = manual_reason(index, &entry, &listed_by);
+            let (reason, kept) = judged(index, &pool, &entry, &listed_by);
             Planned {
-                listed_by,
-                request: request(&pool, &entry, network, pod, reason, EntryWrite::Remove),
+                kept,
+                ..Planned::new(
+                    request(&pool, &entry, network, pod, reason, EntryWrite::Remove),
+                    listed_by,
+                )
             }
         })
         .collect())
+}
+
+/// What a fresh read of the pod of `planned`'s entry (`fresh`: `None` when there is no such
+/// pod now) shows changed since the listing, as a refusal says it: another pod (a new uid, or
+/// one gone or come), or another decision of the controller's rules (its network-status now
+/// lists the address, or is written now, or it finished). `None`: as listed.
+pub fn changed_since_listing(
+    index: &Index,
+    planned: &Planned,
+    fresh: Option<&PodLook>,
+) -> Option<String> {
+    let j = &planned.request.judged;
+    let podref = &j.entry.podref;
+    let listed = PodLook::listed(index, podref);
+    let uid = |p: Option<&PodLook>| match p {
+        Some(p) => format!("uid {}", p.uid),
+        None => "no pod".to_string(),
+    };
+    if listed.as_ref().map(|p| &p.uid) != fresh.map(|p| &p.uid) {
+        return Some(format!(
+            "pod {podref} changed since the listing: {} now, {} then",
+            uid(fresh),
+            uid(listed.as_ref())
+        ));
+    }
+    let then = decide_on(index, &j.pool, &j.entry, listed.as_ref());
+    let now = decide_on(index, &j.pool, &j.entry, fresh);
+    (then != now).then(|| {
+        format!(
+            "pod {podref} changed since the listing: the controller's rules say {} now, {} then",
+            says(now),
+            says(then)
+        )
+    })
+}
+
+/// A decision as a refusal says it.
+fn says(d: Decision) -> String {
+    match d {
+        Decision::Keep(why) => format!("keep ({why:?})"),
+        Decision::Candidate(r) | Decision::Release(r) => format!("release ({r})"),
+    }
+}
+
+/// Whether the node agent's reports on a fence count, as the controller checks them: (gone,
+/// still present).
+fn agent_reports(f: &FencedEntry) -> (bool, bool) {
+    let fence_uid = match &f.source {
+        FenceSource::Object { uid, .. } => uid.as_str(),
+        FenceSource::Annotation => "",
+    };
+    let identity = FenceIdentity {
+        node: &f.record.node,
+        pod_uid: &f.record.uid,
+        fence_uid,
+    };
+    let valid = |e: Option<&crate::api::SandboxReport>| {
+        e.is_some_and(|e| {
+            let report = AgentReport {
+                node: &e.node,
+                pod_uid: &e.pod_uid,
+                fence_uid: &e.fence_uid,
+                observed_at: &e.observed_at,
+            };
+            check_report(identity, &report).is_ok()
+        })
+    };
+    let present = valid(f.evidence.sandboxes_present.as_ref());
+    // "Still present" beside "gone" wins, as in the controller.
+    (
+        valid(f.evidence.sandboxes_gone.as_ref()) && !present,
+        present,
+    )
+}
+
+/// The command an operator runs to declare `node` powered off: the safe way to free what a
+/// node that does not come back held (the kubelet there cannot run anything any more).
+pub fn out_of_service_command(node: &str) -> String {
+    format!("kubectl taint node {node} {OUT_OF_SERVICE_TAINT}=nodeshutdown:NoExecute")
+}
+
+/// Why the lift of `planned` (a fence) by hand would free an address its node may still use,
+/// as a refusal says it; `None` when the controller would lift it: its Node is gone (`node`
+/// `None`), tainted out-of-service, Ready for at least `settle` by its Ready condition's
+/// `lastTransitionTime` at `now`, or the node agent there reported the pod's sandboxes gone.
+/// (The controller measures the settle on its own clock from when it saw the node Ready; a
+/// command has only the node's word, so a node whose clock lags can look settled early:
+/// Ready=True is the floor.) A mark with no record names no node: nothing to judge.
+pub fn node_holds(
+    planned: &Planned,
+    node: Option<&NodeReadyView>,
+    now: jiff::Timestamp,
+    settle: Duration,
+) -> Option<String> {
+    let EntryWrite::Unfence(record, _) = &planned.request.write else {
+        return None;
+    };
+    if record.node.is_empty() || planned.sandboxes_gone {
+        return None;
+    }
+    let node = node?;
+    let name = &record.node;
+    if planned.sandboxes_present && !node.out_of_service {
+        return Some(format!(
+            "the node agent on {name} still lists a sandbox of pod {} (its kubelet is stopping it)",
+            record.podref
+        ));
+    }
+    let ready = node.ready.as_ref();
+    let readiness = crate::reclaim::fence::NodeReadiness {
+        status: ready.map_or_else(|| "missing".to_string(), |c| c.status.clone()),
+        reason: ready.and_then(|c| c.reason.clone()),
+        ready_seen: None,
+        out_of_service: node.out_of_service,
+        settling_until: None,
+    };
+    if let Some(why) = distrust(Some(&readiness), std::time::Instant::now()) {
+        return Some(format!(
+            "node {name} is {why}: it may still run pod {}'s sandbox",
+            record.podref
+        ));
+    }
+    if node.out_of_service {
+        return None;
+    }
+    let since = ready
+        .and_then(|c| c.last_transition_time.as_ref())
+        .map(|t| t.0);
+    let ready_for =
+        since.map(|t| Duration::try_from(now.duration_since(t)).unwrap_or(Duration::ZERO));
+    // As the controller waits: the pod's grace period plus the margin, when longer.
+    let policy = FencePolicy {
+        settle,
+        timeout: None,
+        grace_margin: crate::reclaim::fence::DEFAULT_GRACE_MARGIN,
+    };
+    let settle = policy.settle_for(record.grace());
+    match ready_for {
+        Some(d) if d >= settle => None,
+        _ => Some(format!(
+            "node {name} has been Ready for only {} (less than {}, the settle or the pod's grace \
+             period plus margin): its kubelet may still be stopping pod {}",
+            ready_for.map_or_else(
+                || "an unknown time".to_string(),
+                |d| { humantime::format_duration(Duration::from_secs(d.as_secs())).to_string() }
+            ),
+            humantime::format_duration(settle),
+            record.podref
+        )),
+    }
 }
 
 /// The entries `target` names, as (pool, entry), by pool and address.
@@ -381,10 +714,10 @@ fn end_cooldowns(index: &Index, ip: IpAddr, network: Option<&str>) -> Vec<Planne
             let network = network.map_or_else(|| network_of(index, &pool), str::to_owned);
             let pod = PodRef::from_podref(&c.pod, String::new());
             let write = EntryWrite::EndCooldown;
-            Planned {
-                listed_by: listed_by(index, &pool, ip),
-                request: request(&pool, &c.entry, network, pod, Reason::CooldownEnded, write),
-            }
+            Planned::new(
+                request(&pool, &c.entry, network, pod, Reason::CooldownEnded, write),
+                listed_by(index, &pool, ip),
+            )
         })
         .collect()
 }
@@ -468,7 +801,7 @@ mod tests {
     }
 
     fn releases_of(ix: &Index, target: &ReleaseTarget) -> Result<Vec<Planned>, NotPlanned> {
-        releases(ix, target, false)
+        releases(ix, target, false, None)
     }
 
     fn ips(planned: &[Planned]) -> Vec<String> {
@@ -559,14 +892,14 @@ mod tests {
             ip: "192.0.2.50".parse().unwrap(),
             network: None,
         };
-        let err = releases(&ix, &at, false).unwrap_err();
+        let err = releases(&ix, &at, false, None).unwrap_err();
         let NotPlanned::Cooling { until, pools, .. } = &err else {
             panic!("cooling: {err}")
         };
         assert_eq!(until, "2026-11-25T10:00:31Z");
         assert!(pools.starts_with("r "), "{pools}");
         assert!(err.to_string().contains("--force"), "{err}");
-        let forced = releases(&ix, &at, true).unwrap();
+        let forced = releases(&ix, &at, true, None).unwrap();
         assert_eq!(ips(&forced), ["r/192.0.2.50"]);
         let r = &forced[0].request;
         assert_eq!(r.write, EntryWrite::EndCooldown);
@@ -575,5 +908,164 @@ mod tests {
         assert_eq!(r.podref(), "ns/old-0");
         // Not a release of the pod's other addresses, nor a leak.
         assert!(releases_of(&ix, &ReleaseTarget::Pod(PodKey::new("ns", "old-0"))).is_err());
+    }
+
+    #[test]
+    fn what_the_controller_keeps_is_planned_as_kept_and_forced() {
+        let mut ix = index();
+        ix.upsert_pool(&pool("n", &[("7", "sb-new", "ns/new-0")]));
+        let seen = PodSeen {
+            annotations: None,
+            node: Some("node-a"),
+            terminal: false,
+            mirror: false,
+            grace_seconds: None,
+        };
+        ix.upsert_pod("ns/new-0", "uid-new", seen, Instant::now());
+        let planned = releases_of(&ix, &ReleaseTarget::Pod(PodKey::new("ns", "new-0"))).unwrap();
+        assert_eq!(planned[0].kept, Some(KeepReason::NoNetworkStatus));
+        assert!(planned[0].listed_by.is_empty());
+        assert_eq!(planned[0].request.reason, Reason::Forced);
+        let why = kept_because(KeepReason::NoNetworkStatus, "ns/new-0");
+        assert!(
+            why.contains("live pod ns/new-0 has no network-status yet"),
+            "{why}"
+        );
+        // A missing pod's entry is the rules' candidate: not kept.
+        let gone = releases_of(&ix, &ReleaseTarget::Pod(PodKey::new("ns", "gone-0"))).unwrap();
+        assert_eq!(gone[0].kept, None);
+    }
+
+    #[test]
+    fn a_sandbox_pin_plans_only_the_entry_seen() {
+        assert!(pins("sb-gone", "sb-gone"));
+        assert!(!pins("sb-gon", "sb-gone"), "a short prefix is no pin");
+        assert!(pins("0123456789ab", "0123456789abcdef"));
+        assert!(!pins("0123456789ac", "0123456789abcdef"));
+        let ix = index();
+        let at = ReleaseTarget::Ip {
+            ip: "192.0.2.20".parse().unwrap(),
+            network: None,
+        };
+        let err = releases(&ix, &at, true, Some("sb-other")).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("held by sandbox sb-web now, not sb-other (--sandbox)"),
+            "{err}"
+        );
+        let ok = releases(&ix, &at, true, Some("sb-web")).unwrap();
+        assert_eq!(ips(&ok), ["p/192.0.2.20"]);
+    }
+
+    fn look(uid: &str, ips: &[&str]) -> PodLook {
+        PodLook {
+            uid: uid.into(),
+            terminal: false,
+            networks: Some(vec![NetworkAttachment {
+                name: "ns/net".into(),
+                interface: Some("net1".into()),
+                ips: ips.iter().map(|i| i.parse().unwrap()).collect(),
+            }]),
+        }
+    }
+
+    #[test]
+    fn a_fresh_read_refuses_another_pod_or_another_decision() {
+        let ix = index();
+        let gone = &releases_of(&ix, &ReleaseTarget::Pod(PodKey::new("ns", "gone-0"))).unwrap()[0];
+        assert_eq!(
+            changed_since_listing(&ix, gone, None),
+            None,
+            "still missing"
+        );
+        let came = changed_since_listing(&ix, gone, Some(&look("uid-new", &[]))).unwrap();
+        assert!(came.contains("uid uid-new now, no pod then"), "{came}");
+        // web-0 lists .20 and .10; .20 released with --force: the same pod and view go ahead.
+        let web = &releases_of(&ix, &ReleaseTarget::Pod(PodKey::new("ns", "web-0"))).unwrap()[0];
+        let same = look("uid-ns/web-0", &["192.0.2.20", "192.0.2.10"]);
+        assert_eq!(changed_since_listing(&ix, web, Some(&same)), None);
+        let recreated = look("uid-2", &["192.0.2.20"]);
+        assert!(changed_since_listing(&ix, web, Some(&recreated)).is_some());
+        assert!(
+            changed_since_listing(&ix, web, None).is_some(),
+            "gone since"
+        );
+        // done-0 (finished) is the rules' candidate; running again is another decision.
+        let done = &releases_of(&ix, &ReleaseTarget::Pod(PodKey::new("ns", "done-0"))).unwrap()[0];
+        let running = look("uid-ns/done-0", &["192.0.2.40"]);
+        let why = changed_since_listing(&ix, done, Some(&running)).unwrap();
+        assert!(why.contains("keep (ListedOnPod) now"), "{why}");
+    }
+
+    fn node_view(status: &str, ready_for: i64, out_of_service: bool) -> NodeReadyView {
+        use k8s_openapi::api::core::v1::NodeCondition;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let at = jiff::Timestamp::from_second(1_800_000_000 - ready_for).unwrap();
+        NodeReadyView {
+            ready: Some(NodeCondition {
+                type_: "Ready".into(),
+                status: status.into(),
+                reason: Some("KubeletReady".into()),
+                last_transition_time: Some(Time(at)),
+                ..Default::default()
+            }),
+            out_of_service,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_fence_whose_node_may_still_run_the_pod_is_held() {
+        let ix = index();
+        let f = &fences(&ix, &FenceSelect::Node("node-b".into()))[0];
+        let now = jiff::Timestamp::from_second(1_800_000_000).unwrap();
+        let settle = Duration::from_secs(30);
+        let holds = |n: Option<&NodeReadyView>| node_holds(f, n, now, settle);
+        let down = holds(Some(&node_view("Unknown", 0, false))).unwrap();
+        assert!(
+            down.contains("node node-b is Ready=Unknown (KubeletReady)"),
+            "{down}"
+        );
+        let early = holds(Some(&node_view("True", 29, false))).unwrap();
+        assert!(
+            early.contains("Ready for only 29s (less than 45s, the settle or the pod's grace"),
+            "{early}"
+        );
+        // The record names no grace: the API's default 30 s, plus the 15 s margin.
+        assert!(holds(Some(&node_view("True", 44, false))).is_some());
+        assert_eq!(holds(Some(&node_view("True", 45, false))), None, "settled");
+        assert_eq!(
+            holds(Some(&node_view("False", 0, true))),
+            None,
+            "out-of-service"
+        );
+        assert_eq!(holds(None), None, "the Node is deleted");
+        let reported = Planned {
+            sandboxes_gone: true,
+            ..f.clone()
+        };
+        let gone = node_holds(
+            &reported,
+            Some(&node_view("Unknown", 0, false)),
+            now,
+            settle,
+        );
+        assert_eq!(gone, None, "the node agent saw the sandboxes gone");
+        let present = Planned {
+            sandboxes_present: true,
+            ..f.clone()
+        };
+        let settled = node_view("True", 600, false);
+        let still = node_holds(&present, Some(&settled), now, settle).unwrap();
+        assert!(still.contains("still lists a sandbox"), "{still}");
+        assert_eq!(
+            node_holds(&present, Some(&node_view("True", 0, true)), now, settle),
+            None,
+            "out-of-service"
+        );
+        assert_eq!(
+            out_of_service_command("node-b"),
+            "kubectl taint node node-b node.kubernetes.io/out-of-service=nodeshutdown:NoExecute"
+        );
     }
 }
