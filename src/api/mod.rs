@@ -211,7 +211,7 @@ pub struct IPFenceStatus {
     )]
     pub sandboxes_gone: Option<SandboxReport>,
     /// The node agent still sees a sandbox of the pod (its kubelet is still stopping it): the
-    /// fence does not lift on the settle or the timeout while this is the agent's word.
+    /// fence does not lift on the settle while this is the agent's word.
     #[serde(
         default,
         rename = "sandboxesPresent",

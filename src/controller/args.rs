@@ -55,7 +55,7 @@ pub struct ControllerArgs {
     #[arg(long, env = "IPRECLAIM_FENCE_GRACE_MARGIN", default_value = "15s", value_parser = parse_duration)]
     pub fence_grace_margin: Duration,
     /// Lift a fence after this long even if its node never comes back (default: never); counted
-    /// by the apiserver's clock. The node agent's "still present" report holds it.
+    /// by the apiserver's clock (whatever the node or its agent says).
     #[arg(long, env = "IPRECLAIM_FENCE_TIMEOUT", value_parser = parse_duration)]
     pub fence_timeout: Option<Duration>,
     /// Keep each released address out of the pool this long (its entry is marked, not removed)

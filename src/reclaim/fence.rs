@@ -265,7 +265,7 @@ pub fn check_report(fence: FenceIdentity<'_>, report: &AgentReport<'_>) -> Resul
 pub struct Verdict {
     /// Why it lifts now, if it does.
     pub lift: Option<Lift>,
-    /// A lift by the settle or the timeout held because the agent still sees a sandbox.
+    /// A lift by the settle held because the agent still sees a sandbox.
     pub held_by_agent: bool,
     /// Why reports present were rejected (logged and counted, never acted on).
     pub rejected: Vec<Rejected>,
@@ -273,9 +273,9 @@ pub struct Verdict {
 
 /// [`lift`], where the node agent's reports also count. Valid "gone" evidence lifts at once
 /// (after a timeout or the node's deletion or taint, which say so first); valid "still
-/// present" holds the settle and the timeout (the returning kubelet is still stopping the
-/// pod), never the operator's word (a deleted Node, the out-of-service taint). Both at once
-/// (the agent writes one at a time) count as present.
+/// present" holds the settle (the returning kubelet is still stopping the pod), never the
+/// operator's word (a deleted Node, the out-of-service taint, `--fence-timeout`, which lifts
+/// whatever the node does). Both at once (the agent writes one at a time) count as present.
 pub fn lift_with_reports(
     fence: FenceClock,
     identity: FenceIdentity<'_>,
@@ -296,19 +296,8 @@ pub fn lift_with_reports(
             None => false,
         };
     let (gone, present) = (valid(&reports.gone), valid(&reports.present));
-    // While a sandbox is present only the operator's word lifts (checked without the timer).
-    let by_operator = || {
-        let untimed = FencePolicy {
-            timeout: None,
-            ..*policy
-        };
-        lift(fence, node, now, &untimed).filter(|l| *l != Lift::NodeSettled)
-    };
     let (lift, held_by_agent) = match by_node {
-        Some(Lift::NodeSettled | Lift::TimedOut) if present => match by_operator() {
-            Some(l) => (Some(l), false),
-            None => (None, true),
-        },
+        Some(Lift::NodeSettled) if present => (None, true),
         Some(Lift::NodeSettled) | None if gone && !present => (Some(Lift::SandboxesGone), false),
         other => (other, false),
     };
@@ -681,8 +670,7 @@ mod tests {
     }
 
     #[test]
-    fn the_agents_still_present_report_holds_the_settle_and_the_timeout_but_not_the_operators_word()
-    {
+    fn the_agents_still_present_report_holds_the_settle_but_not_the_operators_word() {
         let o = Instant::now();
         let policy = FencePolicy {
             timeout: Some(Duration::from_secs(50)),
@@ -702,9 +690,10 @@ mod tests {
         };
         let v = held(Some(&ready), 40);
         assert_eq!((v.lift, v.held_by_agent), (None, true), "settled, held");
+        // The timeout is the operator's bound: it lifts whatever the node does.
         let v = held(Some(&node("Unknown", None)), 60);
-        assert_eq!((v.lift, v.held_by_agent), (None, true), "timed out, held");
-        assert_eq!(held(None, 60).lift, Some(Lift::NodeDeleted));
+        assert_eq!((v.lift, v.held_by_agent), (Some(Lift::TimedOut), false));
+        assert_eq!(held(None, 40).lift, Some(Lift::NodeDeleted));
         let tainted = NodeReadiness {
             out_of_service: true,
             ..ready.clone()

@@ -209,7 +209,7 @@ pub struct ControllerMetrics {
     pub fenced_addresses: Gauge,
     /// Age in seconds of the oldest fence held.
     pub oldest_fence_seconds: Gauge,
-    /// Fences past their settle or timeout, held because the node agent still sees a sandbox.
+    /// Fences past their settle, held because the node agent still sees a sandbox.
     pub fences_held_by_node_agent: Gauge,
     /// 1 while `--fence-timeout` is set and the apiserver's clock has not been read yet.
     pub fence_timeouts_waiting_for_clock: Gauge,
@@ -286,7 +286,7 @@ impl ControllerMetrics {
             // Fences: held, their age, unready nodes, rejected node-agent reports.
             "fenced_addresses", "Addresses held by a fence now", m.fenced_addresses;
             "fence_oldest_age_seconds", "Age of the oldest fence held", m.oldest_fence_seconds;
-            "fences_held_by_node_agent", "Fences past their settle or timeout, held because the node agent on their node still lists a sandbox of the deleted pod (its kubelet is stopping it)", m.fences_held_by_node_agent;
+            "fences_held_by_node_agent", "Fences past their settle, held because the node agent on their node still lists a sandbox of the deleted pod (its kubelet is stopping it)", m.fences_held_by_node_agent;
             "fence_timeouts_waiting_for_clock", "1 while --fence-timeout is set and the apiserver's clock (the Date of GET /version) has not been read: no fence times out", m.fence_timeouts_waiting_for_clock;
             "unready_nodes", "Nodes not Ready now: their pods' addresses are fenced when the pods are deleted", m.unready_nodes;
             "fence_evidence_rejected", "Node agent reports on fences that did not count (another node, pod or fence; malformed), by reason", m.fence_evidence_rejected;
