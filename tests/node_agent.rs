@@ -453,14 +453,19 @@ impl NodeEnv {
         testenv::fixtures::create(&fences, &fence).await
     }
 
-    /// The node agent's report in fence `pod`'s status, if any.
+    /// The node agent's "gone" report in fence `pod`'s status, if any.
     async fn report_of(&self, pod: &str) -> Option<ipreclaim::api::SandboxReport> {
+        self.status_of(pod).await.sandboxes_gone
+    }
+
+    /// Fence `pod`'s status (the node agent's reports).
+    async fn status_of(&self, pod: &str) -> ipreclaim::api::IPFenceStatus {
         Api::<ipreclaim::api::IPFence>::namespaced(self.client.clone(), &self.ns)
             .get(&format!("{POOL}-{pod}"))
             .await
             .unwrap()
             .status
-            .and_then(|s| s.sandboxes_gone)
+            .unwrap_or_default()
     }
 
     /// Waits until `n` more relists have completed.
@@ -496,15 +501,22 @@ async fn a_fenced_pod_is_reported_gone_only_once_its_sandbox_is_removed(mut env:
     .await;
     env.start(&[]).await;
     env.wait_metric(TERMINATING, 1.0).await;
+    // Its sandbox runs: the agent says so once ("still present" holds a settle lift).
+    env.wait_metric(REPORTED, 1.0).await;
     env.wait_relists(5.0).await;
     assert_eq!(env.metric(TERMINATING).await, 1.0, "its sandbox runs");
     assert_eq!(env.report_of("web-0").await, None);
+    let present = env.status_of("web-0").await.sandboxes_present.expect("present");
+    assert_eq!(
+        (present.node.as_str(), present.pod_uid.as_str()),
+        (node.as_str(), uid.as_str())
+    );
 
     env.stop_sandbox(&sb).await;
     env.wait_metric(TERMINATED, 1.0).await;
     env.wait_relists(5.0).await;
     assert_eq!(env.report_of("web-0").await, None, "stopped is not gone");
-    assert_eq!(env.metric(REPORTED).await, 0.0);
+    assert_eq!(env.metric(REPORTED).await, 1.0, "present, once");
 
     env.delete_sandbox(&sb).await;
     wait_for("the fence's report", || async {
@@ -524,10 +536,11 @@ async fn a_fenced_pod_is_reported_gone_only_once_its_sandbox_is_removed(mut env:
         report.observed_at.parse::<jiff::Timestamp>().is_ok(),
         "{report:?}"
     );
-    env.wait_metric(REPORTED, 1.0).await;
+    assert_eq!(env.status_of("web-0").await.sandboxes_present, None, "gone replaces present");
+    env.wait_metric(REPORTED, 2.0).await;
     env.wait_relists(3.0).await;
-    assert_eq!(env.metric(REPORTED).await, 1.0, "reported once");
-    assert_eq!(env.report_of("other-0").await, None, "another node's fence");
+    assert_eq!(env.metric(REPORTED).await, 2.0, "present once, gone once");
+    assert_eq!(env.status_of("other-0").await, Default::default(), "another node's fence");
     env.stop().await;
 }
 

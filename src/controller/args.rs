@@ -130,6 +130,15 @@ pub struct ControllerArgs {
 }
 
 impl ControllerArgs {
+    /// When fences lift, as the flags set it.
+    pub(crate) fn fence_policy(&self) -> crate::reclaim::fence::FencePolicy {
+        crate::reclaim::fence::FencePolicy {
+            settle: self.fence_settle,
+            timeout: self.fence_timeout,
+            grace_margin: self.fence_grace_margin,
+        }
+    }
+
     /// The write budgets the flags set.
     pub(crate) fn budgets(&self) -> BudgetConfig {
         BudgetConfig {

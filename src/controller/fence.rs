@@ -6,7 +6,6 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::api::ObjectId;
-use crate::api::SandboxReport;
 use crate::index::{
     FenceAnnotation, FenceObject, FencedEntry, Index, NodeIndex, PendingFence, Slot,
 };
@@ -170,16 +169,6 @@ fn replacement_lists(st: &Index, record: &FenceRecord, ip: std::net::IpAddr) -> 
                 .as_deref()
                 .is_some_and(|n| n.iter().any(lists))
     })
-}
-
-/// A node agent's report as the lift rules read it.
-fn agent_report(r: &SandboxReport) -> AgentReport<'_> {
-    AgentReport {
-        node: &r.node,
-        pod_uid: &r.pod_uid,
-        fence_uid: &r.fence_uid,
-        observed_at: &r.observed_at,
-    }
 }
 
 /// Reads fenced podrefs at most this many at a time before their lifts.
@@ -462,8 +451,8 @@ impl Lifter {
             fence_uid,
         };
         let reports = AgentReports {
-            gone: f.evidence.sandboxes_gone.as_ref().map(agent_report),
-            present: f.evidence.sandboxes_present.as_ref().map(agent_report),
+            gone: f.evidence.sandboxes_gone.as_ref().map(AgentReport::from),
+            present: f.evidence.sandboxes_present.as_ref().map(AgentReport::from),
         };
         let verdict = lift_with_reports(fence, identity, &reports, node, now, policy);
         let mut rejected = self.rejected.lock().expect("fence evidence lock");

@@ -44,9 +44,14 @@ pub(crate) async fn distrusted_when_read(
     nodes.dedup();
     let to_read: Vec<String> = {
         let v = view.read().expect("node view lock");
+        // The cache distrusts a node now that it trusted when the deletion was judged (its
+        // NotReady arrived meanwhile): judge again, and the releases become fences.
+        if nodes.iter().any(|n| v.distrust(Some(n)).is_some()) {
+            return Ok(true);
+        }
         nodes
             .into_iter()
-            .filter(|n| v.node(n).is_some() && v.distrust(Some(n)).is_none())
+            .filter(|n| v.node(n).is_some())
             .filter(|n| !v.read_since(n, deleted_seen))
             .map(str::to_owned)
             .collect()

@@ -36,7 +36,6 @@ use tokio::task::JoinHandle;
 
 use crate::index::{NodeIndex, SharedIndex};
 use crate::reclaim::ReclaimConfig;
-use crate::reclaim::fence::FencePolicy;
 use crate::release::{Budgets, Events, writer};
 use crate::telemetry::{ControllerMetrics, Health};
 
@@ -218,11 +217,7 @@ fn spawn_lifting(
     let lifter = fence::Lifter {
         ctx: ctx.clone(),
         view: ctx.nodes.clone().unwrap_or_default(),
-        policy: args.fence_unready_nodes.then_some(FencePolicy {
-            settle: args.fence_settle,
-            timeout: args.fence_timeout,
-            grace_margin: args.fence_grace_margin,
-        }),
+        policy: args.fence_unready_nodes.then(|| args.fence_policy()),
         first_seen: Default::default(),
         records_seen: Default::default(),
         backoff: podlife::backoff::Backoff::new(
@@ -420,7 +415,7 @@ pub async fn run(
 
     let nodes = args.fence_unready_nodes.then(|| {
         Arc::new(RwLock::new(NodeIndex::new(
-            args.fence_settle,
+            args.fence_policy(),
             clock.clone(),
         )))
     });

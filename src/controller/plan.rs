@@ -35,7 +35,9 @@ fn fence_reason(t: &Tombstone, view: &NodeIndex) -> Option<String> {
     if now.out_of_service {
         return None;
     }
-    t.distrust.clone().or_else(|| view.distrust(Some(node)))
+    t.distrust
+        .clone()
+        .or_else(|| view.distrust_pod(Some(node), t.grace_seconds))
 }
 
 /// The fences a deletion calls for, whatever the cache holds now. The node of a deleted pod
@@ -52,6 +54,9 @@ pub(crate) fn plan_fences(
     judged: &[Judged],
     releases: &mut Vec<ReleaseRequest>,
 ) {
+    // A static pod's mirror deleted: the static pod runs on, so its entries are fenced when
+    // its node is not trusted and kept otherwise (the node's CNI DEL and the sweep remain).
+    let mut mirrors = Vec::new();
     for r in releases.iter_mut() {
         if r.reason != Reason::PodDeleted || r.judged.pod.uid.is_empty() {
             continue;
@@ -62,8 +67,11 @@ pub(crate) fn plan_fences(
         if let Some(why) = fence_reason(t, view) {
             let node = t.node.as_deref().unwrap_or_default().to_owned();
             r.write = EntryWrite::Fence(record_for(&r.judged, node, why, t.grace_seconds));
+        } else if t.mirror {
+            mirrors.push((r.judged.pool.clone(), r.judged.entry.key.clone()));
         }
     }
+    releases.retain(|r| !mirrors.contains(&(r.judged.pool.clone(), r.judged.entry.key.clone())));
     let live = st.pods().live(podref);
     let live_lists = |ip| {
         live.and_then(|l| l.networks.as_deref())
@@ -272,7 +280,7 @@ mod tests {
     fn a_deletion_seen_while_its_node_was_down_is_fenced_even_if_the_node_is_back_when_judged() {
         let mut st = replaced(Some("192.0.2.20"));
         let down = view("Unknown");
-        st.judge_deleted_nodes(WEB, |node| down.distrust(node));
+        st.judge_deleted_nodes(WEB, |node, _| down.distrust(node));
         // Judged later: the node is Ready again (its settle has not passed).
         assert_eq!(
             plan(&st, &view("True")),

@@ -11,7 +11,7 @@ use kube::api::Api;
 use super::reservation_sweep::{ReservationGraces, ReservationSightings};
 use crate::api::paged::for_each_listed;
 use crate::index::APPROVE_HOLD_ANNOTATION;
-use crate::ipam::{NETWORK_STATUS_ANNOTATION, PodKey, parse_network_status};
+use crate::ipam::PodKey;
 use crate::reclaim::breaker::{Approval, BREAKER_WINDOW, Breaker, NewHold, Outgrown, approval_of};
 use crate::reclaim::grace::{Candidate, GraceClock, Graces, Tally};
 use crate::reclaim::{
@@ -490,12 +490,8 @@ impl Sweeper {
         let Some(pod) = pod else {
             return Ok(reason == Reason::PodMissing);
         };
-        let networks = pod
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(NETWORK_STATUS_ANNOTATION))
-            .and_then(|s| parse_network_status(s).ok());
+        let networks =
+            crate::ipam::network_status::network_status_of(pod.metadata.annotations.as_ref());
         let live = LivePod {
             uid: pod.metadata.uid.as_deref().unwrap_or_default(),
             phase: PodPhase::parse(pod.status.as_ref().and_then(|s| s.phase.as_deref())),

@@ -95,7 +95,9 @@ pub async fn pods(
         if let Some(view) = &nodes {
             let view = view.read().expect("node index lock");
             for b in &applied.effects {
-                ix.judge_deleted_nodes(&b.podref, |node| view.distrust_deleted(node));
+                ix.judge_deleted_nodes(&b.podref, |node, grace| {
+                    view.distrust_deleted(node, grace)
+                });
             }
         }
         drop(ix);

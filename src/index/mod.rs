@@ -136,10 +136,6 @@ impl Index {
         now: Instant,
     ) -> Option<Tombstone> {
         let old = self.pods.upsert(podref, uid, seen, now)?;
-        // A mirror pod recreated by its kubelet under the same name: the static pod runs on.
-        if old.mirror {
-            return None;
-        }
         Some(self.bury_live(podref, old, now))
     }
 
@@ -149,9 +145,8 @@ impl Index {
         self.pods.bury(podref, live.into(), held, now)
     }
 
-    /// Records a deleted pod (from its final state); returns the tombstone. The deletion of a
-    /// static pod's mirror makes none: the kubelet recreates the object and the pod runs on
-    /// (its node's CNI DEL and the sweep free what it really leaves).
+    /// Records a deleted pod (from its final state); returns the tombstone (a static pod's
+    /// mirror's says so: its deletion stops nothing, see `controller::plan`).
     pub fn delete_pod(
         &mut self,
         podref: &str,
@@ -160,21 +155,14 @@ impl Index {
         now: Instant,
     ) -> Option<Tombstone> {
         let known = self.pods.remove_live(podref, uid);
-        if seen.mirror || known.as_ref().is_some_and(|l| l.mirror) {
-            return None;
-        }
         let gone = self.pods.final_state(uid, known, seen);
         let held = self.pools.held_by(podref);
         Some(self.pods.bury(podref, gone, held, now))
     }
 
-    /// A pod that vanished without a Delete event (watch gap): tombstone from what was known
-    /// (none for a static pod's mirror).
+    /// A pod that vanished without a Delete event (watch gap): tombstone from what was known.
     pub fn vanish_pod(&mut self, podref: &str, uid: &str, now: Instant) -> Option<Tombstone> {
         let live = self.pods.remove_live(podref, uid)?;
-        if live.mirror {
-            return None;
-        }
         Some(self.bury_live(podref, live, now))
     }
 
@@ -182,7 +170,7 @@ impl Index {
     pub fn judge_deleted_nodes(
         &mut self,
         podref: &str,
-        distrust: impl Fn(Option<&str>) -> Option<String>,
+        distrust: impl Fn(Option<&str>, Option<i64>) -> Option<String>,
     ) {
         self.pods.judge_deleted_nodes(podref, distrust);
     }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use podlife::clock::{Clock, RealClock};
 
 use crate::api::slim::NodeReadyView;
-use crate::reclaim::fence::{NodeReadiness, distrust};
+use crate::reclaim::fence::{FencePolicy, NodeReadiness, distrust};
 
 /// Nodes by name.
 #[derive(Debug)]
@@ -18,8 +18,9 @@ pub struct NodeIndex {
     read: HashMap<String, Instant>,
     /// The Node watch has listed every Node once (before, an unknown node is no word).
     listed: bool,
-    /// How long a node seen Ready again is still distrusted (`--fence-settle`).
-    settle: Duration,
+    /// How long a node seen Ready again is still distrusted: `--fence-settle`, or a deleted
+    /// pod's grace period plus `--fence-grace-margin` when longer.
+    window: FencePolicy,
     /// Judges whether a node is still settling.
     clock: Arc<dyn Clock>,
 }
@@ -27,7 +28,12 @@ pub struct NodeIndex {
 impl Default for NodeIndex {
     /// No settle: a node is trusted the moment it is seen Ready.
     fn default() -> Self {
-        NodeIndex::new(Duration::ZERO, Arc::new(RealClock))
+        let window = FencePolicy {
+            settle: Duration::ZERO,
+            timeout: None,
+            grace_margin: Duration::ZERO,
+        };
+        NodeIndex::new(window, Arc::new(RealClock))
     }
 }
 
@@ -52,13 +58,14 @@ pub enum Transition {
 }
 
 impl NodeIndex {
-    /// No nodes yet; a node seen Ready again is distrusted for `settle` more on `clock`.
-    pub fn new(settle: Duration, clock: Arc<dyn Clock>) -> Self {
+    /// No nodes yet; a node seen Ready again is distrusted for a while (`window`'s settle, or
+    /// a pod's grace plus its margin) on `clock`.
+    pub fn new(window: FencePolicy, clock: Arc<dyn Clock>) -> Self {
         NodeIndex {
             nodes: HashMap::new(),
             read: HashMap::new(),
             listed: false,
-            settle,
+            window,
             clock,
         }
     }
@@ -72,16 +79,34 @@ impl NodeIndex {
     /// was seen Ready again less than the settle ago. A pod never scheduled, or bound to a Node
     /// that is gone, ran nowhere that can be trusted less than the operator's word.
     pub fn distrust(&self, node: Option<&str>) -> Option<String> {
-        distrust(self.node(node?), self.clock.now())
+        self.distrust_pod(node, None)
+    }
+
+    /// [`distrust`](Self::distrust) of a pod with termination grace `grace_seconds` (`None`:
+    /// unknown, the settle alone): a node Ready again is distrusted until the settle or the
+    /// grace plus the margin has passed, whichever is longer.
+    pub fn distrust_pod(&self, node: Option<&str>, grace_seconds: Option<i64>) -> Option<String> {
+        let grace = grace_seconds.map_or(Duration::ZERO, |s| {
+            Duration::from_secs(s.max(0).unsigned_abs())
+        });
+        let window = match grace_seconds {
+            Some(_) => self.window.settle_for(grace),
+            None => self.window.settle,
+        };
+        distrust(self.node(node?), self.clock.now(), window)
     }
 
     /// Why a pod deleted now from `node` must be fenced, for the tombstone: as
     /// [`distrust`](Self::distrust) once the Nodes are listed; before that, any pod bound to a
     /// node (the node may be down now, and Ready again by the time the list comes).
-    pub fn distrust_deleted(&self, node: Option<&str>) -> Option<String> {
+    pub fn distrust_deleted(
+        &self,
+        node: Option<&str>,
+        grace_seconds: Option<i64>,
+    ) -> Option<String> {
         match node {
             Some(_) if !self.listed => Some(NODES_NOT_LISTED.to_owned()),
-            _ => self.distrust(node),
+            _ => self.distrust_pod(node, grace_seconds),
         }
     }
 
@@ -99,7 +124,7 @@ impl NodeIndex {
     pub fn upsert(&mut self, node: &NodeReadyView, seen: Instant) -> Option<Transition> {
         let name = node.metadata.name.clone().unwrap_or_default();
         let before = self.nodes.get(&name);
-        let now = readiness_of(node, before, seen, self.settle);
+        let now = readiness_of(node, before, seen);
         let was = before.map(NodeReadiness::is_ready);
         let transition = if was != Some(now.is_ready()) && !now.is_ready() {
             Some(Transition::NotReady {
@@ -145,12 +170,11 @@ impl NodeIndex {
 /// The Ready condition of a Node (`missing` when it has none yet), given what was known of it
 /// before and when this observation was made. Ready counts from our own first observation of
 /// it (the node's `lastTransitionTime` is the node's clock, which may lag); a node seen not
-/// Ready before settles for `settle` from that observation.
+/// Ready before is Ready again from that observation.
 pub fn readiness_of(
     node: &NodeReadyView,
     before: Option<&NodeReadiness>,
     seen: Instant,
-    settle: Duration,
 ) -> NodeReadiness {
     let (status, reason) = match &node.ready {
         Some(c) => (c.status.clone(), c.reason.clone()),
@@ -158,10 +182,10 @@ pub fn readiness_of(
     };
     let ready = status == "True";
     let ready_seen = ready.then(|| before.and_then(|b| b.ready_seen).unwrap_or(seen));
-    let settling_until = match before {
+    let ready_again = match before {
         _ if !ready => None,
-        Some(b) if !b.is_ready() => Some(seen + settle),
-        Some(b) => b.settling_until,
+        Some(b) if !b.is_ready() => Some(seen),
+        Some(b) => b.ready_again,
         None => None,
     };
     NodeReadiness {
@@ -169,6 +193,6 @@ pub fn readiness_of(
         reason,
         ready_seen,
         out_of_service: node.out_of_service,
-        settling_until,
+        ready_again,
     }
 }

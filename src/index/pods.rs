@@ -89,6 +89,9 @@ pub struct Tombstone {
     pub node_judged: bool,
     /// Its termination grace period in seconds, if known (a fence keeps it).
     pub grace_seconds: Option<i64>,
+    /// A static pod's mirror: its deletion stops nothing, so it is never a release (a fence
+    /// when its node is not trusted).
+    pub mirror: bool,
 }
 
 /// What a tombstone is made of: the pod as it was last known.
@@ -102,6 +105,8 @@ pub struct GonePod {
     pub node: Option<Arc<str>>,
     /// Its termination grace period in seconds.
     pub grace_seconds: Option<i64>,
+    /// A static pod's mirror.
+    pub mirror: bool,
 }
 
 impl From<LiveInfo> for GonePod {
@@ -111,6 +116,7 @@ impl From<LiveInfo> for GonePod {
             networks: l.networks,
             node: l.node,
             grace_seconds: Some(i64::from(l.grace_seconds)),
+            mirror: l.mirror,
         }
     }
 }
@@ -282,6 +288,7 @@ impl PodIndex {
             distrust: None,
             node_judged: false,
             grace_seconds: gone.grace_seconds,
+            mirror: gone.mirror,
         };
         self.tombstones
             .entry(podref.to_owned())
@@ -302,12 +309,14 @@ impl PodIndex {
         let grace_seconds = seen
             .grace_seconds
             .or(known.as_ref().map(|l| i64::from(l.grace_seconds)));
+        let mirror = seen.mirror || known.as_ref().is_some_and(|l| l.mirror);
         let node = self.node_name(seen.node).or(known.and_then(|l| l.node));
         GonePod {
             uid: uid.to_owned(),
             networks,
             node,
             grace_seconds,
+            mirror,
         }
     }
 
@@ -315,11 +324,11 @@ impl PodIndex {
     pub fn judge_deleted_nodes(
         &mut self,
         podref: &str,
-        distrust: impl Fn(Option<&str>) -> Option<String>,
+        distrust: impl Fn(Option<&str>, Option<i64>) -> Option<String>,
     ) {
         for t in self.tombstones.get_mut(podref).into_iter().flatten() {
             if !t.node_judged {
-                t.distrust = distrust(t.node.as_deref());
+                t.distrust = distrust(t.node.as_deref(), t.grace_seconds);
                 t.node_judged = true;
             }
         }

@@ -8,8 +8,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde::de::{Deserializer, SeqAccess, Visitor};
 
-/// The annotation key.
-pub const NETWORK_STATUS_ANNOTATION: &str = "k8s.v1.cni.cncf.io/network-status";
+pub use crate::api::slim::{MAX_NETWORK_STATUS_BYTES, NETWORK_STATUS_ANNOTATION};
 
 /// One secondary network attachment of a pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,11 +22,6 @@ pub struct NetworkAttachment {
     pub ips: Vec<IpAddr>,
 }
 
-/// Most bytes of the annotation that are read: any user who can create a pod can write it on
-/// a Pending pod (Multus never rewrites it), so a longer one is malformed, not parsed. Multus
-/// writes about 250 bytes per attachment (an SR-IOV one with its device-info about 400): 32 KiB
-/// is room for 80.
-pub const MAX_NETWORK_STATUS_BYTES: usize = 32 * 1024;
 /// Most attachments (the cluster network's included) one annotation may list.
 pub const MAX_ATTACHMENTS: usize = 32;
 /// Most addresses one attachment may list (whereabouts gives one per range of `ipRanges`).
@@ -159,6 +153,15 @@ pub fn parse_network_status(
             })
         })
         .collect()
+}
+
+/// The network-status a pod's `annotations` hold, if present and readable (a malformed one
+/// reads as none: no information).
+pub fn network_status_of(
+    annotations: Option<&std::collections::BTreeMap<String, String>>,
+) -> Option<Vec<NetworkAttachment>> {
+    let status = annotations?.get(super::NETWORK_STATUS_ANNOTATION)?;
+    parse_network_status(status).ok()
 }
 
 /// A network-status `name` as `namespace/nad`: a name without namespace is in the pod's own

@@ -21,10 +21,10 @@ pub struct NodeReadiness {
     pub ready_seen: Option<Instant>,
     /// Tainted `node.kubernetes.io/out-of-service`: its operator declared it powered off.
     pub out_of_service: bool,
-    /// Seen Ready again after being seen not Ready: until then its kubelet may still be
-    /// stopping pods deleted while it was away, so a deletion seen before counts as one from a
-    /// node not Ready (`None`: Ready since first seen, or not Ready).
-    pub settling_until: Option<Instant>,
+    /// When this process saw it Ready again after seeing it not Ready (`None`: Ready since
+    /// first seen, or not Ready): for a while after, its kubelet may still be stopping pods
+    /// deleted while it was away, so a deletion seen then counts as one from a node not Ready.
+    pub ready_again: Option<Instant>,
 }
 
 impl NodeReadiness {
@@ -35,8 +35,9 @@ impl NodeReadiness {
 }
 
 /// Why a pod deleted at `now`, on `node`, must be fenced; `None` when its node is trusted to
-/// kill the sandbox (Ready and settled) or is gone (a deleted Node is declared dead).
-pub fn distrust(node: Option<&NodeReadiness>, now: Instant) -> Option<String> {
+/// kill the sandbox (Ready for longer than `window` since it was seen Ready again: the settle,
+/// or the pod's grace period plus the margin) or is gone (a deleted Node is declared dead).
+pub fn distrust(node: Option<&NodeReadiness>, now: Instant, window: Duration) -> Option<String> {
     let node = node?;
     // Declared powered off by its operator: nothing runs there any more.
     if node.out_of_service {
@@ -45,7 +46,10 @@ pub fn distrust(node: Option<&NodeReadiness>, now: Instant) -> Option<String> {
     if node.is_ready() {
         // Back from NotReady moments ago: a deletion seen now may be one made while it was
         // away (a re-list after a gap), and its kubelet may still be stopping the pod.
-        let until = node.settling_until.filter(|u| *u > now)?;
+        let until = node
+            .ready_again
+            .map(|at| at + window)
+            .filter(|u| *u > now)?;
         let left = until.saturating_duration_since(now).as_secs().max(1);
         return Some(format!(
             "Ready=True again, settling for {left}s more: it may still be stopping pods deleted while it was away"
@@ -191,6 +195,17 @@ pub struct AgentReport<'a> {
     pub fence_uid: &'a str,
     /// When it looked (the node's clock: must parse, never compared).
     pub observed_at: &'a str,
+}
+
+impl<'a> From<&'a crate::api::SandboxReport> for AgentReport<'a> {
+    fn from(r: &'a crate::api::SandboxReport) -> Self {
+        AgentReport {
+            node: &r.node,
+            pod_uid: &r.pod_uid,
+            fence_uid: &r.fence_uid,
+            observed_at: &r.observed_at,
+        }
+    }
 }
 
 /// What the node agent on a fence's node says: the pod's sandboxes are gone, or one is still
@@ -342,9 +357,12 @@ mod tests {
             reason: (status != "True").then(|| "NodeStatusUnknown".into()),
             ready_seen,
             out_of_service: false,
-            settling_until: None,
+            ready_again: None,
         }
     }
+
+    /// The window after Ready again in which deletions are distrusted, in these tests.
+    const W: Duration = Duration::from_secs(30);
 
     const POLICY: FencePolicy = FencePolicy {
         settle: Duration::from_secs(30),
@@ -394,15 +412,15 @@ mod tests {
     #[test]
     fn only_a_node_that_is_not_ready_is_distrusted() {
         assert_eq!(
-            distrust(Some(&node("True", Some(Instant::now()))), Instant::now()),
+            distrust(Some(&node("True", Some(Instant::now()))), Instant::now(), W),
             None
         );
         assert_eq!(
-            distrust(Some(&node("Unknown", None)), Instant::now()).as_deref(),
+            distrust(Some(&node("Unknown", None)), Instant::now(), W).as_deref(),
             Some("Ready=Unknown (NodeStatusUnknown)")
         );
         assert_eq!(
-            distrust(Some(&node("False", None)), Instant::now()).as_deref(),
+            distrust(Some(&node("False", None)), Instant::now(), W).as_deref(),
             Some("Ready=False (NodeStatusUnknown)")
         );
         let missing = NodeReadiness {
@@ -410,14 +428,14 @@ mod tests {
             reason: None,
             ready_seen: None,
             out_of_service: false,
-            settling_until: None,
+            ready_again: None,
         };
         assert_eq!(
-            distrust(Some(&missing), Instant::now()).as_deref(),
+            distrust(Some(&missing), Instant::now(), W).as_deref(),
             Some("Ready=missing")
         );
         assert_eq!(
-            distrust(None, Instant::now()),
+            distrust(None, Instant::now(), W),
             None,
             "a deleted Node is declared dead"
         );
@@ -506,7 +524,7 @@ mod tests {
             lift_at(at(o, 100), Some(&down), at(o, 101), &POLICY),
             Some(Lift::OutOfService)
         );
-        assert_eq!(distrust(Some(&down), Instant::now()), None);
+        assert_eq!(distrust(Some(&down), Instant::now(), W), None);
     }
 
     const FENCE: FenceIdentity<'static> = FenceIdentity {
@@ -725,20 +743,23 @@ mod tests {
     fn a_node_seen_ready_again_is_distrusted_until_its_settle_has_passed() {
         let o = Instant::now();
         let settling = NodeReadiness {
-            settling_until: Some(o + Duration::from_secs(30)),
+            ready_again: Some(o),
             ..node("True", Some(o))
         };
-        let why = distrust(Some(&settling), o + Duration::from_secs(10));
+        let why = distrust(Some(&settling), o + Duration::from_secs(10), W);
         assert!(
             why.as_deref()
                 .is_some_and(|w| w.contains("settling for 20s")),
             "{why:?}"
         );
-        assert_eq!(distrust(Some(&settling), o + Duration::from_secs(30)), None);
+        assert_eq!(
+            distrust(Some(&settling), o + Duration::from_secs(30), W),
+            None
+        );
         let tainted = NodeReadiness {
             out_of_service: true,
             ..settling
         };
-        assert_eq!(distrust(Some(&tainted), o), None);
+        assert_eq!(distrust(Some(&tainted), o, W), None);
     }
 }

@@ -10,9 +10,7 @@ use std::time::Duration;
 use crate::api::slim::{NodeReadyView, OUT_OF_SERVICE_TAINT};
 use crate::index::{CoolingEntry, FenceSource, FencedEntry, Index, PodUid, UnrecordedMark};
 use crate::ipam::fence::{FENCED_PODREF_SUFFIX, FenceRecord};
-use crate::ipam::{
-    NETWORK_STATUS_ANNOTATION, NetworkAttachment, PodKey, PoolEntry, parse_network_status,
-};
+use crate::ipam::{NetworkAttachment, PodKey, PoolEntry};
 use crate::reclaim::fence::{AgentReport, FenceIdentity, FencePolicy, check_report, distrust};
 use crate::reclaim::{
     Allocation, Decision, Judged, KeepReason, LivePod, PodKnowledge, PodPhase, PodRef, PoolContext,
@@ -299,12 +297,8 @@ impl PodLook {
 
     /// A pod as read.
     pub fn of(pod: &crate::api::slim::PodView) -> PodLook {
-        let networks = pod
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(NETWORK_STATUS_ANNOTATION))
-            .and_then(|s| parse_network_status(s).ok());
+        let networks =
+            crate::ipam::network_status::network_status_of(pod.metadata.annotations.as_ref());
         PodLook {
             uid: pod.metadata.uid.clone().unwrap_or_default(),
             terminal: pod.is_terminal(),
@@ -506,15 +500,7 @@ fn agent_reports(f: &FencedEntry) -> (bool, bool) {
         fence_uid,
     };
     let valid = |e: Option<&crate::api::SandboxReport>| {
-        e.is_some_and(|e| {
-            let report = AgentReport {
-                node: &e.node,
-                pod_uid: &e.pod_uid,
-                fence_uid: &e.fence_uid,
-                observed_at: &e.observed_at,
-            };
-            check_report(identity, &report).is_ok()
-        })
+        e.is_some_and(|e| check_report(identity, &AgentReport::from(e)).is_ok())
     };
     let present = valid(f.evidence.sandboxes_present.as_ref());
     // "Still present" beside "gone" wins, as in the controller.
@@ -563,9 +549,9 @@ pub fn node_holds(
         reason: ready.and_then(|c| c.reason.clone()),
         ready_seen: None,
         out_of_service: node.out_of_service,
-        settling_until: None,
+        ready_again: None,
     };
-    if let Some(why) = distrust(Some(&readiness), std::time::Instant::now()) {
+    if let Some(why) = distrust(Some(&readiness), std::time::Instant::now(), Duration::ZERO) {
         return Some(format!(
             "node {name} is {why}: it may still run pod {}'s sandbox",
             record.podref

@@ -19,7 +19,8 @@ async fn the_controllers_index_follows_a_manual_unfence_and_a_forced_release() {
     env.wait_metric(&format!(r#"ipreclaim_pool_allocated{{pool="{pool}"}} 2"#))
         .await;
 
-    cli(&env, "unfence", &["--ip", "198.18.9.10"]);
+    // Its node is still NotReady: the operator overrides that.
+    cli(&env, "unfence", &["--ip", "198.18.9.10", "--force"]);
     env.wait_keys("198.18.9.0-24", &["11"]).await;
     env.wait_metric("ipreclaim_fenced_addresses 0").await;
     env.wait_metric(&format!(r#"ipreclaim_pool_fenced{{pool="{pool}"}} 0"#))

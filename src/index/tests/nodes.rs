@@ -131,10 +131,10 @@ fn a_deletion_seen_before_the_nodes_are_listed_is_distrusted_whatever_its_node_s
     let mut v = NodeIndex::default();
     // The Node list is still on its way: a pod bound to a node gets the doubt.
     assert_eq!(
-        v.distrust_deleted(Some("a")).as_deref(),
+        v.distrust_deleted(Some("a"), None).as_deref(),
         Some(crate::index::nodes::NODES_NOT_LISTED)
     );
-    assert_eq!(v.distrust_deleted(None), None, "never scheduled");
+    assert_eq!(v.distrust_deleted(None, None), None, "never scheduled");
     // Listed (a is Ready by then): the Node's word from now on.
     let mut r = Relist::<Nodes>::default();
     relisted(
@@ -142,10 +142,10 @@ fn a_deletion_seen_before_the_nodes_are_listed_is_distrusted_whatever_its_node_s
         &mut v,
         [node("a", Some("True")), node("b", Some("Unknown"))],
     );
-    assert_eq!(v.distrust_deleted(Some("a")), None);
+    assert_eq!(v.distrust_deleted(Some("a"), None), None);
     assert_eq!(
-        v.distrust_deleted(Some("b")).as_deref(),
+        v.distrust_deleted(Some("b"), None).as_deref(),
         Some("Ready=Unknown (KubeletStopped)")
     );
-    assert_eq!(v.distrust_deleted(Some("gone")), None);
+    assert_eq!(v.distrust_deleted(Some("gone"), None), None);
 }
