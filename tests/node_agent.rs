@@ -506,7 +506,11 @@ async fn a_fenced_pod_is_reported_gone_only_once_its_sandbox_is_removed(mut env:
     env.wait_relists(5.0).await;
     assert_eq!(env.metric(TERMINATING).await, 1.0, "its sandbox runs");
     assert_eq!(env.report_of("web-0").await, None);
-    let present = env.status_of("web-0").await.sandboxes_present.expect("present");
+    let present = env
+        .status_of("web-0")
+        .await
+        .sandboxes_present
+        .expect("present");
     assert_eq!(
         (present.node.as_str(), present.pod_uid.as_str()),
         (node.as_str(), uid.as_str())
@@ -536,11 +540,19 @@ async fn a_fenced_pod_is_reported_gone_only_once_its_sandbox_is_removed(mut env:
         report.observed_at.parse::<jiff::Timestamp>().is_ok(),
         "{report:?}"
     );
-    assert_eq!(env.status_of("web-0").await.sandboxes_present, None, "gone replaces present");
+    assert_eq!(
+        env.status_of("web-0").await.sandboxes_present,
+        None,
+        "gone replaces present"
+    );
     env.wait_metric(REPORTED, 2.0).await;
     env.wait_relists(3.0).await;
     assert_eq!(env.metric(REPORTED).await, 2.0, "present once, gone once");
-    assert_eq!(env.status_of("other-0").await, Default::default(), "another node's fence");
+    assert_eq!(
+        env.status_of("other-0").await,
+        Default::default(),
+        "another node's fence"
+    );
     env.stop().await;
 }
 

@@ -14,7 +14,6 @@ use kube::api::ObjectMeta;
 use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
-
 /// A pod, stripped to what reclaiming and fencing need.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PodView {

@@ -730,7 +730,14 @@ async fn the_node_agents_still_present_report_holds_a_fence_past_the_settle() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     env.assert_web_0_fenced(&node).await;
     env.report_gone(&name, report).await;
-    env.wait_web_0_released(&uid).await;
+    env.wait_keys("192.0.2.0-24", &["11"]).await;
+    let released = env
+        .wait_one_event("IPAddressGarbageCollected", "web-0", &uid)
+        .await;
+    assert!(
+        released.contains("the node agent on its node saw the pod's sandboxes gone"),
+        "{released}"
+    );
     env.wait_metric("ipreclaim_fences_held_by_node_agent 0")
         .await;
     env.finish(&node).await;
