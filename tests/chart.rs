@@ -303,6 +303,24 @@ fn helm_lint_and_template_pass_and_every_flag_is_reachable() {
         [json!({"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]})]
     );
     assert!(node_rules(&template(&["controller.fence.unreadyNodes=false"])).is_empty());
+
+    // The node agents' report policy is on by default, and off with its value or the agent.
+    let policies = |docs: &[Value]| {
+        docs.iter()
+            .filter(|d| {
+                d["kind"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("ValidatingAdmissionPolicy")
+            })
+            .count()
+    };
+    assert_eq!(policies(&template(&[])), 2);
+    assert_eq!(
+        policies(&template(&["nodeAgent.ownNodeReportsOnly=false"])),
+        0
+    );
+    assert_eq!(policies(&template(&["nodeAgent.enabled=false"])), 0);
 }
 
 async fn get_dynamic(client: &Client, doc: &Value) -> Value {
@@ -366,6 +384,8 @@ async fn helm_install_creates_what_the_chart_says() {
         "RoleBinding",
         "Service",
         "ServiceAccount",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ]
     .into();
     assert_eq!(kinds, want);
@@ -542,12 +562,8 @@ async fn the_charts_service_accounts_are_denied_what_the_programs_must_not_do() 
             .await,
     );
     // It reports on fences through their status only: their spec is out of its reach.
-    let spec: ipreclaim::api::IPFenceSpec = serde_json::from_value(json!({
-        "pool": "p", "key": "1", "address": "192.0.2.1", "sandbox": "sb", "podref": "ns/a",
-        "uid": "u", "node": "n", "since": "2026-11-24T10:00:00Z",
-    }))
-    .unwrap();
-    create_in(admin, &it.ns, &ipreclaim::api::IPFence::new("f", spec)).await;
+    let node = format!("{}-n", it.ns);
+    fence_of(admin, &it.ns, "f", &node).await;
     let fences = Api::<ipreclaim::api::IPFence>::namespaced(agent, &it.ns);
     forbidden(
         "node-agent patches a fence's spec",
@@ -557,11 +573,113 @@ async fn the_charts_service_accounts_are_denied_what_the_programs_must_not_do() 
         "node-agent deletes a fence",
         fences.delete("f", &DeleteParams::default()).await,
     );
-    let status = json!({"status": {"sandboxesGone": {"node": "n"}}});
-    fences
-        .patch_status("f", &PatchParams::default(), &Patch::Merge(&status))
+    // Its status, as the agent of the fence's node (see the report policy's test below).
+    let fences = Api::<ipreclaim::api::IPFence>::namespaced(
+        testenv::helm::node_agent_client_on(cp, admin, &it.ns, &node).await,
+        &it.ns,
+    );
+    merge_patch(&fences, "f", json!({"spec": {"node": "other"}}))
+        .await
+        .expect_err("node-agent patches a fence's spec");
+    report(&fences, "f", "sandboxesGone", &node)
         .await
         .expect("node-agent patches a fence's status");
+}
+
+/// A fence of node `node` in `ns`, named `name`, written as admin.
+async fn fence_of(admin: &Client, ns: &str, name: &str, node: &str) {
+    let spec: ipreclaim::api::IPFenceSpec = serde_json::from_value(json!({
+        "pool": "p", "key": "1", "address": "192.0.2.1", "sandbox": "sb", "podref": "ns/a",
+        "uid": "u", "node": node, "since": "2026-11-24T10:00:00Z",
+    }))
+    .unwrap();
+    create_in(admin, ns, &ipreclaim::api::IPFence::new(name, spec)).await;
+}
+
+/// Writes a report (`sandboxesGone` or `sandboxesPresent`) naming `node` into fence `name`'s
+/// status through `fences`, the way the node agent does (a JSON patch of the whole status).
+async fn report(
+    fences: &Api<ipreclaim::api::IPFence>,
+    name: &str,
+    kind: &str,
+    node: &str,
+) -> Result<ipreclaim::api::IPFence, kube::Error> {
+    let ops: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "add", "path": "/status", "value": {kind: {
+            "node": node, "podUid": "u", "fenceUid": "", "observedAt": "2026-11-24T10:01:00Z",
+        }}},
+    ]))
+    .unwrap();
+    fences
+        .patch_status(name, &PatchParams::default(), &Patch::<()>::Json(ops))
+        .await
+}
+
+/// Asserts that `result` is a 403 whose message contains `says`.
+fn refused<T: std::fmt::Debug>(what: &str, result: Result<T, kube::Error>, says: &str) {
+    match result {
+        Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains(says) => {}
+        other => panic!("{what}: expected 403 Forbidden saying {says:?}, got {other:?}"),
+    }
+}
+
+/// The chart's ValidatingAdmissionPolicy ties a node agent's report to its node, as the real
+/// apiserver names it in a token bound to the agent's pod on that node: the agent of node A
+/// reports on A's fences as A, and is refused on B's fence and when its report names B; a
+/// token of the agent's ServiceAccount bound to no pod (no node claim) is refused. Other
+/// identities (here admin) are not matched.
+#[tokio::test]
+async fn a_node_agent_reports_only_on_its_own_nodes_fences() {
+    let it = install_chart("chart-reports").await;
+    let cp = ControlPlane::shared();
+    let admin = &it.client;
+    let (a, b) = (format!("{}-a", it.ns), format!("{}-b", it.ns));
+    fence_of(admin, &it.ns, "fa", &a).await;
+    fence_of(admin, &it.ns, "fb", &b).await;
+    let fences = |client: Client| Api::<ipreclaim::api::IPFence>::namespaced(client, &it.ns);
+    let unbound = fences(service_account_client(cp, admin, &it.ns, "node-agent").await);
+    let agent_a = fences(testenv::helm::node_agent_client_on(cp, admin, &it.ns, &a).await);
+    // The apiserver loads a new policy a moment after it is created: wait until it refuses.
+    testenv::poll::wait_for(
+        "the report policy refusing a token with no node",
+        || async { report(&unbound, "fa", "sandboxesGone", &a).await.is_err() },
+    )
+    .await;
+    refused(
+        "a token bound to no pod reports",
+        report(&unbound, "fa", "sandboxesGone", &a).await,
+        "names no node",
+    );
+
+    for kind in ["sandboxesPresent", "sandboxesGone"] {
+        let fence = report(&agent_a, "fa", kind, &a)
+            .await
+            .unwrap_or_else(|e| panic!("A's agent reports {kind} on A's fence: {e}"));
+        assert_eq!(
+            serde_json::to_value(fence.status).unwrap()[kind]["node"],
+            json!(a)
+        );
+        refused(
+            &format!("A's agent reports {kind} on B's fence"),
+            report(&agent_a, "fb", kind, &a).await,
+            &format!("fence fb is of node {b}"),
+        );
+        refused(
+            &format!("A's agent reports {kind} naming B on B's fence"),
+            report(&agent_a, "fb", kind, &b).await,
+            &format!("fence fb is of node {b}"),
+        );
+        refused(
+            &format!("A's agent reports {kind} naming B on A's fence"),
+            report(&agent_a, "fa", kind, &b).await,
+            &format!("must name the reporting node {a}"),
+        );
+    }
+    let stored = fences(admin.clone()).get("fb").await.unwrap();
+    assert!(stored.status.is_none(), "B's fence untouched: {stored:?}");
+    report(&fences(admin.clone()), "fb", "sandboxesGone", &b)
+        .await
+        .expect("admin writes B's fence's status");
 }
 
 /// Runs helm (no cluster) and returns whether it succeeded and its stdout and stderr together:

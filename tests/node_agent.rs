@@ -63,11 +63,14 @@ impl NodeEnv {
     }
 
     /// Like [`new`](Self::new), with the chart installed in the namespace (also the
-    /// whereabouts namespace); the agent then acts as the chart's ServiceAccount.
+    /// whereabouts namespace); the agent then acts as the chart's ServiceAccount, with a token
+    /// bound to its pod on this node (the chart's report policy refuses any other).
     async fn new_chart(prefix: &str) -> NodeEnv {
         let mut env = NodeEnv::new(&format!("{prefix}-sa")).await;
         let cp = ControlPlane::shared();
-        env.chart = Some(testenv::helm::install_as(cp, &env.client, &env.ns, "node-agent").await);
+        testenv::helm::install_in(cp, &env.ns).expect("helm install");
+        let client = testenv::helm::node_agent_client_on(cp, &env.client, &env.ns, &env.node);
+        env.chart = Some(client.await);
         env
     }
 

@@ -8,8 +8,8 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -637,12 +637,45 @@ impl ControlPlane {
         self.client_with_token(&token).await
     }
 
+    /// A client that acts as ServiceAccount `namespace/name` with a token bound to pod `pod`
+    /// (of that namespace, existing): the token a kubelet mounts, which the apiserver gives the
+    /// pod's node when it is scheduled (`authentication.kubernetes.io/node-name` in the user's
+    /// extra), and which dies with the pod.
+    pub async fn pod_bound_client(
+        &self,
+        admin: &Client,
+        namespace: &str,
+        name: &str,
+        pod: &Pod,
+    ) -> Result<Client> {
+        let bound = BoundObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: pod.metadata.name.clone(),
+            uid: pod.metadata.uid.clone(),
+        };
+        let token = self
+            .token_bound_to(admin, namespace, name, Some(bound))
+            .await?;
+        self.client_with_token(&token).await
+    }
+
     /// A token (an hour long) of ServiceAccount `namespace/name`, created if missing.
     pub async fn service_account_token(
         &self,
         admin: &Client,
         namespace: &str,
         name: &str,
+    ) -> Result<String> {
+        self.token_bound_to(admin, namespace, name, None).await
+    }
+
+    async fn token_bound_to(
+        &self,
+        admin: &Client,
+        namespace: &str,
+        name: &str,
+        bound: Option<BoundObjectReference>,
     ) -> Result<String> {
         let sas = Api::<ServiceAccount>::namespaced(admin.clone(), namespace);
         if sas.get_opt(name).await?.is_none() {
@@ -659,7 +692,7 @@ impl ControlPlane {
             spec: Some(TokenRequestSpec {
                 audiences: Some(vec!["https://kubernetes.default.svc".into()]),
                 expiration_seconds: Some(3600),
-                ..Default::default()
+                bound_object_ref: bound,
             }),
             ..Default::default()
         };

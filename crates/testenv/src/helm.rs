@@ -118,3 +118,43 @@ pub async fn service_account_client(
         .await
         .unwrap_or_else(|e| panic!("token of the chart's {component} ServiceAccount: {e:#}"))
 }
+
+/// A client acting as the chart's node-agent ServiceAccount (a release made by [`install_in`])
+/// the way the DaemonSet's pod on `node` does: with a token bound to a pod of that
+/// ServiceAccount scheduled on `node`, so the apiserver names `node` in it. The stand-in Node
+/// `node` is created if missing (a pod-bound token of a scheduled pod needs its Node), and the
+/// pod `<ServiceAccount>-on-<node>` (never started: no kubelet runs).
+pub async fn node_agent_client_on(
+    cp: &ControlPlane,
+    admin: &kube::Client,
+    ns: &str,
+    node: &str,
+) -> kube::Client {
+    use k8s_openapi::api::core::v1::{Node, Pod};
+    use kube::api::{Api, PostParams};
+    let nodes = Api::<Node>::all(admin.clone());
+    if nodes.get_opt(node).await.expect("get node").is_none() {
+        match nodes
+            .create(&PostParams::default(), &crate::fixtures::node(node))
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => panic!("create node {node}: {e}"),
+        }
+    }
+    let sa = service_account(ns, "node-agent");
+    let mut pod = crate::fixtures::pod(&format!("{sa}-on-{node}"), None);
+    let spec = pod.spec.as_mut().expect("a pod spec");
+    spec.node_name = Some(node.into());
+    spec.service_account_name = Some(sa.clone());
+    let pod = Api::<Pod>::namespaced(admin.clone(), ns)
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap_or_else(|e| panic!("the node agent's pod on {node}: {e}"));
+    cp.pod_bound_client(admin, ns, &sa, &pod)
+        .await
+        .unwrap_or_else(|e| {
+            panic!("pod-bound token of the chart's node-agent ServiceAccount: {e:#}")
+        })
+}
