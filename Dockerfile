@@ -11,12 +11,15 @@
 # list (`cargo audit bin`, syft and trivy read it).
 
 ARG RUST_VERSION=1.95
+# The base images, by name: a mirror or a pinned digest is a build argument, the steps stay.
+ARG BUILD_BASE=docker.io/library/rust:${RUST_VERSION}-bookworm
+ARG RUNTIME_BASE=gcr.io/distroless/cc-debian12:nonroot
 ARG VERSION=0.0.0-dev
 ARG REVISION=unknown
 ARG CREATED=unknown
 
 # --- tools, on the build platform -----------------------------------------------------------
-FROM --platform=$BUILDPLATFORM docker.io/library/rust:${RUST_VERSION}-bookworm AS chef
+FROM --platform=$BUILDPLATFORM ${BUILD_BASE} AS chef
 ARG TARGETARCH
 # k8s-cri generates the CRI client at build time and needs protoc; ring needs a C compiler for
 # the target.
@@ -61,7 +64,8 @@ RUN cargo auditable build --release --locked --target "$(cat /rust-target)" --bi
  && cp "target/$(cat /rust-target)/release/ipreclaim" /usr/local/bin/ipreclaim
 
 # --- runtime --------------------------------------------------------------------------------
-FROM gcr.io/distroless/cc-debian12:nonroot
+FROM ${RUNTIME_BASE}
+ARG RUNTIME_BASE
 ARG VERSION
 ARG REVISION
 ARG CREATED
@@ -73,7 +77,7 @@ LABEL org.opencontainers.image.title="ipreclaim" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${REVISION}" \
       org.opencontainers.image.created="${CREATED}" \
-      org.opencontainers.image.base.name="gcr.io/distroless/cc-debian12:nonroot"
+      org.opencontainers.image.base.name="${RUNTIME_BASE}"
 COPY --from=build /usr/local/bin/ipreclaim /usr/local/bin/ipreclaim
 # nonroot (65532); the node agent's DaemonSet runs it as root to open the CRI socket.
 USER 65532:65532
