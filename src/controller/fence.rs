@@ -13,8 +13,8 @@ use crate::ipam::PoolEntry;
 use crate::ipam::fence::FenceRecord;
 use crate::ipam::fence::FenceSource;
 use crate::reclaim::fence::{
-    AgentReport, AgentReports, FenceClock, FenceIdentity, FencePolicy, Lift, Moment, NodeReadiness,
-    Rejected, lift_with_reports,
+    AgentReport, AgentReports, FenceClock, FencePolicy, Lift, Moment, NodeReadiness, Rejected,
+    lift_with_reports,
 };
 use crate::reclaim::{Decision, Judged, PodRef, Reason};
 use crate::release::events::Lifted;
@@ -441,15 +441,8 @@ impl Lifter {
         now: Moment,
         policy: &FencePolicy,
     ) -> Option<Lift> {
-        let fence_uid = match &f.source {
-            FenceSource::Object { uid, .. } => uid.as_str(),
-            FenceSource::Annotation => "",
-        };
-        let identity = FenceIdentity {
-            node: &f.record.node,
-            pod_uid: &f.record.uid,
-            fence_uid,
-        };
+        let identity = f.identity();
+        let fence_uid = identity.fence_uid;
         let reports = AgentReports {
             gone: f.evidence.sandboxes_gone.as_ref().map(AgentReport::from),
             present: f.evidence.sandboxes_present.as_ref().map(AgentReport::from),

@@ -28,6 +28,22 @@ pub struct FencedEntry {
     pub evidence: IPFenceStatus,
 }
 
+impl FencedEntry {
+    /// Whose the fence is, as a node agent's report must name it (an annotation record has no
+    /// object uid: no report binds to it).
+    pub fn identity(&self) -> crate::reclaim::fence::FenceIdentity<'_> {
+        let fence_uid = match &self.source {
+            FenceSource::Object { uid, .. } => uid.as_str(),
+            FenceSource::Annotation => "",
+        };
+        crate::reclaim::fence::FenceIdentity {
+            node: &self.record.node,
+            pod_uid: &self.record.uid,
+            fence_uid,
+        }
+    }
+}
+
 /// An `IPFence` object, parsed.
 #[derive(Debug, Clone)]
 pub struct FenceObject {

@@ -11,7 +11,7 @@ use crate::api::slim::{NodeReadyView, OUT_OF_SERVICE_TAINT};
 use crate::index::{CoolingEntry, FenceSource, FencedEntry, Index, PodUid, UnrecordedMark};
 use crate::ipam::fence::{FENCED_PODREF_SUFFIX, FenceRecord};
 use crate::ipam::{NetworkAttachment, PodKey, PoolEntry};
-use crate::reclaim::fence::{AgentReport, FenceIdentity, FencePolicy, check_report, distrust};
+use crate::reclaim::fence::{AgentReport, FencePolicy, check_report, distrust};
 use crate::reclaim::{
     Allocation, Decision, Judged, KeepReason, LivePod, PodKnowledge, PodPhase, PodRef, PoolContext,
     Reason, ReclaimConfig,
@@ -490,15 +490,7 @@ fn says(d: Decision) -> String {
 /// Whether the node agent's reports on a fence count, as the controller checks them: (gone,
 /// still present).
 fn agent_reports(f: &FencedEntry) -> (bool, bool) {
-    let fence_uid = match &f.source {
-        FenceSource::Object { uid, .. } => uid.as_str(),
-        FenceSource::Annotation => "",
-    };
-    let identity = FenceIdentity {
-        node: &f.record.node,
-        pod_uid: &f.record.uid,
-        fence_uid,
-    };
+    let identity = f.identity();
     let valid = |e: Option<&crate::api::SandboxReport>| {
         e.is_some_and(|e| check_report(identity, &AgentReport::from(e)).is_ok())
     };

@@ -174,7 +174,14 @@ async fn hundreds_of_forged_pods_stop_no_release_and_stay_far_from_the_memory_li
     // it would make them leaks).
     env.wait_sweeps(3.0).await;
     assert_eq!(env.keys("198.18.0.0-16").await.len(), kept.len());
-    // Reported once per pod, saying which cap.
+    // Reported once per pod, saying which cap (published from a queue: wait until all three
+    // pods have theirs).
+    let firsts = ["big-0", "wide-0", "many-0"];
+    wait_for("the Warnings on big-0, wide-0 and many-0", || async {
+        let said = warnings(&env, "MalformedNetworkStatus").await;
+        firsts.iter().all(|f| said.iter().any(|(p, _, _)| p == f))
+    })
+    .await;
     let said = warnings(&env, "MalformedNetworkStatus").await;
     for (pod, says) in [
         ("big-0", "more than 32768 bytes"),
