@@ -88,12 +88,7 @@ impl Index {
             dead_sandboxes: &[],
         };
         let pool_networks = self.networks.of_pool(pool);
-        let alloc = Allocation {
-            ip: entry.ip,
-            sandbox_id: &entry.id,
-            podref: &entry.podref,
-            ifname: entry.ifname.as_deref(),
-        };
+        let alloc = Allocation::from(entry);
         let decision = reclaim::decide(
             &alloc,
             &PoolContext {

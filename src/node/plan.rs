@@ -83,12 +83,7 @@ pub fn plan_pool(
     let dead = [sandbox.to_owned()];
     for entry in entries.into_iter().filter(|e| e.id == sandbox) {
         let decision = reclaim::decide(
-            &Allocation {
-                ip: entry.ip,
-                sandbox_id: &entry.id,
-                podref: &entry.podref,
-                ifname: entry.ifname.as_deref(),
-            },
+            &Allocation::from(&entry),
             &PoolContext {
                 networks: Some(&networks),
             },

@@ -112,6 +112,17 @@ pub struct Allocation<'a> {
     pub ifname: Option<&'a str>,
 }
 
+impl<'a> From<&'a crate::ipam::PoolEntry> for Allocation<'a> {
+    fn from(entry: &'a crate::ipam::PoolEntry) -> Self {
+        Allocation {
+            ip: entry.ip,
+            sandbox_id: &entry.id,
+            podref: &entry.podref,
+            ifname: entry.ifname.as_deref(),
+        }
+    }
+}
+
 /// A pod's phase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PodPhase {

@@ -323,12 +323,7 @@ fn decide_on(index: &Index, pool: &str, entry: &PoolEntry, pod: Option<&PodLook>
         networks: p.networks.as_deref(),
     });
     crate::reclaim::decide(
-        &Allocation {
-            ip: entry.ip,
-            sandbox_id: &entry.id,
-            podref: &entry.podref,
-            ifname: entry.ifname.as_deref(),
-        },
+        &Allocation::from(entry),
         &PoolContext {
             networks: index.networks().of_pool(pool),
         },
