@@ -20,7 +20,8 @@
 //! them: W in the side-by-side, N/10 in the mass delete, 1.2 N in the restart (more than it
 //! deletes: the sweep's breaker holds a pool it would free more than half of), K per pool in
 //! each steady run; the pool patch's cost at the apiserver grows with the pool. Pods are the
-//! size of a Deployment's (two containers with env, probes, resources), not bare.
+//! size of a Deployment's (two containers with env, probes, resources), not bare; those to be
+//! deleted are Failed first, as their kubelet leaves a pod it stopped before deleting it.
 //! `SCALE_WRAP="heaptrack -o /tmp/ht/c"` runs the controller under the given program.
 
 mod common;
@@ -444,6 +445,24 @@ impl Bench {
             .try_collect::<Vec<_>>()
             .await
             .context("creating pods")?;
+        if !keep {
+            // Pods to delete are deleted as a kubelet deletes a pod it has stopped: phase
+            // Failed first (one deleted Running would be fenced until its kubelet stops it).
+            let failed = serde_json::json!({"status": {"phase": "Failed"}});
+            stream::iter(allocs.clone())
+                .map(|a| {
+                    let (pods, failed) = (pods.clone(), failed.clone());
+                    async move {
+                        let patch = Patch::Merge(failed);
+                        pods.patch_status(&a.pod, &PatchParams::default(), &patch)
+                            .await
+                    }
+                })
+                .buffer_unordered(32)
+                .try_collect::<Vec<_>>()
+                .await
+                .context("marking pods stopped")?;
+        }
         for &p in &self.in_use {
             let entries: serde_json::Map<String, serde_json::Value> = allocs
                 .iter()

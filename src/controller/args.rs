@@ -40,8 +40,9 @@ pub struct ControllerArgs {
     /// more is held.
     #[arg(long, env = "IPRECLAIM_MAX_RELEASE_RATIO", default_value = "0.5", value_parser = parse_ratio)]
     pub max_release_ratio: f64,
-    /// Keep the addresses of pods deleted while their node was not Ready (the sandbox may still
-    /// run there) until the node is Ready again and settled, its Node is deleted, or
+    /// Keep the addresses of pods deleted while their node was not Ready, or deleted before
+    /// their kubelet stopped them (a force deletion: the sandbox may still run there), until the
+    /// node has been Ready and the fence set for the settle, its Node is deleted, or
     /// --fence-timeout passes.
     #[arg(long, env = "IPRECLAIM_FENCE_UNREADY_NODES", default_value_t = true, action = clap::ArgAction::Set)]
     pub fence_unready_nodes: bool,

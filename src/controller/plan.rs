@@ -276,11 +276,57 @@ mod tests {
         );
     }
 
+    /// web-0 (192.0.2.10) on node-a deleted in a final phase that is `terminal` or not, its
+    /// node judged as the pod watch does, by `view` (listed).
+    fn deleted_in_phase(terminal: bool, view: &mut NodeIndex) -> Index {
+        let mut st = Index::default();
+        st.upsert_pool(&pool("sb-old"));
+        let old = status("192.0.2.10");
+        let seen = PodSeen {
+            annotations: Some(&old),
+            node: Some("node-a"),
+            terminal,
+            mirror: false,
+            grace_seconds: Some(600),
+        };
+        let now = Instant::now();
+        st.upsert_pod(
+            WEB,
+            "old-uid",
+            PodSeen {
+                terminal: false,
+                ..seen
+            },
+            now,
+        );
+        st.delete_pod(WEB, "old-uid", seen, now);
+        view.set_listed();
+        st.judge_deleted_nodes(WEB, |t| view.distrust_deleted(t));
+        st
+    }
+
+    #[test]
+    fn a_pod_deleted_on_a_ready_node_before_its_kubelet_stopped_it_is_fenced() {
+        let mut v = view("True");
+        // Forced: deleted Running, its kubelet stops it only now, for up to 600 s.
+        let st = deleted_in_phase(false, &mut v);
+        assert_eq!(
+            plan(&st, &v),
+            [("10".to_string(), "old-uid".to_string(), true)]
+        );
+        // Deleted by its kubelet once stopped (Failed first): released.
+        let st = deleted_in_phase(true, &mut v);
+        assert_eq!(
+            plan(&st, &v),
+            [("10".to_string(), "old-uid".to_string(), false)]
+        );
+    }
+
     #[test]
     fn a_deletion_seen_while_its_node_was_down_is_fenced_even_if_the_node_is_back_when_judged() {
         let mut st = replaced(Some("192.0.2.20"));
         let down = view("Unknown");
-        st.judge_deleted_nodes(WEB, |node, _| down.distrust(node));
+        st.judge_deleted_nodes(WEB, |t| down.distrust(t.node.as_deref()));
         // Judged later: the node is Ready again (its settle has not passed).
         assert_eq!(
             plan(&st, &view("True")),

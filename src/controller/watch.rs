@@ -95,9 +95,7 @@ pub async fn pods(
         if let Some(view) = &nodes {
             let view = view.read().expect("node index lock");
             for b in &applied.effects {
-                ix.judge_deleted_nodes(&b.podref, |node, grace| {
-                    view.distrust_deleted(node, grace)
-                });
+                ix.judge_deleted_nodes(&b.podref, |t| view.distrust_deleted(t));
             }
         }
         drop(ix);

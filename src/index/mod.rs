@@ -170,7 +170,7 @@ impl Index {
     pub fn judge_deleted_nodes(
         &mut self,
         podref: &str,
-        distrust: impl Fn(Option<&str>, Option<i64>) -> Option<String>,
+        distrust: impl Fn(&Tombstone) -> Option<String>,
     ) {
         self.pods.judge_deleted_nodes(podref, distrust);
     }
@@ -345,12 +345,20 @@ impl Index {
         // Already marked (a late answer): only the record is news.
         self.pools.mark(pool, key, fenced_podref(&record.podref));
         let ObjectId { name, uid } = object;
+        // The watch may have brought this very object with a node agent's report first (the
+        // answer came late): keep the report. A report on another object never counts here.
+        let evidence = self
+            .fences
+            .iter()
+            .find(|(_, o)| o.name == name && o.uid == uid)
+            .map(|(_, o)| o.evidence.clone())
+            .unwrap_or_default();
         let object = FenceObject {
             name,
             uid,
             sandbox: sandbox.to_owned(),
             record: record.clone(),
-            evidence: Default::default(),
+            evidence,
         };
         self.fences.upsert(pool, key, object);
     }

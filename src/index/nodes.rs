@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 
 use podlife::clock::{Clock, RealClock};
 
+use super::pods::Tombstone;
 use crate::api::slim::NodeReadyView;
-use crate::reclaim::fence::{FencePolicy, NodeReadiness, distrust};
+use crate::reclaim::fence::{FencePolicy, NodeReadiness, deleted_before_stopped, distrust};
 
 /// Nodes by name.
 #[derive(Debug)]
@@ -96,17 +97,21 @@ impl NodeIndex {
         distrust(self.node(node?), self.clock.now(), window)
     }
 
-    /// Why a pod deleted now from `node` must be fenced, for the tombstone: as
-    /// [`distrust`](Self::distrust) once the Nodes are listed; before that, any pod bound to a
-    /// node (the node may be down now, and Ready again by the time the list comes).
-    pub fn distrust_deleted(
-        &self,
-        node: Option<&str>,
-        grace_seconds: Option<i64>,
-    ) -> Option<String> {
+    /// Why the pod of tombstone `t`, deleted now, must be fenced: as
+    /// [`distrust`](Self::distrust) once the Nodes are listed, or, on a node trusted to stop
+    /// it, because it was deleted before its kubelet had stopped it; before the list, any pod
+    /// bound to a node (the node may be down now, and Ready again by the time the list comes).
+    pub fn distrust_deleted(&self, t: &Tombstone) -> Option<String> {
+        let node = t.node.as_deref();
         match node {
             Some(_) if !self.listed => Some(NODES_NOT_LISTED.to_owned()),
-            _ => self.distrust_pod(node, grace_seconds),
+            _ => self.distrust_pod(node, t.grace_seconds).or_else(|| {
+                // Only where a kubelet is to stop it: a Node that exists and is not declared
+                // powered off.
+                let n = self.node(node?)?;
+                (!n.out_of_service)
+                    .then(|| deleted_before_stopped(t.terminal, t.mirror, t.grace_seconds))?
+            }),
         }
     }
 

@@ -92,6 +92,8 @@ pub struct Tombstone {
     /// A static pod's mirror: its deletion stops nothing, so it is never a release (a fence
     /// when its node is not trusted).
     pub mirror: bool,
+    /// Its last known phase was Succeeded or Failed: its kubelet had stopped it.
+    pub terminal: bool,
 }
 
 /// What a tombstone is made of: the pod as it was last known.
@@ -107,6 +109,8 @@ pub struct GonePod {
     pub grace_seconds: Option<i64>,
     /// A static pod's mirror.
     pub mirror: bool,
+    /// Succeeded or Failed.
+    pub terminal: bool,
 }
 
 impl From<LiveInfo> for GonePod {
@@ -117,6 +121,7 @@ impl From<LiveInfo> for GonePod {
             node: l.node,
             grace_seconds: Some(i64::from(l.grace_seconds)),
             mirror: l.mirror,
+            terminal: l.terminal,
         }
     }
 }
@@ -289,6 +294,7 @@ impl PodIndex {
             node_judged: false,
             grace_seconds: gone.grace_seconds,
             mirror: gone.mirror,
+            terminal: gone.terminal,
         };
         self.tombstones
             .entry(podref.to_owned())
@@ -310,6 +316,8 @@ impl PodIndex {
             .grace_seconds
             .or(known.as_ref().map(|l| i64::from(l.grace_seconds)));
         let mirror = seen.mirror || known.as_ref().is_some_and(|l| l.mirror);
+        // A phase never leaves Succeeded or Failed.
+        let terminal = seen.terminal || known.as_ref().is_some_and(|l| l.terminal);
         let node = self.node_name(seen.node).or(known.and_then(|l| l.node));
         GonePod {
             uid: uid.to_owned(),
@@ -317,6 +325,7 @@ impl PodIndex {
             node,
             grace_seconds,
             mirror,
+            terminal,
         }
     }
 
@@ -324,11 +333,11 @@ impl PodIndex {
     pub fn judge_deleted_nodes(
         &mut self,
         podref: &str,
-        distrust: impl Fn(Option<&str>, Option<i64>) -> Option<String>,
+        distrust: impl Fn(&Tombstone) -> Option<String>,
     ) {
         for t in self.tombstones.get_mut(podref).into_iter().flatten() {
             if !t.node_judged {
-                t.distrust = distrust(t.node.as_deref(), t.grace_seconds);
+                t.distrust = distrust(t);
                 t.node_judged = true;
             }
         }

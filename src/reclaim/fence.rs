@@ -61,6 +61,30 @@ pub fn distrust(node: Option<&NodeReadiness>, now: Instant, window: Duration) ->
     })
 }
 
+/// How a fence's `why` begins when the pod was deleted before its kubelet had stopped it.
+pub const DELETED_BEFORE_STOPPED: &str = "deleted before its kubelet had stopped it";
+
+/// Why a pod deleted from a node trusted to stop it must still be fenced: its final state was
+/// not Succeeded or Failed. A kubelet (1.27 and later) gives a pod a terminal phase once its
+/// containers have stopped and deletes it only after its sandbox is stopped (the CNI DEL), so
+/// a pod deleted without one was deleted by force, and its kubelet stops it only now, taking
+/// up to its termination grace period (`None`: the API's default). A mirror pod's deletion
+/// stops nothing: never a fence of this kind.
+pub fn deleted_before_stopped(
+    terminal: bool,
+    mirror: bool,
+    grace_seconds: Option<i64>,
+) -> Option<String> {
+    if terminal || mirror {
+        return None;
+    }
+    let default = crate::ipam::fence::DEFAULT_GRACE.as_secs();
+    let grace = grace_seconds.map_or(default, |s| s.max(0).unsigned_abs());
+    Some(format!(
+        "{DELETED_BEFORE_STOPPED} (its phase was not Succeeded or Failed): it may run for up to its termination grace period of {grace}s"
+    ))
+}
+
 /// When fences lift.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FencePolicy {
@@ -107,7 +131,7 @@ impl Lift {
     pub fn as_str(self) -> &'static str {
         match self {
             Lift::NodeDeleted => "its Node was deleted",
-            Lift::NodeSettled => "its node is Ready again and settled",
+            Lift::NodeSettled => "its node has been Ready for the settle period",
             Lift::TimedOut => "the fence timed out",
             Lift::OutOfService => "its node is tainted out-of-service (declared powered off)",
             Lift::FencingOff => "fencing is turned off",
@@ -286,20 +310,22 @@ pub struct Verdict {
     pub rejected: Vec<Rejected>,
 }
 
-/// [`lift`], where the node agent's reports also count. Valid "gone" evidence lifts at once
-/// (after a timeout or the node's deletion or taint, which say so first); valid "still
-/// present" holds the settle (the returning kubelet is still stopping the pod), never the
-/// operator's word (a deleted Node, the out-of-service taint, `--fence-timeout`, which lifts
-/// whatever the node does). Both at once (the agent writes one at a time) count as present.
-pub fn lift_with_reports(
-    fence: FenceClock,
-    identity: FenceIdentity<'_>,
-    reports: &AgentReports<'_>,
-    node: Option<&NodeReadiness>,
-    now: Moment,
-    policy: &FencePolicy,
-) -> Verdict {
-    let by_node = lift(fence, node, now, policy);
+/// What the node agent's valid reports on a fence say.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AgentSays {
+    /// None of the pod's sandboxes is listed (and no later listing says otherwise).
+    pub gone: bool,
+    /// A sandbox of the pod is still listed.
+    pub present: bool,
+    /// Why reports present were rejected.
+    pub rejected: Vec<Rejected>,
+}
+
+/// Reads the reports on the fence `identity`. Both at once (the agent writes one at a time, so
+/// one landed late: a retry, a restarted agent's request in flight) count as the one whose
+/// listing is later; both times are the same node's clock, and a tie, or a clock stepped
+/// back, counts as present.
+pub fn agent_says(identity: FenceIdentity<'_>, reports: &AgentReports<'_>) -> AgentSays {
     let mut rejected = Vec::new();
     let mut valid =
         |r: &Option<AgentReport<'_>>| match r.as_ref().map(|r| check_report(identity, r)) {
@@ -310,10 +336,44 @@ pub fn lift_with_reports(
             }
             None => false,
         };
-    let (gone, present) = (valid(&reports.gone), valid(&reports.present));
+    let (mut gone, mut present) = (valid(&reports.gone), valid(&reports.present));
+    if gone && present {
+        let at = |r: &Option<AgentReport<'_>>| {
+            r.as_ref()
+                .and_then(|r| r.observed_at.parse::<Timestamp>().ok())
+        };
+        present = at(&reports.gone) <= at(&reports.present);
+        gone = !present;
+    }
+    AgentSays {
+        gone,
+        present,
+        rejected,
+    }
+}
+
+/// [`lift`], where the node agent's reports also count ([`agent_says`]). Valid "gone" evidence
+/// lifts at once (after a timeout or the node's deletion or taint, which say so first); valid
+/// "still present" holds the settle (the returning kubelet is still stopping the pod), never
+/// the operator's word (a deleted Node, the out-of-service taint, `--fence-timeout`, which
+/// lifts whatever the node does).
+pub fn lift_with_reports(
+    fence: FenceClock,
+    identity: FenceIdentity<'_>,
+    reports: &AgentReports<'_>,
+    node: Option<&NodeReadiness>,
+    now: Moment,
+    policy: &FencePolicy,
+) -> Verdict {
+    let by_node = lift(fence, node, now, policy);
+    let AgentSays {
+        gone,
+        present,
+        rejected,
+    } = agent_says(identity, reports);
     let (lift, held_by_agent) = match by_node {
         Some(Lift::NodeSettled) if present => (None, true),
-        Some(Lift::NodeSettled) | None if gone && !present => (Some(Lift::SandboxesGone), false),
+        Some(Lift::NodeSettled) | None if gone => (Some(Lift::SandboxesGone), false),
         other => (other, false),
     };
     Verdict {
@@ -407,6 +467,27 @@ mod tests {
         };
         let v = lift_with_reports(fence, identity, &reports, node, now, policy);
         (v.lift, v.rejected.first().copied())
+    }
+
+    #[test]
+    fn a_pod_deleted_before_its_kubelet_stopped_it_is_fenced_with_its_grace() {
+        let why = deleted_before_stopped(false, false, Some(600)).unwrap();
+        assert!(why.starts_with(DELETED_BEFORE_STOPPED), "{why}");
+        assert!(why.ends_with("600s"), "{why}");
+        // Unknown grace: the API's default; a negative one (never valid) counts as none.
+        assert!(
+            deleted_before_stopped(false, false, None)
+                .unwrap()
+                .ends_with("30s")
+        );
+        assert!(
+            deleted_before_stopped(false, false, Some(-5))
+                .unwrap()
+                .ends_with(" 0s")
+        );
+        // Stopped by its kubelet (a terminal phase), or a mirror (stops nothing): no fence.
+        assert_eq!(deleted_before_stopped(true, false, Some(600)), None);
+        assert_eq!(deleted_before_stopped(false, true, Some(600)), None);
     }
 
     #[test]
@@ -717,13 +798,42 @@ mod tests {
             ..ready.clone()
         };
         assert_eq!(held(Some(&tainted), 1).lift, Some(Lift::OutOfService));
-        // Gone and present at once (the agent writes one): present.
-        let both = AgentReports {
-            gone: Some(report()),
+        // Gone and present at once (the agent writes one, so one landed late): the later
+        // listing counts; the same time, or a node clock stepped back, holds.
+        let both = |gone_at: &'static str| AgentReports {
+            gone: Some(AgentReport {
+                observed_at: gone_at,
+                ..report()
+            }),
             present: Some(present()),
         };
-        let v = lift_with_reports(fence, FENCE, &both, Some(&ready), at(o, 40), &policy);
-        assert_eq!(v.lift, None);
+        let judge = |gone_at| {
+            let v = lift_with_reports(
+                fence,
+                FENCE,
+                &both(gone_at),
+                Some(&ready),
+                at(o, 40),
+                &policy,
+            );
+            (v.lift, v.held_by_agent)
+        };
+        let listed = present().observed_at;
+        assert_eq!(
+            judge(listed),
+            (None, true),
+            "the same listing time: present"
+        );
+        assert_eq!(
+            judge("2026-01-01T00:00:00Z"),
+            (None, true),
+            "gone listed earlier"
+        );
+        assert_eq!(
+            judge("2099-01-01T00:00:00Z"),
+            (Some(Lift::SandboxesGone), false),
+            "a late present write after gone"
+        );
         // A present report for another fence object holds nothing and is rejected.
         let stale = AgentReports {
             gone: None,

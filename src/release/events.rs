@@ -13,6 +13,7 @@ use super::recorder::Recorder;
 use super::types::{EntryWrite, PodRef, ReleaseError, ReleaseOutcome, ReleaseRequest};
 use crate::ipam::fence::FenceRecord;
 use crate::reclaim::Reason;
+use crate::reclaim::fence::DELETED_BEFORE_STOPPED;
 use crate::telemetry::WriteMetrics;
 
 /// whereabouts' reason for a release that was written.
@@ -419,16 +420,24 @@ impl Events {
 
     /// A deleted pod's address stays allocated: its node may still run the sandbox.
     pub async fn fenced(&self, pod: &PodRef, ip: IpAddr, record: &FenceRecord, dry_run: bool) {
-        let note = format!(
-            "{}IP address [{ip}] from network {} stays allocated: the pod was deleted while its \
-             node {} was not Ready ({}) and may still run it; released once the node has been \
-             Ready for the settle period, its node agent reports the pod's sandboxes gone, its \
-             Node is deleted, or the fence times out",
-            if dry_run { "dry-run: " } else { "" },
-            record.network,
-            record.node,
-            record.why
-        );
+        let dry = if dry_run { "dry-run: " } else { "" };
+        let note = if record.why.starts_with(DELETED_BEFORE_STOPPED) {
+            format!(
+                "{dry}IP address [{ip}] from network {} stays allocated: the pod on node {} was \
+                 {}; released once its node agent reports the pod's sandboxes gone, the settle \
+                 period (or that grace period plus the margin, if longer) has passed since, its \
+                 Node is deleted, or the fence times out",
+                record.network, record.node, record.why
+            )
+        } else {
+            format!(
+                "{dry}IP address [{ip}] from network {} stays allocated: the pod was deleted while \
+                 its node {} was not Ready ({}) and may still run it; released once the node has \
+                 been Ready for the settle period, its node agent reports the pod's sandboxes \
+                 gone, its Node is deleted, or the fence times out",
+                record.network, record.node, record.why
+            )
+        };
         // Gated even when written: a fence a standby completed after a takeover can also be
         // the cut-off leader's, and each would report it.
         self.publish(

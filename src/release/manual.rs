@@ -11,7 +11,7 @@ use crate::api::slim::{NodeReadyView, OUT_OF_SERVICE_TAINT};
 use crate::index::{CoolingEntry, FenceSource, FencedEntry, Index, PodUid, UnrecordedMark};
 use crate::ipam::fence::{FENCED_PODREF_SUFFIX, FenceRecord};
 use crate::ipam::{NetworkAttachment, PodKey, PoolEntry};
-use crate::reclaim::fence::{AgentReport, FencePolicy, check_report, distrust};
+use crate::reclaim::fence::{AgentReport, AgentReports, FencePolicy, agent_says, distrust};
 use crate::reclaim::{
     Allocation, Decision, Judged, KeepReason, LivePod, PodKnowledge, PodPhase, PodRef, PoolContext,
     Reason, ReclaimConfig,
@@ -482,19 +482,15 @@ fn says(d: Decision) -> String {
     }
 }
 
-/// Whether the node agent's reports on a fence count, as the controller checks them: (gone,
+/// Whether the node agent's reports on a fence count, as the controller reads them: (gone,
 /// still present).
 fn agent_reports(f: &FencedEntry) -> (bool, bool) {
-    let identity = f.identity();
-    let valid = |e: Option<&crate::api::SandboxReport>| {
-        e.is_some_and(|e| check_report(identity, &AgentReport::from(e)).is_ok())
+    let reports = AgentReports {
+        gone: f.evidence.sandboxes_gone.as_ref().map(AgentReport::from),
+        present: f.evidence.sandboxes_present.as_ref().map(AgentReport::from),
     };
-    let present = valid(f.evidence.sandboxes_present.as_ref());
-    // "Still present" beside "gone" wins, as in the controller.
-    (
-        valid(f.evidence.sandboxes_gone.as_ref()) && !present,
-        present,
-    )
+    let says = agent_says(f.identity(), &reports);
+    (says.gone, says.present)
 }
 
 /// The command an operator runs to declare `node` powered off: the safe way to free what a
@@ -505,8 +501,9 @@ pub fn out_of_service_command(node: &str) -> String {
 
 /// Why the lift of `planned` (a fence) by hand would free an address its node may still use,
 /// as a refusal says it; `None` when the controller would lift it: its Node is gone (`node`
-/// `None`), tainted out-of-service, Ready for at least `settle` by its Ready condition's
-/// `lastTransitionTime` at `now`, or the node agent there reported the pod's sandboxes gone.
+/// `None`), tainted out-of-service, Ready for at least `settle` (or the pod's grace plus the
+/// margin) by its Ready condition's `lastTransitionTime` and since the fence's `since` at
+/// `now`, or the node agent there reported the pod's sandboxes gone.
 /// (The controller measures the settle on its own clock from when it saw the node Ready; a
 /// command has only the node's word, so a node whose clock lags can look settled early:
 /// Ready=True is the floor.) A mark with no record names no node: nothing to judge.
@@ -547,9 +544,11 @@ pub fn node_holds(
     if node.out_of_service {
         return None;
     }
+    // From the later of the Ready transition and the fence, as the controller counts: a pod
+    // deleted on a node Ready all along is stopped by its kubelet only from then on.
     let since = ready
         .and_then(|c| c.last_transition_time.as_ref())
-        .map(|t| t.0);
+        .map(|t| t.0.max(record.since));
     let ready_for =
         since.map(|t| Duration::try_from(now.duration_since(t)).unwrap_or(Duration::ZERO));
     // As the controller waits: the pod's grace period plus the margin, when longer.
@@ -562,8 +561,9 @@ pub fn node_holds(
     match ready_for {
         Some(d) if d >= settle => None,
         _ => Some(format!(
-            "node {name} has been Ready for only {} (less than {}, the settle or the pod's grace \
-             period plus margin): its kubelet may still be stopping pod {}",
+            "node {name} has been Ready, and the fence set, for only {} (less than {}, the \
+             settle or the pod's grace period plus margin): its kubelet may still be stopping \
+             pod {}",
             ready_for.map_or_else(
                 || "an unknown time".to_string(),
                 |d| { humantime::format_duration(Duration::from_secs(d.as_secs())).to_string() }
@@ -1001,7 +1001,7 @@ mod tests {
         );
         let early = holds(Some(&node_view("True", 29, false))).unwrap();
         assert!(
-            early.contains("Ready for only 29s (less than 45s, the settle or the pod's grace"),
+            early.contains("Ready, and the fence set, for only 29s (less than 45s, the settle"),
             "{early}"
         );
         // The record names no grace: the API's default 30 s, plus the 15 s margin.
@@ -1013,6 +1013,17 @@ mod tests {
             "out-of-service"
         );
         assert_eq!(holds(None), None, "the Node is deleted");
+        // A fence set 10 s ago on a node Ready all along (the pod was deleted before its
+        // kubelet had stopped it): its kubelet stops it only from then on.
+        let mut recent = f.clone();
+        if let EntryWrite::Unfence(record, _) = &mut recent.request.write {
+            record.since = jiff::Timestamp::from_second(1_800_000_000 - 10).unwrap();
+        }
+        let young = node_holds(&recent, Some(&node_view("True", 600, false)), now, settle);
+        assert!(
+            young.as_deref().is_some_and(|y| y.contains("for only 10s")),
+            "{young:?}"
+        );
         let reported = Planned {
             sandboxes_gone: true,
             ..f.clone()

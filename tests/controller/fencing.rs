@@ -1,5 +1,5 @@
-//! Fences: a pod deleted from a node that is not Ready keeps its address until the node
-//! settles, is deleted, is tainted out-of-service, its node agent reports the sandboxes gone,
+//! Fences: a pod deleted from a node that is not Ready, or deleted Running before its
+//! kubelet stopped it, keeps its address until the node settles, is deleted, is tainted out-of-service, its node agent reports the sandboxes gone,
 //! or the fence times out; a fence the apiserver refuses holds; a replacement known first does
 //! not unfence.
 
@@ -258,6 +258,8 @@ async fn with_fencing_off_a_pod_of_an_unready_node_is_released_at_once_and_old_f
     env.finish(&node).await;
 }
 
+/// A pod its kubelet stopped (phase Failed, then deleted, as kubelets do) on a Ready node is
+/// released at once, unfenced.
 #[tokio::test]
 async fn a_pod_deleted_from_a_ready_node_is_released_unfenced() {
     let mut env = Env::new("ctl-fence-ready").await;
@@ -266,10 +268,88 @@ async fn a_pod_deleted_from_a_ready_node_is_released_unfenced() {
     env.pod_on("web-0", "macvlan", Some(&["192.0.2.10"]), Some(&node))
         .await;
     env.start(&[]).await;
-    env.delete_pod("web-0").await;
+    env.delete_stopped_pod("web-0").await;
     env.wait_keys("192.0.2.0-24", &[]).await;
     env.wait_events("IPAddressGarbageCollected").await;
     assert!(env.events(FENCED).await.is_empty());
+    env.finish(&node).await;
+}
+
+/// web-0 (grace 600 s) is force-deleted Running on a Ready node: its kubelet only starts
+/// stopping it then, and may run it for 600 s, so its address is fenced. db-0, deleted by its
+/// kubelet once stopped (Failed first), is released meanwhile; web-0's fence outlasts sweeps
+/// past the 1 s settle and lifts on its node agent's word. web-1 (grace 2 s) lifts on its own,
+/// no earlier than the grace after the fence. (Before, web-0's address was released as its
+/// deletion was seen, with its container still running.)
+#[tokio::test]
+async fn a_pod_force_deleted_on_a_ready_node_keeps_its_address_while_its_kubelet_stops_it() {
+    let mut env = Env::new("ctl-fence-forced").await;
+    let node = env.fence_node("True").await;
+    env.macvlan(&[
+        (10, "sb-web-0", "web-0"),
+        (11, "sb-db-0", "db-0"),
+        (12, "sb-web-1", "web-1"),
+    ])
+    .await;
+    env.reservation("192.0.2.10", "web-0").await;
+    let web_0 = env.pod_object("web-0", "macvlan", Some(&["192.0.2.10"]), Some(&node), 600);
+    let uid = testenv::fixtures::create(&env.pods(), &web_0).await;
+    env.pod_on("db-0", "macvlan", Some(&["192.0.2.11"]), Some(&node))
+        .await;
+    let web_1 = env.pod_object("web-1", "macvlan", Some(&["192.0.2.12"]), Some(&node), 2);
+    testenv::fixtures::create(&env.pods(), &web_1).await;
+    env.set_phase("web-0", "Running").await;
+    env.start(&["--fence-settle=1s"]).await;
+    env.delete_pod("web-0").await;
+    let message = env.wait_one_event(FENCED, "web-0", &uid).await;
+    assert!(
+        message.contains(&format!(
+            "the pod on node {node} was deleted before its kubelet had stopped it"
+        )) && message.contains("grace period of 600s"),
+        "{message}"
+    );
+    env.delete_stopped_pod("db-0").await;
+    env.wait_keys("192.0.2.0-24", &["10", "12"]).await;
+    env.wait_sweeps(3.0).await;
+    env.assert_web_0_fenced_alone(&node).await;
+    assert_eq!(env.reservation_names().await, ["192.0.2.10"]);
+    let released = env.events("IPAddressGarbageCollected").await;
+    assert!(released.iter().all(|e| e.0 == "db-0"), "{released:?}");
+
+    let name = ipreclaim::ipam::fence::fence_object_name("192.0.2.0-24", "10");
+    let fence = Api::<ipreclaim::api::IPFence>::namespaced(env.client.clone(), &env.ns)
+        .get(&name)
+        .await
+        .unwrap();
+    let report = serde_json::json!({
+        "node": node, "podUid": uid, "fenceUid": fence.metadata.uid.clone().unwrap(),
+        "observedAt": jiff::Timestamp::now().to_string(),
+    });
+    env.report_gone(&name, report).await;
+    env.wait_keys("192.0.2.0-24", &["12"]).await;
+    let released = testenv::poll::wait_seen(
+        "web-0's release Event",
+        || env.events("IPAddressGarbageCollected"),
+        |events| events.iter().any(|e| e.0 == "web-0"),
+        |events| format!("{events:?}"),
+    )
+    .await;
+    let web_0 = released.iter().find(|e| e.0 == "web-0").unwrap();
+    assert!(
+        web_0.2.contains("saw the pod's sandboxes gone"),
+        "{web_0:?}"
+    );
+
+    // A short grace: lifted by time alone, not before the grace has passed since the fence.
+    let fenced_at = std::time::Instant::now();
+    env.delete_pod("web-1").await;
+    env.wait_keys("192.0.2.0-24", &[]).await;
+    let held = fenced_at.elapsed();
+    assert!(
+        held >= Duration::from_secs(2),
+        "web-1 released after {held:?}"
+    );
+    assert_eq!(env.events(FENCED).await.len(), 2, "web-0 and web-1 fenced");
     env.finish(&node).await;
 }
 
@@ -363,7 +443,7 @@ async fn a_deletion_whose_node_cannot_be_read_keeps_its_address_until_it_can() {
     // 500, not 503: the client retries a 503 itself.
     let refused = Action::Status(500);
     let proxy = start_with_faulty_nodes(&mut env, "get", refused, &["--max-retries=2"]).await;
-    env.delete_pod("web-0").await;
+    env.delete_stopped_pod("web-0").await;
     env.wait_events_saying(
         "IPAddressGarbageCollectionFailed",
         &["reading node", "nothing is released"],
@@ -761,8 +841,8 @@ async fn a_deletion_seen_while_its_node_is_settling_after_ready_is_fenced() {
     assert!(message.contains("settling"), "{message}");
     env.assert_web_0_fenced(&node).await;
     env.wait_web_0_released(&uid).await;
-    // Settled since: a deletion now is released unfenced.
-    env.delete_pod("db-0").await;
+    // Settled since: a pod its kubelet stopped is released unfenced.
+    env.delete_stopped_pod("db-0").await;
     env.wait_keys("192.0.2.0-24", &[]).await;
     assert_eq!(env.events(FENCED).await.len(), 1, "db-0 was not fenced");
     env.finish(&node).await;

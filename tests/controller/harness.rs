@@ -241,11 +241,26 @@ impl Env {
         pod
     }
 
+    /// Deletes pod `name` at once, in whatever phase it is (a force deletion: on a live node,
+    /// its kubelet would only start stopping it now).
     pub async fn delete_pod(&self, name: &str) {
         self.pods()
             .delete(name, &DeleteParams::default().grace_period(0))
             .await
             .unwrap();
+    }
+
+    /// Deletes pod `name` as its kubelet does once it has stopped it: phase Failed first
+    /// (kubelets since 1.27), then the delete.
+    pub async fn delete_stopped_pod(&self, name: &str) {
+        self.set_phase(name, "Failed").await;
+        self.delete_pod(name).await;
+    }
+
+    /// Sets pod `name`'s `status.phase`.
+    pub async fn set_phase(&self, name: &str, phase: &str) {
+        let status = serde_json::json!({"status": {"phase": phase}});
+        testenv::fixtures::merge_status(&self.pods(), name, status).await;
     }
 
     pub async fn keys(&self, pool: &str) -> Vec<String> {

@@ -102,6 +102,14 @@ async fn a_zone_outage_fences_thousands_in_one_pool_and_frees_them_when_the_zone
     }
     env.wait_metric(&format!("ipreclaim_unready_nodes {ZONE_NODES}"))
         .await;
+    // The Ready node's kubelet stopped its pods (phase Failed) before they are deleted, as
+    // kubelets do; the zone's kubelets are cut off, and its pods are force-deleted Running.
+    futures::stream::iter(pods.iter().filter(|p| !zone.contains(&p.1)))
+        .for_each_concurrent(32, |(name, _, _, _)| {
+            let env = &env;
+            async move { env.set_phase(name, "Failed").await }
+        })
+        .await;
     let deleting = std::time::Instant::now();
     futures::stream::iter(&pods)
         .for_each_concurrent(32, |(name, _, _, _)| {

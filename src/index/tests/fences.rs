@@ -185,3 +185,31 @@ fn a_fenced_entry_is_kept_out_of_judgement_and_a_stale_fence_record_is_found() {
             .all(|p| p != "ns/web-0:fenced")
     );
 }
+
+#[test]
+fn a_late_answer_to_a_fence_write_keeps_the_node_agents_report_on_that_object() {
+    let mut ix = Index::default();
+    ix.upsert_pool(&pool(&[("5", "sb", "ns/web-0:fenced")]));
+    ix.set_pools_listed();
+    // The watch brought the object with the agent's "still present" before the writer's
+    // answer came back.
+    let mut watched = object("p-5", "sb", "ns/web-0");
+    watched.evidence.sandboxes_present = Some(SandboxReport {
+        node: "node-a".into(),
+        pod_uid: "uid".into(),
+        fence_uid: "uid-p-5".into(),
+        observed_at: "2026-11-28T00:00:00Z".into(),
+    });
+    ix.upsert_fence_object("p", "5", watched.clone());
+    let id = |uid: &str| crate::api::ObjectId {
+        name: "p-5".into(),
+        uid: uid.into(),
+    };
+    ix.fence_written("p", "5", "sb", &watched.record, id("uid-p-5"));
+    let fenced = ix.fenced();
+    assert_eq!(fenced.len(), 1);
+    assert_eq!(fenced[0].evidence, watched.evidence, "the report is kept");
+    // An answer about another object of the name (recreated since) brings no report.
+    ix.fence_written("p", "5", "sb", &watched.record, id("uid-other"));
+    assert_eq!(ix.fenced()[0].evidence, Default::default());
+}

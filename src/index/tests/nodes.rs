@@ -126,15 +126,36 @@ fn only_a_fresh_read_that_found_the_node_ready_spares_later_reads() {
     assert!(!v.read_since("a", t0));
 }
 
+/// A tombstone of a pod bound to `node`, deleted in phase Succeeded or Failed (`terminal`)
+/// or in another.
+fn deleted(node: Option<&str>, terminal: bool) -> crate::index::Tombstone {
+    crate::index::Tombstone {
+        uid: "uid".into(),
+        networks: None,
+        seen_at: std::time::Instant::now(),
+        node: node.map(Into::into),
+        held: Vec::new(),
+        distrust: None,
+        node_judged: false,
+        grace_seconds: Some(600),
+        mirror: false,
+        terminal,
+    }
+}
+
 #[test]
 fn a_deletion_seen_before_the_nodes_are_listed_is_distrusted_whatever_its_node_says_later() {
     let mut v = NodeIndex::default();
     // The Node list is still on its way: a pod bound to a node gets the doubt.
     assert_eq!(
-        v.distrust_deleted(Some("a"), None).as_deref(),
+        v.distrust_deleted(&deleted(Some("a"), true)).as_deref(),
         Some(crate::index::nodes::NODES_NOT_LISTED)
     );
-    assert_eq!(v.distrust_deleted(None, None), None, "never scheduled");
+    assert_eq!(
+        v.distrust_deleted(&deleted(None, false)),
+        None,
+        "never scheduled"
+    );
     // Listed (a is Ready by then): the Node's word from now on.
     let mut r = Relist::<Nodes>::default();
     relisted(
@@ -142,10 +163,37 @@ fn a_deletion_seen_before_the_nodes_are_listed_is_distrusted_whatever_its_node_s
         &mut v,
         [node("a", Some("True")), node("b", Some("Unknown"))],
     );
-    assert_eq!(v.distrust_deleted(Some("a"), None), None);
+    assert_eq!(v.distrust_deleted(&deleted(Some("a"), true)), None);
     assert_eq!(
-        v.distrust_deleted(Some("b"), None).as_deref(),
+        v.distrust_deleted(&deleted(Some("b"), true)).as_deref(),
         Some("Ready=Unknown (KubeletStopped)")
     );
-    assert_eq!(v.distrust_deleted(Some("gone"), None), None);
+    assert_eq!(v.distrust_deleted(&deleted(Some("gone"), false)), None);
+}
+
+#[test]
+fn a_pod_deleted_from_a_ready_node_before_its_kubelet_stopped_it_is_distrusted() {
+    let mut v = NodeIndex::default();
+    let mut r = Relist::<Nodes>::default();
+    relisted(&mut r, &mut v, [node("a", Some("True"))]);
+    // Not Succeeded or Failed when deleted: forced, and its kubelet stops it only now.
+    let why = v.distrust_deleted(&deleted(Some("a"), false)).unwrap();
+    assert!(
+        why.starts_with(crate::reclaim::fence::DELETED_BEFORE_STOPPED) && why.ends_with("600s"),
+        "{why}"
+    );
+    // Its kubelet had stopped it (the phase it gives before deleting): released as before.
+    assert_eq!(v.distrust_deleted(&deleted(Some("a"), true)), None);
+    // A mirror pod's deletion stops nothing.
+    let mut mirror = deleted(Some("a"), false);
+    mirror.mirror = true;
+    assert_eq!(v.distrust_deleted(&mirror), None);
+    // No kubelet to wait for: a Node that is gone, or never scheduled.
+    assert_eq!(v.distrust_deleted(&deleted(Some("gone"), false)), None);
+    assert_eq!(v.distrust_deleted(&deleted(None, false)), None);
+    // Declared powered off by its operator.
+    let mut tainted = node("a", Some("True"));
+    tainted.out_of_service = true;
+    feed(&mut r, &mut v, [Step::Changed(tainted)]);
+    assert_eq!(v.distrust_deleted(&deleted(Some("a"), false)), None);
 }
