@@ -135,6 +135,9 @@ struct Lifts {
     lifted: Vec<ReleaseRequest>,
     /// Of those, the ones the node agent's report lifted (their Events say so).
     by_agent: HashSet<Slot>,
+    /// Of those, the ones lifted on the Node cache's word, with the node and why: each node is
+    /// read fresh before they go.
+    by_node: HashMap<Slot, (String, Lift)>,
     /// Fences (and pending fences) that stay.
     held: i64,
     /// The age of the oldest fence that stays.
@@ -220,6 +223,7 @@ impl Lifter {
         }
         let mut writes = lifts.lifted;
         writes.extend(complete);
+        let writes = self.confirm_nodes(writes, &lifts.by_node).await;
         self.write(writes, &lifts.by_agent, now.mono).await;
         waiting.set(i64::from(!timeouts));
         self.backoff.gc();
@@ -302,8 +306,14 @@ impl Lifter {
                 Some(why) => {
                     tracing::info!(%pool, ip = %f.entry.ip, podref = %f.record.podref, node = %f.record.node, lifted = why.as_str(), "fence lifts");
                     let write = EntryWrite::Unfence(f.record.clone(), f.source.clone());
-                    if why == Lift::SandboxesGone {
-                        out.by_agent.insert(slot);
+                    match why {
+                        Lift::SandboxesGone => {
+                            out.by_agent.insert(slot);
+                        }
+                        Lift::NodeSettled | Lift::NodeDeleted | Lift::OutOfService => {
+                            out.by_node.insert(slot, (f.record.node.clone(), why));
+                        }
+                        Lift::TimedOut | Lift::FencingOff => {}
                     }
                     out.lifted
                         .push(fence_request(pool, &f.entry, &f.record, write));
@@ -352,6 +362,64 @@ impl Lifter {
                 Ok(_) => self.backoff.reset(&key(r)),
             }
         }
+    }
+
+    /// Lifts on the Node cache's word (settled, deleted, tainted out-of-service) go only if a
+    /// fresh read of the node says the same: the Node watch may lag (the node went NotReady
+    /// again, or its Node was created again). The read is recorded in the cache, so a node found
+    /// not Ready starts its settle again; a node that cannot be read keeps its lifts for the
+    /// next pass.
+    async fn confirm_nodes(
+        &self,
+        mut writes: Vec<ReleaseRequest>,
+        by_node: &HashMap<Slot, (String, Lift)>,
+    ) -> Vec<ReleaseRequest> {
+        let key = |r: &ReleaseRequest| Slot::new(&r.judged.pool, &r.judged.entry.key);
+        let mut nodes: Vec<&str> = writes
+            .iter()
+            .filter_map(|r| by_node.get(&key(r)))
+            .map(|(n, _)| n.as_str())
+            .collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        // Per node: `None` when it could not be read, else what it says now (`None`: gone).
+        let mut fresh: HashMap<String, Option<Option<NodeReadiness>>> = HashMap::new();
+        for node in nodes {
+            let began = Instant::now();
+            let api = kube::Api::<crate::api::slim::NodeReadyView>::all(self.ctx.client.clone());
+            let now = match api.get_opt(node).await {
+                Ok(Some(n)) => {
+                    let mut v = self.view.write().expect("node view lock");
+                    v.upsert(&n, began);
+                    Some(v.node(node).cloned())
+                }
+                Ok(None) => Some(None),
+                Err(e) => {
+                    tracing::warn!(%node, error = %e, "the node of a fence to lift could not be read; the lift waits");
+                    None
+                }
+            };
+            fresh.insert(node.to_owned(), now);
+        }
+        writes.retain(|r| {
+            let Some((node, why)) = by_node.get(&key(r)) else {
+                return true;
+            };
+            let Some(Some(now)) = fresh.get(node) else {
+                return false;
+            };
+            let holds = match (why, now) {
+                (_, None) => true,
+                (Lift::OutOfService, Some(n)) => n.out_of_service,
+                (Lift::NodeSettled, Some(n)) => n.out_of_service || n.is_ready(),
+                _ => false,
+            };
+            if !holds {
+                tracing::warn!(%node, ip = %r.judged.entry.ip, lifted = why.as_str(), "a fresh read of the node does not confirm the Node cache: the fence stays");
+            }
+            holds
+        });
+        writes
     }
 
     /// A lift is a release no deletion just triggered: the fenced podref is read fresh first

@@ -847,3 +847,37 @@ async fn a_deletion_seen_while_its_node_is_settling_after_ready_is_fenced() {
     assert_eq!(env.events(FENCED).await.len(), 1, "db-0 was not fenced");
     env.finish(&node).await;
 }
+
+/// The Node watch lags 8 s (a fault proxy): the node comes back Ready, and goes down again
+/// before the cache has seen that; the settle (6 s) passes on the cache's stale Ready. A lift
+/// on the Node cache's word reads the node fresh first, finds it not Ready and keeps the
+/// fence. (Before, web-0 was released on the stale Ready while its node was down again.) A
+/// private control plane, so that `ipreclaim_unready_nodes` counts this test's node alone.
+#[tokio::test]
+async fn a_fence_never_lifts_on_a_lagging_node_cache_that_missed_the_node_going_down_again() {
+    let (cp, mut env) = Env::private("ctl-fence-stale-ready").await;
+    let (node, uid) = web_0_and_db_0_on_a_node(&env, "Unknown").await;
+    let proxy = FaultProxy::start(env.client.clone(), 5).await.unwrap();
+    let lag = Action::DelayEvents(Duration::from_secs(8));
+    proxy.set_rules(vec![Rule::new(Some("watch"), Some("nodes"), lag)]);
+    let through = cp.client_through_faults(&proxy).await;
+    env.start_as(through, &["--fence-settle=6s"]).await;
+    env.wait_metric("ipreclaim_unready_nodes 1").await;
+    env.delete_pod("web-0").await;
+    env.wait_one_event(FENCED, "web-0", &uid).await;
+    env.set_ready(&node, "True").await;
+    // The cache saw it Ready (8 s late); down again at once, which it sees 8 s later, after
+    // the settle would have passed.
+    env.wait_metric("ipreclaim_unready_nodes 0").await;
+    env.set_ready(&node, "Unknown").await;
+    env.wait_metric("ipreclaim_unready_nodes 1").await;
+    env.assert_web_0_fenced(&node).await;
+    assert!(
+        proxy.injected().values().sum::<u64>() > 0,
+        "the Node watch lagged"
+    );
+    // Back for good: lifted once settled.
+    env.set_ready(&node, "True").await;
+    env.wait_web_0_released(&uid).await;
+    env.finish(&node).await;
+}
