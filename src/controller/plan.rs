@@ -35,9 +35,14 @@ fn fence_reason(t: &Tombstone, view: &NodeIndex) -> Option<String> {
     if now.out_of_service {
         return None;
     }
-    t.distrust
-        .clone()
-        .or_else(|| view.distrust_pod(Some(node), t.grace_seconds))
+    // A tombstone the pod watch has not judged (made by a fresh read) is judged now, by the
+    // same rules.
+    let judged = if t.node_judged {
+        t.distrust.clone()
+    } else {
+        view.distrust_deleted(t)
+    };
+    judged.or_else(|| view.distrust_pod(Some(node), t.grace_seconds))
 }
 
 /// The fences a deletion calls for, whatever the cache holds now. The node of a deleted pod
@@ -178,6 +183,12 @@ mod tests {
     /// web-0 (old-uid, 192.0.2.10) on node-a deleted, and a replacement web-0 (new-uid) known
     /// on node-b with the network-status `replacement` (None: not yet).
     fn delete_and_replace(st: &mut Index, replacement: Option<&str>) {
+        delete_in_phase_and_replace(st, false, replacement);
+    }
+
+    /// [`delete_and_replace`], web-0 deleted in phase Failed (`stopped`: its kubelet stopped
+    /// it) or Running.
+    fn delete_in_phase_and_replace(st: &mut Index, stopped: bool, replacement: Option<&str>) {
         let old = status("192.0.2.10");
         let on_a = |annotations| PodSeen {
             annotations,
@@ -188,7 +199,11 @@ mod tests {
         };
         let now = Instant::now();
         st.upsert_pod(WEB, "old-uid", on_a(Some(&old)), now);
-        st.delete_pod(WEB, "old-uid", on_a(Some(&old)), now);
+        let last = PodSeen {
+            terminal: stopped,
+            ..on_a(Some(&old))
+        };
+        st.delete_pod(WEB, "old-uid", last, now);
         let new = replacement.map(status);
         let seen = PodSeen {
             annotations: new.as_ref(),
@@ -227,8 +242,18 @@ mod tests {
             plan(&st, &view("Unknown")),
             [("10".to_string(), "old-uid".to_string(), true)]
         );
-        // On a Ready node nothing is fenced, and a kept entry stays kept.
-        assert_eq!(plan(&st, &view("True")), []);
+        // On a Ready node (listed) nothing is fenced once its kubelet stopped the pod, and a
+        // kept entry stays kept; deleted Running, its kubelet is only now stopping it: fenced.
+        let mut ready = view("True");
+        ready.set_listed();
+        let mut stopped = Index::default();
+        stopped.upsert_pool(&pool("sb-old"));
+        delete_in_phase_and_replace(&mut stopped, true, None);
+        assert_eq!(plan(&stopped, &ready), []);
+        assert_eq!(
+            plan(&st, &ready),
+            [("10".to_string(), "old-uid".to_string(), true)]
+        );
     }
 
     #[test]

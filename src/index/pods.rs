@@ -312,8 +312,11 @@ impl PodIndex {
         seen: PodSeen<'_>,
     ) -> GonePod {
         let (networks, _) = self.networks_of(seen.annotations);
+        // Capped as a live pod's is: a tenant's grace of i64::MAX seconds must not overflow
+        // the clock arithmetic of the fence windows.
         let grace_seconds = seen
             .grace_seconds
+            .map(|s| s.clamp(0, i64::from(u32::MAX)))
             .or(known.as_ref().map(|l| i64::from(l.grace_seconds)));
         let mirror = seen.mirror || known.as_ref().is_some_and(|l| l.mirror);
         // A phase never leaves Succeeded or Failed.

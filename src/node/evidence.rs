@@ -178,6 +178,12 @@ impl Evidence {
             });
             if f.reported {
                 w.progress = Progress::Done;
+            } else if f.present_reported && matches!(w.progress, Progress::Done) {
+                // The status holds one report: a "present" that landed after this agent's
+                // "gone" (a retry, an earlier process's request) replaced it, and would hold
+                // the fence for good. Say "gone" again (a watch that has not shown our "gone"
+                // yet costs one more write).
+                w.progress = Progress::Waiting { from, failures: 0 };
             }
             if f.present_reported && w.present == Present::No {
                 w.present = Present::Written;
@@ -495,5 +501,29 @@ mod tests {
         };
         e.set_fences([said], 0);
         assert!(e.listed(&listing(2, &["p3"], &[])).is_empty());
+    }
+
+    #[test]
+    fn a_late_present_that_replaced_gone_on_the_object_is_answered_with_gone_again() {
+        let mut e = Evidence::new("node-a");
+        e.set_fences([fence("f1", "p1")], 0);
+        assert_eq!(names(&e.listed(&listing(2, &[], &[]))), ["f1"]);
+        e.reported("f1", ReportKind::Gone, true, 2);
+        // The object now says "present" alone: a late write replaced the "gone".
+        let replaced = Fence {
+            present_reported: true,
+            ..fence("f1", "p1")
+        };
+        e.set_fences([replaced], 5);
+        assert!(e.listed(&listing(6, &[], &[])).is_empty());
+        assert_eq!(names(&e.listed(&listing(7, &[], &[]))), ["f1"]);
+        e.reported("f1", ReportKind::Gone, true, 7);
+        // The object says "gone": done, nothing more.
+        let gone = Fence {
+            reported: true,
+            ..fence("f1", "p1")
+        };
+        e.set_fences([gone], 8);
+        assert!(e.listed(&listing(12, &[], &[])).is_empty());
     }
 }

@@ -46,11 +46,13 @@ pub fn distrust(node: Option<&NodeReadiness>, now: Instant, window: Duration) ->
     if node.is_ready() {
         // Back from NotReady moments ago: a deletion seen now may be one made while it was
         // away (a re-list after a gap), and its kubelet may still be stopping the pod.
-        let until = node
-            .ready_again
-            .map(|at| at + window)
-            .filter(|u| *u > now)?;
-        let left = until.saturating_duration_since(now).as_secs().max(1);
+        let again = node.ready_again?;
+        // A window past the clock's range (a tenant's grace of i64::MAX seconds) never ends.
+        let left = match again.checked_add(window) {
+            Some(until) if until <= now => return None,
+            Some(until) => until.saturating_duration_since(now).as_secs().max(1),
+            None => u64::MAX,
+        };
         return Some(format!(
             "Ready=True again, settling for {left}s more: it may still be stopping pods deleted while it was away"
         ));
@@ -847,6 +849,15 @@ mod tests {
             (v.lift, v.held_by_agent, v.rejected),
             (Some(Lift::NodeSettled), false, vec![Rejected::OtherFence])
         );
+    }
+
+    #[test]
+    fn a_window_past_the_clocks_range_distrusts_and_never_panics() {
+        let o = Instant::now();
+        let mut back = node("True", Some(o));
+        back.ready_again = Some(o);
+        let why = distrust(Some(&back), o, Duration::MAX).unwrap();
+        assert!(why.contains("settling"), "{why}");
     }
 
     #[test]
