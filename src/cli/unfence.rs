@@ -60,7 +60,7 @@ pub struct UnfenceArgs {
     pub force: bool,
     /// How long a node must have been Ready before its fences are lifted here (the
     /// controller's --fence-settle: time for its kubelet to stop what it should no longer run).
-    #[arg(long, value_name = "DURATION", env = "IPRECLAIM_FENCE_SETTLE", default_value = "30s", value_parser = ipreclaim::flags::parse_duration)]
+    #[arg(long, value_name = "DURATION", env = "IPRECLAIM_FENCE_SETTLE", default_value = "60s", value_parser = ipreclaim::flags::parse_duration)]
     pub fence_settle: std::time::Duration,
     #[command(flatten)]
     pub write: WriteArgs,

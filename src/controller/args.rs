@@ -47,8 +47,10 @@ pub struct ControllerArgs {
     #[arg(long, env = "IPRECLAIM_FENCE_UNREADY_NODES", default_value_t = true, action = clap::ArgAction::Set)]
     pub fence_unready_nodes: bool,
     /// How long a node must be Ready again before its fences lift (time to kill what it should
-    /// no longer run), unless the node agent there reports the pod's sandboxes gone first.
-    #[arg(long, env = "IPRECLAIM_FENCE_SETTLE", default_value = "30s", value_parser = parse_duration)]
+    /// no longer run), unless the node agent there reports the pod's sandboxes gone first. Keep
+    /// it above the cluster's node-monitor-grace-period (50s): a node whose kubelet died stays
+    /// Ready that long.
+    #[arg(long, env = "IPRECLAIM_FENCE_SETTLE", default_value = "60s", value_parser = parse_duration)]
     pub fence_settle: Duration,
     /// Added to a fenced pod's termination grace period: its node, Ready again, must have been
     /// Ready for that grace plus this margin (if longer than --fence-settle) before the fence

@@ -326,7 +326,7 @@ const OUT_OF_SERVICE: &str = "node.kubernetes.io/out-of-service";
 
 /// Non-graceful node shutdown on the real node: the operator taints the NotReady node
 /// out-of-service (declares it powered off), and the fence lifts at once with the kubelet
-/// still down (the settle is the chart's 30 s default and would not start before the kubelet
+/// still down (the settle is the chart's 60 s default and would not start before the kubelet
 /// is back).
 async fn a_fence_lifts_at_once_when_the_node_is_tainted_out_of_service(mut c: Cluster) {
     let (ip, _) = fenced_web_0(&mut c).await;
