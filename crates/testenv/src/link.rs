@@ -119,3 +119,70 @@ impl Link {
         self.state.lock().expect("link state").cut
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An upstream that answers each line with the same line.
+    fn echo_server() -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                std::thread::spawn(move || {
+                    let mut out = conn.try_clone().unwrap();
+                    let _ = std::io::copy(&mut &conn, &mut out);
+                });
+            }
+        });
+        addr
+    }
+
+    /// Sends `ping` and reads the answer, waiting at most `limit`.
+    fn ping(conn: &mut TcpStream, limit: Duration) -> std::io::Result<Vec<u8>> {
+        conn.set_read_timeout(Some(limit))?;
+        conn.write_all(b"ping")?;
+        let mut buf = [0u8; 4];
+        conn.read_exact(&mut buf)?;
+        Ok(buf.to_vec())
+    }
+
+    #[test]
+    fn a_cut_closes_open_connections_and_holds_new_ones_until_healed() {
+        let link = Link::start(echo_server()).unwrap();
+        let mut before = TcpStream::connect(link.addr()).unwrap();
+        assert_eq!(ping(&mut before, Duration::from_secs(10)).unwrap(), b"ping");
+
+        link.cut();
+        assert!(link.is_cut());
+        let mut buf = [0u8; 1];
+        before
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        // EOF or a reset; a timeout means it stayed open.
+        let closed = |r: std::io::Result<usize>| {
+            matches!(r, Ok(0)) || r.is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset)
+        };
+        assert!(
+            closed(before.read(&mut buf)),
+            "the open connection is closed"
+        );
+        let mut during = TcpStream::connect(link.addr()).unwrap();
+        assert!(
+            ping(&mut during, Duration::from_millis(300)).is_err(),
+            "no answer through a cut link"
+        );
+
+        link.heal();
+        during
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        assert!(
+            closed(during.read(&mut buf)),
+            "a connection held during the cut is closed by the heal"
+        );
+        let mut after = TcpStream::connect(link.addr()).unwrap();
+        assert_eq!(ping(&mut after, Duration::from_secs(10)).unwrap(), b"ping");
+    }
+}
