@@ -42,6 +42,8 @@ pub struct Cluster {
     release_ns: String,
     pool: String,
     pod_image: String,
+    /// The test pods' `terminationGracePeriodSeconds`.
+    grace_seconds: i64,
     /// The node, when the cluster is testenv's.
     node: Option<&'static Node>,
     _turn: Option<MutexGuard<'static, ()>>,
@@ -102,6 +104,7 @@ impl Cluster {
             release_ns: std::env::var("IPRECLAIM_E2E_NAMESPACE").unwrap_or(RELEASE_NS.into()),
             pool: "192.0.2.0-24".into(),
             pod_image: "registry.k8s.io/pause:3.10".into(),
+            grace_seconds: 1,
             node: None,
             _turn: None,
         }
@@ -144,6 +147,7 @@ impl Cluster {
             ns,
             release_ns: RELEASE_NS.into(),
             pod_image: testenv::containerd::SANDBOX_IMAGE.into(),
+            grace_seconds: 1,
             node: Some(node),
             _turn: Some(turn),
         }
@@ -155,9 +159,18 @@ impl Cluster {
             .expect("this scenario crashes or reboots the node: it runs on testenv's node only")
     }
 
-    fn pod_spec(&self) -> serde_json::Value {
+    /// Pods created from now on, the `web` StatefulSet's included when it does not exist yet,
+    /// run a container that ignores SIGTERM, with a termination grace period of `grace`
+    /// seconds: the kubelet stops them only by SIGKILL at the end of it (testenv's node only).
+    pub async fn pods_ignoring_sigterm(&mut self, grace: i64) {
+        crate::node_only::import_ignore_sigterm_image(self.node_handle()).await;
+        self.pod_image = testenv::containerd::IGNORE_SIGTERM_IMAGE.into();
+        self.grace_seconds = grace;
+    }
+
+    pub(crate) fn pod_spec(&self) -> serde_json::Value {
         json!({
-            "terminationGracePeriodSeconds": 1,
+            "terminationGracePeriodSeconds": self.grace_seconds,
             "containers": [{
                 "name": "app",
                 "image": self.pod_image,
@@ -182,19 +195,19 @@ impl Cluster {
         .await;
     }
 
-    /// Creates the `web` StatefulSet with no replicas if it is missing.
-    async fn ensure_statefulset(&self) -> Api<StatefulSet> {
+    /// Creates StatefulSet `name` with no replicas if it is missing.
+    async fn ensure_statefulset(&self, name: &str) -> Api<StatefulSet> {
         let sts = Api::<StatefulSet>::namespaced(self.client.clone(), &self.ns);
-        if sts.get_opt("web").await.unwrap().is_none() {
+        if sts.get_opt(name).await.unwrap().is_none() {
             let s: StatefulSet = serde_json::from_value(json!({
-                "metadata": {"name": "web"},
+                "metadata": {"name": name},
                 "spec": {
                     "replicas": 0,
-                    "serviceName": "web",
+                    "serviceName": name,
                     "podManagementPolicy": "Parallel",
-                    "selector": {"matchLabels": {"app": "web"}},
+                    "selector": {"matchLabels": {"app": name}},
                     "template": {
-                        "metadata": {"labels": {"app": "web"}, "annotations": {NETWORKS_ANNOTATION: NETWORK}},
+                        "metadata": {"labels": {"app": name}, "annotations": {NETWORKS_ANNOTATION: NETWORK}},
                         "spec": self.pod_spec(),
                     }
                 }
@@ -247,23 +260,7 @@ impl Platform for Cluster {
     }
 
     async fn scale_statefulset(&mut self, n: usize) {
-        let sts = self.ensure_statefulset().await;
-        let patch = json!({"spec": {"replicas": n}});
-        sts.patch("web", &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .unwrap();
-        for i in 0..n {
-            self.wait_running_with_address(&format!("web-{i}")).await;
-        }
-        let pods = Api::<Pod>::namespaced(self.client.clone(), &self.ns);
-        wait_long("scaled-down pods gone", || async {
-            let mut gone = true;
-            for i in n..16 {
-                gone &= pods.get_opt(&format!("web-{i}")).await.unwrap().is_none();
-            }
-            gone
-        })
-        .await;
+        self.scale_statefulset_named("web", n).await
     }
 
     async fn recreate_statefulset_pod(&mut self, name: &str) {
@@ -291,6 +288,34 @@ impl Platform for Cluster {
             let d = deployments.get(name).await.unwrap();
             let status = d.status.unwrap_or_default();
             status.ready_replicas.unwrap_or(0) == n && status.replicas.unwrap_or(0) == n
+        })
+        .await;
+    }
+}
+
+impl Cluster {
+    /// Scales StatefulSet `name` (created like `web` if missing) and returns once it has `n`
+    /// pods holding addresses and no pod beyond them.
+    pub async fn scale_statefulset_named(&mut self, name: &str, n: usize) {
+        let sts = self.ensure_statefulset(name).await;
+        let patch = json!({"spec": {"replicas": n}});
+        sts.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+        for i in 0..n {
+            self.wait_running_with_address(&format!("{name}-{i}")).await;
+        }
+        let pods = Api::<Pod>::namespaced(self.client.clone(), &self.ns);
+        wait_long("scaled-down pods gone", || async {
+            let mut gone = true;
+            for i in n..16 {
+                gone &= pods
+                    .get_opt(&format!("{name}-{i}"))
+                    .await
+                    .unwrap()
+                    .is_none();
+            }
+            gone
         })
         .await;
     }

@@ -15,10 +15,10 @@ use crate::node_only::{
 };
 use crate::{GC_DONE, Platform, expect_clean_releases, pool_entries, wait_pool_matches_live_pods};
 
-const FENCED: &str = "IPAddressGarbageCollectionFenced";
+pub(crate) const FENCED: &str = "IPAddressGarbageCollectionFenced";
 
 /// web-0's (ip, sandbox id) in the pool.
-async fn web_0_entry(c: &Cluster) -> (String, String) {
+pub(crate) async fn web_0_entry(c: &Cluster) -> (String, String) {
     let entries = pool_entries(c).await;
     let web: Vec<_> = entries.iter().filter(|(n, _, _)| n == "web-0").collect();
     assert_eq!(web.len(), 1, "one entry for web-0: {entries:?}");
@@ -41,7 +41,7 @@ async fn fenced_event_versions(c: &Cluster) -> Vec<(String, String)> {
 }
 
 /// The pool's fence records (`IPFence` objects in the pools' namespace).
-async fn fences(c: &Cluster) -> Vec<IPFence> {
+pub(crate) async fn fences(c: &Cluster) -> Vec<IPFence> {
     testenv::fixtures::list_all(&Api::<IPFence>::namespaced(c.client().clone(), c.pool_ns()))
         .await
         .into_iter()
@@ -50,7 +50,7 @@ async fn fences(c: &Cluster) -> Vec<IPFence> {
 }
 
 /// The pool's fence records as "name=spec".
-async fn fence_records(c: &Cluster) -> Vec<String> {
+pub(crate) async fn fence_records(c: &Cluster) -> Vec<String> {
     fences(c)
         .await
         .into_iter()
@@ -101,9 +101,34 @@ fn kill_controller_process(pod: &str) {
 
 /// Kills the kubelet, waits for the Node to turn NotReady, force-deletes web-0 and waits for
 /// its Fenced Event; checks the entry is kept, marked, with its sandbox id and reservation.
-async fn crash_and_force_delete_web_0(c: &Cluster, ip: &str, id: &str) {
+pub(crate) async fn crash_and_force_delete_web_0(c: &Cluster, ip: &str, id: &str) {
+    lose_node_and_force_delete(c, Outage::Crash, &[("web-0", ip, id)]).await;
+}
+
+/// How the node drops out.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Outage {
+    /// Its kubelet is killed: back, it knows no pod the API no longer lists, and stops their
+    /// sandboxes at once.
+    Crash,
+    /// Its kubelet is cut off from the apiserver and lives on: back, it stops a pod deleted
+    /// meanwhile with its own copy of it, so with the pod's whole grace period.
+    Partition,
+}
+
+/// Takes the node out (`outage`), waits for the Node to turn NotReady, force-deletes each of
+/// `pods` (name, ip, sandbox id) and waits for their Fenced Events; checks each entry is kept,
+/// marked, with its sandbox id and reservation, and one fence record per pod.
+pub(crate) async fn lose_node_and_force_delete(
+    c: &Cluster,
+    outage: Outage,
+    pods: &[(&str, &str, &str)],
+) {
     let node = c.node_handle();
-    node.kill_kubelet().unwrap();
+    match outage {
+        Outage::Crash => node.kill_kubelet().unwrap(),
+        Outage::Partition => node.cut_kubelet_off(),
+    }
     node.wait_node_ready(false).await.unwrap();
     // The controllers' Node watch lags the apiserver by a moment; a pod deleted before they
     // see the node down is, by design, not fenced.
@@ -117,32 +142,36 @@ async fn crash_and_force_delete_web_0(c: &Cluster, ip: &str, id: &str) {
         },
     )
     .await;
-    Api::<Pod>::namespaced(c.client().clone(), c.ns())
-        .delete("web-0", &DeleteParams::default().grace_period(0))
-        .await
-        .unwrap();
-    let ns = c.ns().to_string();
-    wait_long("a Fenced Event for web-0 in kubectl", || async {
-        kubectl_events(node, &ns, FENCED).iter().any(|e| {
-            e.starts_with("web-0 ")
-                && e.contains(&format!("[{ip}]"))
-                && e.contains(&format!("node {NODE_NAME} was not Ready"))
-        })
-    })
-    .await;
-    let entries = pool_entries(c).await;
-    assert!(
-        entries.contains(&("web-0:fenced".into(), ip.into(), id.into())),
-        "the entry kept, its podref marked so no pod named web-0 reuses it: {entries:?}"
-    );
-    let fences = fence_records(c).await;
-    assert_eq!(fences.len(), 1, "{fences:?}");
-    assert!(
-        reservations(c)
+    for (name, _, _) in pods {
+        Api::<Pod>::namespaced(c.client().clone(), c.ns())
+            .delete(name, &DeleteParams::default().grace_period(0))
             .await
-            .contains(&format!("{}-{ip} {}/web-0", c.ns(), c.ns())),
-        "the reservation stays with the fence"
-    );
+            .unwrap();
+    }
+    let ns = c.ns().to_string();
+    for (name, ip, id) in pods {
+        wait_long(&format!("a Fenced Event for {name} in kubectl"), || async {
+            kubectl_events(node, &ns, FENCED).iter().any(|e| {
+                e.starts_with(&format!("{name} "))
+                    && e.contains(&format!("[{ip}]"))
+                    && e.contains(&format!("node {NODE_NAME} was not Ready"))
+            })
+        })
+        .await;
+        let entries = pool_entries(c).await;
+        assert!(
+            entries.contains(&(format!("{name}:fenced"), ip.to_string(), id.to_string())),
+            "the entry kept, its podref marked so no pod named {name} reuses it: {entries:?}"
+        );
+        assert!(
+            reservations(c)
+                .await
+                .contains(&format!("{}-{ip} {}/{name}", c.ns(), c.ns())),
+            "the reservation stays with the fence"
+        );
+    }
+    let fences = fence_records(c).await;
+    assert_eq!(fences.len(), pods.len(), "{fences:?}");
 }
 
 /// web-0 of a one-pod StatefulSet, fenced: its node crashed and it was force-deleted (see

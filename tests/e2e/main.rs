@@ -34,6 +34,7 @@ mod fencing;
 mod helm_test;
 mod local;
 mod node_only;
+mod returning_kubelet;
 
 use std::collections::{BTreeMap, BTreeSet};
 

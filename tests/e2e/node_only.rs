@@ -90,6 +90,25 @@ fn import_wget_image(node: &Node) {
     import_image(node, &files, WGET_IMAGE, "/bin/wget");
 }
 
+/// [`testenv::containerd::IGNORE_SIGTERM_IMAGE`], imported into the node's containerd once per
+/// test process.
+pub async fn import_ignore_sigterm_image(node: &'static Node) {
+    static IMPORTED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    IMPORTED
+        .get_or_init(|| async {
+            tokio::task::spawn_blocking(move || {
+                let archive = testenv::containerd::build_ignore_sigterm_image(node.dir())
+                    .expect("build the SIGTERM-ignoring image");
+                node.containerd()
+                    .import_image(&archive)
+                    .expect("import the SIGTERM-ignoring image");
+            })
+            .await
+            .unwrap()
+        })
+        .await;
+}
+
 /// whereabouts' and Multus's own CRDs, as they ship them, and ipreclaim's IPFence CRD.
 async fn install_upstream_crds(client: &Client) {
     let wb = unpacked_source(&format!(

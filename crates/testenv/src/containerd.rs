@@ -25,6 +25,9 @@ use crate::procs::{run, run_dir, spawn_supervised};
 
 /// The sandbox image name: fully qualified, with no short-name tag beside it.
 pub const SANDBOX_IMAGE: &str = "localhost/ipreclaim/pause:1";
+/// An image whose process ignores SIGTERM (it logs each one): the kubelet must wait a pod's
+/// whole termination grace period before its SIGKILL, StopPodSandbox and CNI DEL.
+pub const IGNORE_SIGTERM_IMAGE: &str = "localhost/ipreclaim/ignore-sigterm:1";
 /// The CNI network name the test plugin serves.
 pub const CNI_NETWORK: &str = "ipreclaim-test";
 /// The range the test CNI plugin hands addresses out of (benchmark range: data only).
@@ -43,6 +46,29 @@ static void quit(int sig) { (void)sig; exit(0); }
 int main(void) {
     signal(SIGINT, quit);
     signal(SIGTERM, quit);
+    for (;;) pause();
+}
+"#;
+
+/// Logs each SIGTERM (and SIGINT) and goes on waiting; only SIGKILL ends it.
+const IGNORE_SIGTERM_C: &str = r#"
+#include <signal.h>
+#include <string.h>
+#include <unistd.h>
+static void ignored(int sig) {
+    static const char term[] = "SIGTERM received, ignored\n";
+    static const char other[] = "signal received, ignored\n";
+    if (sig == SIGTERM) write(1, term, sizeof term - 1);
+    else write(1, other, sizeof other - 1);
+}
+int main(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = ignored;
+    sigaction(SIGTERM, &sa, 0);
+    sigaction(SIGINT, &sa, 0);
+    static const char up[] = "running; SIGTERM is ignored\n";
+    write(1, up, sizeof up - 1);
     for (;;) pause();
 }
 "#;
@@ -102,26 +128,43 @@ impl Drop for Containerd {
     }
 }
 
-/// Compiles the static pause binary and packs it as an OCI image archive for `ctr import`.
-pub fn build_sandbox_image(dir: &Path) -> Result<PathBuf> {
-    let src = dir.join("pause.c");
-    std::fs::write(&src, PAUSE_C)?;
-    let bin = dir.join("pause");
+/// Compiles C program `source` as a static binary `/<name>` and packs it alone as image
+/// `image_name` (an OCI image archive for `ctr import`, run as root) in `dir`.
+fn build_static_image(dir: &Path, name: &str, source: &str, image_name: &str) -> Result<PathBuf> {
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, source)?;
+    let bin = dir.join(name);
     run(Command::new("cc")
         .args(["-static", "-Os", "-o"])
         .arg(&bin)
         .arg(&src))
-    .context("build the static pause binary (needs gcc and libc6-dev)")?;
-    let path = dir.join("pause-image.tar");
-    let files = [image::File::from_host_to(&bin, "/pause")?];
+    .with_context(|| format!("build the static {name} binary (needs gcc and libc6-dev)"))?;
+    let path = dir.join(format!("{name}-image.tar"));
+    let entrypoint = format!("/{name}");
+    let files = [image::File::from_host_to(&bin, &entrypoint)?];
     let config = image::Config {
-        name: SANDBOX_IMAGE,
-        entrypoint: &["/pause"],
+        name: image_name,
+        entrypoint: &[&entrypoint],
         cmd: &[],
         user: "",
     };
     image::write_oci_archive(&files, &config, &path)?;
     Ok(path)
+}
+
+/// Compiles the static pause binary and packs it as an OCI image archive for `ctr import`.
+pub fn build_sandbox_image(dir: &Path) -> Result<PathBuf> {
+    build_static_image(dir, "pause", PAUSE_C, SANDBOX_IMAGE)
+}
+
+/// The [`IGNORE_SIGTERM_IMAGE`] as an OCI image archive in `dir`, for `ctr import`.
+pub fn build_ignore_sigterm_image(dir: &Path) -> Result<PathBuf> {
+    build_static_image(
+        dir,
+        "ignore-sigterm",
+        IGNORE_SIGTERM_C,
+        IGNORE_SIGTERM_IMAGE,
+    )
 }
 
 /// The test CNI setup: `loopback` and the IP-only plugin in `dir/cni-bin`, its conflist in

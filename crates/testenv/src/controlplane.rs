@@ -368,11 +368,17 @@ impl ControlPlane {
 
     /// A kubeconfig file for the kubelet of the node this control plane was started for.
     pub fn write_kubelet_kubeconfig(&self, path: &Path) -> Result<()> {
+        self.write_kubelet_kubeconfig_via(path, &self.server)
+    }
+
+    /// The kubelet's kubeconfig with `server` as the apiserver's URL (a forwarder in front of
+    /// it; the serving certificate names 127.0.0.1 too).
+    pub fn write_kubelet_kubeconfig_via(&self, path: &Path, server: &str) -> Result<()> {
         let token = self
             .kubelet_token
             .as_ref()
             .context("this control plane was not started for a node")?;
-        write_file(path, self.kubeconfig_yaml(token))
+        write_file(path, self.kubeconfig_yaml_for(server, token))
     }
 
     /// A kubeconfig with admin credentials whose context namespace is `namespace` (the

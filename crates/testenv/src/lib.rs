@@ -20,6 +20,7 @@ pub mod fixtures;
 pub mod helm;
 pub mod host;
 pub mod image;
+pub mod link;
 pub mod node;
 pub mod poll;
 pub mod procs;

@@ -25,6 +25,7 @@ use kube::api::{Api, DeleteParams, ListParams};
 use crate::containerd::{Containerd, link_host_cni_plugins};
 use crate::controlplane::{ControlPlane, Options};
 use crate::host::{self, Changes};
+use crate::link::Link;
 use crate::procs::{binary, free_port, spawn_supervised, workspace_root, write_file};
 
 /// The node's name.
@@ -58,6 +59,8 @@ pub struct Node {
     containerd: Containerd,
     kubelet: Mutex<Option<Child>>,
     kubelet_cmd: Vec<String>,
+    /// The kubelet's way to the apiserver (cut to partition it).
+    kubelet_link: Link,
     others: Mutex<Vec<Child>>,
     _lock: std::fs::File,
 }
@@ -352,7 +355,13 @@ impl Node {
         ];
 
         let kubelet_kubeconfig = dir.join("kubelet.kubeconfig");
-        cp.write_kubelet_kubeconfig(&kubelet_kubeconfig)?;
+        // Through a link a test can cut: a partitioned kubelet keeps running, and keeps its
+        // copy of the pods, where a killed one forgets them.
+        let kubelet_link = Link::start(std::net::SocketAddr::from((API_ADDRESS, 443)))?;
+        cp.write_kubelet_kubeconfig_via(
+            &kubelet_kubeconfig,
+            &format!("https://{}", kubelet_link.addr()),
+        )?;
         let config = kubelet_config(&dir, &cp, &containerd.socket)?;
         let kubelet_cmd = vec![
             binary("kubelet")?.display().to_string(),
@@ -370,6 +379,7 @@ impl Node {
             containerd,
             kubelet: Mutex::new(None),
             kubelet_cmd,
+            kubelet_link,
             others: Mutex::new(others),
             _lock: lock,
         };
@@ -476,8 +486,21 @@ impl Node {
     /// Starts containerd and the kubelet where they are down (a scenario that crashed the node
     /// and failed before bringing it back) and waits for the Node to be Ready.
     pub async fn ensure_running(&self) -> Result<()> {
+        self.kubelet_link.heal();
         self.containerd.restart().await?;
         self.start_kubelet().await
+    }
+
+    /// Partitions the kubelet from the control plane: its connections to the apiserver are cut
+    /// and new ones go unanswered, while the kubelet, its pods and its memory of them live on
+    /// (the Node turns NotReady after [`NODE_MONITOR_GRACE`]).
+    pub fn cut_kubelet_off(&self) {
+        self.kubelet_link.cut();
+    }
+
+    /// Ends [`cut_kubelet_off`](Self::cut_kubelet_off): the kubelet dials the apiserver again.
+    pub fn reconnect_kubelet(&self) {
+        self.kubelet_link.heal();
     }
 
     /// Kills the kubelet with SIGKILL, as a node crash does: no pod is torn down, no CNI DEL.
