@@ -327,7 +327,7 @@ async fn a_fence_lifts_at_once_when_the_node_object_is_deleted(mut c: Cluster) {
 
 /// Sets or clears the `node.kubernetes.io/out-of-service` taint on the node (read, change,
 /// replace: the node lifecycle controller changes its taints too).
-async fn taint_out_of_service(c: &Cluster, on: bool) {
+pub(crate) async fn taint_out_of_service(c: &Cluster, on: bool) {
     let nodes = Api::<NodeObject>::all(c.client().clone());
     for _ in 0..10 {
         let mut node = nodes.get(NODE_NAME).await.unwrap();

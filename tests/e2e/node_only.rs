@@ -347,7 +347,10 @@ pub(crate) async fn controller_pods_metrics(client: &Client) -> Vec<String> {
 }
 
 /// The kubelet is killed and the pods are force-deleted, as an operator does for a crashed
-/// node: no CNI DEL can run. Plain pods' entries and reservations are ipreclaim's to free. A
+/// node, and the node is tainted out-of-service (its operator declares it powered off: the
+/// containers still run here, and without the taint the force-deleted pods stay fenced until
+/// the kubelet is back): no CNI DEL can run. Plain pods' entries and reservations are
+/// ipreclaim's to free. A
 /// StatefulSet pod is recreated under its name at once; while the replacement has no
 /// network-status its podref's entry is kept (the replacement's ADD may already have taken it
 /// over: whereabouts reuses a podref+ifname's entry and rewrites its id), and when the kubelet
@@ -378,6 +381,7 @@ async fn a_node_crash_with_force_deleted_pods_releases_every_address(mut c: Clus
             .await
             .unwrap();
     }
+    crate::fencing::taint_out_of_service(&c, true).await;
     let plain_ips: BTreeSet<String> = plain.iter().map(|(_, ip, _)| ip.clone()).collect();
     wait_long(
         "ipreclaim to release the plain pods' entries and reservations",
@@ -403,6 +407,8 @@ async fn a_node_crash_with_force_deleted_pods_releases_every_address(mut c: Clus
     })
     .await;
 
+    // Repaired: the taint goes and the kubelet comes back.
+    crate::fencing::taint_out_of_service(&c, false).await;
     node.start_kubelet().await.unwrap();
     // Through the Service once the node is Ready again (its endpoints are not ready while
     // the node is down). Only the leader releases; the proxy picks either replica.
@@ -624,7 +630,9 @@ async fn whereabouts_control_loop_beside_ipreclaim_frees_nothing_twice(mut c: Cl
     wait_pool_matches_live_pods(&c).await;
     let before = pool_entries(&c).await;
 
-    // Leaks for both cleaners: deleted while the kubelet is down (no CNI DEL).
+    // Leaks for both cleaners: deleted while the kubelet is down. ipreclaim fences them (its
+    // kubelet may be alive, and the containers run on); whereabouts' loop frees what it finds
+    // under the pods' names; the returning kubelet's CNI DEL frees the rest.
     node.kill_kubelet().unwrap();
     let pods = Api::<Pod>::namespaced(client.clone(), c.ns());
     for name in ["w-0", "w-1", "web-1"] {
@@ -637,6 +645,7 @@ async fn whereabouts_control_loop_beside_ipreclaim_frees_nothing_twice(mut c: Cl
         .filter(|(n, _, _)| ["w-0", "w-1"].contains(&n.as_str()))
         .map(|(_, ip, _)| ip.clone())
         .collect();
+    node.start_kubelet().await.unwrap();
     wait_long("the leaked addresses freed", || async {
         pool_entries(&c)
             .await
@@ -644,7 +653,6 @@ async fn whereabouts_control_loop_beside_ipreclaim_frees_nothing_twice(mut c: Cl
             .all(|(_, ip, _)| !gone.contains(ip))
     })
     .await;
-    node.start_kubelet().await.unwrap();
     // whereabouts' loop really raced: it saw the deletions.
     wait_loop_saw_deletions(&client, c.ns(), &["w-0", "w-1"]).await;
     c.wait_running_with_address("web-1").await;
