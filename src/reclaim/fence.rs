@@ -83,7 +83,7 @@ pub fn deleted_before_stopped(
     let default = crate::ipam::fence::DEFAULT_GRACE.as_secs();
     let grace = grace_seconds.map_or(default, |s| s.max(0).unsigned_abs());
     Some(format!(
-        "{DELETED_BEFORE_STOPPED} (its phase was not Succeeded or Failed): it may run for up to its termination grace period of {grace}s"
+        "{DELETED_BEFORE_STOPPED} (its last known phase was not Succeeded or Failed): it may run for up to its termination grace period of {grace}s"
     ))
 }
 

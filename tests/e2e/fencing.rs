@@ -327,7 +327,13 @@ async fn a_fence_lifts_at_once_when_the_node_object_is_deleted(mut c: Cluster) {
 
 /// Sets or clears the `node.kubernetes.io/out-of-service` taint on the node (read, change,
 /// replace: the node lifecycle controller changes its taints too).
-pub(crate) async fn taint_out_of_service(c: &Cluster, on: bool) {
+async fn taint_out_of_service(c: &Cluster, on: bool) {
+    taint_out_of_service_with(c, on, "NoExecute").await;
+}
+
+/// [`taint_out_of_service`] with the taint's `effect` (Kubernetes takes NoExecute or
+/// NoSchedule for a non-graceful node shutdown).
+pub(crate) async fn taint_out_of_service_with(c: &Cluster, on: bool, effect: &str) {
     let nodes = Api::<NodeObject>::all(c.client().clone());
     for _ in 0..10 {
         let mut node = nodes.get(NODE_NAME).await.unwrap();
@@ -338,7 +344,7 @@ pub(crate) async fn taint_out_of_service(c: &Cluster, on: bool) {
             taints.push(k8s_openapi::api::core::v1::Taint {
                 key: OUT_OF_SERVICE.into(),
                 value: Some("nodeshutdown".into()),
-                effect: "NoExecute".into(),
+                effect: effect.into(),
                 ..Default::default()
             });
         }

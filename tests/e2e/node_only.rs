@@ -381,7 +381,9 @@ async fn a_node_crash_with_force_deleted_pods_releases_every_address(mut c: Clus
             .await
             .unwrap();
     }
-    crate::fencing::taint_out_of_service(&c, true).await;
+    // NoSchedule: NoExecute would also evict the controller's replicas, which run on this one
+    // node (in a cluster they run elsewhere).
+    crate::fencing::taint_out_of_service_with(&c, true, "NoSchedule").await;
     let plain_ips: BTreeSet<String> = plain.iter().map(|(_, ip, _)| ip.clone()).collect();
     wait_long(
         "ipreclaim to release the plain pods' entries and reservations",
@@ -408,7 +410,7 @@ async fn a_node_crash_with_force_deleted_pods_releases_every_address(mut c: Clus
     .await;
 
     // Repaired: the taint goes and the kubelet comes back.
-    crate::fencing::taint_out_of_service(&c, false).await;
+    crate::fencing::taint_out_of_service_with(&c, false, "NoSchedule").await;
     node.start_kubelet().await.unwrap();
     // Through the Service once the node is Ready again (its endpoints are not ready while
     // the node is down). Only the leader releases; the proxy picks either replica.
