@@ -33,12 +33,22 @@ impl Env {
     /// Waits until the Warnings about the entry at `key` are on the pool and, when `fence`,
     /// on its fence record too; returns every `MarkedEntryRemovedByOtherWriter` Warning.
     async fn wait_other_writer_warned(&self, key: &str, fence: bool) -> Vec<(String, String, i32)> {
-        let record = ipreclaim::ipam::fence::fence_object_name(POOL, key);
+        self.wait_other_writer_warned_in(POOL, key, fence).await
+    }
+
+    /// [`wait_other_writer_warned`](Self::wait_other_writer_warned) about `pool`'s entry.
+    async fn wait_other_writer_warned_in(
+        &self,
+        pool: &str,
+        key: &str,
+        fence: bool,
+    ) -> Vec<(String, String, i32)> {
+        let record = ipreclaim::ipam::fence::fence_object_name(pool, key);
         let entry = format!("entry {key} (");
         let want: Vec<&str> = if fence {
-            vec![POOL, record.as_str()]
+            vec![pool, record.as_str()]
         } else {
-            vec![POOL]
+            vec![pool]
         };
         testenv::poll::wait_seen(
             &format!("{REASON} Warnings about entry {key} on {want:?}"),
@@ -174,6 +184,41 @@ async fn ipreclaims_own_lift_while_the_node_is_silent_is_not_warned() {
     );
     env.wait_metric(r#"ipreclaim_marked_entries_removed_by_others_total{kind="fenced"} 1"#)
         .await;
+    env.finish(&node).await;
+}
+
+/// An operator lifts web-0's fence by hand (`kubectl ipreclaim unfence --force`, another process
+/// with its own credentials) while the controller runs and the node is silent: ipreclaim's own
+/// write, signed like the controller's, no Warning. db-0's fence freed by another cleaner after
+/// it is warned, and alone.
+#[tokio::test]
+async fn a_manual_unfence_is_ipreclaims_own_and_not_warned() {
+    let mut env = Env::new("otherw-manual").await;
+    let node = env.fence_node("Unknown").await;
+    // A range of its own: the commands refuse an address any live pod lists cluster-wide.
+    let pool = "198.18.77.0-24";
+    env.fenced_web_0_in(
+        "198.18.77",
+        &node,
+        &["--fence-settle=1h", "--other-writer-wait=1s"],
+    )
+    .await;
+    crate::harness::cli(&env, "unfence", &["--ip", "198.18.77.10", "--force"]);
+    env.wait_keys(pool, &["11"]).await;
+    let db_uid = env.pods().get("db-0").await.unwrap().metadata.uid.unwrap();
+    env.delete_pod("db-0").await;
+    wait_for("db-0 fenced", || async {
+        env.events(FENCED).await.iter().any(|e| e.1 == db_uid)
+            && env.entry_and_fence(pool, "11").await.0 == Some(format!("{}/db-0:fenced", env.ns))
+    })
+    .await;
+    env.remove_as_other_writer(pool, "11").await;
+    let seen = env.wait_other_writer_warned_in(pool, "11", true).await;
+    assert_eq!(
+        seen.len(),
+        2,
+        "only db-0's entry 11, on pool and fence: {seen:?}"
+    );
     env.finish(&node).await;
 }
 
