@@ -3,7 +3,9 @@
 //! saw go (`index::other_writers`); the leader judges each (`reclaim::other_writers`) and reports
 //! another writer's with a Warning `MarkedEntryRemovedByOtherWriter` on the IPPool and on the
 //! entry's IPFence record, a log line and `ipreclaim_marked_entries_removed_by_others_total`.
-//! A standby drops what it saw: the leader sees the same.
+//! A standby judges the same and keeps only what still waits (the leader reports the rest): a
+//! removal whose wait spans a change of leader is reported by the new one (by both, at worst),
+//! never by neither.
 
 use std::time::{Duration, Instant};
 
@@ -33,7 +35,7 @@ impl OtherWriters {
         }
     }
 
-    /// One pass: takes what the pool watch saw go; on the leader, judges it and reports another
+    /// One pass: takes what the pool watch saw go and judges it; on the leader, reports another
     /// writer's.
     pub async fn pass(&mut self, leader: bool) {
         let now = Instant::now();
@@ -60,16 +62,14 @@ impl OtherWriters {
             };
             self.waiting.push((g, gone));
         }
-        if !leader {
-            self.waiting.clear();
-            return;
-        }
         let mut still = Vec::new();
         for (g, gone) in std::mem::take(&mut self.waiting) {
             let node = g.fence.as_ref().map(|f| f.node.as_str());
             match judge(&gone, self.kubelet(node), now, self.wait) {
-                Verdict::Ours => {}
                 Verdict::Wait => still.push((g, gone)),
+                // The leader reports (and logs) it.
+                _ if !leader => {}
+                Verdict::Ours => {}
                 Verdict::OtherWriter => self.report(&g).await,
                 Verdict::CniDel => {
                     tracing::info!(pool = %g.pool, ip = %g.ip(), pod = g.pod(), node, "fenced entry removed as its node came back: taken for that node's own CNI DEL")

@@ -260,3 +260,50 @@ async fn the_returning_kubelets_cni_del_of_a_fenced_entry_is_not_warned() {
         .await;
     env.finish(&node).await;
 }
+
+/// Another cleaner frees web-0's fence and the leader is SIGKILLed right after, within
+/// `--other-writer-wait`: the standby, which saw the removal too and kept it waiting, reports it
+/// once it leads.
+#[tokio::test]
+async fn a_removal_whose_wait_spans_a_change_of_leader_is_reported_by_the_new_leader() {
+    use crate::harness::{controller_process, holder_pid, lease};
+    let env = Env::new("otherw-takeover").await;
+    let node = env.fence_node("Unknown").await;
+    env.nad("macvlan", "192.0.2.0/24").await;
+    env.pool(POOL, "192.0.2.0/24", &[(10, "sb-web-0", "web-0")])
+        .await;
+    let uid = env
+        .pod_on("web-0", "macvlan", Some(&["192.0.2.10"]), Some(&node))
+        .await;
+    let lease_ns = format!("--lease-namespace={}", env.ns);
+    let flags = [
+        "--leader-election=true",
+        "--lease-duration=4s",
+        "--other-writer-wait=8s",
+        &lease_ns,
+    ];
+    let mut replicas = [
+        controller_process(&env, &flags),
+        controller_process(&env, &flags),
+    ];
+    wait_for("a leader", || async { lease(&env).await.is_some() }).await;
+    env.delete_pod("web-0").await;
+    env.wait_one_event(FENCED, "web-0", &uid).await;
+    wait_for("web-0's entry fenced", || async {
+        env.entry_and_fence(POOL, "10").await.0 == Some(format!("{}/web-0:fenced", env.ns))
+    })
+    .await;
+    let (holder, _) = lease(&env).await.unwrap();
+    let leader = replicas
+        .iter()
+        .position(|c| c.id() == holder_pid(&holder))
+        .unwrap();
+    env.remove_as_other_writer(POOL, "10").await;
+    replicas[leader].kill().unwrap();
+    replicas[leader].wait().unwrap();
+    let seen = env.wait_other_writer_warned("10", true).await;
+    let (new_holder, _) = lease(&env).await.unwrap();
+    assert_ne!(new_holder, holder, "reported by the new leader: {seen:?}");
+    drop(replicas);
+    env.delete_node(&node).await;
+}
