@@ -58,12 +58,18 @@ pub fn entries_patch(batch: &[&ReleaseRequest], has_annotations: bool, signature
             }
         }
     }
-    let marked =
-        |r: &&&ReleaseRequest| matches!(r.write, EntryWrite::Unfence(..) | EntryWrite::EndCooldown);
-    if batch.iter().any(|r| marked(&r)) {
+    if reads_annotations(batch) {
         sign(&mut ops, has_annotations, signature);
     }
     Value::Array(ops)
+}
+
+/// Whether the patch of `batch` depends on the pool having an annotations map: it removes or
+/// rewrites a marked entry (signed), or removes a fence annotation of an earlier release.
+pub fn reads_annotations(batch: &[&ReleaseRequest]) -> bool {
+    batch
+        .iter()
+        .any(|r| matches!(r.write, EntryWrite::Unfence(..) | EntryWrite::EndCooldown))
 }
 
 /// Sets [`OWN_WRITE_ANNOTATION`] to `signature`. A pool with no annotations gets the map, pinned

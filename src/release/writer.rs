@@ -495,7 +495,9 @@ impl Writer {
                 (_, 0) => {}
                 // The pool's annotations map came or went since it was read: the patch's
                 // signature (or a legacy record's removal) missed it; again, as it is now.
-                (true, _) if fresh != used => groups.push(still),
+                (true, _) if fresh != used && patch::reads_annotations(&batch) => {
+                    groups.push(still)
+                }
                 // Something changed: the rest goes again, as it is.
                 (false, _) => groups.push(still),
                 // Nothing changed: this write itself was refused.
