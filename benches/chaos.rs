@@ -65,7 +65,7 @@ const RANGE: &str = "10.64.0.0/23";
 const POOL: &str = "10.64.0.0-23";
 const ZONE_NODES: usize = 3;
 
-const KINDS: [Kind; 10] = [
+const KINDS: [Kind; 11] = [
     Kind::KillMidBatch,
     Kind::ApiserverAndEtcdRestart,
     Kind::LeaderKill,
@@ -76,6 +76,7 @@ const KINDS: [Kind; 10] = [
     Kind::WriteStorm,
     Kind::ChurnWithAllocator,
     Kind::FlappingStatus,
+    Kind::SecondCleaner,
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,6 +110,11 @@ enum Kind {
     ChurnWithAllocator,
     /// Live pods whose network-status lists their address only now and then.
     FlappingStatus,
+    /// A zone cut off (Ready Unknown), its pods deleted and fenced; a second cleaner (whereabouts'
+    /// ip-reconciler: one JSON patch pinned to the resourceVersion) frees some of the fenced
+    /// entries while the zone is still down, and new pods come (and may get those addresses).
+    /// ipreclaim must warn of each freed entry and of nothing else, and free no live address.
+    SecondCleaner,
 }
 
 impl Kind {
@@ -324,6 +330,8 @@ impl Trial<'_> {
             .env("KUBECONFIG", &kubeconfig)
             .env("RUST_LOG", "info")
             .env("POD_NAME", format!("chaos-{n}"))
+            // An env var, not a flag: an older build (CHAOS_IPRECLAIM) ignores it.
+            .env("IPRECLAIM_OTHER_WRITER_WAIT", "1s")
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()?;
@@ -659,6 +667,84 @@ async fn wait_freed(t: &Trial<'_>, since: Instant, bound: Duration) -> anyhow::R
     }
 }
 
+/// The other cleaner: once the fences of `fenced` are written, removes `k` of those entries in
+/// one JSON patch pinned to the pool's resourceVersion (as whereabouts' reconciler writes), and
+/// stops guarding them. Returns their addresses.
+async fn second_cleaner(
+    t: &Trial<'_>,
+    fenced: &[Alloc],
+    k: usize,
+) -> anyhow::Result<BTreeSet<Ipv4Addr>> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let fenced_now = |e: &BTreeMap<Ipv4Addr, (String, String)>| {
+        fenced.iter().all(|a| {
+            e.get(&a.ip)
+                .is_some_and(|(id, p)| *id == a.sandbox && p.ends_with(":fenced"))
+        })
+    };
+    while !fenced_now(&entries(&t.client, &t.ns).await?) {
+        anyhow::ensure!(Instant::now() < deadline, "the fences were not written");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let chosen = &fenced[..k.min(fenced.len())];
+    {
+        let mut g = t.guard.lock().unwrap();
+        for a in chosen {
+            g.fenced.remove(&a.ip);
+        }
+    }
+    let base = u32::from(Ipv4Addr::new(10, 64, 0, 0));
+    let pools = Api::<IPPool>::namespaced(t.client.clone(), &t.ns);
+    for _ in 0..50 {
+        let rv = pools.get(POOL).await?.metadata.resource_version;
+        let mut ops = vec![json!({"op": "test", "path": "/metadata/resourceVersion", "value": rv})];
+        for a in chosen {
+            let key = u32::from(a.ip) - base;
+            ops.push(json!({"op": "remove", "path": format!("/spec/allocations/{key}")}));
+        }
+        let patch: json_patch::Patch = serde_json::from_value(json!(ops))?;
+        match pools
+            .patch(POOL, &PatchParams::default(), &Patch::<()>::Json(patch))
+            .await
+        {
+            Ok(_) => return Ok(chosen.iter().map(|a| a.ip).collect()),
+            Err(kube::Error::Api(s)) if s.code == 422 || s.code == 409 => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    anyhow::bail!("the other cleaner's patch kept conflicting")
+}
+
+/// What is wrong with the Warnings `MarkedEntryRemovedByOtherWriter` on the pool: each address
+/// the other cleaner freed has one, and no other address has.
+async fn other_writer_warnings(
+    t: &Trial<'_>,
+    cleaned: &BTreeSet<Ipv4Addr>,
+) -> anyhow::Result<Vec<String>> {
+    let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(t.client.clone(), &t.ns)
+        .list(&kube::api::ListParams::default().fields("reason=MarkedEntryRemovedByOtherWriter"))
+        .await?
+        .items;
+    let warned: BTreeSet<Ipv4Addr> = events
+        .iter()
+        .filter(|e| e.involved_object.name.as_deref() == Some(POOL))
+        .filter_map(|e| {
+            let m = e.message.as_deref()?;
+            m.split(" (").nth(1)?.split(',').next()?.parse().ok()
+        })
+        .collect();
+    let mut found: Vec<String> = cleaned
+        .difference(&warned)
+        .map(|ip| format!("the other cleaner freed fenced {ip}: not warned"))
+        .collect();
+    found.extend(
+        warned
+            .difference(cleaned)
+            .map(|ip| format!("warned of {ip}, which no other writer removed")),
+    );
+    Ok(found)
+}
+
 /// Writes the trial's Events next to the controllers' logs (the control plane goes with the
 /// run).
 async fn dump_events(t: &Trial<'_>) {
@@ -783,6 +869,7 @@ async fn run_trial(cp: &ControlPlane, kind: Kind, seed: u64) -> anyhow::Result<O
     let victims = pick(&mut rng, &names, names.len() / 3);
     let mut bound = SWEEP + GRACE + SLACK;
     let mut details = String::new();
+    let mut cleaned: Option<BTreeSet<Ipv4Addr>> = None;
     let fault_end = match kind {
         Kind::KillMidBatch => {
             t.unguard(&victims);
@@ -989,6 +1076,42 @@ async fn run_trial(cp: &ControlPlane, kind: Kind, seed: u64) -> anyhow::Result<O
             }
             Instant::now()
         }
+        Kind::SecondCleaner => {
+            let lag = Duration::from_secs(3600);
+            // Cut off: its kubelets are not heard from (Ready Unknown), so no CNI DEL runs there.
+            let at = (jiff::Timestamp::now() - jiff::SignedDuration::try_from(lag)?).to_string();
+            for node in &t.nodes[..ZONE_NODES] {
+                let patch = testenv::fixtures::ready_condition("Unknown", "NodeStatusUnknown", &at);
+                Api::<Node>::all(t.client.clone())
+                    .patch_status(node, &PatchParams::default(), &Patch::Merge(patch))
+                    .await?;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let zone_a: BTreeSet<String> = t.nodes[..ZONE_NODES].iter().cloned().collect();
+            let (in_a, in_b): (Vec<String>, Vec<String>) = victims
+                .iter()
+                .cloned()
+                .partition(|n| zone_a.contains(&t.live[n].node));
+            let fenced: Vec<Alloc> = in_a.iter().map(|n| t.live[n].clone()).collect();
+            t.guard_fenced(&in_a);
+            t.delete(&in_a).await;
+            t.delete(&in_b).await;
+            let k = rng.random_range(1..=fenced.len().max(1));
+            let freed = second_cleaner(&t, &fenced, k).await?;
+            details = format!(
+                "{} of {} fences freed by the other cleaner",
+                freed.len(),
+                fenced.len()
+            );
+            cleaned = Some(freed);
+            for _ in 0..5 {
+                t.add_pod(Some(1)).await?;
+            }
+            // Past --other-writer-wait (1 s) and a pass: the zone is still silent then.
+            tokio::time::sleep(Duration::from_millis(rng.random_range(3000..5000))).await;
+            bound = SETTLE + SLACK;
+            t.zone_back(0, lag).await?
+        }
         Kind::FlappingStatus => {
             let flappers: Vec<Alloc> = t
                 .live
@@ -1035,6 +1158,9 @@ async fn run_trial(cp: &ControlPlane, kind: Kind, seed: u64) -> anyhow::Result<O
     }
     let mut violations = t.violations.lock().unwrap().clone();
     violations.extend(writes_without_lease(&t.proxies, &samples.lock().unwrap()));
+    if let Some(cleaned) = &cleaned {
+        violations.extend(other_writer_warnings(&t, cleaned).await?);
+    }
     // Every live allocation ends with its reservation.
     let reserved = reservations(&t.client, &t.ns).await?;
     for a in t.live.values() {

@@ -12,13 +12,14 @@ use testenv::helm::chart_dir;
 use testenv::prometheus::{chart_rules, dashboard_queries, render_chart, run_promtool};
 
 /// The alerts the chart ships (all of them with the default values).
-const ALERTS: [&str; 11] = [
+const ALERTS: [&str; 12] = [
     "IPReclaimPoolNearlyFull",
     "IPReclaimPoolFullSoon",
     "IPReclaimBreakerHoldWaiting",
     "IPReclaimLeaksNotFreed",
     "IPReclaimReleaseFailures",
     "IPReclaimFenceTooOld",
+    "IPReclaimOtherCleaner",
     "IPReclaimDuplicateAddress",
     "IPReclaimNodePLEGUnhealthy",
     "IPReclaimNodeRuntimeUnverified",
@@ -100,7 +101,7 @@ fn the_rules_are_opt_in_and_pass_promtool_check_rules_with_defaults_and_every_va
         ALERTS.iter().map(|s| s.to_string()).collect(),
     );
     let out = check_rules(&defaults, "defaults");
-    assert!(out.contains("SUCCESS: 11 rules found"), "{out}");
+    assert!(out.contains("SUCCESS: 12 rules found"), "{out}");
 
     // Every value changed: still valid, and each lands where it should.
     let every = rules_file(&[
@@ -116,6 +117,7 @@ fn the_rules_are_opt_in_and_pass_promtool_check_rules_with_defaults_and_every_va
         "prometheusRule.releaseFailures.threshold=3",
         "prometheusRule.releaseFailures.window=1h",
         "prometheusRule.fenceTooOld.olderThan=90min",
+        "prometheusRule.otherCleaner.window=30m",
         "prometheusRule.duplicateAddress.for=2m",
         "prometheusRule.duplicateAddress.severity=critical",
         "prometheusRule.noLeader.for=1m",
@@ -135,6 +137,7 @@ fn the_rules_are_opt_in_and_pass_promtool_check_rules_with_defaults_and_every_va
     assert!(expr("IPReclaimReleaseFailures").contains("[1h]"));
     assert!(expr("IPReclaimReleaseFailures").ends_with(") > 3"));
     assert!(expr("IPReclaimFenceTooOld").ends_with(" > 5400"));
+    assert!(expr("IPReclaimOtherCleaner").contains("_total[30m]"));
     assert!(expr("IPReclaimNodeDeadSandboxWaiting").ends_with(" > 7200"));
     assert!(expr("IPReclaimNoLeader").contains(r#"ipreclaim_leader{job="kubernetes-pods"}"#));
     for group in every["groups"].as_array().unwrap() {

@@ -321,6 +321,18 @@ fn helm_lint_and_template_pass_and_every_flag_is_reachable() {
         0
     );
     assert_eq!(policies(&template(&["nodeAgent.enabled=false"])), 0);
+    // The marked-entries policy is opt-in.
+    assert_eq!(
+        policies(&template(&["controller.otherWriters.refuse=true"])),
+        4
+    );
+    assert_eq!(
+        policies(&template(&[
+            "controller.otherWriters.refuse=true",
+            "controller.enabled=false"
+        ])),
+        2
+    );
 }
 
 async fn get_dynamic(client: &Client, doc: &Value) -> Value {
@@ -680,6 +692,224 @@ async fn a_node_agent_reports_only_on_its_own_nodes_fences() {
     report(&fences(admin.clone()), "fb", "sandboxesGone", &b)
         .await
         .expect("admin writes B's fence's status");
+}
+
+/// A pool in `ns` holding (key, id, podref) entries, written as admin.
+async fn pool_of(admin: &Client, ns: &str, name: &str, entries: &[(&str, &str, &str)]) {
+    let allocations: serde_json::Map<String, Value> = entries
+        .iter()
+        .map(|(k, id, podref)| {
+            (
+                k.to_string(),
+                json!({"id": id, "podref": podref, "ifname": "net1"}),
+            )
+        })
+        .collect();
+    let pool: ipreclaim::api::IPPool = serde_json::from_value(json!({
+        "apiVersion": "whereabouts.cni.cncf.io/v1alpha1", "kind": "IPPool",
+        "metadata": {"name": name},
+        "spec": {"range": "192.0.2.0/24", "allocations": allocations},
+    }))
+    .unwrap();
+    create_in(admin, ns, &pool).await;
+}
+
+/// A JSON patch of pool `name` through `client`: `ops` (whereabouts' CNI and reconciler write
+/// JSON patches too).
+async fn patch_pool(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    ops: Value,
+) -> Result<ipreclaim::api::IPPool, kube::Error> {
+    let patch: json_patch::Patch = serde_json::from_value(ops).unwrap();
+    Api::<ipreclaim::api::IPPool>::namespaced(client.clone(), ns)
+        .patch(name, &PatchParams::default(), &Patch::<()>::Json(patch))
+        .await
+}
+
+fn remove(key: &str) -> Value {
+    json!([{"op": "remove", "path": format!("/spec/allocations/{key}")}])
+}
+
+/// The opt-in policy on fenced and cooling entries, with real tokens against the real apiserver:
+/// another cleaner's ServiceAccount (granted pool writes by RBAC) may not remove or rewrite a
+/// fenced or cooling entry, nor may admin; it may remove and add other entries. The whereabouts
+/// CNI's ServiceAccount may (its DEL frees a fenced entry when the node comes back), unless its
+/// pod-bound token names the reconciler Deployment's pod; ipreclaim's controller may.
+#[tokio::test]
+async fn the_marked_entries_policy_refuses_other_writers_but_not_ipreclaim_or_the_cni() {
+    let cp = ControlPlane::shared();
+    let (admin, ns) = cp.client_crds_and_namespace("chart-marked").await;
+    let admin = &admin;
+    let cni = format!("system:serviceaccount:{ns}:whereabouts");
+    testenv::helm::install(
+        cp,
+        &ns,
+        &ns,
+        &[
+            format!("whereaboutsNamespace={ns}"),
+            "controller.otherWriters.refuse=true".into(),
+            format!("controller.otherWriters.usernames[0]={cni}"),
+        ],
+    )
+    .expect("helm install");
+    let (web, db, old) = (
+        format!("{ns}/web-0:fenced"),
+        format!("{ns}/db-0:fenced"),
+        format!("{ns}/old-0:cooldown"),
+    );
+    let cooling = "ipreclaim-cooldown:2099-01-01T00:00:00Z";
+    pool_of(
+        admin,
+        &ns,
+        "p",
+        &[
+            ("10", "sb-10", &web),
+            ("11", cooling, &old),
+            ("12", "sb-12", "x/live-0"),
+            ("13", "sb-13", &db),
+            ("14", "sb-14", &web),
+            ("15", "sb-15", &web),
+        ],
+    )
+    .await;
+    // Pool writes for the other cleaner and the CNI, as whereabouts' install grants them.
+    let role: k8s_openapi::api::rbac::v1::Role = serde_json::from_value(json!({
+        "metadata": {"name": "pool-writers"},
+        "rules": [{"apiGroups": ["whereabouts.cni.cncf.io"], "resources": ["ippools"],
+                   "verbs": ["get", "list", "patch", "update"]}],
+    }))
+    .unwrap();
+    create_in(admin, &ns, &role).await;
+    let binding: k8s_openapi::api::rbac::v1::RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "pool-writers"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pool-writers"},
+        "subjects": [
+            {"kind": "ServiceAccount", "name": "cleaner", "namespace": ns},
+            {"kind": "ServiceAccount", "name": "whereabouts", "namespace": ns},
+        ],
+    }))
+    .unwrap();
+    create_in(admin, &ns, &binding).await;
+    let cleaner = cp
+        .service_account_client(admin, &ns, "cleaner")
+        .await
+        .unwrap();
+    let cni_client = cp
+        .service_account_client(admin, &ns, "whereabouts")
+        .await
+        .unwrap();
+    let reconciler_pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "whereabouts-reconciler-5d9f-abcde"},
+        "spec": {"serviceAccountName": "whereabouts",
+                 "containers": [{"name": "c", "image": "localhost/none:1"}]},
+    }))
+    .unwrap();
+    create_in(admin, &ns, &reconciler_pod).await;
+    let reconciler_pod = Api::<Pod>::namespaced(admin.clone(), &ns)
+        .get("whereabouts-reconciler-5d9f-abcde")
+        .await
+        .unwrap();
+    let reconciler = cp
+        .pod_bound_client(admin, &ns, "whereabouts", &reconciler_pod)
+        .await
+        .unwrap();
+    let controller = service_account_client(cp, admin, &ns, "controller").await;
+
+    testenv::poll::wait_for("the marked-entries policy in force", || async {
+        let dry = PatchParams::default().dry_run();
+        let patch: json_patch::Patch = serde_json::from_value(remove("10")).unwrap();
+        Api::<ipreclaim::api::IPPool>::namespaced(cleaner.clone(), &ns)
+            .patch("p", &dry, &Patch::<()>::Json(patch))
+            .await
+            .is_err()
+    })
+    .await;
+    let says = "are fenced or cooling";
+    refused(
+        "the other cleaner removes a fenced entry",
+        patch_pool(&cleaner, &ns, "p", remove("10")).await,
+        "entries 10 are fenced or cooling",
+    );
+    refused(
+        "the other cleaner rewrites a cooling entry's podref",
+        patch_pool(&cleaner, &ns, "p", json!([
+            {"op": "replace", "path": "/spec/allocations/11/podref", "value": format!("{ns}/old-0")},
+        ]))
+        .await,
+        says,
+    );
+    // The message names every marked entry (in the map's order).
+    match patch_pool(
+        &cleaner,
+        &ns,
+        "p",
+        json!([
+            {"op": "replace", "path": "/spec/allocations", "value": {}},
+        ]),
+    )
+    .await
+    {
+        Err(kube::Error::Api(s)) if s.code == 403 => {
+            let named = s
+                .message
+                .split("entries ")
+                .nth(1)
+                .unwrap()
+                .split(" are ")
+                .next()
+                .unwrap();
+            let mut named: Vec<&str> = named.split(", ").collect();
+            named.sort();
+            assert_eq!(named, ["10", "11", "13", "14", "15"], "{}", s.message);
+            assert!(
+                s.message
+                    .ends_with(&format!("not system:serviceaccount:{ns}:cleaner")),
+                "{}",
+                s.message
+            );
+        }
+        other => panic!("the other cleaner replaces the whole map: {other:?}"),
+    }
+    refused(
+        "admin removes a fenced entry",
+        patch_pool(admin, &ns, "p", remove("15")).await,
+        says,
+    );
+    refused(
+        "the CNI's ServiceAccount from the reconciler's pod removes a fenced entry",
+        patch_pool(&reconciler, &ns, "p", remove("14")).await,
+        says,
+    );
+    // Entries that are not marked are anyone's.
+    patch_pool(&cleaner, &ns, "p", remove("12"))
+        .await
+        .expect("the other cleaner removes a live entry");
+    patch_pool(&reconciler, &ns, "p", json!([
+        {"op": "add", "path": "/spec/allocations/20", "value": {"id": "sb-20", "podref": "x/new-0"}},
+    ]))
+    .await
+    .expect("the reconciler's pod adds an entry");
+    // The CNI's DEL of the fenced sandbox, and ipreclaim's own lift and end.
+    patch_pool(&cni_client, &ns, "p", remove("10"))
+        .await
+        .expect("the CNI removes a fenced entry");
+    patch_pool(&controller, &ns, "p", remove("13"))
+        .await
+        .expect("ipreclaim lifts a fence");
+    patch_pool(&controller, &ns, "p", remove("11"))
+        .await
+        .expect("ipreclaim ends a cooldown");
+    let left: Vec<String> = Api::<ipreclaim::api::IPPool>::namespaced(admin.clone(), &ns)
+        .get("p")
+        .await
+        .unwrap()
+        .spec
+        .allocations
+        .into_keys()
+        .collect();
+    assert_eq!(left, ["14", "15", "20"]);
 }
 
 /// Runs helm (no cluster) and returns whether it succeeded and its stdout and stderr together:

@@ -67,6 +67,13 @@ pub struct ControllerArgs {
     /// (whoever wrote it). 0: off.
     #[arg(long, env = "IPRECLAIM_RELEASE_COOLDOWN", default_value = "0s", value_parser = parse_duration)]
     pub release_cooldown: Duration,
+    /// A fenced entry removed by a write that is not ipreclaim's while its node is not heard
+    /// from (Ready Unknown, or no Node) is reported as another cleaner's (a Warning
+    /// MarkedEntryRemovedByOtherWriter) if the node is still not heard from this long after: a
+    /// returning kubelet, whose own CNI DEL frees the entry, reports its node within about
+    /// 10 s. Cooling entries are reported at once.
+    #[arg(long, env = "IPRECLAIM_OTHER_WRITER_WAIT", default_value = "30s", value_parser = parse_duration)]
+    pub other_writer_wait: Duration,
     /// Retries of a failed release before a Warning Event (the sweep still owns the leak).
     #[arg(long, env = "IPRECLAIM_MAX_RETRIES", default_value_t = 5)]
     pub max_retries: u32,

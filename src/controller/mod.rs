@@ -14,6 +14,7 @@ pub mod fence;
 mod fresh_node;
 mod housekeeping;
 pub mod leadership;
+pub mod other_writers;
 pub mod plan;
 pub mod report;
 mod reservation_sweep;
@@ -200,7 +201,7 @@ fn spawn_workers(
 }
 
 /// Every second: lifts the fences that may lift and ends the cooldowns that are over (leader
-/// only), and reports bad input and duplicate addresses.
+/// only), and reports bad input, duplicate addresses and marked entries other writers removed.
 fn spawn_lifting(
     ctx: &Ctx,
     args: &ControllerArgs,
@@ -246,6 +247,12 @@ fn spawn_lifting(
         metrics: ctx.metrics.clone(),
         reported: Default::default(),
     };
+    let mut others = other_writers::OtherWriters {
+        ctx: ctx.clone(),
+        wait: args.other_writer_wait,
+        namespace: args.whereabouts_namespace.clone(),
+        waiting: Vec::new(),
+    };
     let mut duplicates = duplicates::DuplicateReporter::default();
     let (state, ns) = (ctx.state.clone(), args.whereabouts_namespace.clone());
     let metrics = ctx.metrics.clone();
@@ -263,6 +270,7 @@ fn spawn_lifting(
             let leads = *leader.borrow();
             lifter.pass(leads).await;
             cooler.pass(leads).await;
+            others.pass(leads).await;
             // Found with the lock let go but for short reads (see `DuplicateReporter::found`).
             let found = duplicates.found(&state);
             let problems = {

@@ -184,7 +184,7 @@ impl Index {
 
     /// The record of the marked entry `entry` at `key` of `pool`, where it is kept, and the
     /// node agent's report on it (only an object has one).
-    fn record_of(
+    pub(super) fn record_of(
         &self,
         pool: &str,
         key: &str,

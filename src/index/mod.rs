@@ -17,6 +17,7 @@ pub mod kinds;
 mod lock;
 pub mod networks;
 pub mod nodes;
+pub mod other_writers;
 mod out_of_step;
 pub mod pods;
 pub mod pools;
@@ -43,6 +44,7 @@ pub use invalid::{InvalidIndex, InvalidKey, InvalidObject};
 pub use lock::{Acquisitions, IndexLock, SharedIndex};
 pub use networks::NetworkIndex;
 pub use nodes::NodeIndex;
+pub use other_writers::{GoneFence, MarkedGone, MarkedKind};
 pub use out_of_step::{LeftBehind, MissingReservation};
 pub use pods::{
     HeldEntry, LiveInfo, MalformedStatus, PodIndex, PodSeen, PodUid, TOMBSTONES_PER_PODREF,
@@ -87,6 +89,10 @@ pub struct Index {
     invalid: InvalidIndex,
     /// Changes to pools and NADs (see [`Index::listing_generation`]).
     pool_changes: u64,
+    /// Marked entries the pool watch saw go, for the controller's next look.
+    marked_gone: Vec<MarkedGone>,
+    /// Those dropped because too many waited.
+    marked_gone_dropped: u64,
 }
 
 impl Index {
@@ -193,12 +199,36 @@ impl Index {
         self.pods.expire_listings(before);
     }
 
-    /// Replaces a pool's parsed contents and its podref index.
+    /// Replaces a pool's parsed contents and its podref index; notes the marked entries that
+    /// went since its last observation (see [`Index::take_marked_gone`]).
     pub fn upsert_pool(&mut self, pool: &IPPool) {
         self.pool_changes += 1;
         let info = PoolInfo::parse(pool);
+        if let Some(old) = self.pools.get(&info.name) {
+            let gone = other_writers::marked_gone(&old.seen, &info, |key, entry| {
+                let (record, source, _) = self.record_of(&old.name, key, entry)?;
+                let object = match source {
+                    FenceSource::Object { name, uid } => Some(ObjectId { name, uid }),
+                    FenceSource::Annotation => None,
+                };
+                Some(GoneFence {
+                    node: record.node,
+                    object,
+                })
+            });
+            let room = other_writers::MAX_WAITING.saturating_sub(self.marked_gone.len());
+            self.marked_gone_dropped += gone.len().saturating_sub(room) as u64;
+            self.marked_gone.extend(gone.into_iter().take(room));
+        }
         self.networks.pool_added(&info.name, info.range);
         self.pools.upsert(info);
+    }
+
+    /// The marked entries the pool watch saw go since the last call, and how many more were
+    /// dropped meanwhile (too many waited).
+    pub fn take_marked_gone(&mut self) -> (Vec<MarkedGone>, u64) {
+        let dropped = std::mem::take(&mut self.marked_gone_dropped);
+        (std::mem::take(&mut self.marked_gone), dropped)
     }
 
     /// Forgets a pool.

@@ -14,7 +14,9 @@ use crate::ipam::fence::{
 use crate::ipam::pool::offset_of;
 use crate::ipam::{PoolEntry, pool_allocations};
 
+use super::other_writers::SeenMarks;
 use super::pods::HeldEntry;
+use crate::ipam::own_write::OWN_WRITE_ANNOTATION;
 
 /// A pool, parsed.
 #[derive(Debug, Clone)]
@@ -50,6 +52,10 @@ pub struct PoolInfo {
     /// Some key is not its offset's plain decimal (`010`): [`PoolInfo::entry_at`] then reads
     /// every entry instead of looking its key up.
     pub odd_keys: bool,
+    /// The signature of ipreclaim's last write of a marked entry (see `ipam::own_write`).
+    pub own_write: Option<String>,
+    /// Its marked entries as observed (the writer's updates leave this alone).
+    pub seen: SeenMarks,
 }
 
 /// The annotation on an IPPool with which an operator lets the breaker release the held set
@@ -108,7 +114,8 @@ impl PoolInfo {
                 c.until.as_ref().err()?
             ))
         }));
-        PoolInfo {
+        let own_write = annotations.and_then(|a| a.get(OWN_WRITE_ANNOTATION).cloned());
+        let mut info = PoolInfo {
             name,
             cooling,
             uid: pool.metadata.uid.clone().unwrap_or_default(),
@@ -123,7 +130,11 @@ impl PoolInfo {
             has_annotations: annotations.is_some(),
             approval: annotations.and_then(|a| a.get(APPROVE_HOLD_ANNOTATION).cloned()),
             odd_keys,
-        }
+            own_write,
+            seen: SeenMarks::default(),
+        };
+        info.seen = SeenMarks::of(&info);
+        info
     }
 
     /// The entry for `ip` (usable, fenced or cooling), found by its key: the address's offset in

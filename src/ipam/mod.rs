@@ -11,6 +11,7 @@ pub mod fence;
 pub mod naming;
 pub mod network_status;
 pub mod networks;
+pub mod own_write;
 pub mod pod_key;
 pub mod pool;
 

@@ -312,7 +312,7 @@ mod tests {
         );
         let until: jiff::Timestamp = "2026-11-25T10:00:30Z".parse().unwrap();
         assert!(plan.releases.iter().all(|r| r.cooldown == Some(until)));
-        let patch = crate::release::patch::entries_patch(&[&plan.releases[0]], false);
+        let patch = crate::release::patch::entries_patch(&[&plan.releases[0]], false, "sig");
         assert_eq!(patch[2]["value"], "ipreclaim-cooldown:2026-11-25T10:00:30Z");
         assert_eq!(patch[3]["value"], "ns/web-0:cooldown");
         let answers = [

@@ -13,6 +13,7 @@ pub mod cooldown;
 pub mod fence;
 pub mod grace;
 mod judged;
+pub mod other_writers;
 
 pub use judged::{Judged, PodRef};
 

@@ -31,6 +31,9 @@ pub const BREAKER_HOLD: &str = "IPAddressGarbageCollectionHeld";
 pub const RESERVATION_MISSING: &str = "ReservationMissing";
 /// ipreclaim's reason for a held sweep an operator approved once.
 pub const HOLD_APPROVED: &str = "IPAddressGarbageCollectionHoldApproved";
+/// ipreclaim's reason for a fenced or cooling entry removed or rewritten by a write that is
+/// not ipreclaim's (a second cleaner in the cluster).
+pub const MARKED_ENTRY_REMOVED: &str = "MarkedEntryRemovedByOtherWriter";
 
 /// Events waiting to be published at most; beyond that new ones are dropped (and counted).
 const QUEUE: usize = 10_000;
@@ -446,6 +449,25 @@ impl Events {
             format!("Fence {ip}"),
             note,
             &pod_reference(pod),
+        )
+        .await;
+    }
+
+    /// A Warning on `reference` (the IPPool, or the entry's IPFence record): the marked entry of
+    /// address `ip` was removed or rewritten by another writer (one action per address).
+    pub async fn marked_entry_removed(
+        &self,
+        reference: &ObjectReference,
+        ip: IpAddr,
+        note: String,
+    ) {
+        let action = format!("Watch {ip}");
+        self.publish(
+            EventType::Warning,
+            MARKED_ENTRY_REMOVED,
+            action,
+            note,
+            reference,
         )
         .await;
     }

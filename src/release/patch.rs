@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 
 use crate::ipam::cooldown::{cooldown_id, cooling_podref};
 use crate::ipam::fence::{FenceSource, fence_annotation_key, fenced_podref};
+use crate::ipam::own_write::OWN_WRITE_ANNOTATION;
 
 use super::types::{EntryWrite, ReleaseRequest};
 
@@ -21,9 +22,11 @@ fn annotation_path(name: &str) -> String {
 
 /// The JSON patch of one batch: each entry pinned by `test`s on its `id` and `podref`, then
 /// removed or fenced (its podref rewritten; the record is an object written before); a lifted
-/// fence whose record is a pool annotation (earlier releases) has that removed too.
-pub fn entries_patch(batch: &[&ReleaseRequest], has_annotations: bool) -> Value {
-    let mut ops = Vec::with_capacity(batch.len() * 4);
+/// fence whose record is a pool annotation (earlier releases) has that removed too. A patch that
+/// removes or rewrites a marked entry (a lifted fence, an ended cooldown) sets the pool's
+/// [`OWN_WRITE_ANNOTATION`] to `signature` (see `ipam::own_write`).
+pub fn entries_patch(batch: &[&ReleaseRequest], has_annotations: bool, signature: &str) -> Value {
+    let mut ops = Vec::with_capacity(batch.len() * 4 + 2);
     for r in batch {
         let e = &r.judged.entry;
         let path = format!("/spec/allocations/{}", pointer_token(&e.key));
@@ -55,7 +58,31 @@ pub fn entries_patch(batch: &[&ReleaseRequest], has_annotations: bool) -> Value 
             }
         }
     }
+    if reads_annotations(batch) {
+        sign(&mut ops, has_annotations, signature);
+    }
     Value::Array(ops)
+}
+
+/// Whether the patch of `batch` depends on the pool having an annotations map: it removes or
+/// rewrites a marked entry (signed), or removes a fence annotation of an earlier release.
+pub fn reads_annotations(batch: &[&ReleaseRequest]) -> bool {
+    batch
+        .iter()
+        .any(|r| matches!(r.write, EntryWrite::Unfence(..) | EntryWrite::EndCooldown))
+}
+
+/// Sets [`OWN_WRITE_ANNOTATION`] to `signature`. A pool with no annotations gets the map, pinned
+/// by a `test` that it is still absent (the apiserver's JSON patch takes a `null` test as
+/// "missing", as whereabouts' own patches rely on): a map created meanwhile is never replaced.
+fn sign(ops: &mut Vec<Value>, has_annotations: bool, signature: &str) {
+    if has_annotations {
+        let path = annotation_path(OWN_WRITE_ANNOTATION);
+        ops.push(json!({"op": "add", "path": path, "value": signature}));
+    } else {
+        ops.push(json!({"op": "test", "path": "/metadata/annotations", "value": null}));
+        ops.push(json!({"op": "add", "path": "/metadata/annotations", "value": {OWN_WRITE_ANNOTATION: signature}}));
+    }
 }
 
 /// The JSON patch removing annotations `(name, value)`, each pinned by a `test` of its
@@ -86,7 +113,7 @@ mod tests {
         // The record is an object written before: the pool itself does not grow.
         for has_annotations in [false, true] {
             assert_eq!(
-                entries_patch(&[&fence], has_annotations),
+                entries_patch(&[&fence], has_annotations, "sig"),
                 json!([
                     {"op": "test", "path": "/spec/allocations/5/id", "value": "sb"},
                     {"op": "test", "path": "/spec/allocations/5/podref", "value": "ns/web-0"},
@@ -112,7 +139,10 @@ mod tests {
             {"op": "test", "path": "/spec/allocations/5/podref", "value": "ns/web-0:fenced"},
             {"op": "remove", "path": "/spec/allocations/5"},
         ]);
-        assert_eq!(entries_patch(&[&lift], true), entry_ops);
+        let signed = json!({"op": "add", "path": "/metadata/annotations/ipreclaim.io~1marked-write", "value": "sig"});
+        let mut ops = entry_ops.as_array().unwrap().clone();
+        ops.push(signed.clone());
+        assert_eq!(entries_patch(&[&lift], true, "sig"), json!(ops));
         let legacy = request(
             "5",
             "ns/web-0:fenced",
@@ -121,7 +151,11 @@ mod tests {
         let mut with_annotation = entry_ops.as_array().unwrap().clone();
         with_annotation
             .push(json!({"op": "remove", "path": "/metadata/annotations/ipreclaim.io~1fence-5"}));
-        assert_eq!(entries_patch(&[&legacy], true), json!(with_annotation));
+        with_annotation.push(signed);
+        assert_eq!(
+            entries_patch(&[&legacy], true, "sig"),
+            json!(with_annotation)
+        );
     }
 
     #[test]
@@ -135,7 +169,11 @@ mod tests {
             {"op": "replace", "path": "/spec/allocations/5/id", "value": "ipreclaim-cooldown:2026-11-25T10:00:31Z"},
             {"op": "replace", "path": "/spec/allocations/5/podref", "value": "ns/web-0:cooldown"},
         ]);
-        assert_eq!(entries_patch(&[&release], false), cooled);
+        assert_eq!(
+            entries_patch(&[&release], false, "sig"),
+            cooled,
+            "a live entry's release is not signed"
+        );
         // A lifted fence cools under the pod's own name, not the fenced one.
         let mut lift = request(
             "5",
@@ -143,7 +181,7 @@ mod tests {
             EntryWrite::Unfence(record(), FenceSource::Annotation),
         );
         lift.cooldown = Some(until);
-        let ops = entries_patch(&[&lift], true);
+        let ops = entries_patch(&[&lift], true, "sig");
         assert_eq!(ops[3]["value"], "ns/web-0:cooldown");
         assert_eq!(ops[4]["op"], "remove");
         assert_eq!(
@@ -154,11 +192,14 @@ mod tests {
         let mut end = request("5", "ns/web-0:cooldown", EntryWrite::EndCooldown);
         end.judged.entry.id = "ipreclaim-cooldown:2026-11-25T10:00:31Z".into();
         assert_eq!(
-            entries_patch(&[&end], false),
+            entries_patch(&[&end], false, "sig"),
             json!([
                 {"op": "test", "path": "/spec/allocations/5/id", "value": "ipreclaim-cooldown:2026-11-25T10:00:31Z"},
                 {"op": "test", "path": "/spec/allocations/5/podref", "value": "ns/web-0:cooldown"},
                 {"op": "remove", "path": "/spec/allocations/5"},
+                // A pool without annotations gets the map, pinned as absent.
+                {"op": "test", "path": "/metadata/annotations", "value": null},
+                {"op": "add", "path": "/metadata/annotations", "value": {"ipreclaim.io/marked-write": "sig"}},
             ])
         );
     }

@@ -74,6 +74,10 @@ pub struct Writer {
     /// Reservation deletes queued or under way: the sweep finds a reservation it queued again
     /// until the delete is done, and it is queued once.
     pub(crate) pending_deletes: std::sync::Mutex<HashSet<ObjectId>>,
+    /// This run's identity in the signature of its writes of marked entries, and how many it
+    /// signed (see `ipam::own_write`).
+    pub(crate) run: String,
+    pub(crate) signed: std::sync::atomic::AtomicU64,
 }
 
 /// Delete parameters that touch only the object of uid `uid`: one replaced since (another
@@ -142,6 +146,8 @@ impl Writer {
             cooldown: Duration::ZERO,
             pools_read_by_get: Default::default(),
             pending_deletes: Default::default(),
+            run: crate::ipam::own_write::run_id(std::process::id(), jiff::Timestamp::now()),
+            signed: Default::default(),
         }
     }
 
@@ -452,7 +458,8 @@ impl Writer {
                 }
             };
             let paid = std::mem::replace(&mut paid, Paid::No);
-            let refusal = match self.patch(pool, &batch, annotations, paid).await {
+            let used = annotations.unwrap_or_else(|| self.index_has_annotations(pool));
+            let refusal = match self.patch(pool, &batch, used, paid).await {
                 Ok(()) => {
                     settle_all(&mut outcomes, Ok(ReleaseOutcome::Released));
                     continue;
@@ -478,15 +485,19 @@ impl Writer {
                     continue;
                 }
             };
-            annotations = Some(
-                current
-                    .as_ref()
-                    .is_some_and(|p| p.metadata.annotations.is_some()),
-            );
+            let fresh = current
+                .as_ref()
+                .is_some_and(|p| p.metadata.annotations.is_some());
+            annotations = Some(fresh);
             let allocations = current.map(|p| p.spec.allocations).unwrap_or_default();
             let still = settle_against(reqs, &group, &allocations, &mut outcomes);
             match (still.len() == group.len(), still.len()) {
                 (_, 0) => {}
+                // The pool's annotations map came or went since it was read: the patch's
+                // signature (or a legacy record's removal) missed it; again, as it is now.
+                (true, _) if fresh != used && patch::reads_annotations(&batch) => {
+                    groups.push(still)
+                }
                 // Something changed: the rest goes again, as it is.
                 (false, _) => groups.push(still),
                 // Nothing changed: this write itself was refused.
@@ -505,20 +516,29 @@ impl Writer {
             .collect()
     }
 
-    /// One patch of `batch`; `annotations`: whether the pool has an annotations map, when a
-    /// fresh read told (else the index is asked).
+    /// Whether the index knows `pool` to have an annotations map.
+    fn index_has_annotations(&self, pool: &str) -> bool {
+        let index = self.index.as_ref();
+        index.is_some_and(|i| i.read().expect("index lock").has_annotations(pool))
+    }
+
+    /// The signature of the next write of marked entries (see `ipam::own_write`).
+    fn signature(&self) -> String {
+        let n = self
+            .signed
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        crate::ipam::own_write::own_write_value(&self.run, n, jiff::Timestamp::now())
+    }
+
+    /// One patch of `batch`; `has_annotations`: whether the pool has an annotations map.
     async fn patch(
         &self,
         pool: &str,
         batch: &[&ReleaseRequest],
-        annotations: Option<bool>,
+        has_annotations: bool,
         paid: Paid,
     ) -> Result<(), kube::Error> {
-        let has_annotations = annotations.unwrap_or_else(|| {
-            let index = self.index.as_ref();
-            index.is_some_and(|i| i.read().expect("index lock").has_annotations(pool))
-        });
-        let patch = patch::entries_patch(batch, has_annotations);
+        let patch = patch::entries_patch(batch, has_annotations, &self.signature());
         let patch = patch::typed(patch).map_err(kube::Error::SerdeError)?;
         let pools = self.pools();
         self.metrics.pool_patch_entries.observe(batch.len() as f64);

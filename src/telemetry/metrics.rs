@@ -224,7 +224,13 @@ pub struct ControllerMetrics {
     pub reservations_missing: Gauge,
     /// 1 while this replica leads and may write, else 0.
     pub leader: Gauge,
+    /// Marked entries (fenced, cooling) another writer removed or rewrote, by kind (the
+    /// leader's).
+    pub marked_removed_by_others: Family<KindLabel, Counter>,
 }
+
+/// The kinds of `marked_entries_removed_by_others_total`.
+pub const MARKED_KINDS: [&str; 2] = ["fenced", "cooling"];
 
 impl ControllerMetrics {
     /// Creates the metrics and registers them under `ipreclaim_`, with `ipreclaim_build_info`
@@ -260,7 +266,9 @@ impl ControllerMetrics {
             cooldowns_past_end: Gauge::default(),
             reservations_missing: Gauge::default(),
             invalid_objects: Family::default(),
+            marked_removed_by_others: Family::default(),
         };
+        zero(&m.marked_removed_by_others, MARKED_KINDS);
         let evidence = [
             "unbound",
             "malformed",
@@ -290,6 +298,7 @@ impl ControllerMetrics {
             "fence_timeouts_waiting_for_clock", "1 while --fence-timeout is set and the apiserver's clock (the Date of GET /version) has not been read: no fence times out", m.fence_timeouts_waiting_for_clock;
             "unready_nodes", "Nodes not Ready now: their pods' addresses are fenced when the pods are deleted", m.unready_nodes;
             "fence_evidence_rejected", "Node agent reports on fences that did not count (another node, pod or fence; malformed), by reason", m.fence_evidence_rejected;
+            "marked_entries_removed_by_others", "Fenced and cooling entries removed or rewritten by a write that is not ipreclaim's (a second cleaner, e.g. whereabouts' ip-reconciler), by kind (the leader's; each has a Warning MarkedEntryRemovedByOtherWriter Event)", m.marked_removed_by_others;
             // Pools and the sweep: allocations, unreadable entries, candidates, holds.
             "allocations", "Allocations per IP pool", m.allocations;
             "pool_problem_entries", "Pool entries that cannot be read", m.pool_problems;

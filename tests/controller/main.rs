@@ -16,6 +16,7 @@ mod forged;
 mod leadership;
 mod manual;
 mod observability;
+mod other_writers;
 mod outages;
 mod reservations;
 mod sweep;

@@ -6,6 +6,7 @@ mod duplicates;
 mod fences;
 mod networks;
 mod nodes;
+mod other_writers;
 mod out_of_step;
 mod pods;
 mod relist;
