@@ -5,8 +5,26 @@
 //! to the apiserver through a fault proxy of their own (`testenv::faultproxy`). The allocator is
 //! the real whereabouts v0.9.4 CNI binary, invoked as the runtime invokes it, for pods on
 //! stand-in Nodes in two zones; Multus's part (the pod's network-status) is written right after
-//! each ADD. Pods are deleted without CNI DEL (the leaks ipreclaim exists for) while one fault
-//! is injected per trial (see [`Kind`]).
+//! each ADD. Pods are deleted as a kubelet that stopped them leaves them (phase Failed first)
+//! but without CNI DEL (the leaks ipreclaim exists for) while one fault
+//! is injected per trial (see [`Kind`]):
+//! - `KillMidBatch`, `LeaderKill`: the leader SIGKILLed during or before the deletions;
+//! - `ApiserverAndEtcdRestart`: the control plane restarted during a mass deletion;
+//! - `LeaderPartition`: the leader (or only its Lease renewals) cut off by its proxy;
+//! - `StatefulSetRecreate`, `ChurnWithAllocator`: names recreated at once, new pods coming;
+//! - `ZoneOutage`, `ZoneRecreate`: a zone NotReady, its pods fenced (and recreated elsewhere);
+//! - `WriteStorm`: 422/429/5xx on writes and reads, watches cut and slowed;
+//! - `FlappingStatus`: live pods whose network-status lists their address now and then;
+//! - `ReservationDeletesRefused`: every reservation DELETE refused (5xx, 429) or slowed for
+//!   3-6 s, a third of the names recreated meanwhile; the sweep finds the failed deletes again;
+//! - `LeaderLostBetweenPatchAndDelete`: the leader's proxy cuts it right after answering its
+//!   pool patch (`Action::CutAfter`), before any reservation delete; killed or healed later;
+//! - `ForgedAnnotations`: 100-200 Pending tenant pods with forged network-status (past each
+//!   cap, or listing every allocated address) created while deletions flow;
+//! - `ManualRaces`: `ipreclaim release` run against each deleted pod's allocation while the
+//!   name is recreated and allocated by the real CNI (controllers' writes held in half);
+//! - `ForeignCleaner`: another cleaner frees ipreclaim's fenced entries during a zone outage,
+//!   new pods take the addresses, then the zone returns and the fences lift.
 //!
 //! Checked every 100 ms during the trial:
 //! - every live pod's pool entry and reservation are there and name it;
@@ -17,7 +35,7 @@
 //! - no replica sends a pool patch or reservation delete while the other held the Lease the
 //!   whole second around it (writes in flight across a partition count from when the replica
 //!   sent them);
-//! - every replica's RSS stays under [`RSS_LIMIT`].
+//! - every replica's RSS stays under [`RSS_LIMIT_MIB`] (half the chart's limit).
 //!
 //! After the fault ends, every dead pod's entry and reservation must be freed within the
 //! trial's bound; no controller may panic. Prints each trial's seed and a table, exits 1 on any
@@ -65,7 +83,7 @@ const RANGE: &str = "10.64.0.0/23";
 const POOL: &str = "10.64.0.0-23";
 const ZONE_NODES: usize = 3;
 
-const KINDS: [Kind; 11] = [
+const KINDS: [Kind; 16] = [
     Kind::KillMidBatch,
     Kind::ApiserverAndEtcdRestart,
     Kind::LeaderKill,
@@ -77,6 +95,11 @@ const KINDS: [Kind; 11] = [
     Kind::ChurnWithAllocator,
     Kind::FlappingStatus,
     Kind::SecondCleaner,
+    Kind::ReservationDeletesRefused,
+    Kind::LeaderLostBetweenPatchAndDelete,
+    Kind::ForgedAnnotations,
+    Kind::ManualRaces,
+    Kind::ForeignCleaner,
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,6 +138,35 @@ enum Kind {
     /// entries while the zone is still down, and new pods come (and may get those addresses).
     /// ipreclaim must warn of each freed entry and of nothing else, and free no live address.
     SecondCleaner,
+    /// Every reservation DELETE refused (503, 500, 429 with Retry-After) or slowed for 3-6 s
+    /// while pods go, a third of them recreated under their names at once (StatefulSet style:
+    /// the reservations left behind name a live pod). The sweep must find the failed deletes
+    /// again: every leaked reservation freed within the bound after the fault.
+    ReservationDeletesRefused,
+    /// The leader's proxy partitions it right after it answered the leader's first pool patch
+    /// of the deletions (`Action::CutAfter`): the entries are gone, their reservations' deletes
+    /// never arrive. In half the trials the cut leader is then killed and a new replica starts;
+    /// in the other half it stays cut until the new leader has freed everything, then returns
+    /// with its held requests. The new leader must delete the reservations.
+    LeaderLostBetweenPatchAndDelete,
+    /// 100-200 tenant pods, Pending and never allocated, with forged network-status (each past
+    /// one of the caps, or within them listing the first 256 addresses of the range: every
+    /// allocated address, live or leaked) and 100 KiB of other annotations each, created while
+    /// pods are deleted in small groups. Leaks freed within the bound, RSS under the limit.
+    ForgedAnnotations,
+    /// `ipreclaim release` (the CLI, through a proxy that slows its pool patches 0.3-1.2 s) run
+    /// by an operator against each deleted pod's allocation (by `--pod`, `--ip`, or `--ip` with
+    /// the `--sandbox` seen) while the pod is recreated under its name and allocated by the real
+    /// CNI, and new pods come; in half the trials the controllers' pool patches and reservation
+    /// deletes are held meanwhile (the operator frees what the controller cannot). No live
+    /// pod's entry may be released.
+    ManualRaces,
+    /// A second cleaner (whereabouts' own reconciler, the telekom fork's operator) frees
+    /// ipreclaim's fenced entries and their reservations with a write of its own while a zone is
+    /// NotReady; new pods then get those addresses from the real CNI. When the zone returns and
+    /// the fences lift, ipreclaim must release no address now held by a live pod. (Whether
+    /// ipreclaim warns of each foreign write is [`Kind::SecondCleaner`]'s check.)
+    ForeignCleaner,
 }
 
 impl Kind {
@@ -159,6 +211,8 @@ struct Trial<'a> {
     live: BTreeMap<String, Alloc>,
     /// Pods deleted without CNI DEL: their entries and reservations are leaks.
     dead: Vec<Alloc>,
+    /// Forged (tenant) pods, deleted after the trial.
+    forged: Vec<String>,
     guard: Shared<Guard>,
     violations: Shared<Vec<String>>,
 }
@@ -195,8 +249,19 @@ impl Trial<'_> {
     /// network-status.
     async fn attach(&mut self, name: &str, uid: String, node: &str) -> anyhow::Result<()> {
         let sandbox = format!("sb-{uid}");
+        let began = jiff::Timestamp::now();
         let ip = self.cni.add(&self.ns, name, &sandbox).await?;
         let podref = format!("{}/{name}", self.ns);
+        // When each ADD ran, to set beside the controllers' logs.
+        let line = format!(
+            "{began} {} ADD {podref} {sandbox} {ip}\n",
+            jiff::Timestamp::now()
+        );
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("allocator.log"))
+            .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()))?;
         {
             let mut g = self.guard.lock().unwrap();
             if let Some(other) = g.live.get(&ip).filter(|p| **p != podref) {
@@ -304,10 +369,7 @@ impl Trial<'_> {
             .write_kubeconfig_through_faults(&proxy, &self.ns, &kubeconfig)?;
         let log = std::fs::File::create(self.dir.join(format!("controller-{n}.log")))?;
         // Another build (an older commit) or extra flags, to see what the suite finds there.
-        let binary = std::env::var("CHAOS_IPRECLAIM")
-            .ok()
-            .filter(|b| !b.is_empty())
-            .unwrap_or(env!("CARGO_BIN_EXE_ipreclaim").into());
+        let binary = ipreclaim_binary();
         let extra = std::env::var("CHAOS_CONTROLLER_ARGS").unwrap_or_default();
         let base = [
             "controller".to_string(),
@@ -408,6 +470,14 @@ impl Trial<'_> {
     }
 }
 
+/// The ipreclaim binary the trials run: this build's, or `CHAOS_IPRECLAIM`.
+fn ipreclaim_binary() -> String {
+    std::env::var("CHAOS_IPRECLAIM")
+        .ok()
+        .filter(|b| !b.is_empty())
+        .unwrap_or(env!("CARGO_BIN_EXE_ipreclaim").into())
+}
+
 async fn lease_holder(client: &Client, ns: &str) -> Option<usize> {
     let lease = Api::<Lease>::namespaced(client.clone(), ns)
         .get_opt("ipreclaim-controller")
@@ -436,6 +506,13 @@ async fn delete_pods(pods: Api<Pod>, names: &[String]) {
         .map(|n| {
             let pods = pods.clone();
             async move {
+                // As a kubelet leaves a pod it stopped (phase Failed, then the delete): the
+                // leaks here are CNI DELs that never ran. Deleted Running, a pod is fenced on
+                // any node until its kubelet may have stopped it (see the README's promise).
+                let failed = Patch::Merge(json!({"status": {"phase": "Failed"}}));
+                let _ = pods
+                    .patch_status(&n, &PatchParams::default(), &failed)
+                    .await;
                 let _ = pods
                     .delete(&n, &DeleteParams::default().grace_period(0))
                     .await;
@@ -488,7 +565,7 @@ fn spawn_checker(
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         // Live reservations seen missing, since when.
-        let mut gaps: BTreeMap<(Ipv4Addr, String), Instant> = BTreeMap::new();
+        let mut gaps: BTreeMap<(Ipv4Addr, String), (Instant, jiff::Timestamp)> = BTreeMap::new();
         loop {
             // Read the guard first: what is added after the read is not judged yet.
             let (live, fenced) = {
@@ -513,16 +590,17 @@ fn spawn_checker(
                     }
                     let key = (*ip, podref.clone());
                     if reserved.get(ip) == Some(podref) {
-                        if let Some(since) = gaps.remove(&key) {
+                        if let Some((since, _)) = gaps.remove(&key) {
                             let mut s = gap_stats.lock().unwrap();
                             s.0 += 1;
                             s.1 = s.1.max(read_at - since);
                         }
                     } else {
-                        let since = *gaps.entry(key).or_insert(read_at);
+                        let (since, at) =
+                            *gaps.entry(key).or_insert((read_at, jiff::Timestamp::now()));
                         if read_at - since > RESERVATION_GAP {
                             found.push(format!(
-                                "live {podref}'s reservation {ip} missing for more than {RESERVATION_GAP:?}"
+                                "live {podref}'s reservation {ip} missing for more than {RESERVATION_GAP:?} (seen missing from {at})"
                             ));
                         }
                     }
@@ -832,6 +910,7 @@ async fn setup(cp: &ControlPlane, seed: u64) -> anyhow::Result<Trial<'_>> {
         next_pod: 0,
         live: BTreeMap::new(),
         dead: Vec::new(),
+        forged: Vec::new(),
         guard: Arc::default(),
         violations: Arc::default(),
     })
@@ -870,6 +949,7 @@ async fn run_trial(cp: &ControlPlane, kind: Kind, seed: u64) -> anyhow::Result<O
     let mut bound = SWEEP + GRACE + SLACK;
     let mut details = String::new();
     let mut cleaned: Option<BTreeSet<Ipv4Addr>> = None;
+    let mut heal_after = None;
     let fault_end = match kind {
         Kind::KillMidBatch => {
             t.unguard(&victims);
@@ -1148,9 +1228,35 @@ async fn run_trial(cp: &ControlPlane, kind: Kind, seed: u64) -> anyhow::Result<O
             }
             Instant::now()
         }
+        Kind::ReservationDeletesRefused
+        | Kind::LeaderLostBetweenPatchAndDelete
+        | Kind::ForgedAnnotations
+        | Kind::ManualRaces
+        | Kind::ForeignCleaner => {
+            let fault = match kind {
+                Kind::ReservationDeletesRefused => {
+                    reservation_deletes_refused(&mut t, &mut rng, &victims).await?
+                }
+                Kind::LeaderLostBetweenPatchAndDelete => {
+                    leader_lost_between_patch_and_delete(&mut t, &mut rng, &victims).await?
+                }
+                Kind::ForgedAnnotations => forged_annotations(&mut t, &mut rng, &victims).await?,
+                Kind::ManualRaces => manual_races(&mut t, &mut rng, &victims, seed).await?,
+                _ => foreign_cleaner(&mut t, &mut rng, &victims).await?,
+            };
+            bound = fault.bound;
+            details = fault.details;
+            heal_after = fault.heal_after;
+            fault.end
+        }
     };
     *pids.lock().unwrap() = t.controllers.iter().map(|c| c.id()).collect();
     let freed_in = wait_freed(&t, fault_end, bound).await?;
+    // A replica kept cut until the leaks were freed returns, with what it holds.
+    if let Some(i) = heal_after {
+        t.proxies[i].clear();
+        t.proxies[i].heal();
+    }
     // One more look with everything settled.
     tokio::time::sleep(SWEEP * 2).await;
     for task in &tasks {
@@ -1196,6 +1302,13 @@ async fn run_trial(cp: &ControlPlane, kind: Kind, seed: u64) -> anyhow::Result<O
         let _ = c.kill();
         let _ = c.wait();
     }
+    // The trial's pods go with it: the next trial's namespace has a network over the same
+    // range (a pool of the same name), and its pods would list these addresses too (the
+    // manual commands refuse an address a live pod of any such network lists). Forged pods
+    // are large besides: later trials' controllers would list them all.
+    let mut left: Vec<String> = t.live.keys().cloned().collect();
+    left.extend(t.forged.iter().cloned());
+    delete_pods(t.pods(), &left).await;
     let faults = t
         .proxies
         .iter()
@@ -1216,6 +1329,413 @@ async fn run_trial(cp: &ControlPlane, kind: Kind, seed: u64) -> anyhow::Result<O
         faults,
         violations,
     })
+}
+
+/// How a fault of the later kinds ended: when, the bound for the leaks from then, what to print,
+/// and a replica kept cut until the leaks are freed.
+struct Fault {
+    end: Instant,
+    bound: Duration,
+    details: String,
+    heal_after: Option<usize>,
+}
+
+const RESERVATIONS: &str = "overlappingrangeipreservations";
+
+/// [`Kind::ReservationDeletesRefused`].
+async fn reservation_deletes_refused(
+    t: &mut Trial<'_>,
+    rng: &mut StdRng,
+    victims: &[String],
+) -> anyhow::Result<Fault> {
+    let delete = Some("delete");
+    let refused = vec![
+        Rule::new(
+            delete,
+            Some(RESERVATIONS),
+            Action::Delay(Duration::from_secs(2)),
+        )
+        .sometimes(0.15),
+        Rule::new(delete, Some(RESERVATIONS), Action::Status(429)).sometimes(0.3),
+        Rule::new(delete, Some(RESERVATIONS), Action::Status(503)).sometimes(0.5),
+        Rule::new(delete, Some(RESERVATIONS), Action::Status(500)),
+    ];
+    for p in &t.proxies {
+        p.set_rules(refused.clone());
+    }
+    let (recreated, gone) = victims.split_at(victims.len() / 3);
+    t.delete(gone).await;
+    for name in recreated {
+        let node = t.live[name].node.clone();
+        t.delete(std::slice::from_ref(name)).await;
+        // The next pod of the name comes before the controller released the old entry (it
+        // gets it back by podref) or after (a reservation left behind for a live name).
+        tokio::time::sleep(Duration::from_millis(rng.random_range(0..1500))).await;
+        t.allocate(name, &node).await?;
+    }
+    tokio::time::sleep(Duration::from_millis(rng.random_range(3000..6000))).await;
+    for p in &t.proxies {
+        p.clear();
+    }
+    let refusals: u64 = t
+        .proxies
+        .iter()
+        .flat_map(|p| p.injected())
+        .filter(|(k, _)| k.ends_with(&format!("delete {RESERVATIONS}")))
+        .map(|(_, n)| n)
+        .sum();
+    Ok(Fault {
+        end: Instant::now(),
+        // A 429 pauses every write for its Retry-After.
+        bound: SWEEP + GRACE + SLACK + Duration::from_secs(2),
+        details: format!(
+            "{refusals} deletes refused or slowed, {} recreated",
+            recreated.len()
+        ),
+        heal_after: None,
+    })
+}
+
+/// [`Kind::LeaderLostBetweenPatchAndDelete`].
+async fn leader_lost_between_patch_and_delete(
+    t: &mut Trial<'_>,
+    rng: &mut StdRng,
+    victims: &[String],
+) -> anyhow::Result<Fault> {
+    let leader = t.leader().await?;
+    let proxy = t.proxies[leader].clone();
+    proxy.set_rules(vec![Rule::new(
+        Some("patch"),
+        Some("ippools"),
+        Action::CutAfter,
+    )]);
+    t.delete(victims).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !proxy.is_cut() {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the leader sent no pool patch within 30 s of the deletions"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let cut = Instant::now();
+    proxy.set_rules(Vec::new());
+    // What the cut leader deleted before its patch: the deletes it sends now never arrive.
+    let deleted_before = proxy
+        .writes()
+        .iter()
+        .filter(|w| w.verb == "delete" && w.resource == RESERVATIONS)
+        .count();
+    let kill = rng.random_bool(0.5);
+    if kill {
+        t.kill(leader).await?;
+        t.spawn_controller()?;
+    }
+    Ok(Fault {
+        end: cut,
+        bound: TAKEOVER + SWEEP + GRACE + SLACK,
+        details: format!(
+            "cut after its pool patch ({deleted_before} reservation deletes before), {}",
+            if kill {
+                "then killed"
+            } else {
+                "healed once freed"
+            }
+        ),
+        heal_after: (!kill).then_some(leader),
+    })
+}
+
+/// [`Kind::ForgedAnnotations`].
+async fn forged_annotations(
+    t: &mut Trial<'_>,
+    rng: &mut StdRng,
+    victims: &[String],
+) -> anyhow::Result<Fault> {
+    let n = rng.random_range(100..=200);
+    let network = format!("{}/net", t.ns);
+    let base = u32::from(Ipv4Addr::new(10, 64, 0, 0));
+    // The first 256 addresses of the range: every allocated one, live or leaked.
+    let shared = |k: usize| Ipv4Addr::from(base + k as u32).to_string();
+    let kinds = testenv::fixtures::FORGED_KINDS;
+    let statuses: Vec<String> = kinds
+        .iter()
+        .map(|k| testenv::fixtures::forged_network_status(k, &network, shared))
+        .collect();
+    let names: Vec<String> = (0..n)
+        .map(|i| format!("forged-{}-{i}", kinds[i % kinds.len()]))
+        .collect();
+    t.forged.extend(names.iter().cloned());
+    let pods = t.pods();
+    let forging = stream::iter(names.iter().enumerate())
+        .map(|(i, name)| {
+            let pod = testenv::fixtures::forged_pod(
+                name,
+                NETWORK_STATUS_ANNOTATION,
+                statuses[i % kinds.len()].clone(),
+            );
+            let pods = pods.clone();
+            async move { pods.create(&PostParams::default(), &pod).await }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<_>>();
+    let groups: Vec<(Vec<String>, Duration)> = victims
+        .chunks(4)
+        .map(|g| {
+            (
+                g.to_vec(),
+                Duration::from_millis(rng.random_range(100..600)),
+            )
+        })
+        .collect();
+    let deleting = async {
+        for (group, pause) in &groups {
+            t.delete(group).await;
+            tokio::time::sleep(*pause).await;
+        }
+    };
+    let (created, ()) = tokio::join!(forging, deleting);
+    let refused = created.iter().filter(|c| c.is_err()).count();
+    anyhow::ensure!(refused == 0, "{refused} of {n} forged pods not created");
+    Ok(Fault {
+        end: Instant::now(),
+        bound: SWEEP + GRACE + SLACK,
+        details: format!("{n} forged pods"),
+        heal_after: None,
+    })
+}
+
+/// `ipreclaim release <args>` as an operator runs it, with `kubeconfig`: its exit code and
+/// what it printed.
+async fn run_release(
+    kubeconfig: PathBuf,
+    ns: String,
+    args: Vec<String>,
+) -> anyhow::Result<(i32, String)> {
+    tokio::task::spawn_blocking(move || {
+        // Extra flags (`--force`), to see what the suite finds with them.
+        let extra = std::env::var("CHAOS_RELEASE_ARGS").unwrap_or_default();
+        let out = Command::new(ipreclaim_binary())
+            .arg("release")
+            .args(&args)
+            .args(extra.split_whitespace())
+            .args(["--whereabouts-namespace", &ns, "--kubeconfig"])
+            .arg(&kubeconfig)
+            .env_remove("KUBECONFIG")
+            .output()?;
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok((out.status.code().unwrap_or(-1), said))
+    })
+    .await?
+}
+
+/// [`Kind::ManualRaces`].
+async fn manual_races(
+    t: &mut Trial<'_>,
+    rng: &mut StdRng,
+    victims: &[String],
+    seed: u64,
+) -> anyhow::Result<Fault> {
+    // The operator's own path to the apiserver, whose pool patches are slow: the window between
+    // the command's last read of the pod and its write is wide.
+    let operator = FaultProxy::start(t.client.clone(), seed ^ 0x0b5).await?;
+    operator.set_rules(vec![
+        Rule::new(
+            Some("patch"),
+            Some("ippools"),
+            Action::Delay(Duration::from_millis(1200)),
+        )
+        .sometimes(0.5),
+        Rule::new(
+            Some("patch"),
+            Some("ippools"),
+            Action::Delay(Duration::from_millis(300)),
+        ),
+    ]);
+    let kubeconfig = t.dir.join("operator.kubeconfig");
+    t.cp.write_kubeconfig_through_faults(&operator, &t.ns, &kubeconfig)?;
+    let held = rng.random_bool(0.5);
+    if held {
+        for p in &t.proxies {
+            p.set_rules(vec![
+                Rule::new(Some("patch"), Some("ippools"), Action::Hold),
+                Rule::new(Some("delete"), Some(RESERVATIONS), Action::Hold),
+            ]);
+        }
+    }
+    let mut log = String::new();
+    let mut counts = [0usize; 3];
+    for name in victims {
+        let old = t.live[name].clone();
+        let podref = format!("{}/{name}", t.ns);
+        let args: Vec<String> = match rng.random_range(0..4) {
+            0 | 1 => vec!["--pod".into(), podref],
+            2 => vec!["--ip".into(), old.ip.to_string()],
+            _ => vec![
+                "--ip".into(),
+                old.ip.to_string(),
+                "--sandbox".into(),
+                old.sandbox.clone(),
+            ],
+        };
+        // The command takes a moment to start and read; the pod comes before it reads, while
+        // it writes, or after.
+        let command_after = Duration::from_millis(rng.random_range(0..600));
+        let pod_after = Duration::from_millis(rng.random_range(0..2500));
+        let another = rng.random_bool(0.5);
+        t.delete(std::slice::from_ref(name)).await;
+        let releasing = {
+            let (kubeconfig, ns, args) = (kubeconfig.clone(), t.ns.clone(), args.clone());
+            async move {
+                tokio::time::sleep(command_after).await;
+                run_release(kubeconfig, ns, args).await
+            }
+        };
+        let recreating = async {
+            tokio::time::sleep(pod_after).await;
+            t.allocate(name, &old.node).await?;
+            if another {
+                t.add_pod(None).await?;
+            }
+            anyhow::Ok(())
+        };
+        let (released, recreated) = tokio::join!(releasing, recreating);
+        recreated?;
+        let (code, said) = released?;
+        counts[match code {
+            0 => 0,
+            1 => 1,
+            _ => 2,
+        }] += 1;
+        log.push_str(&format!(
+            "$ ipreclaim release {} (command after {command_after:?}, pod after {pod_after:?})\nexit {code}\n{said}\n",
+            args.join(" ")
+        ));
+    }
+    std::fs::write(t.dir.join("operator.log"), log)?;
+    if held {
+        for p in &t.proxies {
+            p.clear();
+        }
+    }
+    Ok(Fault {
+        end: Instant::now(),
+        bound: SWEEP + GRACE + SLACK,
+        details: format!(
+            "release: {} done, {} refused or nothing, {} errors{}",
+            counts[0],
+            counts[1],
+            counts[2],
+            if held { "; controllers held" } else { "" }
+        ),
+        heal_after: None,
+    })
+}
+
+/// [`Kind::ForeignCleaner`].
+async fn foreign_cleaner(
+    t: &mut Trial<'_>,
+    rng: &mut StdRng,
+    victims: &[String],
+) -> anyhow::Result<Fault> {
+    let lag = Duration::from_secs(3600);
+    t.set_zone(0, false, lag).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let zone_a: BTreeSet<String> = t.nodes[..ZONE_NODES].iter().cloned().collect();
+    let (in_a, in_b): (Vec<String>, Vec<String>) = victims
+        .iter()
+        .cloned()
+        .partition(|n| zone_a.contains(&t.live[n].node));
+    let fenced: BTreeSet<Ipv4Addr> = in_a.iter().map(|n| t.live[n].ip).collect();
+    t.guard_fenced(&in_a);
+    t.delete(&in_a).await;
+    t.delete(&in_b).await;
+    // ipreclaim fences them: their entries name `<pod>:fenced`.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let e = entries(&t.client, &t.ns).await?;
+        let marked = fenced
+            .iter()
+            .filter(|ip| e.get(ip).is_some_and(|(_, p)| p.ends_with(":fenced")))
+            .count();
+        if marked == fenced.len() {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{marked} of {} entries fenced after 30 s",
+            fenced.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(rng.random_range(0..2000))).await;
+    // The other cleaner finds no pod `<pod>:fenced` and frees them: not ipreclaim's doing.
+    {
+        let mut g = t.guard.lock().unwrap();
+        for ip in &fenced {
+            g.fenced.remove(ip);
+        }
+    }
+    let freed = free_as_another_cleaner(&t.client, &t.ns, &fenced).await?;
+    // New pods get those addresses from the real CNI.
+    let before: BTreeSet<String> = t.live.keys().cloned().collect();
+    for _ in 0..fenced.len() + 2 {
+        t.add_pod(Some(1)).await?;
+    }
+    let reused = t
+        .live
+        .values()
+        .filter(|a| !before.contains(&a.name) && fenced.contains(&a.ip))
+        .count();
+    tokio::time::sleep(Duration::from_millis(rng.random_range(500..2000))).await;
+    let back = t.zone_back(0, lag).await?;
+    Ok(Fault {
+        end: back,
+        bound: SETTLE + SLACK,
+        details: format!(
+            "{freed} fenced entries freed by another cleaner, {reused} taken by new pods"
+        ),
+        heal_after: None,
+    })
+}
+
+/// Removes the entries of `ips` that name a fenced pod (`<pod>:fenced`) and deletes their
+/// reservations, as a cleaner that does not know ipreclaim's marks would (whereabouts'
+/// reconciler finds no such pod): how many entries it removed.
+async fn free_as_another_cleaner(
+    client: &Client,
+    ns: &str,
+    ips: &BTreeSet<Ipv4Addr>,
+) -> anyhow::Result<usize> {
+    let base = u32::from(Ipv4Addr::new(10, 64, 0, 0));
+    let held = entries(client, ns).await?;
+    let mut ops = Vec::new();
+    for ip in ips {
+        let Some((_, podref)) = held.get(ip).filter(|(_, p)| p.ends_with(":fenced")) else {
+            continue;
+        };
+        let path = format!("/spec/allocations/{}", u32::from(*ip) - base);
+        ops.push(json!({"op": "test", "path": format!("{path}/podref"), "value": podref}));
+        ops.push(json!({"op": "remove", "path": path}));
+    }
+    let removed = ops.len() / 2;
+    if removed > 0 {
+        let patch: json_patch::Patch = serde_json::from_value(json!(ops))?;
+        Api::<IPPool>::namespaced(client.clone(), ns)
+            .patch(POOL, &PatchParams::default(), &Patch::Json::<()>(patch))
+            .await?;
+    }
+    let reservations = Api::<OverlappingRangeIPReservation>::namespaced(client.clone(), ns);
+    for ip in ips {
+        let _ = reservations
+            .delete(&ip.to_string(), &DeleteParams::default())
+            .await;
+    }
+    Ok(removed)
 }
 
 fn arg(name: &str) -> Option<String> {
@@ -1269,7 +1789,7 @@ async fn main() -> anyhow::Result<()> {
         rows.push((i, kind, trial_seed, o));
     }
     println!(
-        "{:<5} {:<23} {:<21} {:>5} {:>7} {:>6} {:>6} {:>9} {:>6} {:>7} {:>9} {:>10} details",
+        "{:<5} {:<31} {:<21} {:>5} {:>7} {:>6} {:>6} {:>9} {:>6} {:>7} {:>9} {:>10} details",
         "trial",
         "fault",
         "seed",
@@ -1285,7 +1805,7 @@ async fn main() -> anyhow::Result<()> {
     );
     for (i, kind, s, o) in &rows {
         println!(
-            "{:<5} {:<23} {:<21} {:>5} {:>7} {:>6} {:>6} {:>8.1}s {:>5.0}s {:>4}MiB {:>9} {:>10} {}",
+            "{:<5} {:<31} {:<21} {:>5} {:>7} {:>6} {:>6} {:>8.1}s {:>5.0}s {:>4}MiB {:>9} {:>10} {}",
             i,
             format!("{kind:?}"),
             s,

@@ -1114,48 +1114,23 @@ fn chart_memory_limit_mib() -> anyhow::Result<f64> {
 async fn forge(bench: &Bench, n: usize) -> anyhow::Result<()> {
     let ns = bench.ns.clone();
     let net = format!("{ns}/{}", network(bench.in_use[0]));
-    let ip = |k: usize| format!("198.19.{}.{}", k / 256 % 256, k % 256);
-    let status = |kind: &str| -> String {
-        let entries: Vec<serde_json::Value> = match kind {
-            "big" => vec![serde_json::json!({
-                "name": net, "interface": "net1", "ips": (0..9_000).map(ip).collect::<Vec<_>>(),
-            })],
-            "wide" => (0..400)
-                .map(|k| serde_json::json!({"name": net, "ips": [ip(k)]}))
-                .collect(),
-            "many" => vec![serde_json::json!({
-                "name": net, "interface": "net1", "ips": (0..1_500).map(ip).collect::<Vec<_>>(),
-            })],
-            _ => (0..16)
-                .map(|k| {
-                    let ips: Vec<String> = (0..16)
-                        .map(|j| address(bench.in_use[0], 3000 + k * 16 + j))
-                        .collect();
-                    serde_json::json!({"name": net, "interface": format!("net{k}"), "ips": ips})
-                })
-                .collect(),
-        };
-        serde_json::Value::from(entries).to_string()
-    };
-    let kinds = ["big", "wide", "many", "shared"];
-    let statuses: Vec<String> = kinds.iter().map(|k| status(k)).collect();
-    let blob = "x".repeat(100 * 1024);
+    let shared = |k: usize| address(bench.in_use[0], 3000 + k);
+    let kinds = testenv::fixtures::FORGED_KINDS;
+    let statuses: Vec<String> = kinds
+        .iter()
+        .map(|k| testenv::fixtures::forged_network_status(k, &net, shared))
+        .collect();
     let started = Instant::now();
     let pods = bench.pods();
     stream::iter(0..n)
         .map(|i| {
             let (pods, kind) = (pods.clone(), kinds[i % kinds.len()]);
-            let annotations = BTreeMap::from([
-                (
-                    NETWORK_STATUS_ANNOTATION.to_string(),
-                    statuses[i % kinds.len()].clone(),
-                ),
-                ("tenant.example.com/blob".to_string(), blob.clone()),
-            ]);
-            async move {
-                let pod = testenv::fixtures::pod(&format!("forged-{kind}-{i}"), Some(annotations));
-                pods.create(&PostParams::default(), &pod).await
-            }
+            let pod = testenv::fixtures::forged_pod(
+                &format!("forged-{kind}-{i}"),
+                NETWORK_STATUS_ANNOTATION,
+                statuses[i % kinds.len()].clone(),
+            );
+            async move { pods.create(&PostParams::default(), &pod).await }
         })
         .buffer_unordered(16)
         .try_collect::<Vec<_>>()

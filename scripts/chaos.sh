@@ -4,8 +4,9 @@
 # trial (see benches/chaos.rs); invariants checked every 100 ms; prints each trial's seed and a
 # table, exits 1 on any violation.
 # Args: [--seed S] [--trials N] [--kinds ZoneOutage,WriteStorm,...] (default: one trial per
-# fault kind). CHAOS_IPRECLAIM=<binary> runs another build (e.g. an older commit's) and
-# CHAOS_CONTROLLER_ARGS="--flag=value" overrides controller flags, to see what the suite finds.
+# fault kind). CHAOS_IPRECLAIM=<binary> runs another build (e.g. an older commit's),
+# CHAOS_CONTROLLER_ARGS="--flag=value" overrides controller flags and CHAOS_RELEASE_ARGS adds
+# flags to the ManualRaces trials' `ipreclaim release` (e.g. --force), to see what the suite finds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 IPRECLAIM_BIN_DIR=$(./scripts/setup.sh | tail -n 1)

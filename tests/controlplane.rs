@@ -255,6 +255,50 @@ async fn the_fault_proxy_forwards_refuses_holds_and_cuts_watches() {
     );
 }
 
+/// A `CutAfter` rule lets its write through and answers it, then partitions the proxy: the
+/// next request is not answered until healed (the chaos suite's leader lost between a pool
+/// patch and a reservation delete).
+#[tokio::test]
+async fn the_fault_proxy_cuts_right_after_a_write_it_answered() {
+    use testenv::faultproxy::{Action, FaultProxy, Rule};
+    let cp = ControlPlane::shared();
+    let (admin, ns) = cp.client_and_namespace("cutafter").await;
+    let proxy = FaultProxy::start(admin.clone(), 7).await.unwrap();
+    let client = cp.client_through_faults(&proxy).await;
+    let maps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client, &ns);
+    proxy.set_rules(vec![Rule::new(
+        Some("create"),
+        Some("configmaps"),
+        Action::CutAfter,
+    )]);
+    let mut cm = k8s_openapi::api::core::v1::ConfigMap::default();
+    cm.metadata.name = Some("a".into());
+    let created = tokio::time::timeout(
+        Duration::from_secs(10),
+        maps.create(&PostParams::default(), &cm),
+    )
+    .await
+    .expect("the write that cuts is answered")
+    .unwrap();
+    assert_eq!(created.metadata.name.as_deref(), Some("a"));
+    assert!(proxy.is_cut());
+    let next = tokio::spawn({
+        let maps = maps.clone();
+        async move { maps.get("a").await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!next.is_finished(), "a request after the cut was answered");
+    proxy.clear();
+    proxy.heal();
+    next.await.unwrap().expect("answered once healed");
+    let counts = proxy.injected();
+    assert_eq!(
+        counts.get("cut-after create configmaps"),
+        Some(&1),
+        "{counts:?}"
+    );
+}
+
 /// The chaos suite's allocator is the real whereabouts CNI binary: ADD writes a pool entry and
 /// a reservation naming the pod, an ADD for the same pod (a new sandbox) gets the same address
 /// back, and DEL of the sandbox that holds the entry frees both.

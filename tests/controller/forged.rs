@@ -5,7 +5,6 @@
 //! pod keeps its allocations), reported once per pod. How long a release takes meanwhile is
 //! printed by `cargo bench --bench scale -- --phases hostile`, not asserted here.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures::{StreamExt, stream};
@@ -23,46 +22,13 @@ const ADDRESS_SPACE: u64 = 4 << 30;
 
 /// Forged pods of each kind.
 const EACH: usize = 100;
-/// An annotation no controller reads, on every forged pod: with the forged network-status, a
-/// pod's annotations stay under the apiserver's 256 KiB.
-const BLOB: usize = 100 * 1024;
-
-/// The forged network-status of pod `i` of `kind` in `ns`. `big`, `wide` and `many` break a cap
-/// each (size, attachments, addresses per attachment); `shared` keeps to every cap and lists
-/// the same 256 addresses as every other `shared` pod.
-fn forged(kind: &str, ns: &str) -> String {
-    let bulk = format!("{ns}/bulk");
-    let ip = |k: usize| format!("198.19.{}.{}", k / 256 % 256, k % 256);
-    let entries: Vec<serde_json::Value> = match kind {
-        // 130 KiB of addresses on one attachment.
-        "big" => vec![serde_json::json!({
-            "name": bulk, "interface": "net1",
-            "ips": (0..9_000).map(ip).collect::<Vec<_>>(),
-        })],
-        "wide" => (0..400)
-            .map(|k| serde_json::json!({"name": bulk, "ips": [ip(k)]}))
-            .collect(),
-        "many" => vec![serde_json::json!({
-            "name": bulk, "interface": "net1", "ips": (0..1_500).map(ip).collect::<Vec<_>>(),
-        })],
-        _ => (0..16)
-            .map(|k| {
-                let ips: Vec<String> = (0..16)
-                    .map(|j| format!("198.18.100.{}", k * 16 + j))
-                    .collect();
-                serde_json::json!({"name": bulk, "interface": format!("net{k}"), "ips": ips})
-            })
-            .collect(),
-    };
-    serde_json::Value::from(entries).to_string()
-}
-
+/// Pod `i` of forged `kind` (see `testenv::fixtures::FORGED_KINDS`) in `ns`: `shared` pods
+/// list 198.18.100.0-255.
 fn forged_pod(kind: &str, ns: &str, i: usize) -> k8s_openapi::api::core::v1::Pod {
-    let annotations = BTreeMap::from([
-        (NETWORK_STATUS_ANNOTATION.to_string(), forged(kind, ns)),
-        ("tenant.example.com/blob".to_string(), "x".repeat(BLOB)),
-    ]);
-    testenv::fixtures::pod(&format!("{kind}-{i}"), Some(annotations))
+    let status = testenv::fixtures::forged_network_status(kind, &format!("{ns}/bulk"), |k| {
+        format!("198.18.100.{k}")
+    });
+    testenv::fixtures::forged_pod(&format!("{kind}-{i}"), NETWORK_STATUS_ANNOTATION, status)
 }
 
 /// The peak resident memory of process `pid`, in MiB.
@@ -116,7 +82,7 @@ async fn hundreds_of_forged_pods_stop_no_release_and_stay_far_from_the_memory_li
         .collect();
     env.pool("198.18.0.0-16", "198.18.0.0/16", &entries).await;
     let pods = env.pods();
-    let made: Vec<(String, usize)> = ["big", "wide", "many", "shared"]
+    let made: Vec<(String, usize)> = testenv::fixtures::FORGED_KINDS
         .iter()
         .flat_map(|k| (0..EACH).map(move |i| (k.to_string(), i)))
         .collect();

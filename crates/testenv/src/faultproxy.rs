@@ -2,7 +2,8 @@
 //! apiserver, for the chaos suite. The client speaks plain HTTP to it; it forwards each request
 //! with an admin client of its own over TLS. Rules chosen per verb and resource delay, hold or
 //! refuse requests (409/422/429 with Retry-After/5xx) and delay watch events; watch streams can
-//! be cut, and the whole replica partitioned (every request and open stream stops until healed).
+//! be cut, and the whole replica partitioned (every request and open stream stops until healed),
+//! also by a rule right after a matching write was answered (a leader lost between two writes).
 //! Every request and every injected fault is counted, and every write forwarded is logged with
 //! its time so a test can tell which replica wrote when.
 
@@ -41,6 +42,10 @@ pub enum Action {
     /// Forward, and shift the answer's `Date` header by this much (an apiserver whose clock
     /// differs from the client's).
     ShiftDate(jiff::SignedDuration),
+    /// Forward, read the whole answer, partition the proxy (as [`FaultProxy::cut`]) and then
+    /// deliver that answer: the request took effect and the client knows it, but nothing it
+    /// sends next arrives until healed (a leader lost right after a write passed).
+    CutAfter,
 }
 
 /// A rule: requests whose verb and resource match (None matches all) get `action` with
@@ -96,8 +101,8 @@ struct State {
 pub struct FaultProxy {
     addr: SocketAddr,
     state: Arc<Mutex<State>>,
-    /// False while partitioned.
-    open: watch::Sender<bool>,
+    /// False while partitioned (also set by a [`Action::CutAfter`] rule).
+    open: Arc<watch::Sender<bool>>,
     /// Bumped to end every open watch stream.
     watch_cuts: watch::Sender<u64>,
     /// Bumped to let held requests go.
@@ -117,13 +122,14 @@ impl FaultProxy {
             injected: BTreeMap::new(),
             writes: Vec::new(),
         }));
-        let (open, _) = watch::channel(true);
+        let open = Arc::new(watch::channel(true).0);
         let (watch_cuts, _) = watch::channel(0u64);
         let (releases, _) = watch::channel(0u64);
         let shared = Shared {
             upstream,
             state: state.clone(),
             open: open.subscribe(),
+            cutter: open.clone(),
             watch_cuts: watch_cuts.subscribe(),
             releases: releases.subscribe(),
         };
@@ -187,6 +193,12 @@ impl FaultProxy {
         self.open.send_replace(true);
     }
 
+    /// Whether the proxy is partitioned now (by [`cut`](Self::cut) or a [`Action::CutAfter`]
+    /// rule).
+    pub fn is_cut(&self) -> bool {
+        !*self.open.borrow()
+    }
+
     /// Requests seen, by "verb resource".
     pub fn requests(&self) -> BTreeMap<String, u64> {
         self.state.lock().unwrap().requests.clone()
@@ -214,6 +226,8 @@ struct Shared {
     upstream: Client,
     state: Arc<Mutex<State>>,
     open: watch::Receiver<bool>,
+    /// Partitions the proxy after a [`Action::CutAfter`] write.
+    cutter: Arc<watch::Sender<bool>>,
     watch_cuts: watch::Receiver<u64>,
     releases: watch::Receiver<u64>,
 }
@@ -234,7 +248,7 @@ impl Shared {
                 let _ = releases.changed().await;
             }
             Some(Action::Status(code)) => return refusal(*code),
-            Some(Action::DelayEvents(_) | Action::ShiftDate(_)) | None => {}
+            Some(Action::DelayEvents(_) | Action::ShiftDate(_) | Action::CutAfter) | None => {}
         }
         let _ = open.wait_for(|o| *o).await;
         let (parts, body) = req.into_parts();
@@ -269,6 +283,16 @@ impl Shared {
         if let Some(Action::ShiftDate(by)) = action {
             shift_date(&mut parts.headers, by);
         }
+        if action == Some(Action::CutAfter) {
+            // The whole answer first: the cut must not swallow it (it ends open streams).
+            let whole = match body.collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(e) => return status(StatusCode::BAD_GATEWAY, &e.to_string()),
+            };
+            self.cutter.send_replace(false);
+            let full = Full::new(whole).map_err(|never| match never {});
+            return Response::from_parts(parts, BodyExt::boxed_unsync(full));
+        }
         let event_delay = match action {
             Some(Action::DelayEvents(d)) => Some(d),
             _ => None,
@@ -296,6 +320,7 @@ impl Shared {
             Action::Status(c) => c.to_string(),
             Action::DelayEvents(_) => "delay-events".to_string(),
             Action::ShiftDate(_) => "shift-date".to_string(),
+            Action::CutAfter => "cut-after".to_string(),
         };
         *s.injected
             .entry(format!("{name} {verb} {resource}"))

@@ -108,3 +108,57 @@ pub async fn merge_status<K: Object>(api: &Api<K>, name: &str, patch: serde_json
         .await
         .unwrap();
 }
+
+/// The forged network-status kinds a tenant can write on a Pending pod (issue 35, item 4):
+/// `big` (130 KiB of addresses on one attachment), `wide` (400 attachments) and `many` (1,500
+/// addresses on one attachment) each break one of ipreclaim's caps; `shared` keeps to every cap
+/// (16 attachments of 16 addresses) and lists the 256 addresses it is given, as every other
+/// `shared` pod does.
+pub const FORGED_KINDS: [&str; 4] = ["big", "wide", "many", "shared"];
+
+/// An annotation no controller reads, 100 KiB, on every forged pod: with the forged
+/// network-status, a pod's annotations stay under the apiserver's 256 KiB.
+pub const FORGED_BLOB_KEY: &str = "tenant.example.com/blob";
+pub const FORGED_BLOB_BYTES: usize = 100 * 1024;
+
+/// The forged network-status of `kind` (one of [`FORGED_KINDS`]) for network `network`
+/// (`ns/nad`): `shared(k)` is the `k`th of the 256 addresses a `shared` one lists; the others
+/// list addresses of 198.19.0.0/16.
+pub fn forged_network_status(
+    kind: &str,
+    network: &str,
+    shared: impl Fn(usize) -> String,
+) -> String {
+    let ip = |k: usize| format!("198.19.{}.{}", k / 256 % 256, k % 256);
+    let entries: Vec<serde_json::Value> = match kind {
+        "big" => vec![serde_json::json!({
+            "name": network, "interface": "net1", "ips": (0..9_000).map(ip).collect::<Vec<_>>(),
+        })],
+        "wide" => (0..400)
+            .map(|k| serde_json::json!({"name": network, "ips": [ip(k)]}))
+            .collect(),
+        "many" => vec![serde_json::json!({
+            "name": network, "interface": "net1", "ips": (0..1_500).map(ip).collect::<Vec<_>>(),
+        })],
+        _ => (0..16)
+            .map(|k| {
+                let ips: Vec<String> = (0..16).map(|j| shared(k * 16 + j)).collect();
+                serde_json::json!({"name": network, "interface": format!("net{k}"), "ips": ips})
+            })
+            .collect(),
+    };
+    serde_json::Value::from(entries).to_string()
+}
+
+/// A Pending pod `name` (never scheduled) carrying `status` as its network-status (under
+/// `status_key`, ipreclaim's `NETWORK_STATUS_ANNOTATION`) and [`FORGED_BLOB_BYTES`] of an
+/// annotation no controller reads.
+pub fn forged_pod(name: &str, status_key: &str, status: String) -> Pod {
+    pod(
+        name,
+        Some(BTreeMap::from([
+            (status_key.to_string(), status),
+            (FORGED_BLOB_KEY.to_string(), "x".repeat(FORGED_BLOB_BYTES)),
+        ])),
+    )
+}
