@@ -11,7 +11,9 @@ use crate::api::slim::{NodeReadyView, OUT_OF_SERVICE_TAINT};
 use crate::index::{CoolingEntry, FenceSource, FencedEntry, Index, PodUid, UnrecordedMark};
 use crate::ipam::fence::{FENCED_PODREF_SUFFIX, FenceRecord};
 use crate::ipam::{NetworkAttachment, PodKey, PoolEntry};
-use crate::reclaim::fence::{AgentReport, AgentReports, FencePolicy, agent_says, distrust};
+use crate::reclaim::fence::{
+    AgentReport, AgentReports, DELETED_BEFORE_STOPPED, FencePolicy, agent_says, distrust,
+};
 use crate::reclaim::{
     Allocation, Decision, Judged, KeepReason, LivePod, PodKnowledge, PodPhase, PodRef, PoolContext,
     Reason, ReclaimConfig,
@@ -544,11 +546,13 @@ pub fn node_holds(
     if node.out_of_service {
         return None;
     }
-    // From the later of the Ready transition and the fence, as the controller counts: a pod
-    // deleted on a node Ready all along is stopped by its kubelet only from then on.
+    // A pod deleted before its kubelet stopped it, on a node Ready all along, is stopped by
+    // that kubelet only from the fence on: counted from the later of the two, as the
+    // controller counts. (A fence of a node not Ready then predates its Ready transition.)
+    let stopping = record.why.starts_with(DELETED_BEFORE_STOPPED);
     let since = ready
         .and_then(|c| c.last_transition_time.as_ref())
-        .map(|t| t.0.max(record.since));
+        .map(|t| if stopping { t.0.max(record.since) } else { t.0 });
     let ready_for =
         since.map(|t| Duration::try_from(now.duration_since(t)).unwrap_or(Duration::ZERO));
     // As the controller waits: the pod's grace period plus the margin, when longer.
@@ -561,9 +565,9 @@ pub fn node_holds(
     match ready_for {
         Some(d) if d >= settle => None,
         _ => Some(format!(
-            "node {name} has been Ready, and the fence set, for only {} (less than {}, the \
-             settle or the pod's grace period plus margin): its kubelet may still be stopping \
-             pod {}",
+            "node {name} has been Ready{} for only {} (less than {}, the settle or the pod's \
+             grace period plus margin): its kubelet may still be stopping pod {}",
+            if stopping { ", and the fence set," } else { "" },
             ready_for.map_or_else(
                 || "an unknown time".to_string(),
                 |d| { humantime::format_duration(Duration::from_secs(d.as_secs())).to_string() }
@@ -1001,7 +1005,7 @@ mod tests {
         );
         let early = holds(Some(&node_view("True", 29, false))).unwrap();
         assert!(
-            early.contains("Ready, and the fence set, for only 29s (less than 45s, the settle"),
+            early.contains("Ready for only 29s (less than 45s, the settle"),
             "{early}"
         );
         // The record names no grace: the API's default 30 s, plus the 15 s margin.
@@ -1018,6 +1022,8 @@ mod tests {
         let mut recent = f.clone();
         if let EntryWrite::Unfence(record, _) = &mut recent.request.write {
             record.since = jiff::Timestamp::from_second(1_800_000_000 - 10).unwrap();
+            record.why =
+                crate::reclaim::fence::deleted_before_stopped(false, false, Some(0)).unwrap();
         }
         let young = node_holds(&recent, Some(&node_view("True", 600, false)), now, settle);
         assert!(
