@@ -15,10 +15,10 @@ use crate::node_only::{
 };
 use crate::{GC_DONE, Platform, expect_clean_releases, pool_entries, wait_pool_matches_live_pods};
 
-const FENCED: &str = "IPAddressGarbageCollectionFenced";
+pub(crate) const FENCED: &str = "IPAddressGarbageCollectionFenced";
 
 /// web-0's (ip, sandbox id) in the pool.
-async fn web_0_entry(c: &Cluster) -> (String, String) {
+pub(crate) async fn web_0_entry(c: &Cluster) -> (String, String) {
     let entries = pool_entries(c).await;
     let web: Vec<_> = entries.iter().filter(|(n, _, _)| n == "web-0").collect();
     assert_eq!(web.len(), 1, "one entry for web-0: {entries:?}");
@@ -50,7 +50,7 @@ async fn fences(c: &Cluster) -> Vec<IPFence> {
 }
 
 /// The pool's fence records as "name=spec".
-async fn fence_records(c: &Cluster) -> Vec<String> {
+pub(crate) async fn fence_records(c: &Cluster) -> Vec<String> {
     fences(c)
         .await
         .into_iter()
@@ -62,7 +62,7 @@ async fn fence_records(c: &Cluster) -> Vec<String> {
 }
 
 /// The pod name of the controller replica holding the Lease.
-async fn lease_holder(client: &kube::Client) -> String {
+pub(crate) async fn lease_holder(client: &kube::Client) -> String {
     let lease = Api::<Lease>::namespaced(client.clone(), RELEASE_NS)
         .get("ipreclaim-controller")
         .await
