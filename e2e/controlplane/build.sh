@@ -162,13 +162,15 @@ build_cni() { # name version archive package extra-flags...
 build_whereabouts() { build_cni whereabouts "$WHEREABOUTS_VERSION" "whereabouts-$WHEREABOUTS_VERSION" ./cmd/ -mod=mod; }
 build_whereabouts_controlloop() { build_cni whereabouts-controlloop "$WHEREABOUTS_VERSION" "whereabouts-$WHEREABOUTS_VERSION" ./cmd/controlloop -mod=mod; }
 build_multus() { build_cni multus "$MULTUS_VERSION" "multus-cni-$MULTUS_VERSION" ./cmd/multus -mod=mod; }
-# The images of the kind suite: whereabouts' reconciler, Multus thick (daemon, shim, installer).
+# The images of the kind suite: whereabouts' reconciler, Multus thick (daemon, shim, installer,
+# the passthru plugin the installer copies too).
 build_kind_cni() {
   build_cni whereabouts-reconciler "$WHEREABOUTS_VERSION" "whereabouts-$WHEREABOUTS_VERSION" ./cmd/reconciler -mod=mod
   local c
   for c in multus-daemon multus-shim install_multus; do
     build_cni "$c" "$MULTUS_VERSION" "multus-cni-$MULTUS_VERSION" "./cmd/$c" -mod=mod
   done
+  build_cni passthru "$MULTUS_VERSION" "multus-cni-$MULTUS_VERSION" ./cmd/passthru-cni -mod=mod
 }
 
 KUBE_CMDS=(kube-apiserver kubectl)

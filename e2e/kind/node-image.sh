@@ -91,11 +91,15 @@ mkimage() {
   echo "$key" >"$out.key"
 }
 stage=$cache/stage
-# fresh NAME: an empty staging folder laid out as Debian's (merged /usr), /tmp included.
+# fresh NAME: an empty staging folder laid out as Debian's (merged /usr), /tmp and root's
+# /etc/passwd entry included.
 fresh() {
   local d=${stage:?}/$1 x
   rm -rf "$d" && mkdir -p "$d/tmp" "$d/etc" && chmod 1777 "$d/tmp"
   for x in bin sbin lib lib64; do mkdir -p "$d/usr/$x" && ln -s "usr/$x" "$d/$x"; done
+  # root in /etc/passwd: Go's os/user without cgo reads it (multus-daemon checks it runs as root).
+  echo 'root:x:0:0:root:/root:/bin/sh' >"$d/etc/passwd"
+  echo 'root:x:0:' >"$d/etc/group"
   echo "$d"
 }
 # copy_with_libs DEST-ROOT FILE...: files of the Debian root filesystem with the libraries they
@@ -155,7 +159,7 @@ mkimage "$reg/kube-proxy:$kv" '["/usr/local/bin/kube-proxy"]' "$d"
 
 # The suite's images, as their Dockerfiles lay them out (binaries from build.sh).
 d=$(fresh multus)
-for c in multus-daemon multus-shim install_multus; do install -D -m 0755 "$bin/$c-$MULTUS_VERSION" "$d/usr/src/multus-cni/bin/$c"; done
+for c in multus-daemon multus-shim install_multus passthru; do install -D -m 0755 "$bin/$c-$MULTUS_VERSION" "$d/usr/src/multus-cni/bin/$c"; done
 mkimage "ghcr.io/k8snetworkplumbingwg/multus-cni:$MULTUS_VERSION-thick" '["/usr/src/multus-cni/bin/multus-daemon"]' "$d"
 d=$(fresh whereabouts)
 busybox "$d"
