@@ -91,12 +91,15 @@ mkimage() {
   echo "$key" >"$out.key"
 }
 stage=$cache/stage
-# fresh NAME: an empty staging folder laid out as Debian's (merged /usr), /tmp and root's
-# /etc/passwd entry included.
+# fresh NAME: an empty staging folder laid out as Debian's (merged /usr, /var/run), /tmp and
+# root's /etc/passwd entry included.
 fresh() {
   local d=${stage:?}/$1 x
   rm -rf "$d" && mkdir -p "$d/tmp" "$d/etc" && chmod 1777 "$d/tmp"
   for x in bin sbin lib lib64; do mkdir -p "$d/usr/$x" && ln -s "usr/$x" "$d/$x"; done
+  # /var/run -> /run: Multus finds pod network namespaces under /var/run/netns (its DaemonSet
+  # mounts the node's /run/netns).
+  mkdir -p "$d/run" "$d/var" && ln -s ../run "$d/var/run"
   # root in /etc/passwd: Go's os/user without cgo reads it (multus-daemon checks it runs as root).
   echo 'root:x:0:0:root:/root:/bin/sh' >"$d/etc/passwd"
   echo 'root:x:0:' >"$d/etc/group"

@@ -65,7 +65,11 @@ cleanup() {
     "$kind" delete cluster --name "$cluster" >/dev/null 2>&1 || true
     if $local_mode; then dockerd_stop; fi
   fi
-  rm -f "$kubeconfig"
+  if $keep; then
+    echo "kept: KUBECONFIG=$kubeconfig$($local_mode && echo " DOCKER_HOST=$DOCKER_HOST") (e2e/kind/run.sh again removes it)" >&2
+  else
+    rm -f "$kubeconfig"
+  fi
   echo "e2e/kind/run.sh: $([[ $rc == 0 ]] && echo passed || echo "FAILED ($rc)") in $(( ($(date +%s) - start) / 60 )) min $(( ($(date +%s) - start) % 60 )) s" >&2
 }
 trap cleanup EXIT
