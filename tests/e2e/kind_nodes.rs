@@ -77,6 +77,13 @@ async fn node_of(client: &kube::Client, ns: &str, name: &str) -> String {
 /// A worker that does not run the controller's leader: the scenario freezes it, and the
 /// leader must keep deciding (a frozen leader's Lease would only hand over after its term).
 async fn worker_without_the_leader(client: &kube::Client) -> (String, String) {
+    // After a rollout the Lease may still name a replica that is gone.
+    let pods = Api::<Pod>::namespaced(client.clone(), RELEASE_NS);
+    wait_long("the Lease held by a controller pod that exists", || async {
+        let holder = lease_holder(client).await;
+        !holder.is_empty() && pods.get_opt(&holder).await.unwrap().is_some()
+    })
+    .await;
     let leader = lease_holder(client).await;
     let leader_node = node_of(client, RELEASE_NS, &leader).await;
     let nodes = Api::<NodeObject>::all(client.clone())
