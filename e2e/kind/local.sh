@@ -8,8 +8,9 @@
 #                      (--iptables=false --ip6tables=false --ip-forward=false --ip-masq=false;
 #                      another kubelet may run on this host); exports DOCKER_HOST. Leftovers of a
 #                      killed run (its engine, containers, networks, bridges) go first.
-#   dockerd_stop       the kind containers and networks removed, the engine stopped, its
-#                      bridges deleted (run.sh's exit trap; also after a failure)
+#   dockerd_stop       the kind containers, volumes and networks removed, the engine stopped,
+#                      its bridges (ipreclaim-d0, ipreclaim-kind) deleted (run.sh's exit
+#                      trap; also after a failure or Ctrl-C)
 # shellcheck shell=bash
 kind_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 kind_cache=${IPRECLAIM_CACHE:-$HOME/.cache/ipreclaim}/kind
@@ -34,8 +35,10 @@ kind_local_build() {
   echo "$out"
 }
 
-# Bridges of this engine: docker0's stand-in and kind's network (named br-<id>).
-dockerd_bridges() { ip -o link show type bridge 2>/dev/null | awk -F': ' '{print $2}' | grep -E '^(ipreclaim-d0|br-[0-9a-f]{12})$' || true; }
+# Bridges of this engine, by name: its default bridge and kind's network, which dockerd_start
+# makes before kind does (kind uses an existing "kind" network), so that nothing of another
+# engine on this host is touched.
+dockerd_bridges() { ip -o link show type bridge 2>/dev/null | awk -F': ' '{print $2}' | grep -xE 'ipreclaim-d0|ipreclaim-kind' || true; }
 
 dockerd_stop() {
   if [[ -S $docker_sock ]] && DOCKER_HOST=unix://$docker_sock timeout 10 docker info >/dev/null 2>&1; then
@@ -53,8 +56,7 @@ dockerd_stop() {
     kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
   fi
   rm -f "$docker_pidfile" "$docker_sock"
-  # Only the bridges this engine made (its own bridge name, and kind's network bridges, which
-  # no other engine makes on this machine: none other runs).
+  # Only the bridges this engine made.
   local b
   for b in $(dockerd_bridges); do ip link delete "$b" 2>/dev/null || true; done
   # Its mounts (overlay layers, the exec root) if it died without cleaning up.
@@ -75,8 +77,12 @@ dockerd_start() {
     --iptables=false --ip6tables=false --ip-forward=false --ip-masq=false \
     --log-level warn >"$docker_root/dockerd.log" 2>&1 &
   export DOCKER_HOST=unix://$docker_sock
-  for _ in $(seq 60); do docker info >/dev/null 2>&1 && return 0; sleep 0.5; done
-  tail -n 20 "$docker_root/dockerd.log" >&2
-  echo "dockerd did not start" >&2
-  return 1
+  local up=false
+  for _ in $(seq 60); do docker info >/dev/null 2>&1 && up=true && break; sleep 0.5; done
+  if ! $up; then
+    tail -n 20 "$docker_root/dockerd.log" >&2
+    echo "dockerd did not start" >&2
+    return 1
+  fi
+  docker network create -d bridge -o com.docker.network.bridge.name=ipreclaim-kind kind >/dev/null
 }

@@ -73,6 +73,7 @@ cleanup() {
   echo "e2e/kind/run.sh: $([[ $rc == 0 ]] && echo passed || echo "FAILED ($rc)") in $(( ($(date +%s) - start) / 60 )) min $(( ($(date +%s) - start) % 60 )) s" >&2
 }
 trap cleanup EXIT
+trap 'exit 130' INT TERM
 
 config=$here/cluster.yaml
 node_image=$KIND_NODE_IMAGE
