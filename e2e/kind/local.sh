@@ -40,13 +40,18 @@ kind_local_build() {
 # engine on this host is touched.
 dockerd_bridges() { ip -o link show type bridge 2>/dev/null | awk -F': ' '{print $2}' | grep -xE 'ipreclaim-d0|ipreclaim-kind' || true; }
 
+# Every container, volume and network of this engine (it is this suite's alone); images stay.
+dockerd_clear() {
+  local ids
+  mapfile -t ids < <(DOCKER_HOST=unix://$docker_sock docker ps -aq)
+  ((${#ids[@]} == 0)) || DOCKER_HOST=unix://$docker_sock docker rm -f -v "${ids[@]}" >/dev/null 2>&1 || true
+  DOCKER_HOST=unix://$docker_sock docker volume prune -f >/dev/null 2>&1 || true
+  DOCKER_HOST=unix://$docker_sock docker network prune -f >/dev/null 2>&1 || true
+}
+
 dockerd_stop() {
   if [[ -S $docker_sock ]] && DOCKER_HOST=unix://$docker_sock timeout 10 docker info >/dev/null 2>&1; then
-    local ids
-    mapfile -t ids < <(DOCKER_HOST=unix://$docker_sock docker ps -aq)
-    ((${#ids[@]} == 0)) || DOCKER_HOST=unix://$docker_sock docker rm -f -v "${ids[@]}" >/dev/null 2>&1 || true
-    DOCKER_HOST=unix://$docker_sock docker volume prune -f >/dev/null 2>&1 || true
-    DOCKER_HOST=unix://$docker_sock docker network prune -f >/dev/null 2>&1 || true
+    dockerd_clear
   fi
   local pid
   pid=$(cat "$docker_pidfile" 2>/dev/null || true)
@@ -84,5 +89,7 @@ dockerd_start() {
     echo "dockerd did not start" >&2
     return 1
   fi
+  # A killed run's containers come back with the engine: gone before kind starts.
+  dockerd_clear
   docker network create -d bridge -o com.docker.network.bridge.name=ipreclaim-kind kind >/dev/null
 }

@@ -59,6 +59,7 @@ else
 fi
 
 kubeconfig=$(mktemp)
+manifests=$(mktemp -d)
 cleanup() {
   local rc=$?
   if ! $keep; then
@@ -70,6 +71,7 @@ cleanup() {
   else
     rm -f "$kubeconfig"
   fi
+  rm -rf "$manifests"
   echo "e2e/kind/run.sh: $([[ $rc == 0 ]] && echo passed || echo "FAILED ($rc)") in $(( ($(date +%s) - start) / 60 )) min $(( ($(date +%s) - start) % 60 )) s" >&2
 }
 trap cleanup EXIT
@@ -142,7 +144,6 @@ step "Multus $MULTUS_VERSION, whereabouts $WHEREABOUTS_VERSION"
 # Their manifests from the pinned release sources in ../shared/third_party when that is there
 # (a machine without internet), else from the release tags on GitHub.
 third_party=${IPRECLAIM_THIRD_PARTY:-$root/../shared/third_party}
-manifests=$(mktemp -d)
 if [[ -f $third_party/multus-cni-$MULTUS_VERSION.tar.gz && -f $third_party/whereabouts-$WHEREABOUTS_VERSION.tar.gz ]]; then
   tar -xzf "$third_party/multus-cni-$MULTUS_VERSION.tar.gz" -C "$manifests"
   tar -xzf "$third_party/whereabouts-$WHEREABOUTS_VERSION.tar.gz" -C "$manifests"
