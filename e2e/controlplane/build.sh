@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Builds kube-apiserver, kubectl, kubelet, kube-controller-manager, kube-scheduler, kube-proxy, etcd and helm
+# (and kubeadm for the kind node image: `build.sh kind`)
 # from their Go modules, and the whereabouts and Multus CNI plugins from the release sources in
 # ../shared/third_party (the Go module proxy refuses those), into a cache outside the work tree;
 # reuses what is already there. Prints the bin directory last.
@@ -48,6 +49,7 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-proxy"
 	_ "k8s.io/kubernetes/cmd/kubectl"
 	_ "k8s.io/kubernetes/cmd/kubelet"
+	_ "k8s.io/kubernetes/cmd/kubeadm"
 )
 GO
   local major=1 minor
@@ -90,6 +92,29 @@ GO
     cd "$dir"
     go mod tidy -e >/dev/null 2>&1
     go build -trimpath -ldflags "-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=$v" -o "$bin/etcd-$v" go.etcd.io/etcd/server/v3
+  )
+}
+
+# CoreDNS, the DNS addon kubeadm installs (the kind node image), from its Go module at the
+# version kubeadm pairs with Kubernetes (cmd/kubeadm/app/constants CoreDNSVersion).
+build_coredns() {
+  local v=$COREDNS_VERSION
+  if [[ -x "$bin/coredns-$v" ]]; then return; fi
+  log "building coredns $v"
+  local dir="$cache/src/coredns-$v" cdir
+  mkdir -p "$dir"
+  cdir=$(cd "$dir" && go mod download -json "github.com/coredns/coredns@$v" | sed -n 's/.*"Dir": "\(.*\)",/\1/p')
+  {
+    echo "module ipreclaim.local/coredns-build"
+    grep -E '^go ' "$cdir/go.mod"
+    echo "require github.com/coredns/coredns $v"
+  } > "$dir/go.mod"
+  printf '//go:build tools\n\npackage tools\n\nimport _ "github.com/coredns/coredns"\n' > "$dir/tools.go"
+  (
+    cd "$dir"
+    go mod tidy -e >/dev/null 2>&1
+    go build -trimpath -ldflags "-s -w" -o "$bin/coredns-$v.tmp" github.com/coredns/coredns
+    mv "$bin/coredns-$v.tmp" "$bin/coredns-$v"
   )
 }
 
@@ -137,6 +162,16 @@ build_cni() { # name version archive package extra-flags...
 build_whereabouts() { build_cni whereabouts "$WHEREABOUTS_VERSION" "whereabouts-$WHEREABOUTS_VERSION" ./cmd/ -mod=mod; }
 build_whereabouts_controlloop() { build_cni whereabouts-controlloop "$WHEREABOUTS_VERSION" "whereabouts-$WHEREABOUTS_VERSION" ./cmd/controlloop -mod=mod; }
 build_multus() { build_cni multus "$MULTUS_VERSION" "multus-cni-$MULTUS_VERSION" ./cmd/multus -mod=mod; }
+# The images of the kind suite: whereabouts' reconciler, Multus thick (daemon, shim, installer,
+# the passthru plugin the installer copies too).
+build_kind_cni() {
+  build_cni whereabouts-reconciler "$WHEREABOUTS_VERSION" "whereabouts-$WHEREABOUTS_VERSION" ./cmd/reconciler -mod=mod
+  local c
+  for c in multus-daemon multus-shim install_multus; do
+    build_cni "$c" "$MULTUS_VERSION" "multus-cni-$MULTUS_VERSION" "./cmd/$c" -mod=mod
+  done
+  build_cni passthru "$MULTUS_VERSION" "multus-cni-$MULTUS_VERSION" ./cmd/passthru-cni -mod=mod
+}
 
 KUBE_CMDS=(kube-apiserver kubectl)
 start=$(date +%s)
@@ -151,13 +186,16 @@ case $what in
   node) KUBE_CMDS+=(kubelet kube-controller-manager kube-scheduler kube-proxy); build_kubernetes
        build_whereabouts; build_whereabouts_controlloop; build_multus ;;
   kubernetes) build_kubernetes ;;
+  kind) KUBE_CMDS+=(kubelet kube-controller-manager kube-scheduler kube-proxy kubeadm); build_etcd; build_kubernetes
+       build_plain helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION"
+       build_coredns; build_whereabouts; build_whereabouts_controlloop; build_kind_cni ;;
   etcd) build_etcd ;;
   helm) build_plain helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" ;;
-  *) log "usage: $0 [all|controlplane|node|kubernetes|etcd|helm]"; exit 2 ;;
+  *) log "usage: $0 [all|controlplane|node|kind|kubernetes|etcd|helm]"; exit 2 ;;
 esac
 # Unversioned links so tools find the pinned build.
 link() { [[ -x "$bin/$2" ]] && ln -sf "$2" "$bin/$1"; return 0; }
-for n in kube-apiserver kubectl kubelet kube-controller-manager kube-scheduler kube-proxy; do link "$n" "$n-$KUBERNETES_VERSION"; done
+for n in kube-apiserver kubectl kubelet kube-controller-manager kube-scheduler kube-proxy kubeadm; do link "$n" "$n-$KUBERNETES_VERSION"; done
 link etcd "etcd-$ETCD_VERSION"
 link helm "helm-$HELM_VERSION"
 link whereabouts "whereabouts-$WHEREABOUTS_VERSION"

@@ -1,10 +1,24 @@
 #!/usr/bin/env bash
-# The kind end-to-end suite, for a machine with Docker and internet (CI: .github/workflows/e2e.yaml):
-#   1. a kind cluster, Multus (thick) and the whereabouts CNI at pinned versions,
-#   2. whereabouts' own ip-control-loop turned off (the migration step in the README),
-#   3. ipreclaim's image built and loaded with `kind load`, its chart installed,
-#   4. the e2e scenarios (tests/e2e/, the same code the local suite and the real node run) against the cluster.
-# Usage: e2e/kind/run.sh [--keep]   (--keep leaves the cluster up for a look)
+# The kind end-to-end suite: a kind cluster of a control plane and two workers, Multus (thick)
+# and the whereabouts CNI at pinned versions, whereabouts' own cleanup turned off (the
+# migration step in the README), ipreclaim's image loaded with `kind load` and its chart
+# installed, then the e2e scenarios (tests/e2e/, the same code the real node runs) against it.
+# Timings are printed per step.
+#
+# Two ways, picked by whether a Docker engine answers:
+#   - with Docker and internet (GitHub Actions: .github/workflows/e2e.yaml): kind from
+#     `go install`, the kindest/node image of versions.env, Multus and whereabouts images from
+#     their registries, ipreclaim's image from `docker build`;
+#   - without (this project's machines, as root on Debian 12; or IPRECLAIM_KIND_LOCAL=1): no
+#     registry at all. e2e/kind/node-image.sh builds the node image and every image from
+#     sources; a Docker engine from Debian is started by hand with its own data root and no
+#     firewall changes (local.sh), kind is built from its Go module with
+#     kind-unprivileged.patch (this machine refuses --privileged), the pod network is Debian's
+#     bridge plugin (containerd's CNI template with each node's pod CIDR) with routes between
+#     the nodes instead of kindnetd (not served by the Go module proxy), ipreclaim's image comes
+#     from scripts/image.sh (the Dockerfile with buildah). The engine, its containers, networks
+#     and bridges are removed at exit, after a failure too, and a killed run's at the next start.
+# Usage: e2e/kind/run.sh [--keep] [more cargo test filters]   (--keep leaves the cluster up)
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -12,41 +26,144 @@ root=$(cd "$here/../.." && pwd)
 # shellcheck source=versions.env
 source "$here/versions.env"
 cluster=ipreclaim-e2e
-image=ipreclaim:e2e
 keep=false
-[[ "${1:-}" == "--keep" ]] && keep=true
+if [[ "${1:-}" == "--keep" ]]; then keep=true; shift; fi
+
+start=$(date +%s)
+step_start=$start
+step_name=""
+step() { # prints how long the previous step took, then names the next
+  local now
+  now=$(date +%s)
+  [[ -z $step_name ]] || echo "-- $step_name: $((now - step_start)) s" >&2
+  step_name=$1 step_start=$now
+  [[ $1 == finished ]] || echo "== $1" >&2
+}
 
 need() { command -v "$1" >/dev/null || { echo "missing $1: $2" >&2; exit 1; }; }
-need docker "install Docker"
 need go "install Go"
-# kubectl and helm: built from their Go modules like the local suite's.
+local_mode=false
+if [[ ${IPRECLAIM_KIND_LOCAL:-} == 1 ]] || ! docker info >/dev/null 2>&1; then local_mode=true; fi
+
+step "tools (kubectl, helm from their Go modules; kind)"
 bin=$("$root/scripts/setup.sh" | tail -n 1)
 export PATH="$bin:$HOME/go/bin:$PATH"
-command -v kind >/dev/null || go install "sigs.k8s.io/kind@$KIND_VERSION"
+if $local_mode; then
+  # shellcheck source=local.sh
+  source "$here/local.sh"
+  kind=$(kind_local_build)
+else
+  need docker "install Docker"
+  command -v kind >/dev/null || go install "sigs.k8s.io/kind@$KIND_VERSION"
+  kind=kind
+fi
 
-cleanup() { $keep || kind delete cluster --name "$cluster"; }
+kubeconfig=$(mktemp)
+manifests=$(mktemp -d)
+cleanup() {
+  local rc=$?
+  if ! $keep; then
+    "$kind" delete cluster --name "$cluster" >/dev/null 2>&1 || true
+    if $local_mode; then dockerd_stop; fi
+  fi
+  if $keep; then
+    echo "kept: KUBECONFIG=$kubeconfig$($local_mode && echo " DOCKER_HOST=$DOCKER_HOST") (e2e/kind/run.sh again removes it)" >&2
+  else
+    rm -f "$kubeconfig"
+  fi
+  rm -rf "$manifests"
+  echo "e2e/kind/run.sh: $([[ $rc == 0 ]] && echo passed || echo "FAILED ($rc)") in $(( ($(date +%s) - start) / 60 )) min $(( ($(date +%s) - start) % 60 )) s" >&2
+}
 trap cleanup EXIT
+trap 'exit 130' INT TERM
 
-kind create cluster --name "$cluster" --image "$KIND_NODE_IMAGE" --config "$here/cluster.yaml" --wait 120s
-export KUBECONFIG
-KUBECONFIG=$(mktemp)
-kind get kubeconfig --name "$cluster" >"$KUBECONFIG"
+config=$here/cluster.yaml
+node_image=$KIND_NODE_IMAGE
+pod_image=registry.k8s.io/pause:3.10
+if $local_mode; then
+  step "node image and the suite's images from sources (node-image.sh; cached)"
+  node_tar=$("$here/node-image.sh" | tail -n 1)
+  images=$(dirname "$node_tar")/images
+  pod_image=registry.k8s.io/pause:$(sed -n 's/.*sandbox_image = ".*pause:\(.*\)"/\1/p' <(tar -xOf "$node_tar" ./etc/containerd/config.toml))
+  # IPRECLAIM_KIND_IMAGE_ARCHIVE: an archive scripts/image.sh saved earlier (of
+  # localhost/ipreclaim/ipreclaim:e2e-amd64), to skip the build while iterating.
+  image_archive=${IPRECLAIM_KIND_IMAGE_ARCHIVE:-$root/target/image-oci/ipreclaim-amd64.tar}
+  if [[ -z ${IPRECLAIM_KIND_IMAGE_ARCHIVE:-} ]]; then
+    step "ipreclaim's image from the Dockerfile (scripts/image.sh amd64; cached layers)"
+    IMAGE=localhost/ipreclaim/ipreclaim:e2e "$root/scripts/image.sh" amd64 >&2
+  fi
+  step "Docker engine, started by hand (local.sh)"
+  dockerd_start
+  node_image=ipreclaim.local/kind-node:$(basename "$node_tar" .tar | sed 's/^node-//')
+  if ! docker image inspect "$node_image" >/dev/null 2>&1; then
+    # kind's base image settings (images/base/Dockerfile), with the unprivileged entrypoint;
+    # STOPSIGNAL in a metadata-only build (docker 20.10's import takes no STOPSIGNAL).
+    docker import --change 'ENV container=docker' \
+      --change 'ENTRYPOINT ["/usr/local/bin/entrypoint-unprivileged", "/sbin/init"]' \
+      "$node_tar" "$node_image-rootfs" >/dev/null
+    printf 'FROM %s\nSTOPSIGNAL SIGRTMIN+3\n' "$node_image-rootfs" | docker build -q -t "$node_image" - >/dev/null
+    docker rmi "$node_image-rootfs" >/dev/null
+  fi
+  # Node images of earlier builds.
+  docker images --format '{{.Repository}}:{{.Tag}}' ipreclaim.local/kind-node | grep -vxF "$node_image" | xargs -r docker rmi >/dev/null || true
+  config=$here/cluster-local.yaml
+fi
 
-echo "== Multus $MULTUS_VERSION, whereabouts $WHEREABOUTS_VERSION"
+step "kind create cluster ($node_image; $(grep -c 'role:' "$config") nodes)"
+if $local_mode; then
+  # No default CNI yet: the nodes become Ready once the routes below are in.
+  "$kind" create cluster --name "$cluster" --image "$node_image" --config "$config" --kubeconfig "$kubeconfig"
+else
+  "$kind" create cluster --name "$cluster" --image "$node_image" --config "$config" --kubeconfig "$kubeconfig" --wait 120s
+fi
+export KUBECONFIG=$kubeconfig
+
+if $local_mode; then
+  step "pod network: each node's pod CIDR routed to it from the others"
+  nodes=$("$kind" get nodes --name "$cluster")
+  for n in $nodes; do
+    for _ in $(seq 60); do
+      [[ -n $(kubectl get node "$n" -o jsonpath='{.spec.podCIDR}' 2>/dev/null) ]] && break
+      sleep 1
+    done
+  done
+  for n in $nodes; do
+    cidr=$(kubectl get node "$n" -o jsonpath='{.spec.podCIDR}')
+    ip=$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "$n")
+    [[ -n $cidr && -n $ip ]] || { echo "no pod CIDR or address for $n" >&2; exit 1; }
+    for m in $nodes; do
+      [[ $m == "$n" ]] || docker exec "$m" ip route replace "$cidr" via "$ip"
+    done
+  done
+  kubectl wait --for=condition=Ready nodes --all --timeout=180s
+  kubectl -n kube-system rollout status deployment/coredns --timeout=180s
+fi
+kubectl get nodes -o wide
+
+step "Multus $MULTUS_VERSION, whereabouts $WHEREABOUTS_VERSION"
 # Their manifests from the pinned release sources in ../shared/third_party when that is there
 # (a machine without internet), else from the release tags on GitHub.
 third_party=${IPRECLAIM_THIRD_PARTY:-$root/../shared/third_party}
 if [[ -f $third_party/multus-cni-$MULTUS_VERSION.tar.gz && -f $third_party/whereabouts-$WHEREABOUTS_VERSION.tar.gz ]]; then
-  sources=$(mktemp -d)
-  tar -xzf "$third_party/multus-cni-$MULTUS_VERSION.tar.gz" -C "$sources"
-  tar -xzf "$third_party/whereabouts-$WHEREABOUTS_VERSION.tar.gz" -C "$sources"
-  multus="$sources/multus-cni-$MULTUS_VERSION/deployments"
-  wa="$sources/whereabouts-$WHEREABOUTS_VERSION/doc/crds"
+  tar -xzf "$third_party/multus-cni-$MULTUS_VERSION.tar.gz" -C "$manifests"
+  tar -xzf "$third_party/whereabouts-$WHEREABOUTS_VERSION.tar.gz" -C "$manifests"
+  multus="$manifests/multus-cni-$MULTUS_VERSION/deployments"
+  wa="$manifests/whereabouts-$WHEREABOUTS_VERSION/doc/crds"
 else
   multus="https://raw.githubusercontent.com/k8snetworkplumbingwg/multus-cni/$MULTUS_VERSION/deployments"
   wa="https://raw.githubusercontent.com/k8snetworkplumbingwg/whereabouts/$WHEREABOUTS_VERSION/doc/crds"
 fi
+multus_image=ghcr.io/k8snetworkplumbingwg/multus-cni:$MULTUS_VERSION-thick
+wa_image=ghcr.io/k8snetworkplumbingwg/whereabouts:$WHEREABOUTS_VERSION
+if $local_mode; then
+  # Their images as built from those sources by node-image.sh, loaded into every node.
+  for i in "$multus_image" "$wa_image"; do
+    "$kind" load image-archive --name "$cluster" "$images/$(echo "${i#*/}" | tr '/:' '__').tar"
+  done
+fi
+# The manifests name moving tags (snapshot-thick, latest): pin them to the release's image.
 kubectl apply -f "$multus/multus-daemonset-thick.yml"
+kubectl -n kube-system set image daemonset/kube-multus-ds "kube-multus=$multus_image" "install-multus-binary=$multus_image"
 # whereabouts as its v0.9 install has it: the CRDs, the DaemonSet (CNI install, token watcher
 # and ip-control-loop) and the reconciler Deployment.
 kubectl apply -f "$wa/whereabouts.cni.cncf.io_ippools.yaml" \
@@ -54,7 +171,15 @@ kubectl apply -f "$wa/whereabouts.cni.cncf.io_ippools.yaml" \
   -f "$wa/whereabouts.cni.cncf.io_nodeslicepools.yaml" \
   -f "$wa/daemonset-install.yaml" \
   -f "$wa/reconciler-deployment.yaml"
-echo "== migration (README: Migrating from whereabouts' ip-control-loop and ip-reconciler)"
+kubectl -n kube-system set image daemonset/whereabouts "whereabouts=$wa_image"
+kubectl -n kube-system set image deployment/whereabouts-reconciler "whereabouts-reconciler=$wa_image"
+if $local_mode; then
+  for o in daemonset/kube-multus-ds daemonset/whereabouts deployment/whereabouts-reconciler; do
+    kubectl -n kube-system patch "$o" --type=json -p '[{"op":"add","path":"/spec/template/spec/containers/0/imagePullPolicy","value":"Never"}]'
+  done
+fi
+
+step "migration (README: Migrating from whereabouts' ip-control-loop and ip-reconciler)"
 # Keep the CNI install and token watcher, drop whereabouts' own control loop ...
 kubectl -n kube-system patch daemonset whereabouts --type=json -p '[{"op":"replace","path":"/spec/template/spec/containers/0/args","value":["-c","SLEEP=false source /install-cni.sh\nexec /token-watcher.sh"]}]'
 # ... and its reconciler, which since v0.9 is a Deployment (older releases: a CronJob).
@@ -74,21 +199,30 @@ if kubectl -n kube-system get pods -l name=whereabouts -o jsonpath='{.items[*].s
   exit 1
 fi
 
-echo "== ipreclaim image and chart"
+step "ipreclaim image (kind load) and chart"
 # --skip-crds below keeps whereabouts' own CRDs; ipreclaim's fence records need its one CRD.
 kubectl apply -f "$root/crds/ipfences.ipreclaim.io.yaml"
-docker build -t "$image" "$root"
-kind load docker-image "$image" --name "$cluster"
+if $local_mode; then
+  repo=localhost/ipreclaim/ipreclaim tag=e2e-amd64
+  "$kind" load image-archive --name "$cluster" "$image_archive"
+else
+  repo=ipreclaim tag=e2e
+  docker build -t "$repo:$tag" "$root"
+  "$kind" load docker-image "$repo:$tag" --name "$cluster"
+fi
 helm install ipreclaim "$root/charts/ipreclaim" --namespace ipreclaim --create-namespace \
   --skip-crds \
-  --set image.repository=ipreclaim --set image.tag=e2e --set image.pullPolicy=Never \
+  --set image.repository="$repo" --set image.tag="$tag" --set image.pullPolicy=Never \
   --set controller.leakGrace=5s --set controller.sweepInterval=5s \
   --set nodeAgent.sandboxGrace=5s \
   --wait --timeout 300s
+kubectl -n ipreclaim get pods -o wide
 
-echo "== scenarios"
+step "scenarios (cargo test --test e2e -- ::cluster $*)"
 cd "$root"
-IPRECLAIM_E2E=kind IPRECLAIM_E2E_NAMESPACE=ipreclaim cargo test --locked --test e2e -- --test-threads=1 ::cluster
+IPRECLAIM_E2E=kind IPRECLAIM_E2E_NAMESPACE=ipreclaim IPRECLAIM_E2E_POD_IMAGE=$pod_image \
+  cargo test --locked --test e2e -- --test-threads=1 ::cluster "$@"
 
-echo "== Events"
+step "Events"
 kubectl get events -A --field-selector reason=IPAddressGarbageCollected
+step finished

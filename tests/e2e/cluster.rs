@@ -103,7 +103,9 @@ impl Cluster {
             ns,
             release_ns: std::env::var("IPRECLAIM_E2E_NAMESPACE").unwrap_or(RELEASE_NS.into()),
             pool: "192.0.2.0-24".into(),
-            pod_image: "registry.k8s.io/pause:3.10".into(),
+            // The pause image the kind node has (run.sh names the one its node image holds).
+            pod_image: std::env::var("IPRECLAIM_E2E_POD_IMAGE")
+                .unwrap_or("registry.k8s.io/pause:3.10".into()),
             grace_seconds: 1,
             node: None,
             _turn: None,
@@ -197,8 +199,18 @@ impl Cluster {
 
     /// Creates StatefulSet `name` with no replicas if it is missing.
     async fn ensure_statefulset(&self, name: &str) -> Api<StatefulSet> {
+        self.ensure_statefulset_on(name, None).await
+    }
+
+    /// Creates StatefulSet `name` with no replicas if it is missing, its pods on `node` when
+    /// given (a kind worker the multi-node scenarios stop).
+    pub async fn ensure_statefulset_on(&self, name: &str, node: Option<&str>) -> Api<StatefulSet> {
         let sts = Api::<StatefulSet>::namespaced(self.client.clone(), &self.ns);
         if sts.get_opt(name).await.unwrap().is_none() {
+            let mut spec = self.pod_spec();
+            if let Some(node) = node {
+                spec["nodeSelector"] = json!({"kubernetes.io/hostname": node});
+            }
             let s: StatefulSet = serde_json::from_value(json!({
                 "metadata": {"name": name},
                 "spec": {
@@ -208,7 +220,7 @@ impl Cluster {
                     "selector": {"matchLabels": {"app": name}},
                     "template": {
                         "metadata": {"labels": {"app": name}, "annotations": {NETWORKS_ANNOTATION: NETWORK}},
-                        "spec": self.pod_spec(),
+                        "spec": spec,
                     }
                 }
             }))

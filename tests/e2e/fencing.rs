@@ -62,7 +62,7 @@ pub(crate) async fn fence_records(c: &Cluster) -> Vec<String> {
 }
 
 /// The pod name of the controller replica holding the Lease.
-async fn lease_holder(client: &kube::Client) -> String {
+pub(crate) async fn lease_holder(client: &kube::Client) -> String {
     let lease = Api::<Lease>::namespaced(client.clone(), RELEASE_NS)
         .get("ipreclaim-controller")
         .await
