@@ -123,7 +123,7 @@ async fn web_0_released_with_its_reservation_delete_held(
 /// A look after a reservation delete that cannot read the pool is not a "no". The delete is
 /// held in flight while the recreated web-0 gets its address back (whereabouts keeps the
 /// reservation naming it), and from then the pool cannot be read and the controller's pool
-/// watch lags (fault proxy) for 20 s, longer than the three looks. Once the pool reads again,
+/// watch lags (fault proxy) for 20 s, longer than the five looks. Once the pool reads again,
 /// the reservation is put back. (The previous version passes too: kube's client retries a 503
 /// for minutes, so its one read rode out the outage, and stalled every other look meanwhile;
 /// reads now give up after 4 s and the look is tried again every second.)
@@ -151,7 +151,7 @@ async fn a_look_that_cannot_read_the_pool_tries_again_and_puts_the_reservation_b
         env.reservation_names().await.is_empty()
     })
     .await;
-    // The outage lasts 20 s from the delete: longer than the three looks (0.3 s, 1 s, 5 s)
+    // The outage lasts 20 s from the delete: longer than the five looks (0.3 s to 5 s)
     // with the client's own retries of each read. (The fault's length, not a wait for the
     // controller.)
     tokio::time::sleep(Duration::from_secs(20)).await;
