@@ -881,3 +881,34 @@ async fn a_fence_never_lifts_on_a_lagging_node_cache_that_missed_the_node_going_
     env.wait_web_0_released(&uid).await;
     env.finish(&node).await;
 }
+
+/// A tenant's pod with a termination grace of i64::MAX seconds (the API takes it), deleted
+/// from a node seen Ready again moments ago: the window after Ready again must not overflow
+/// the clock. (It panicked the pod watch with the index lock held: no deletion was handled
+/// after it.) The pod is fenced, and a pod deleted after it is released. A private control
+/// plane, so that `ipreclaim_unready_nodes` counts this test's node alone.
+#[tokio::test]
+async fn a_grace_period_of_i64_max_seconds_is_fenced_and_stops_nothing_else() {
+    let (_cp, mut env) = Env::private("ctl-fence-huge-grace").await;
+    let node = env.fence_node("Unknown").await;
+    env.macvlan(&[(10, "sb-web-0", "web-0"), (11, "sb-db-0", "db-0")])
+        .await;
+    let web = env.pod_object(
+        "web-0",
+        "macvlan",
+        Some(&["192.0.2.10"]),
+        Some(&node),
+        i64::MAX,
+    );
+    let uid = testenv::fixtures::create(&env.pods(), &web).await;
+    env.pod("db-0", "macvlan", Some(&["192.0.2.11"])).await;
+    env.start(&["--fence-settle=8s"]).await;
+    env.wait_metric("ipreclaim_unready_nodes 1").await;
+    env.set_ready(&node, "True").await;
+    env.wait_metric("ipreclaim_unready_nodes 0").await;
+    env.delete_pod("web-0").await;
+    env.wait_one_event(FENCED, "web-0", &uid).await;
+    env.delete_pod("db-0").await;
+    env.wait_keys("192.0.2.0-24", &["10"]).await;
+    env.finish(&node).await;
+}
