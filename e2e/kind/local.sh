@@ -9,14 +9,33 @@
 #                      another kubelet may run on this host); exports DOCKER_HOST. Leftovers of a
 #                      killed run (its engine, containers, networks, bridges) go first.
 #   dockerd_stop       the kind containers, volumes and networks removed, the engine stopped,
-#                      its bridges (ipreclaim-d0, ipreclaim-kind) deleted (run.sh's exit
-#                      trap; also after a failure or Ctrl-C)
+#                      its bridges (ipreclaim-d0, ipreclaim-kind) deleted, the kernel sysctls
+#                      the nodes' kubelets set put back (run.sh's exit trap; also after a
+#                      failure or Ctrl-C; a killed run's at the next start)
 # shellcheck shell=bash
 kind_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 kind_cache=${IPRECLAIM_CACHE:-$HOME/.cache/ipreclaim}/kind
 docker_root=${IPRECLAIM_KIND_DOCKER_ROOT:-/var/lib/ipreclaim-kind}
 docker_sock=$docker_root/docker.sock
 docker_pidfile=$docker_root/docker.pid
+# The kernel is the host's: each kind node's kubelet sets these on it (as testenv's
+# KUBELET_SYSCTLS). Their values before the first node, kept until put back.
+kubelet_sysctls=(vm.overcommit_memory kernel.panic kernel.panic_on_oops)
+sysctls_saved=$docker_root/sysctls.saved
+
+sysctls_save() {
+  [[ -f $sysctls_saved ]] && return
+  local k
+  for k in "${kubelet_sysctls[@]}"; do echo "$k=$(sysctl -n "$k")"; done >"$sysctls_saved.tmp"
+  mv "$sysctls_saved.tmp" "$sysctls_saved"
+}
+
+sysctls_restore() {
+  [[ -f $sysctls_saved ]] || return 0
+  local kv
+  while read -r kv; do sysctl -qw "$kv" || true; done <"$sysctls_saved"
+  rm -f "$sysctls_saved"
+}
 
 kind_local_build() {
   local patch=$kind_dir/kind-unprivileged.patch sum out src
@@ -66,13 +85,16 @@ dockerd_stop() {
   for b in $(dockerd_bridges); do ip link delete "$b" 2>/dev/null || true; done
   # Its mounts (overlay layers, the exec root) if it died without cleaning up.
   { grep -oE " $docker_root/[^ ]*" /proc/self/mounts || true; } | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
+  # Its nodes' kubelets are gone: the kernel as it was before them.
+  sysctls_restore
 }
 
 dockerd_start() {
   dpkg -s docker.io >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker.io >/dev/null
   mkdir -p "$docker_root"
-  # A killed run's engine and everything it made, first.
+  # A killed run's engine and everything it made, first (its sysctls put back too).
   dockerd_stop
+  sysctls_save
   echo "== dockerd (data root $docker_root; no iptables, no forwarding changes)" >&2
   ip link add ipreclaim-d0 type bridge
   ip addr add 10.250.0.1/24 dev ipreclaim-d0
