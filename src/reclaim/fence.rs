@@ -66,6 +66,12 @@ pub fn distrust(node: Option<&NodeReadiness>, now: Instant, window: Duration) ->
 /// How a fence's `why` begins when the pod was deleted before its kubelet had stopped it.
 pub const DELETED_BEFORE_STOPPED: &str = "deleted before its kubelet had stopped it";
 
+/// Whether a fence's `why` says its pod was deleted before its kubelet had stopped it (see
+/// [`deleted_before_stopped`]), not while its node was untrusted.
+pub fn is_deleted_before_stopped(why: &str) -> bool {
+    why.starts_with(DELETED_BEFORE_STOPPED)
+}
+
 /// Why a pod deleted from a node trusted to stop it must still be fenced: its final state was
 /// not Succeeded or Failed. A kubelet (1.27 and later) gives a pod a terminal phase once its
 /// containers have stopped and deletes it only after its sandbox is stopped (the CNI DEL), so
@@ -474,7 +480,7 @@ mod tests {
     #[test]
     fn a_pod_deleted_before_its_kubelet_stopped_it_is_fenced_with_its_grace() {
         let why = deleted_before_stopped(false, false, Some(600)).unwrap();
-        assert!(why.starts_with(DELETED_BEFORE_STOPPED), "{why}");
+        assert!(is_deleted_before_stopped(&why), "{why}");
         assert!(why.ends_with("600s"), "{why}");
         // Unknown grace: the API's default; a negative one (never valid) counts as none.
         assert!(

@@ -316,15 +316,7 @@ async fn a_pod_force_deleted_on_a_ready_node_keeps_its_address_while_its_kubelet
     let released = env.events("IPAddressGarbageCollected").await;
     assert!(released.iter().all(|e| e.0 == "db-0"), "{released:?}");
 
-    let name = ipreclaim::ipam::fence::fence_object_name("192.0.2.0-24", "10");
-    let fence = Api::<ipreclaim::api::IPFence>::namespaced(env.client.clone(), &env.ns)
-        .get(&name)
-        .await
-        .unwrap();
-    let report = serde_json::json!({
-        "node": node, "podUid": uid, "fenceUid": fence.metadata.uid.clone().unwrap(),
-        "observedAt": jiff::Timestamp::now().to_string(),
-    });
+    let (name, report) = env.agent_report("192.0.2.0-24", "10", &node, &uid).await;
     env.report_gone(&name, report).await;
     env.wait_keys("192.0.2.0-24", &["12"]).await;
     let released = testenv::poll::wait_seen(
@@ -789,15 +781,7 @@ async fn a_fence_waits_the_deleted_pods_grace_period_after_its_node_is_ready_aga
 async fn the_node_agents_still_present_report_holds_a_fence_past_the_settle() {
     let flags = ["--fence-settle=1s"];
     let (mut env, node, uid) = Env::with_web_0_seen_fenced("ctl-fence-present", &flags).await;
-    let name = ipreclaim::ipam::fence::fence_object_name("192.0.2.0-24", "10");
-    let fence = Api::<ipreclaim::api::IPFence>::namespaced(env.client.clone(), &env.ns)
-        .get(&name)
-        .await
-        .unwrap();
-    let report = serde_json::json!({
-        "node": node, "podUid": uid, "fenceUid": fence.metadata.uid.clone().unwrap(),
-        "observedAt": jiff::Timestamp::now().to_string(),
-    });
+    let (name, report) = env.agent_report("192.0.2.0-24", "10", &node, &uid).await;
     env.report(
         &name,
         serde_json::json!({"sandboxesPresent": report.clone()}),

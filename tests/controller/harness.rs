@@ -571,6 +571,28 @@ impl Env {
 }
 
 impl Env {
+    /// The node agent's report on the fence of entry `key` of `pool`, as the agent on `node`
+    /// writes it for pod `uid` now (bound to the fence object's uid): the object's name and the
+    /// report.
+    pub async fn agent_report(
+        &self,
+        pool: &str,
+        key: &str,
+        node: &str,
+        uid: &str,
+    ) -> (String, serde_json::Value) {
+        let name = ipreclaim::ipam::fence::fence_object_name(pool, key);
+        let fence = Api::<ipreclaim::api::IPFence>::namespaced(self.client.clone(), &self.ns)
+            .get(&name)
+            .await
+            .unwrap();
+        let report = serde_json::json!({
+            "node": node, "podUid": uid, "fenceUid": fence.metadata.uid.unwrap(),
+            "observedAt": jiff::Timestamp::now().to_string(),
+        });
+        (name, report)
+    }
+
     /// Writes `gone` as the node agent's report into fence `name`'s status.
     pub async fn report_gone(&self, name: &str, gone: serde_json::Value) {
         self.report(

@@ -149,15 +149,7 @@ async fn ipreclaims_own_lift_while_the_node_is_silent_is_not_warned() {
         &["--fence-settle=1h", "--other-writer-wait=1s"],
     )
     .await;
-    let name = ipreclaim::ipam::fence::fence_object_name(POOL, "10");
-    let fence = kube::Api::<ipreclaim::api::IPFence>::namespaced(env.client.clone(), &env.ns)
-        .get(&name)
-        .await
-        .unwrap();
-    let report = json!({
-        "node": node, "podUid": uid, "fenceUid": fence.metadata.uid.unwrap(),
-        "observedAt": jiff::Timestamp::now().to_string(),
-    });
+    let (name, report) = env.agent_report(POOL, "10", &node, &uid).await;
     env.report_gone(&name, report).await;
     env.wait_keys(POOL, &["11"]).await;
     let released = env

@@ -179,7 +179,7 @@ fn a_pod_deleted_from_a_ready_node_before_its_kubelet_stopped_it_is_distrusted()
     // Not Succeeded or Failed when deleted: forced, and its kubelet stops it only now.
     let why = v.distrust_deleted(&deleted(Some("a"), false)).unwrap();
     assert!(
-        why.starts_with(crate::reclaim::fence::DELETED_BEFORE_STOPPED) && why.ends_with("600s"),
+        crate::reclaim::fence::is_deleted_before_stopped(&why) && why.ends_with("600s"),
         "{why}"
     );
     // Its kubelet had stopped it (the phase it gives before deleting): released as before.
