@@ -379,9 +379,9 @@ impl Index {
         // answer came late): keep the report. A report on another object never counts here.
         let evidence = self
             .fences
-            .iter()
-            .find(|(_, o)| o.name == name && o.uid == uid)
-            .map(|(_, o)| o.evidence.clone())
+            .get(pool, key)
+            .filter(|o| o.name == name && o.uid == uid)
+            .map(|o| o.evidence.clone())
             .unwrap_or_default();
         let object = FenceObject {
             name,
