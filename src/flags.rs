@@ -17,6 +17,18 @@ pub fn parse_ratio(s: &str) -> Result<f64, String> {
     }
 }
 
+/// The namespace ipreclaim runs in, where the node agents' sandbox inventories are: `flag`,
+/// else `$POD_NAMESPACE` (the chart's downward API), else the whereabouts namespace.
+pub fn own_namespace(flag: Option<&str>, whereabouts_namespace: &str) -> String {
+    flag.map(str::to_owned)
+        .or_else(|| {
+            std::env::var("POD_NAMESPACE")
+                .ok()
+                .filter(|n| !n.is_empty())
+        })
+        .unwrap_or_else(|| whereabouts_namespace.to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -315,7 +315,7 @@ fn helm_lint_and_template_pass_and_every_flag_is_reachable() {
             })
             .count()
     };
-    assert_eq!(policies(&template(&[])), 2);
+    assert_eq!(policies(&template(&[])), 4);
     assert_eq!(
         policies(&template(&["nodeAgent.ownNodeReportsOnly=false"])),
         0
@@ -324,14 +324,14 @@ fn helm_lint_and_template_pass_and_every_flag_is_reachable() {
     // The marked-entries policy is opt-in.
     assert_eq!(
         policies(&template(&["controller.otherWriters.refuse=true"])),
-        4
+        6
     );
     assert_eq!(
         policies(&template(&[
             "controller.otherWriters.refuse=true",
             "controller.enabled=false"
         ])),
-        2
+        4
     );
 }
 
@@ -532,6 +532,17 @@ async fn the_charts_service_accounts_are_denied_what_the_programs_must_not_do() 
                 .await,
         );
         let other = json!({"spec": {"holderIdentity": who}});
+        if who == "node-agent" {
+            // RBAC lets it write Leases here (its node's inventory); the inventory policy
+            // refuses every other, once the apiserver has loaded it.
+            let leases = Api::<Lease>::namespaced(client.clone(), &it.ns);
+            testenv::poll::wait_for("the inventory policy in force", || async {
+                merge_patch(&leases, "someone-elses", other.clone())
+                    .await
+                    .is_err()
+            })
+            .await;
+        }
         forbidden(
             &format!("{who} updates another Lease"),
             merge_patch(
@@ -692,6 +703,84 @@ async fn a_node_agent_reports_only_on_its_own_nodes_fences() {
     report(&fences(admin.clone()), "fb", "sandboxesGone", &b)
         .await
         .expect("admin writes B's fence's status");
+}
+
+/// `node`'s sandbox inventory Lease named for `name_node`, applied through `leases` as the
+/// node agent writes it.
+async fn inventory(leases: &Api<Lease>, name_node: &str, node: &str) -> Result<Lease, kube::Error> {
+    use ipreclaim::ipam::inventory;
+    let name = inventory::lease_name(name_node).unwrap();
+    let lease = json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {
+            "name": name,
+            "labels": {inventory::INVENTORY_LABEL: "true"},
+            "annotations": {inventory::INVENTORY_ANNOTATION: ""},
+        },
+        "spec": {"holderIdentity": node},
+    });
+    let apply = PatchParams::apply("ipreclaim-node-agent").force();
+    leases.patch(&name, &apply, &Patch::Apply(&lease)).await
+}
+
+/// The chart's inventory policy ties a node agent's sandbox inventory to its node as its
+/// bound token names it: A's agent writes `ipreclaim-sandboxes-A` held by A, and is refused
+/// B's inventory, its own held by B, and the controller's election Lease; a token bound to no
+/// pod is refused. A forged inventory would fence (delay) the release of another node's pods.
+#[tokio::test]
+async fn a_node_agent_writes_only_its_own_nodes_inventory() {
+    let it = install_chart("chart-inventory").await;
+    let cp = ControlPlane::shared();
+    let admin = &it.client;
+    let (a, b) = (format!("{}-a", it.ns), format!("{}-b", it.ns));
+    let election: Lease =
+        serde_json::from_value(json!({"metadata": {"name": "ipreclaim-controller"}})).unwrap();
+    create_in(admin, &it.ns, &election).await;
+    let leases = |client: Client| Api::<Lease>::namespaced(client, &it.ns);
+    let unbound = leases(service_account_client(cp, admin, &it.ns, "node-agent").await);
+    let agent_a = leases(testenv::helm::node_agent_client_on(cp, admin, &it.ns, &a).await);
+    testenv::poll::wait_for(
+        "the inventory policy refusing a token with no node",
+        || async { inventory(&unbound, &a, &a).await.is_err() },
+    )
+    .await;
+    refused(
+        "a token bound to no pod writes an inventory",
+        inventory(&unbound, &a, &a).await,
+        "names no node",
+    );
+    inventory(&agent_a, &a, &a)
+        .await
+        .expect("A's agent writes A's inventory");
+    let only = format!("writes only the Lease ipreclaim-sandboxes-{a}");
+    refused(
+        "A's agent writes B's inventory",
+        inventory(&agent_a, &b, &b).await,
+        &only,
+    );
+    refused(
+        "A's agent writes B's inventory as A",
+        inventory(&agent_a, &b, &a).await,
+        &only,
+    );
+    refused(
+        "A's agent writes its own inventory held by B",
+        inventory(&agent_a, &a, &b).await,
+        &only,
+    );
+    refused(
+        "A's agent takes the controller's Lease",
+        merge_patch(
+            &agent_a,
+            "ipreclaim-controller",
+            json!({"spec": {"holderIdentity": a}}),
+        )
+        .await,
+        &only,
+    );
+    inventory(&leases(admin.clone()), &b, &b)
+        .await
+        .expect("admin writes B's inventory");
 }
 
 /// A pool in `ns` holding (key, id, podref) entries, written as admin.

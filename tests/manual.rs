@@ -1177,3 +1177,57 @@ async fn unfence_force_lifts_a_fence_of_a_node_that_is_not_ready() {
         .await
         .unwrap();
 }
+
+/// As the controller's sweep, `release` refuses an entry whose sandbox a node agent's
+/// inventory lists live for another pod than the one holding it (here gone-0, deleted while
+/// its node still runs it), naming the node, with or without `--inventory-namespace`; `--force`
+/// releases it. The inventory is written here as the node agent writes it (a stand-in node).
+#[tokio::test]
+async fn release_refuses_an_address_whose_sandbox_a_node_agent_lists_live() {
+    use ipreclaim::ipam::inventory;
+    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    let env = Env::new("release-inventory", false, 14).await;
+    let node = format!("{}-node", env.ns);
+    let name = inventory::lease_name(&node).unwrap();
+    let lease = Lease {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            labels: Some([(inventory::INVENTORY_LABEL.into(), "true".into())].into()),
+            annotations: Some(
+                [(
+                    inventory::INVENTORY_ANNOTATION.into(),
+                    inventory::encode([("sb-gone", "uid-gone-0")]),
+                )]
+                .into(),
+            ),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(node.clone()),
+            ..Default::default()
+        }),
+    };
+    Api::<Lease>::namespaced(env.client.clone(), &env.ns)
+        .create(&PostParams::default(), &lease)
+        .await
+        .unwrap();
+    let ip = env.fwd("192.0.2.30");
+    let says = format!("the node agent of {node} lists its sandbox live for pod uid uid-gone-0");
+    let refused = format!("refused {}", env.back(&ip));
+    let ns_flag = format!("--inventory-namespace={}", env.ns);
+    for args in [vec!["--ip", &ip], vec!["--ip", &ip, &ns_flag]] {
+        let out = env.run_exits("release", &args, 1);
+        let text = env.back(&stdout(&out));
+        assert!(
+            text.contains(&refused) && text.contains(&says) && text.contains("--force"),
+            "{}",
+            explain(&out)
+        );
+        assert!(env.entries(POOL).await.contains_key("30"));
+    }
+    let help = stdout(&env.run("release", &["--help"]));
+    assert!(help.contains("lists live"), "{help}");
+    env.run_exits("release", &["--ip", &ip, "--force"], 0);
+    assert!(!env.entries(POOL).await.contains_key("30"));
+}

@@ -27,6 +27,7 @@ testenv::as_admin_and_as_the_chart!(NodeEnv {
     a_pod_deleted_from_the_api_is_left_to_the_controller: "node-deleted",
     sandboxes_without_an_api_pod_are_counted_as_orphaned_runtime_pods: "node-orphans",
     a_fenced_pod_is_reported_gone_only_once_its_sandbox_is_removed: "node-evidence",
+    the_nodes_live_sandboxes_are_written_to_its_inventory: "node-inventory",
 });
 
 const RANGE: &str = "192.0.2.0/24";
@@ -556,6 +557,47 @@ async fn a_fenced_pod_is_reported_gone_only_once_its_sandbox_is_removed(mut env:
         Default::default(),
         "another node's fence"
     );
+    env.stop().await;
+}
+
+/// This node's sandbox inventory (the Lease `ipreclaim-sandboxes-<node>`, held by this node):
+/// web-0's sandbox is listed with web-0's uid while it runs, and dropped once it is stopped
+/// (its network torn down). As the chart's ServiceAccount, the report policy lets the agent
+/// write its own node's inventory.
+async fn the_nodes_live_sandboxes_are_written_to_its_inventory(mut env: NodeEnv) {
+    use ipreclaim::ipam::inventory;
+    use k8s_openapi::api::coordination::v1::Lease;
+    let uid = format!("{}-web-0", env.ns);
+    let sb = env.run_sandbox("web-0", &uid).await;
+    env.start(&[]).await;
+    let leases = Api::<Lease>::namespaced(env.client.clone(), &env.ns);
+    let name = inventory::lease_name(&env.node).unwrap();
+    let listed = || async {
+        let lease = leases.get_opt(&name).await.unwrap()?;
+        let holder = lease.spec.and_then(|s| s.holder_identity);
+        let value = lease
+            .metadata
+            .annotations?
+            .remove(inventory::INVENTORY_ANNOTATION)?;
+        Some((holder, inventory::decode(&value).unwrap()))
+    };
+    wait_for("web-0's sandbox in the inventory", || async {
+        listed().await.is_some_and(|(_, i)| !i.sandboxes.is_empty())
+    })
+    .await;
+    let (holder, read) = listed().await.unwrap();
+    assert_eq!(holder.as_deref(), Some(env.node.as_str()));
+    assert!(read.complete);
+    assert_eq!(
+        read.sandboxes.into_iter().collect::<Vec<_>>(),
+        [(inventory::id_prefix(&sb).to_string(), uid.clone())]
+    );
+
+    env.stop_sandbox(&sb).await;
+    wait_for("the stopped sandbox dropped from the inventory", || async {
+        listed().await.is_some_and(|(_, i)| i.sandboxes.is_empty())
+    })
+    .await;
     env.stop().await;
 }
 

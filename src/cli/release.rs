@@ -9,6 +9,8 @@ use ipreclaim::api::OverlappingRangeIPReservation;
 use ipreclaim::api::slim::PodView;
 use ipreclaim::index::Index;
 use ipreclaim::ipam::PodKey;
+use ipreclaim::ipam::inventory;
+use ipreclaim::release::inventories;
 use ipreclaim::release::manual::{self, Planned, PodLook, ReleaseTarget};
 use ipreclaim::release::reservation::ReservationDelete;
 use ipreclaim::release::{EntryWrite, ReleaseError, ReleaseOutcome, ReleaseRequest};
@@ -56,8 +58,10 @@ pub struct ReleaseArgs {
     /// and a freed address can be handed to another pod): an address a live pod's
     /// network-status lists, the address of a live pod that has no network-status yet (its
     /// allocation may be in flight) or whose network-status says nothing of the network, an
-    /// entry whose fence is being written. With --ip, also end the address's release cooldown
-    /// now. Never overrides a pod changed since the listing, nor --sandbox.
+    /// entry whose fence is being written, an entry whose sandbox a node agent lists live for
+    /// another pod than the one holding it (a pod deleted while its node still runs it). With
+    /// --ip, also end the address's release cooldown now. Never overrides a pod changed since
+    /// the listing, nor --sandbox.
     #[arg(long)]
     pub force: bool,
     /// Release only what this sandbox holds: the entry you saw (the whole id, or 12 characters
@@ -70,6 +74,10 @@ pub struct ReleaseArgs {
     /// removed now.
     #[arg(long, value_name = "DURATION", env = "IPRECLAIM_RELEASE_COOLDOWN", default_value = "0s", value_parser = ipreclaim::flags::parse_duration)]
     pub release_cooldown: std::time::Duration,
+    /// The namespace ipreclaim runs in, where the node agents' sandbox inventories are
+    /// (default: every namespace).
+    #[arg(long, value_name = "NS", env = "IPRECLAIM_INVENTORY_NAMESPACE")]
+    pub inventory_namespace: Option<String>,
     #[command(flatten)]
     pub write: WriteArgs,
 }
@@ -98,8 +106,33 @@ async fn release(args: ReleaseArgs) -> anyhow::Result<u8> {
     };
     let mut code = exit::OK;
     let held = |p: &Planned| format!("held by {}", p.request.judged.entry.podref);
+    let requests: Vec<ReleaseRequest> = planned.iter().map(|p| p.request.clone()).collect();
+    let wanted = inventories::wanted(&requests);
+    // As the controller's sweep: a sandbox a node agent lists live for another pod than the
+    // one holding the entry (none, when it is gone) may still run there.
+    let ns = args.inventory_namespace.as_deref();
+    let sightings = match inventories::sightings(&client, ns, &wanted).await {
+        Ok(s) => s,
+        Err(e) => {
+            let where_ = ns.unwrap_or("any namespace");
+            println!(
+                "refused: cannot read the node agents' sandbox inventories ({where_}): {e}; nothing written (--inventory-namespace names the namespace ipreclaim runs in)"
+            );
+            return Ok(exit::FOUND_OR_FAILED);
+        }
+    };
+    let live_elsewhere = |p: &Planned| {
+        let j = &p.request.judged;
+        let s = sightings.get(inventory::id_prefix(&j.entry.id))?;
+        (s.pod_uid != j.pod.uid).then(|| {
+            format!(
+                "the node agent of {} lists its sandbox live for pod uid {} (inventory written {}): that pod may still run there",
+                s.node, s.pod_uid, s.written
+            )
+        })
+    };
     let (go, any_refused) =
-        writes::refuse_unsafe(planned, args.force, held, |_| None, "releases it");
+        writes::refuse_unsafe(planned, args.force, held, live_elsewhere, "releases it");
     if any_refused {
         code = exit::FOUND_OR_FAILED;
     }

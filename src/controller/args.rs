@@ -130,6 +130,10 @@ pub struct ControllerArgs {
     /// Namespace of the Lease (default: $POD_NAMESPACE, else the whereabouts namespace).
     #[arg(long, env = "IPRECLAIM_LEASE_NAMESPACE")]
     pub lease_namespace: Option<String>,
+    /// Namespace of the node agents' sandbox inventories (default: $POD_NAMESPACE, else the
+    /// whereabouts namespace): the node agents' --inventory-namespace.
+    #[arg(long, env = "IPRECLAIM_INVENTORY_NAMESPACE")]
+    pub inventory_namespace: Option<String>,
     /// Address of /metrics, /healthz and /readyz (`[::]`: every address of both families;
     /// IPv4 only where the host has no IPv6).
     #[arg(long, env = "IPRECLAIM_METRICS_ADDR", default_value = "[::]:8080")]

@@ -20,6 +20,7 @@ pub mod report;
 mod reservation_sweep;
 pub mod server_clock;
 pub mod sweep;
+pub mod unseen;
 pub mod watch;
 
 use std::future::Future;
@@ -305,6 +306,10 @@ async fn sweep_forever(
         max_release_ratio: args.max_release_ratio,
         reclaim,
         namespace: args.whereabouts_namespace.clone(),
+        inventory_namespace: crate::flags::own_namespace(
+            args.inventory_namespace.as_deref(),
+            &args.whereabouts_namespace,
+        ),
         reservation_repair_grace: args.reservation_repair_grace,
     };
     let mut sweeper = sweep::Sweeper::new(ctx.clone(), config);

@@ -36,6 +36,8 @@ pub struct SweepConfig {
     pub reclaim: ReclaimConfig,
     /// Namespace of the pools (for breaker Events).
     pub namespace: String,
+    /// Namespace of the node agents' sandbox inventories.
+    pub inventory_namespace: String,
     /// How long a live entry must be seen without its reservation before one is created.
     pub reservation_repair_grace: std::time::Duration,
 }
@@ -85,6 +87,9 @@ pub struct SweepReport {
     pub released: usize,
     /// Pools held by the breaker.
     pub held_pools: Vec<String>,
+    /// Releases of pods no replica saw deleted, fenced to the node whose agent lists their
+    /// sandbox live instead.
+    pub fenced: usize,
     /// Reservation deletes queued (orphans, and ones left behind for live pods).
     pub reservations_deleted: usize,
     /// When the next candidate's grace ends (sweep again then, not a whole interval later).
@@ -128,13 +133,16 @@ impl Sweeper {
         let tally = self.clock.tally(candidates, started, &self.config.graces);
         report.next_due = tally.next_due;
         self.export(&tally);
-        let (confirmed, unconfirmed) = self.confirm_due(tally.due).await;
+        let (confirmed, mut unconfirmed) = self.confirm_due(tally.due).await;
+        let (fences, confirmed) = self.place_unseen(confirmed, &mut unconfirmed).await;
         let confirmed = self
             .hold(confirmed, &pool_sizes, &unconfirmed, &mut report)
             .await;
         self.export_pools(&pool_sizes, &per_pool);
         report.released = confirmed.len();
-        self.release(confirmed).await;
+        report.fenced = fences.len();
+        self.release(fences.into_iter().chain(confirmed).collect())
+            .await;
         self.use_approvals(&pool_sizes).await;
         let graces = ReservationGraces {
             leak: self.config.graces.leak,
@@ -260,6 +268,38 @@ impl Sweeper {
             }
         }
         (confirmed, unconfirmed)
+    }
+
+    /// Splits off the releases whose sandbox a node agent lists live for a pod no replica saw
+    /// deleted: fenced to that node instead (not the breaker's: nothing is freed). When the
+    /// inventories cannot be read, nothing is released this time (those pools count as
+    /// unconfirmed), unless reading them is forbidden (RBAC of an older install): then the
+    /// releases go as before the inventories, with a warning.
+    async fn place_unseen(
+        &self,
+        confirmed: Vec<ReleaseRequest>,
+        unconfirmed: &mut HashSet<String>,
+    ) -> (Vec<ReleaseRequest>, Vec<ReleaseRequest>) {
+        if confirmed.is_empty() {
+            return (Vec::new(), confirmed);
+        }
+        let wanted = crate::release::inventories::wanted(&confirmed);
+        let ns = &self.config.inventory_namespace;
+        let read =
+            crate::release::inventories::sightings(&self.ctx.client, Some(ns), &wanted).await;
+        drop(wanted);
+        match read {
+            Ok(sightings) => super::unseen::place(confirmed, &sightings),
+            Err(kube::Error::Api(s)) if s.code == 403 => {
+                tracing::warn!(namespace = %ns, error = %s.message, "may not list the node agents' sandbox inventories (grant list on leases there): releasing without them");
+                (Vec::new(), confirmed)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not list the node agents' sandbox inventories; the sweep's releases wait for the next sweep");
+                unconfirmed.extend(confirmed.into_iter().map(|r| r.judged.pool));
+                (Vec::new(), Vec::new())
+            }
+        }
     }
 
     /// The blast-radius breaker: drops the releases of held pools, and reports a new hold

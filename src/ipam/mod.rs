@@ -8,6 +8,7 @@ pub mod capacity;
 pub mod config;
 pub mod cooldown;
 pub mod fence;
+pub mod inventory;
 pub mod naming;
 pub mod network_status;
 pub mod networks;

@@ -28,6 +28,10 @@ pub struct NodeAgentArgs {
     /// Namespace of the IPPools and reservations (where the whereabouts CNI writes them).
     #[arg(long, env = "WHEREABOUTS_NAMESPACE", default_value = "kube-system")]
     pub whereabouts_namespace: String,
+    /// Namespace of this node's sandbox inventory Lease (default: $POD_NAMESPACE, else the
+    /// whereabouts namespace): the controller's --inventory-namespace.
+    #[arg(long, env = "IPRECLAIM_INVENTORY_NAMESPACE")]
+    pub inventory_namespace: Option<String>,
     /// Time between CRI relists.
     #[arg(long, env = "IPRECLAIM_RELIST_PERIOD", default_value = "1s", value_parser = parse_duration)]
     pub relist_period: Duration,

@@ -1,7 +1,7 @@
 //! A [`PodSource`] over CRI: ListPodSandbox and ListContainers for the listing, and
 //! PodSandboxStatus only when the PLEG inspects a pod that changed.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -67,6 +67,9 @@ pub struct RuntimeView {
     pub pods: HashMap<String, PodKey>,
     /// Pods of the last listing with a sandbox Ready (running).
     pub ready: HashSet<String>,
+    /// Sandboxes of the last listing that may still hold their network (Ready, or of a pod
+    /// with a container not exited), with their pod's uid: the node's inventory.
+    pub live: BTreeMap<String, String>,
     /// Sandboxes of the last listing without pod metadata, and containers not exited whose
     /// sandbox is not listed: whose pod cannot be told.
     pub unattributed: usize,
@@ -272,6 +275,7 @@ impl CriPodSource {
         let n = view.listings;
         view.pods.clear();
         view.ready.clear();
+        view.live.clear();
         view.unattributed = unattributed;
         for p in pods {
             if p.sandboxes
@@ -279,6 +283,15 @@ impl CriPodSource {
                 .any(|s| s.state == ContainerState::Running)
             {
                 view.ready.insert(p.uid.clone());
+            }
+            let containers_up = p
+                .containers
+                .iter()
+                .any(|c| c.state != ContainerState::Exited);
+            for sb in &p.sandboxes {
+                if containers_up || sb.state == ContainerState::Running {
+                    view.live.insert(sb.id.to_string(), p.uid.clone());
+                }
             }
             view.pods
                 .insert(p.uid.clone(), PodKey::new(&p.namespace, &p.name));

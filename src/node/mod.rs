@@ -18,6 +18,7 @@ pub mod evidence;
 pub mod fences;
 pub mod hold;
 pub mod identity;
+pub mod inventory;
 pub mod looks;
 pub mod plan;
 pub mod release;
@@ -140,6 +141,8 @@ struct Agent {
     /// The listing the evidence last looked at.
     evidence_listing: u64,
     identity: RuntimeIdentity,
+    /// This node's live sandboxes, for the inventory writer.
+    inventory: tokio::sync::watch::Sender<Option<inventory::Live>>,
 }
 
 /// A report on a fence, written or not.
@@ -185,6 +188,7 @@ impl Agent {
                 _ = tick.tick() => {
                     self.refresh();
                     self.check_fences(&mut reports);
+                    self.publish_inventory();
                 }
             }
             self.set_waiting_gauges(&looks);
@@ -329,6 +333,26 @@ impl Agent {
                 })
                 .set(states.get(&state).copied().unwrap_or(0) as i64);
         }
+    }
+
+    /// Hands the newest listing's live sandboxes to the inventory writer (a runtime not taken
+    /// as this node's is not listed).
+    fn publish_inventory(&mut self) {
+        let live = {
+            let view = self.view.lock().expect("runtime view lock");
+            let ours = runtime_is_ours(&mut self.identity, &self.metrics, &view);
+            if view.listings == 0 || !ours {
+                return;
+            }
+            view.live.clone()
+        };
+        self.inventory.send_if_modified(|now| {
+            let changed = now.as_ref() != Some(&live);
+            if changed {
+                *now = Some(live);
+            }
+            changed
+        });
     }
 
     fn reported(&mut self, done: ReportDone) {
@@ -559,6 +583,18 @@ pub async fn run(
     let releaser = Arc::new(releaser(
         &client, runtime, &args, &budgets, writes, &metrics,
     ));
+    let (inventory, inventory_task) = inventory::InventoryWriter {
+        client: client.clone(),
+        namespace: crate::flags::own_namespace(
+            args.inventory_namespace.as_deref(),
+            &args.whereabouts_namespace,
+        ),
+        node: args.node_name.clone(),
+        dry_run: args.dry_run,
+        budgets: budgets.clone(),
+        clock: clock.clone(),
+    }
+    .spawn();
     let (stop_pleg_tx, stop_pleg_rx) = tokio::sync::oneshot::channel::<()>();
     let pleg_task = tokio::spawn(pleg.run(async {
         let _ = stop_pleg_rx.await;
@@ -582,6 +618,7 @@ pub async fn run(
         reporter: Arc::new(fences::FenceReporter::for_agent(&client, &args, &budgets)),
         evidence_listing: 0,
         identity: RuntimeIdentity::new(args.pod_uid.as_deref()),
+        inventory,
     };
     let main = async {
         // Nothing is judged before this node's pods are known.
@@ -601,6 +638,7 @@ pub async fn run(
     health.set_ready(false);
     watch_task.abort();
     fence_task.abort();
+    inventory_task.abort();
     server.abort();
     Ok(())
 }

@@ -72,6 +72,23 @@ pub fn is_deleted_before_stopped(why: &str) -> bool {
     why.starts_with(DELETED_BEFORE_STOPPED)
 }
 
+/// How a fence's `why` begins when no replica saw its pod's deletion and a node agent's
+/// inventory placed the sandbox (see `controller::unseen`).
+pub const UNSEEN_DELETION: &str = "deleted while no controller replica watched";
+
+/// Why a pod no replica saw deleted is fenced to `node`: its agent listed the sandbox live in
+/// the inventory it wrote at `written`.
+pub fn unseen_deletion(node: &str, written: &str) -> String {
+    format!(
+        "{UNSEEN_DELETION}, and the node agent of {node} last listed its sandbox live (inventory written {written}): it may still run there"
+    )
+}
+
+/// Whether a fence's `why` says no replica saw its pod's deletion.
+pub fn is_unseen_deletion(why: &str) -> bool {
+    why.starts_with(UNSEEN_DELETION)
+}
+
 /// Why a pod deleted from a node trusted to stop it must still be fenced: its final state was
 /// not Succeeded or Failed. A kubelet (1.27 and later) gives a pod a terminal phase once its
 /// containers have stopped and deletes it only after its sandbox is stopped (the CNI DEL), so

@@ -13,7 +13,7 @@ use super::recorder::Recorder;
 use super::types::{EntryWrite, PodRef, ReleaseError, ReleaseOutcome, ReleaseRequest};
 use crate::ipam::fence::FenceRecord;
 use crate::reclaim::Reason;
-use crate::reclaim::fence::is_deleted_before_stopped;
+use crate::reclaim::fence::{is_deleted_before_stopped, is_unseen_deletion};
 use crate::telemetry::WriteMetrics;
 
 /// whereabouts' reason for a release that was written.
@@ -424,7 +424,7 @@ impl Events {
     /// A deleted pod's address stays allocated: its node may still run the sandbox.
     pub async fn fenced(&self, pod: &PodRef, ip: IpAddr, record: &FenceRecord, dry_run: bool) {
         let dry = if dry_run { "dry-run: " } else { "" };
-        let note = if is_deleted_before_stopped(&record.why) {
+        let note = if is_deleted_before_stopped(&record.why) || is_unseen_deletion(&record.why) {
             format!(
                 "{dry}IP address [{ip}] from network {} stays allocated: the pod on node {} was \
                  {}; released once its node agent reports the pod's sandboxes gone, the settle \

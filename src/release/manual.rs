@@ -13,6 +13,7 @@ use crate::ipam::fence::{FENCED_PODREF_SUFFIX, FenceRecord};
 use crate::ipam::{NetworkAttachment, PodKey, PoolEntry};
 use crate::reclaim::fence::{
     AgentReport, AgentReports, FencePolicy, agent_says, distrust, is_deleted_before_stopped,
+    is_unseen_deletion,
 };
 use crate::reclaim::{
     Allocation, Decision, Judged, KeepReason, LivePod, PodKnowledge, PodPhase, PodRef, PoolContext,
@@ -549,7 +550,7 @@ pub fn node_holds(
     // A pod deleted before its kubelet stopped it, on a node Ready all along, is stopped by
     // that kubelet only from the fence on: counted from the later of the two, as the
     // controller counts. (A fence of a node not Ready then predates its Ready transition.)
-    let stopping = is_deleted_before_stopped(&record.why);
+    let stopping = is_deleted_before_stopped(&record.why) || is_unseen_deletion(&record.why);
     let since = ready
         .and_then(|c| c.last_transition_time.as_ref())
         .map(|t| if stopping { t.0.max(record.since) } else { t.0 });

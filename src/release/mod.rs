@@ -18,6 +18,7 @@ mod fence_records;
 #[cfg(test)]
 mod fixtures;
 mod fresh_pool;
+pub mod inventories;
 pub mod manual;
 pub mod patch;
 pub mod recorder;

@@ -20,4 +20,5 @@ mod other_writers;
 mod outages;
 mod reservations;
 mod sweep;
+mod unseen;
 mod zone_outage;

@@ -1,0 +1,178 @@
+//! Deletions no replica saw (both replicas down, or cut off with the zone): the node agents'
+//! sandbox inventories tell the restarted controller which node may still run the pod.
+//!
+//! The inventory Leases are written here as the node agent writes them (stand-ins: the nodes
+//! are stand-ins too); `node_agent::` shows the real agent writing its own from a real
+//! containerd.
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+use testenv::poll::wait_for;
+
+use crate::harness::{Env, FENCED};
+use ipreclaim::ipam::inventory;
+
+const POOL: &str = "192.0.2.0-24";
+
+/// Writes `node`'s inventory listing `sandboxes` (id, pod uid) as its agent does.
+async fn inventory_of(env: &Env, node: &str, sandboxes: &[(&str, &str)]) {
+    let value = inventory::encode(sandboxes.iter().copied());
+    apply_inventory(env, node, node, &value).await;
+}
+
+/// Writes the inventory Lease of `node` as `holder`'s agent, its value `value`.
+async fn apply_inventory(env: &Env, node: &str, holder: &str, value: &str) {
+    let name = inventory::lease_name(node).unwrap();
+    let lease = Lease {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            labels: Some([(inventory::INVENTORY_LABEL.into(), "true".into())].into()),
+            annotations: Some([(inventory::INVENTORY_ANNOTATION.into(), value.into())].into()),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(holder.into()),
+            renew_time: Some(MicroTime(jiff::Timestamp::now())),
+            ..Default::default()
+        }),
+    };
+    Api::<Lease>::namespaced(env.client.clone(), &env.ns)
+        .patch(
+            &name,
+            &PatchParams::apply("test-agent").force(),
+            &Patch::Apply(&lease),
+        )
+        .await
+        .unwrap();
+}
+
+/// web-0 (sb-web-0, 192.0.2.10) on `down` and db-0 (sb-db-0, 192.0.2.11) on `healthy`, with
+/// reservations; returns their uids.
+async fn two_pods(env: &Env, down: &str, healthy: &str) -> (String, String) {
+    env.nad("macvlan", "192.0.2.0/24").await;
+    let allocations = [(10, "sb-web-0", "web-0"), (11, "sb-db-0", "db-0")];
+    env.pool(POOL, "192.0.2.0/24", &allocations).await;
+    env.reservation("192.0.2.10", "web-0").await;
+    env.reservation("192.0.2.11", "db-0").await;
+    let web = env.pod_object("web-0", "macvlan", Some(&["192.0.2.10"]), Some(down), 30);
+    let web = testenv::fixtures::create(&env.pods(), &web).await;
+    let db = env
+        .pod_on("db-0", "macvlan", Some(&["192.0.2.11"]), Some(healthy))
+        .await;
+    (web, db)
+}
+
+/// Item 6: web-0 is force-deleted while its node is NotReady and no controller runs (both
+/// replicas were in the zone that was cut off); db-0 is deleted from a healthy node meanwhile
+/// (its kubelet stopped it, its CNI DEL lost). The controller that starts afterwards never saw
+/// either deletion: it finds both entries without a pod. web-0's node agent last listed
+/// web-0's sandbox live, so its address is fenced to that node (Event naming the inventory),
+/// reservation kept, while db-0's, listed by no agent, is released as `PodMissing`. The fence
+/// lifts when the agent there reports the sandbox gone.
+#[tokio::test]
+async fn a_pod_no_replica_saw_deleted_is_fenced_to_the_node_whose_agent_listed_its_sandbox() {
+    let mut env = Env::new("unseen").await;
+    let down = env.fence_node("True").await;
+    let healthy = format!("{}-healthy", env.ns);
+    env.create_node(&healthy, "True").await;
+    let (web, _db) = two_pods(&env, &down, &healthy).await;
+    inventory_of(&env, &down, &[("sb-web-0", &web)]).await;
+    inventory_of(&env, &healthy, &[]).await;
+    env.set_ready(&down, "Unknown").await;
+    env.delete_pod("web-0").await;
+    env.delete_stopped_pod("db-0").await;
+
+    env.start(&[]).await;
+    let message = env.wait_one_event(FENCED, "web-0", &web).await;
+    assert!(
+        message.contains("no controller replica watched") && message.contains(&down),
+        "{message}"
+    );
+    env.wait_keys(POOL, &["10"]).await;
+    let (podref, fence) = env.entry_and_fence(POOL, "10").await;
+    assert_eq!(podref, Some(format!("{}/web-0:fenced", env.ns)));
+    let fence: serde_json::Value = serde_json::from_str(&fence.unwrap()).unwrap();
+    assert_eq!(
+        (fence["node"].as_str(), fence["uid"].as_str()),
+        (Some(down.as_str()), Some(web.as_str()))
+    );
+    assert_eq!(env.reservation_names().await, ["192.0.2.10"]);
+    let released = env.events("IPAddressGarbageCollected").await;
+    assert_eq!(released.len(), 1, "db-0 alone released: {released:?}");
+    assert_eq!(released[0].0, "db-0");
+
+    let (name, gone) = env.agent_report(POOL, "10", &down, &web).await;
+    env.report_gone(&name, gone).await;
+    env.wait_keys(POOL, &[]).await;
+    wait_for("web-0's reservation deleted", || async {
+        env.reservation_names().await.is_empty()
+    })
+    .await;
+    env.finish(&down).await;
+    env.delete_node(&healthy).await;
+}
+
+/// An inventory whose name is not its holder's (an agent writing under another node's name,
+/// where the chart's policy is off) places nothing: the pod is released as `PodMissing`, and a
+/// malformed inventory beside it does not stop the sweep.
+#[tokio::test]
+async fn an_inventory_not_of_its_holder_or_unreadable_places_nothing() {
+    let mut env = Env::new("unseen-forged").await;
+    let node = env.fence_node("True").await;
+    let healthy = format!("{}-healthy", env.ns);
+    env.create_node(&healthy, "True").await;
+    let (web, _db) = two_pods(&env, &node, &healthy).await;
+    // The agent of `healthy` claims web-0's sandbox under `node`'s name; `healthy`'s own
+    // inventory cannot be read.
+    let claim = inventory::encode([("sb-web-0", web.as_str())]);
+    apply_inventory(&env, &node, &healthy, &claim).await;
+    apply_inventory(&env, &healthy, &healthy, "sb-db-0 without-a-uid").await;
+    env.delete_stopped_pod("web-0").await;
+    env.delete_stopped_pod("db-0").await;
+
+    env.start(&[]).await;
+    env.wait_keys(POOL, &[]).await;
+    assert!(env.events(FENCED).await.is_empty());
+    env.finish(&node).await;
+    env.delete_node(&healthy).await;
+}
+
+/// web-0 is force-deleted from its NotReady node while no controller runs, and its StatefulSet
+/// creates it again on a healthy node with another address (sandbox sb-web-0-new). The
+/// restarted controller finds the old entry held by a name whose live pod lists another
+/// address (`IPNotOnPod`): the old pod's node agent last listed the old sandbox live for the
+/// old pod's uid, so the old address is fenced to that node, and the new pod's is kept.
+#[tokio::test]
+async fn a_pod_recreated_elsewhere_while_no_replica_watched_keeps_its_old_address_fenced() {
+    let mut env = Env::new("unseen-recreated").await;
+    let down = env.fence_node("True").await;
+    let healthy = format!("{}-healthy", env.ns);
+    env.create_node(&healthy, "True").await;
+    let (old, _db) = two_pods(&env, &down, &healthy).await;
+    inventory_of(&env, &down, &[("sb-web-0", &old)]).await;
+    env.set_ready(&down, "Unknown").await;
+    env.delete_pod("web-0").await;
+    let new = env
+        .pod_on("web-0", "macvlan", Some(&["192.0.2.12"]), Some(&healthy))
+        .await;
+    let entry = json!({"12": {"id": "sb-web-0-new", "podref": format!("{}/web-0", env.ns)}});
+    env.merge_pool(POOL, json!({"spec": {"allocations": entry}}))
+        .await;
+
+    env.start(&[]).await;
+    let message = env.wait_one_event(FENCED, "web-0", &old).await;
+    assert!(
+        message.contains("no controller replica watched"),
+        "{message}"
+    );
+    let (podref, _) = env.entry_and_fence(POOL, "10").await;
+    assert_eq!(podref, Some(format!("{}/web-0:fenced", env.ns)));
+    env.wait_sweeps(2.0).await;
+    assert_eq!(env.keys(POOL).await, ["10", "11", "12"]);
+    assert!(env.events("IPAddressGarbageCollected").await.is_empty());
+    assert_ne!(old, new);
+    env.finish(&down).await;
+    env.delete_node(&healthy).await;
+}
