@@ -48,20 +48,30 @@ async fn apply_inventory(env: &Env, node: &str, holder: &str, value: &str) {
         .unwrap();
 }
 
-/// web-0 (sb-web-0, 192.0.2.10) on `down` and db-0 (sb-db-0, 192.0.2.11) on `healthy`, with
-/// reservations; returns their uids.
-async fn two_pods(env: &Env, down: &str, healthy: &str) -> (String, String) {
+/// A test namespace with two Ready stand-in nodes, `down` and `healthy`, and web-0 (sb-web-0,
+/// 192.0.2.10, grace 30s) on `down` and db-0 (sb-db-0, 192.0.2.11) on `healthy`, with
+/// reservations. Returns it, the two nodes and web-0's uid.
+async fn two_nodes(prefix: &str) -> (Env, String, String, String) {
+    let env = Env::new(prefix).await;
+    let down = env.fence_node("True").await;
+    let healthy = format!("{}-healthy", env.ns);
+    env.create_node(&healthy, "True").await;
     env.nad("macvlan", "192.0.2.0/24").await;
     let allocations = [(10, "sb-web-0", "web-0"), (11, "sb-db-0", "db-0")];
     env.pool(POOL, "192.0.2.0/24", &allocations).await;
     env.reservation("192.0.2.10", "web-0").await;
     env.reservation("192.0.2.11", "db-0").await;
-    let web = env.pod_object("web-0", "macvlan", Some(&["192.0.2.10"]), Some(down), 30);
+    let web = env.pod_object("web-0", "macvlan", Some(&["192.0.2.10"]), Some(&down), 30);
     let web = testenv::fixtures::create(&env.pods(), &web).await;
-    let db = env
-        .pod_on("db-0", "macvlan", Some(&["192.0.2.11"]), Some(healthy))
+    env.pod_on("db-0", "macvlan", Some(&["192.0.2.11"]), Some(&healthy))
         .await;
-    (web, db)
+    (env, down, healthy, web)
+}
+
+/// Stops the controller and removes the two nodes.
+async fn finish(mut env: Env, down: &str, healthy: &str) {
+    env.finish(down).await;
+    env.delete_node(healthy).await;
 }
 
 /// Item 6: web-0 is force-deleted while its node is NotReady and no controller runs (both
@@ -73,11 +83,7 @@ async fn two_pods(env: &Env, down: &str, healthy: &str) -> (String, String) {
 /// lifts when the agent there reports the sandbox gone.
 #[tokio::test]
 async fn a_pod_no_replica_saw_deleted_is_fenced_to_the_node_whose_agent_listed_its_sandbox() {
-    let mut env = Env::new("unseen").await;
-    let down = env.fence_node("True").await;
-    let healthy = format!("{}-healthy", env.ns);
-    env.create_node(&healthy, "True").await;
-    let (web, _db) = two_pods(&env, &down, &healthy).await;
+    let (mut env, down, healthy, web) = two_nodes("unseen").await;
     inventory_of(&env, &down, &[("sb-web-0", &web)]).await;
     inventory_of(&env, &healthy, &[]).await;
     env.set_ready(&down, "Unknown").await;
@@ -110,8 +116,7 @@ async fn a_pod_no_replica_saw_deleted_is_fenced_to_the_node_whose_agent_listed_i
         env.reservation_names().await.is_empty()
     })
     .await;
-    env.finish(&down).await;
-    env.delete_node(&healthy).await;
+    finish(env, &down, &healthy).await;
 }
 
 /// An inventory whose name is not its holder's (an agent writing under another node's name,
@@ -119,11 +124,7 @@ async fn a_pod_no_replica_saw_deleted_is_fenced_to_the_node_whose_agent_listed_i
 /// malformed inventory beside it does not stop the sweep.
 #[tokio::test]
 async fn an_inventory_not_of_its_holder_or_unreadable_places_nothing() {
-    let mut env = Env::new("unseen-forged").await;
-    let node = env.fence_node("True").await;
-    let healthy = format!("{}-healthy", env.ns);
-    env.create_node(&healthy, "True").await;
-    let (web, _db) = two_pods(&env, &node, &healthy).await;
+    let (mut env, node, healthy, web) = two_nodes("unseen-forged").await;
     // The agent of `healthy` claims web-0's sandbox under `node`'s name; `healthy`'s own
     // inventory cannot be read.
     let claim = inventory::encode([("sb-web-0", web.as_str())]);
@@ -135,8 +136,7 @@ async fn an_inventory_not_of_its_holder_or_unreadable_places_nothing() {
     env.start(&[]).await;
     env.wait_keys(POOL, &[]).await;
     assert!(env.events(FENCED).await.is_empty());
-    env.finish(&node).await;
-    env.delete_node(&healthy).await;
+    finish(env, &node, &healthy).await;
 }
 
 /// web-0 is force-deleted from its NotReady node while no controller runs, and its StatefulSet
@@ -146,11 +146,7 @@ async fn an_inventory_not_of_its_holder_or_unreadable_places_nothing() {
 /// old pod's uid, so the old address is fenced to that node, and the new pod's is kept.
 #[tokio::test]
 async fn a_pod_recreated_elsewhere_while_no_replica_watched_keeps_its_old_address_fenced() {
-    let mut env = Env::new("unseen-recreated").await;
-    let down = env.fence_node("True").await;
-    let healthy = format!("{}-healthy", env.ns);
-    env.create_node(&healthy, "True").await;
-    let (old, _db) = two_pods(&env, &down, &healthy).await;
+    let (mut env, down, healthy, old) = two_nodes("unseen-recreated").await;
     inventory_of(&env, &down, &[("sb-web-0", &old)]).await;
     env.set_ready(&down, "Unknown").await;
     env.delete_pod("web-0").await;
@@ -173,6 +169,5 @@ async fn a_pod_recreated_elsewhere_while_no_replica_watched_keeps_its_old_addres
     assert_eq!(env.keys(POOL).await, ["10", "11", "12"]);
     assert!(env.events("IPAddressGarbageCollected").await.is_empty());
     assert_ne!(old, new);
-    env.finish(&down).await;
-    env.delete_node(&healthy).await;
+    finish(env, &down, &healthy).await;
 }
