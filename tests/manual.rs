@@ -1179,7 +1179,7 @@ async fn unfence_force_lifts_a_fence_of_a_node_that_is_not_ready() {
 }
 
 /// As the controller's sweep, `release` refuses an entry whose sandbox a node agent's
-/// inventory lists live for another pod than the one holding it (here gone-0, deleted while
+/// inventory lists live for another pod than the one holding it (here gone-1, deleted while
 /// its node still runs it), naming the node, with or without `--inventory-namespace`; `--force`
 /// releases it. The inventory is written here as the node agent writes it (a stand-in node).
 #[tokio::test]
@@ -1189,6 +1189,10 @@ async fn release_refuses_an_address_whose_sandbox_a_node_agent_lists_live() {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     let env = Env::new("release-inventory", false, 14).await;
     let node = format!("{}-node", env.ns);
+    // A sandbox id of this test's own: the inventories of every namespace are read.
+    let sandbox = format!("{}-gone", env.ns);
+    env.add_entry(POOL, "40", &sandbox, &format!("{}/gone-1", env.ns))
+        .await;
     let name = inventory::lease_name(&node).unwrap();
     let lease = Lease {
         metadata: ObjectMeta {
@@ -1197,7 +1201,13 @@ async fn release_refuses_an_address_whose_sandbox_a_node_agent_lists_live() {
             annotations: Some(
                 [(
                     inventory::INVENTORY_ANNOTATION.into(),
-                    inventory::encode([("sb-gone", "uid-gone-0")]),
+                    inventory::encode([(
+                        sandbox.as_str(),
+                        &inventory::Listed {
+                            pod_uid: "uid-gone-0".into(),
+                            grace_seconds: None,
+                        },
+                    )]),
                 )]
                 .into(),
             ),
@@ -1212,7 +1222,7 @@ async fn release_refuses_an_address_whose_sandbox_a_node_agent_lists_live() {
         .create(&PostParams::default(), &lease)
         .await
         .unwrap();
-    let ip = env.fwd("192.0.2.30");
+    let ip = env.fwd("192.0.2.40");
     let says = format!("the node agent of {node} lists its sandbox live for pod uid uid-gone-0");
     let refused = format!("refused {}", env.back(&ip));
     let ns_flag = format!("--inventory-namespace={}", env.ns);
@@ -1224,10 +1234,10 @@ async fn release_refuses_an_address_whose_sandbox_a_node_agent_lists_live() {
             "{}",
             explain(&out)
         );
-        assert!(env.entries(POOL).await.contains_key("30"));
+        assert!(env.entries(POOL).await.contains_key("40"));
     }
     let help = stdout(&env.run("release", &["--help"]));
     assert!(help.contains("lists live"), "{help}");
     env.run_exits("release", &["--ip", &ip, "--force"], 0);
-    assert!(!env.entries(POOL).await.contains_key("30"));
+    assert!(!env.entries(POOL).await.contains_key("40"));
 }

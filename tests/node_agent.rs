@@ -562,13 +562,24 @@ async fn a_fenced_pod_is_reported_gone_only_once_its_sandbox_is_removed(mut env:
 
 /// This node's sandbox inventory (the Lease `ipreclaim-sandboxes-<node>`, held by this node):
 /// web-0's sandbox is listed with web-0's uid while it runs, and dropped once it is stopped
-/// (its network torn down). As the chart's ServiceAccount, the report policy lets the agent
-/// write its own node's inventory.
+/// (its network torn down). A static pod runs under its config hash, which its mirror pod in
+/// the API carries (`kubernetes.io/config.mirror`): its sandbox is listed with the mirror
+/// pod's uid, so the controller takes it for the live pod it is. As the chart's
+/// ServiceAccount, the report policy lets the agent write its own node's inventory.
 async fn the_nodes_live_sandboxes_are_written_to_its_inventory(mut env: NodeEnv) {
     use ipreclaim::ipam::inventory;
     use k8s_openapi::api::coordination::v1::Lease;
     let uid = format!("{}-web-0", env.ns);
     let sb = env.run_sandbox("web-0", &uid).await;
+    let hash = format!("{}-static-hash", env.ns);
+    let mut mirror = testenv::fixtures::annotated_pod(
+        "static-0",
+        ipreclaim::api::slim::MIRROR_ANNOTATION,
+        &hash,
+    );
+    mirror.spec.as_mut().unwrap().node_name = Some(env.node.clone());
+    let mirror_uid = testenv::fixtures::create(&env.pods(), &mirror).await;
+    let static_sb = env.run_sandbox("static-0", &hash).await;
     env.start(&[]).await;
     let leases = Api::<Lease>::namespaced(env.client.clone(), &env.ns);
     let name = inventory::lease_name(&env.node).unwrap();
@@ -581,22 +592,33 @@ async fn the_nodes_live_sandboxes_are_written_to_its_inventory(mut env: NodeEnv)
             .remove(inventory::INVENTORY_ANNOTATION)?;
         Some((holder, inventory::decode(&value).unwrap()))
     };
-    wait_for("web-0's sandbox in the inventory", || async {
-        listed().await.is_some_and(|(_, i)| !i.sandboxes.is_empty())
+    let of = |uid: &str| inventory::Listed {
+        pod_uid: uid.into(),
+        grace_seconds: None,
+    };
+    wait_for("both sandboxes in the inventory", || async {
+        listed().await.is_some_and(|(_, i)| i.sandboxes.len() == 2)
     })
     .await;
     let (holder, read) = listed().await.unwrap();
     assert_eq!(holder.as_deref(), Some(env.node.as_str()));
     assert!(read.complete);
-    assert_eq!(
-        read.sandboxes.into_iter().collect::<Vec<_>>(),
-        [(inventory::id_prefix(&sb).to_string(), uid.clone())]
-    );
+    let mut want = vec![
+        (inventory::id_prefix(&sb).to_string(), of(&uid)),
+        (
+            inventory::id_prefix(&static_sb).to_string(),
+            of(&mirror_uid),
+        ),
+    ];
+    want.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(read.sandboxes.into_iter().collect::<Vec<_>>(), want);
 
     env.stop_sandbox(&sb).await;
-    wait_for("the stopped sandbox dropped from the inventory", || async {
-        listed().await.is_some_and(|(_, i)| i.sandboxes.is_empty())
-    })
+    env.stop_sandbox(&static_sb).await;
+    wait_for(
+        "the stopped sandboxes dropped from the inventory",
+        || async { listed().await.is_some_and(|(_, i)| i.sandboxes.is_empty()) },
+    )
     .await;
     env.stop().await;
 }

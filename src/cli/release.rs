@@ -59,7 +59,8 @@ pub struct ReleaseArgs {
     /// network-status lists, the address of a live pod that has no network-status yet (its
     /// allocation may be in flight) or whose network-status says nothing of the network, an
     /// entry whose fence is being written, an entry whose sandbox a node agent lists live for
-    /// another pod than the one holding it (a pod deleted while its node still runs it). With
+    /// another pod than the one holding it (a pod deleted while its node still runs it), and go
+    /// on when the inventories cannot be read. With
     /// --ip, also end the address's release cooldown now. Never overrides a pod changed since
     /// the listing, nor --sandbox.
     #[arg(long)]
@@ -113,10 +114,17 @@ async fn release(args: ReleaseArgs) -> anyhow::Result<u8> {
     let ns = args.inventory_namespace.as_deref();
     let sightings = match inventories::sightings(&client, ns, &wanted).await {
         Ok(s) => s,
+        Err(e) if args.force => {
+            let where_ = ns.unwrap_or("any namespace");
+            println!(
+                "warning: cannot read the node agents' sandbox inventories ({where_}): {e}; --force goes on without them"
+            );
+            Default::default()
+        }
         Err(e) => {
             let where_ = ns.unwrap_or("any namespace");
             println!(
-                "refused: cannot read the node agents' sandbox inventories ({where_}): {e}; nothing written (--inventory-namespace names the namespace ipreclaim runs in)"
+                "refused: cannot read the node agents' sandbox inventories ({where_}): {e}; nothing written (--inventory-namespace names the namespace ipreclaim runs in; --force goes on without them)"
             );
             return Ok(exit::FOUND_OR_FAILED);
         }

@@ -272,18 +272,18 @@ impl Sweeper {
 
     /// Splits off the releases whose sandbox a node agent lists live for a pod no replica saw
     /// deleted: fenced to that node instead (not the breaker's: nothing is freed). When the
-    /// inventories cannot be read, nothing is released this time (those pools count as
-    /// unconfirmed), unless reading them is forbidden (RBAC of an older install): then the
-    /// releases go as before the inventories, with a warning.
+    /// inventories cannot be read, no release of a pod gone or replaced goes this time (those
+    /// pools count as unconfirmed), unless reading them is forbidden (RBAC of an older install):
+    /// then they go as before the inventories, with a warning.
     async fn place_unseen(
         &self,
         confirmed: Vec<ReleaseRequest>,
         unconfirmed: &mut HashSet<String>,
     ) -> (Vec<ReleaseRequest>, Vec<ReleaseRequest>) {
-        if confirmed.is_empty() {
+        let wanted = crate::release::inventories::wanted(&confirmed);
+        if wanted.is_empty() {
             return (Vec::new(), confirmed);
         }
-        let wanted = crate::release::inventories::wanted(&confirmed);
         let ns = &self.config.inventory_namespace;
         let read =
             crate::release::inventories::sightings(&self.ctx.client, Some(ns), &wanted).await;
@@ -295,9 +295,12 @@ impl Sweeper {
                 (Vec::new(), confirmed)
             }
             Err(e) => {
-                tracing::warn!(error = %e, "could not list the node agents' sandbox inventories; the sweep's releases wait for the next sweep");
-                unconfirmed.extend(confirmed.into_iter().map(|r| r.judged.pool));
-                (Vec::new(), Vec::new())
+                tracing::warn!(error = %e, "could not list the node agents' sandbox inventories; releases of pods gone or replaced wait for the next sweep");
+                let (wait, rest): (Vec<_>, Vec<_>) = confirmed
+                    .into_iter()
+                    .partition(|r| matches!(r.reason, Reason::PodMissing | Reason::IPNotOnPod));
+                unconfirmed.extend(wait.into_iter().map(|r| r.judged.pool));
+                (Vec::new(), rest)
             }
         }
     }

@@ -31,7 +31,8 @@ pub fn place(
                 r.judged.pod.uid = s.pod_uid.clone();
                 r.judged.node = Some(s.node.clone());
                 let why = unseen_deletion(&s.node, &s.written);
-                let record = super::fence::record_for(&r.judged, s.node.clone(), why, None);
+                let record =
+                    super::fence::record_for(&r.judged, s.node.clone(), why, s.grace_seconds);
                 tracing::warn!(podref = %r.judged.entry.podref, ip = %r.judged.entry.ip, node = %s.node, reason = %r.reason, "a pod no replica saw deleted may still run on its node: fenced, not released");
                 r.write = EntryWrite::Fence(record);
                 fences.push(r);

@@ -4,7 +4,8 @@
 //!
 //! The Lease is `ipreclaim-sandboxes-<node>` in the pools' namespace; `spec.holderIdentity` is
 //! the node, `spec.renewTime` when its agent wrote it, and the annotation
-//! [`INVENTORY_ANNOTATION`] the sandboxes: `<id prefix>=<pod uid>` separated by spaces. Ids are
+//! [`INVENTORY_ANNOTATION`] the sandboxes: `<id prefix>=<pod uid>[:<grace seconds>]` separated
+//! by spaces (the pod's termination grace period when the runtime knows it). Ids are
 //! cut to [`ID_PREFIX_LEN`] characters (a collision only keeps an address longer), and a node
 //! of more than [`MAX_SANDBOXES`] is written as incomplete ([`INCOMPLETE`] first).
 
@@ -43,11 +44,23 @@ pub fn id_prefix(id: &str) -> &str {
     }
 }
 
-/// The annotation value for `sandboxes` (id -> pod uid).
-pub fn encode<'a>(sandboxes: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
+/// A sandbox as an inventory lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    /// Its pod's uid (the pod in the API: a static pod's is its mirror pod's).
+    pub pod_uid: String,
+    /// Its pod's termination grace period, when known.
+    pub grace_seconds: Option<i64>,
+}
+
+/// The annotation value for `sandboxes` (full id, and what is listed of it).
+pub fn encode<'a>(sandboxes: impl IntoIterator<Item = (&'a str, &'a Listed)>) -> String {
     let mut tokens: Vec<String> = sandboxes
         .into_iter()
-        .map(|(id, uid)| format!("{}={uid}", id_prefix(id)))
+        .map(|(id, l)| match l.grace_seconds {
+            Some(g) => format!("{}={}:{g}", id_prefix(id), l.pod_uid),
+            None => format!("{}={}", id_prefix(id), l.pod_uid),
+        })
         .collect();
     tokens.sort();
     tokens.dedup();
@@ -61,8 +74,8 @@ pub fn encode<'a>(sandboxes: impl IntoIterator<Item = (&'a str, &'a str)>) -> St
 /// A node's inventory as read.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Inventory {
-    /// Sandbox id prefix -> pod uid.
-    pub sandboxes: BTreeMap<String, String>,
+    /// Sandbox id prefix -> what is listed of it.
+    pub sandboxes: BTreeMap<String, Listed>,
     /// Every live sandbox of the node is listed.
     pub complete: bool,
 }
@@ -73,8 +86,8 @@ pub enum InventoryError {
     /// Past [`MAX_VALUE_BYTES`].
     #[error("the inventory is {0} bytes, past the {MAX_VALUE_BYTES} read")]
     TooLarge(usize),
-    /// A token that is not `<id prefix>=<uid>`.
-    #[error("inventory token {0:?} is not <sandbox id prefix>=<pod uid>")]
+    /// A token that is not `<id prefix>=<uid>[:<grace>]`.
+    #[error("inventory token {0:?} is not <sandbox id prefix>=<pod uid>[:<grace seconds>]")]
     Malformed(String),
 }
 
@@ -93,11 +106,19 @@ pub fn decode(value: &str) -> Result<Inventory, InventoryError> {
             continue;
         }
         let malformed = || InventoryError::Malformed(token.chars().take(80).collect());
-        let (id, uid) = token.split_once('=').ok_or_else(malformed)?;
+        let (id, listed) = token.split_once('=').ok_or_else(malformed)?;
+        let (uid, grace) = match listed.split_once(':') {
+            Some((uid, g)) => (uid, Some(g.parse::<i64>().map_err(|_| malformed())?)),
+            None => (listed, None),
+        };
         if id.is_empty() || id.len() > ID_PREFIX_LEN || uid.is_empty() || uid.len() > MAX_UID_LEN {
             return Err(malformed());
         }
-        inventory.sandboxes.insert(id.to_owned(), uid.to_owned());
+        let listed = Listed {
+            pod_uid: uid.to_owned(),
+            grace_seconds: grace,
+        };
+        inventory.sandboxes.insert(id.to_owned(), listed);
     }
     Ok(inventory)
 }
@@ -106,15 +127,23 @@ pub fn decode(value: &str) -> Result<Inventory, InventoryError> {
 mod tests {
     use super::*;
 
+    fn listed(uid: &str, grace: Option<i64>) -> Listed {
+        Listed {
+            pod_uid: uid.into(),
+            grace_seconds: grace,
+        }
+    }
+
     #[test]
-    fn ids_are_cut_to_their_prefix_and_read_back_with_their_pod() {
+    fn ids_are_cut_to_their_prefix_and_read_back_with_their_pod_and_grace() {
         let long = "0123456789abcdef0123456789abcdef";
-        let value = encode([(long, "uid-1"), ("short", "uid-2")]);
-        assert_eq!(value, "0123456789abcdef=uid-1 short=uid-2");
+        let (one, two) = (listed("uid-1", Some(600)), listed("uid-2", None));
+        let value = encode([(long, &one), ("short", &two)]);
+        assert_eq!(value, "0123456789abcdef=uid-1:600 short=uid-2");
         let read = decode(&value).unwrap();
         assert!(read.complete);
-        assert_eq!(read.sandboxes[id_prefix(long)], "uid-1");
-        assert_eq!(read.sandboxes["short"], "uid-2");
+        assert_eq!(read.sandboxes[id_prefix(long)], one);
+        assert_eq!(read.sandboxes["short"], two);
         assert_eq!(
             decode("").unwrap(),
             Inventory {
@@ -129,7 +158,8 @@ mod tests {
         let ids: Vec<String> = (0..MAX_SANDBOXES + 5)
             .map(|i| format!("{i:016x}"))
             .collect();
-        let value = encode(ids.iter().map(|id| (id.as_str(), "u")));
+        let u = listed("u", Some(30));
+        let value = encode(ids.iter().map(|id| (id.as_str(), &u)));
         let read = decode(&value).unwrap();
         assert!(!read.complete);
         assert_eq!(read.sandboxes.len(), MAX_SANDBOXES);
@@ -138,7 +168,15 @@ mod tests {
 
     #[test]
     fn bad_values_are_refused_with_what_was_wrong() {
-        for bad in ["nouid", "=u", "a=", "0123456789abcdef0=u"] {
+        for bad in [
+            "nouid",
+            "=u",
+            "a=",
+            "0123456789abcdef0=u",
+            "a=u:",
+            "a=u:x",
+            "a=:5",
+        ] {
             assert!(
                 matches!(decode(bad), Err(InventoryError::Malformed(_))),
                 "{bad}"

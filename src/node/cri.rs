@@ -67,13 +67,25 @@ pub struct RuntimeView {
     pub pods: HashMap<String, PodKey>,
     /// Pods of the last listing with a sandbox Ready (running).
     pub ready: HashSet<String>,
-    /// Sandboxes of the last listing that may still hold their network (Ready, or of a pod
-    /// with a container not exited), with their pod's uid: the node's inventory.
-    pub live: BTreeMap<String, String>,
+    /// Sandboxes of the last listing that may still hold their network (Ready, or with a
+    /// container of theirs not exited): the node's inventory.
+    pub live: BTreeMap<String, LiveSandbox>,
     /// Sandboxes of the last listing without pod metadata, and containers not exited whose
     /// sandbox is not listed: whose pod cannot be told.
     pub unattributed: usize,
 }
+
+/// A sandbox that may still hold its network.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveSandbox {
+    /// Its pod's uid as the runtime knows it (a static pod's is its config hash).
+    pub pod_uid: String,
+    /// Its pod's termination grace period, from its containers' kubelet annotation.
+    pub grace_seconds: Option<i64>,
+}
+
+/// The kubelet's annotation of a container with its pod's termination grace period.
+const GRACE_ANNOTATION: &str = "io.kubernetes.pod.terminationGracePeriod";
 
 /// The container runtime, as the PLEG sees it.
 #[derive(Clone)]
@@ -269,13 +281,18 @@ impl CriPodSource {
         counter.inc();
     }
 
-    fn record(&self, pods: &[RuntimePod], unattributed: usize) {
+    fn record(
+        &self,
+        pods: &[RuntimePod],
+        unattributed: usize,
+        live: BTreeMap<String, LiveSandbox>,
+    ) {
         let mut view = self.view.lock().expect("runtime view lock");
         view.listings += 1;
         let n = view.listings;
         view.pods.clear();
         view.ready.clear();
-        view.live.clear();
+        view.live = live;
         view.unattributed = unattributed;
         for p in pods {
             if p.sandboxes
@@ -283,15 +300,6 @@ impl CriPodSource {
                 .any(|s| s.state == ContainerState::Running)
             {
                 view.ready.insert(p.uid.clone());
-            }
-            let containers_up = p
-                .containers
-                .iter()
-                .any(|c| c.state != ContainerState::Exited);
-            for sb in &p.sandboxes {
-                if containers_up || sb.state == ContainerState::Running {
-                    view.live.insert(sb.id.to_string(), p.uid.clone());
-                }
             }
             view.pods
                 .insert(p.uid.clone(), PodKey::new(&p.namespace, &p.name));
@@ -307,6 +315,39 @@ impl CriPodSource {
     }
 }
 
+/// The sandboxes that may still hold their network: Ready, or with a container of theirs not
+/// exited; with their pod's uid and the grace period its containers carry.
+fn live_sandboxes(
+    pod_of_sandbox: &HashMap<String, String>,
+    running: &HashSet<String>,
+    containers: &[k8s_cri::v1::Container],
+) -> BTreeMap<String, LiveSandbox> {
+    let mut up: HashSet<&str> = running.iter().map(String::as_str).collect();
+    let mut grace: HashMap<&str, i64> = HashMap::new();
+    for c in containers {
+        if container_state(c.state) != ContainerState::Exited {
+            up.insert(&c.pod_sandbox_id);
+        }
+        let g = c
+            .annotations
+            .get(GRACE_ANNOTATION)
+            .and_then(|g| g.parse::<i64>().ok());
+        if let Some(g) = g {
+            let max = grace.entry(&c.pod_sandbox_id).or_insert(g);
+            *max = (*max).max(g);
+        }
+    }
+    up.into_iter()
+        .filter_map(|id| {
+            let sandbox = LiveSandbox {
+                pod_uid: pod_of_sandbox.get(id)?.clone(),
+                grace_seconds: grace.get(id).copied(),
+            };
+            Some((id.to_owned(), sandbox))
+        })
+        .collect()
+}
+
 impl PodSource for CriPodSource {
     async fn list_pods(&self) -> Result<Vec<RuntimePod>, SourceError> {
         let mut client = self.client.clone();
@@ -318,6 +359,7 @@ impl PodSource for CriPodSource {
         let containers = reply("ListContainers", listed.await)?.containers;
         let mut pods: HashMap<String, RuntimePod> = HashMap::new();
         let mut pod_of_sandbox: HashMap<String, String> = HashMap::new();
+        let mut running: HashSet<String> = HashSet::new();
         let mut unattributed = 0;
         for sb in sandboxes {
             let Some(meta) = sb.metadata else {
@@ -325,6 +367,9 @@ impl PodSource for CriPodSource {
                 continue;
             };
             pod_of_sandbox.insert(sb.id.clone(), meta.uid.clone());
+            if sandbox_running(sb.state) {
+                running.insert(sb.id.clone());
+            }
             let pod = pods.entry(meta.uid.clone()).or_insert_with(|| RuntimePod {
                 uid: meta.uid.clone(),
                 name: meta.name.clone(),
@@ -338,6 +383,7 @@ impl PodSource for CriPodSource {
             };
             pod.sandboxes.push(Container::new(sb.id, state));
         }
+        let live = live_sandboxes(&pod_of_sandbox, &running, &containers);
         for c in containers {
             // A container whose sandbox is already gone has no pod to report it under.
             if let Some(pod) = pod_of_sandbox
@@ -358,7 +404,7 @@ impl PodSource for CriPodSource {
             p.containers.sort_by(|a, b| a.id.cmp(&b.id));
         }
         pods.sort_by(|a, b| a.uid.cmp(&b.uid));
-        self.record(&pods, unattributed);
+        self.record(&pods, unattributed, live);
         Ok(pods)
     }
 
@@ -419,5 +465,51 @@ impl PodSource for CriPodSource {
                 })
                 .collect(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn container(
+        sandbox: &str,
+        state: CriContainerState,
+        grace: Option<&str>,
+    ) -> k8s_cri::v1::Container {
+        let mut c = k8s_cri::v1::Container {
+            pod_sandbox_id: sandbox.into(),
+            state: state as i32,
+            ..Default::default()
+        };
+        if let Some(g) = grace {
+            c.annotations.insert(GRACE_ANNOTATION.into(), g.into());
+        }
+        c
+    }
+
+    /// A restarted pod's old sandbox, stopped, is not live though the pod's new containers
+    /// run; a stopped sandbox with a container still running is; the grace is the largest its
+    /// containers carry (an unreadable one is ignored).
+    #[test]
+    fn only_a_ready_sandbox_or_one_with_its_own_container_up_is_live() {
+        let pods: HashMap<String, String> = [("old", "p"), ("new", "p"), ("stuck", "q")]
+            .into_iter()
+            .map(|(s, p)| (s.to_string(), p.to_string()))
+            .collect();
+        let running: HashSet<String> = ["new".to_string()].into();
+        let containers = [
+            container("old", CriContainerState::ContainerExited, Some("600")),
+            container("new", CriContainerState::ContainerRunning, Some("600")),
+            container("stuck", CriContainerState::ContainerRunning, Some("30")),
+            container("stuck", CriContainerState::ContainerExited, Some("90")),
+            container("stuck", CriContainerState::ContainerExited, Some("x")),
+        ];
+        let live = live_sandboxes(&pods, &running, &containers);
+        let got: Vec<(&str, &str, Option<i64>)> = live
+            .iter()
+            .map(|(id, s)| (id.as_str(), s.pod_uid.as_str(), s.grace_seconds))
+            .collect();
+        assert_eq!(got, [("new", "p", Some(600)), ("stuck", "q", Some(90))]);
     }
 }

@@ -6,7 +6,8 @@
 //! The Lease is owned by the Node, so the garbage collector removes it with the Node.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::hash::{Hash, Hasher};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::Node;
@@ -16,18 +17,20 @@ use kube::api::{Api, Patch, PatchParams};
 use podlife::clock::SharedClock;
 use tokio::sync::watch;
 
-use crate::ipam::inventory::{self, INVENTORY_ANNOTATION, INVENTORY_LABEL};
+use crate::ipam::inventory::{self, INVENTORY_ANNOTATION, INVENTORY_LABEL, Listed};
 
 /// The least time between two writes of the inventory: a sandbox started less than this (plus
 /// a relist) before its node was cut off may be missing from it.
 pub const INVENTORY_EVERY: Duration = Duration::from_secs(3);
+/// How often the inventory is written even when nothing changed.
+const REWRITE_EVERY: Duration = Duration::from_secs(300);
 /// The longest wait before a failed write is tried again.
 const RETRY_MAX: Duration = Duration::from_secs(60);
 /// The field manager of the agent's server-side apply.
 const FIELD_MANAGER: &str = "ipreclaim-node-agent";
 
-/// Live sandboxes: id -> pod uid.
-pub type Live = BTreeMap<String, String>;
+/// Live sandboxes: full id -> what the inventory lists of it.
+pub type Live = BTreeMap<String, Listed>;
 
 /// Writes this node's inventory.
 pub struct InventoryWriter {
@@ -58,15 +61,34 @@ impl InventoryWriter {
             tracing::warn!(node = %self.node, "node name too long for an inventory Lease: none written (a controller that never saw a deletion of this node's pods cannot tell they ran here)");
             return;
         };
-        let mut written: Option<Live> = None;
+        let mut written: Option<(Live, Instant)> = None;
         let mut owner: Option<OwnerReference> = None;
         let mut retry = INVENTORY_EVERY;
-        while rx.changed().await.is_ok() {
+        // Spread over the nodes, so that agents retrying after an outage do not write at once.
+        let spread = Duration::from_millis(node_hash(&self.node) % 1000);
+        loop {
+            let clock = self.clock.clone();
+            let rewrite_at = written.as_ref().map(|(_, at)| *at + REWRITE_EVERY);
+            let rewrite = async move {
+                match rewrite_at {
+                    Some(at) => clock.sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                changed = rx.changed() => if changed.is_err() { return },
+                // Written again now and then: one deleted meanwhile (by hand, or with a Node
+                // recreated under its name) comes back, and its owner is asked for again.
+                _ = rewrite => {
+                    written = None;
+                    owner = None;
+                }
+            }
             loop {
                 let Some(live) = rx.borrow_and_update().clone() else {
                     break;
                 };
-                if written.as_ref() == Some(&live) {
+                if written.as_ref().is_some_and(|(w, _)| *w == live) {
                     break;
                 }
                 if owner.is_none() {
@@ -74,13 +96,13 @@ impl InventoryWriter {
                 }
                 let wait = match self.write(&name, &live, owner.as_ref()).await {
                     Ok(()) => {
-                        written = Some(live);
+                        written = Some((live, self.clock.now()));
                         retry = INVENTORY_EVERY;
                         INVENTORY_EVERY
                     }
                     Err(e) => {
-                        tracing::warn!(lease = %name, error = %e, retry_in = ?retry, "writing this node's sandbox inventory failed");
-                        let wait = retry;
+                        tracing::warn!(lease = %name, error = %e, retry_in = ?retry, "writing this node's sandbox inventory failed (a controller that never saw a deletion of this node's pods finds them in its last one)");
+                        let wait = retry + spread;
                         retry = (retry * 2).min(RETRY_MAX);
                         wait
                     }
@@ -117,7 +139,7 @@ impl InventoryWriter {
         live: &Live,
         owner: Option<&OwnerReference>,
     ) -> Result<(), kube::Error> {
-        let value = inventory::encode(live.iter().map(|(id, uid)| (id.as_str(), uid.as_str())));
+        let value = inventory::encode(live.iter().map(|(id, l)| (id.as_str(), l)));
         if self.dry_run {
             tracing::info!(lease = %name, sandboxes = live.len(), "dry-run: would write this node's sandbox inventory");
             return Ok(());
@@ -147,4 +169,11 @@ impl InventoryWriter {
             .await
             .map(|_| ())
     }
+}
+
+/// A stable number for `node`, to spread the agents' retries.
+fn node_hash(node: &str) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    node.hash(&mut h);
+    h.finish()
 }

@@ -24,7 +24,7 @@ pub mod plan;
 pub mod release;
 pub mod witness;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -44,7 +44,9 @@ use podlife::throttle::{Parallelism, Throttle};
 use prometheus_client::registry::Registry;
 use tokio::task::JoinSet;
 
+use crate::api::slim::MIRROR_ANNOTATION;
 use crate::ipam::PodKey;
+use crate::ipam::inventory::Listed;
 use crate::reclaim::ReclaimConfig;
 use crate::release::{BudgetConfig, Budgets, Events, writer};
 use crate::telemetry::{Health, NodeMetrics, WriteMetrics};
@@ -336,9 +338,10 @@ impl Agent {
     }
 
     /// Hands the newest listing's live sandboxes to the inventory writer (a runtime not taken
-    /// as this node's is not listed).
+    /// as this node's is not listed), each named by its pod's uid in the API: a static pod runs
+    /// under its config hash, which its mirror pod carries.
     fn publish_inventory(&mut self) {
-        let live = {
+        let runtime = {
             let view = self.view.lock().expect("runtime view lock");
             let ours = runtime_is_ours(&mut self.identity, &self.metrics, &view);
             if view.listings == 0 || !ours {
@@ -346,6 +349,26 @@ impl Agent {
             }
             view.live.clone()
         };
+        let mirrors: HashMap<String, String> = self
+            .pods
+            .state()
+            .iter()
+            .filter_map(|p| {
+                let hash = p.metadata.annotations.as_ref()?.get(MIRROR_ANNOTATION)?;
+                Some((hash.clone(), p.metadata.uid.clone()?))
+            })
+            .collect();
+        let live: inventory::Live = runtime
+            .into_iter()
+            .map(|(id, sb)| {
+                let pod_uid = mirrors.get(&sb.pod_uid).cloned().unwrap_or(sb.pod_uid);
+                let listed = Listed {
+                    pod_uid,
+                    grace_seconds: sb.grace_seconds,
+                };
+                (id, listed)
+            })
+            .collect();
         self.inventory.send_if_modified(|now| {
             let changed = now.as_ref() != Some(&live);
             if changed {

@@ -10,6 +10,7 @@
 use std::net::IpAddr;
 
 use crate::reclaim::Reason;
+use crate::reclaim::fence::{is_deleted_before_stopped, is_unseen_deletion};
 use crate::release::{EntryWrite, ReleaseError, ReleaseOutcome, ReleaseRequest};
 
 /// The log target of audit lines (`RUST_LOG=ipreclaim::audit=info` keeps them alone).
@@ -110,12 +111,20 @@ impl AuditRecord {
                 if record.uid.is_empty() {
                     record.uid = f.uid.clone();
                 }
-                format!(
-                    "the pod was deleted while its node {} was not Ready ({}); the address stays \
-                     allocated until the node is trusted again",
-                    f.node,
-                    blank(&f.why)
-                )
+                if is_deleted_before_stopped(&f.why) || is_unseen_deletion(&f.why) {
+                    format!(
+                        "the pod on node {} was {}; the address stays allocated until its \
+                         sandboxes are gone or the node is trusted again",
+                        f.node, f.why
+                    )
+                } else {
+                    format!(
+                        "the pod was deleted while its node {} was not Ready ({}); the address \
+                         stays allocated until the node is trusted again",
+                        f.node,
+                        blank(&f.why)
+                    )
+                }
             }
             (EntryWrite::Unfence(f, _), _) => {
                 record.node = Some(f.node.clone());

@@ -8,6 +8,7 @@ use kube::api::Api;
 
 use crate::api::paged::for_each_listed;
 use crate::ipam::inventory::{self, INVENTORY_ANNOTATION, INVENTORY_LABEL};
+use crate::reclaim::Reason;
 use crate::release::ReleaseRequest;
 
 /// Inventories per page of the list.
@@ -20,6 +21,8 @@ pub struct Sighting {
     pub node: String,
     /// Its pod's uid.
     pub pod_uid: String,
+    /// Its pod's termination grace period, when the runtime told it.
+    pub grace_seconds: Option<i64>,
     /// When that agent wrote its inventory (its own clock, as it wrote it).
     pub written: String,
 }
@@ -91,23 +94,26 @@ fn add(out: &mut HashMap<String, Sighting>, lease: &Lease, wanted: &HashSet<&str
         .and_then(|s| s.renew_time.as_ref())
         .map(|t| t.0.to_string())
         .unwrap_or_default();
-    for (id, pod_uid) in read.sandboxes {
+    for (id, listed) in read.sandboxes {
         if !wanted.contains(id.as_str()) {
             continue;
         }
         let sighting = Sighting {
             node: node.to_owned(),
-            pod_uid,
+            pod_uid: listed.pod_uid,
+            grace_seconds: listed.grace_seconds,
             written: written.clone(),
         };
         out.insert(id, sighting);
     }
 }
 
-/// The id prefixes of `requests`' sandboxes.
+/// The id prefixes of the sandboxes of `requests` whose pod may be another than the live one
+/// of its name: gone (`PodMissing`), or replaced (`IPNotOnPod`).
 pub fn wanted(requests: &[ReleaseRequest]) -> HashSet<&str> {
     requests
         .iter()
+        .filter(|r| matches!(r.reason, Reason::PodMissing | Reason::IPNotOnPod))
         .map(|r| inventory::id_prefix(&r.judged.entry.id))
         .filter(|id| !id.is_empty())
         .collect()

@@ -18,7 +18,17 @@ const POOL: &str = "192.0.2.0-24";
 
 /// Writes `node`'s inventory listing `sandboxes` (id, pod uid) as its agent does.
 async fn inventory_of(env: &Env, node: &str, sandboxes: &[(&str, &str)]) {
-    let value = inventory::encode(sandboxes.iter().copied());
+    let listed: Vec<(&str, inventory::Listed)> = sandboxes
+        .iter()
+        .map(|(id, uid)| {
+            let l = inventory::Listed {
+                pod_uid: (*uid).into(),
+                grace_seconds: Some(600),
+            };
+            (*id, l)
+        })
+        .collect();
+    let value = inventory::encode(listed.iter().map(|(id, l)| (*id, l)));
     apply_inventory(env, node, node, &value).await;
 }
 
@@ -127,7 +137,11 @@ async fn an_inventory_not_of_its_holder_or_unreadable_places_nothing() {
     let (mut env, node, healthy, web) = two_nodes("unseen-forged").await;
     // The agent of `healthy` claims web-0's sandbox under `node`'s name; `healthy`'s own
     // inventory cannot be read.
-    let claim = inventory::encode([("sb-web-0", web.as_str())]);
+    let web_0 = inventory::Listed {
+        pod_uid: web,
+        grace_seconds: None,
+    };
+    let claim = inventory::encode([("sb-web-0", &web_0)]);
     apply_inventory(&env, &node, &healthy, &claim).await;
     apply_inventory(&env, &healthy, &healthy, "sb-db-0 without-a-uid").await;
     env.delete_stopped_pod("web-0").await;
