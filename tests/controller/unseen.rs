@@ -185,3 +185,24 @@ async fn a_pod_recreated_elsewhere_while_no_replica_watched_keeps_its_old_addres
     assert_ne!(old, new);
     finish(env, &down, &healthy).await;
 }
+
+/// A live pod's own leak is not fenced: web-0 runs (a static pod's mirror, say), and an old
+/// sandbox of it left an entry its network-status no longer lists (`IPNotOnPod`). Its node's
+/// agent lists that sandbox for web-0's own uid (the agent names a static pod by its mirror
+/// pod's uid): the entry is released, not fenced (fenced, nothing would ever lift it while
+/// web-0 runs).
+#[tokio::test]
+async fn a_live_pods_own_leak_listed_for_that_pod_is_released_not_fenced() {
+    let (mut env, node, healthy, web) = two_nodes("unseen-own").await;
+    let entry = json!({"12": {"id": "sb-web-0-old", "podref": format!("{}/web-0", env.ns)}});
+    env.merge_pool(POOL, json!({"spec": {"allocations": entry}}))
+        .await;
+    inventory_of(&env, &node, &[("sb-web-0", &web), ("sb-web-0-old", &web)]).await;
+
+    env.start(&[]).await;
+    env.wait_keys(POOL, &["10", "11"]).await;
+    let released = env.events("IPAddressGarbageCollected").await;
+    assert_eq!(released.len(), 1, "{released:?}");
+    assert!(env.events(FENCED).await.is_empty());
+    finish(env, &node, &healthy).await;
+}
