@@ -9,7 +9,8 @@
 //! - missing for a live entry: reported (gauge, Warning Event on the pool) and created again
 //!   after `--reservation-repair-grace` (whereabouts writes the entry before it creates the
 //!   reservation; a create of ours in between would fail its ADD), guarded (see
-//!   `release::repair`).
+//!   `release::repair`); after a few seconds where its pod lists the address, read fresh (its
+//!   ADD has returned: whereabouts will not create it any more).
 
 use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
@@ -22,7 +23,7 @@ use crate::api::ObjectId;
 use crate::index::{LeftBehind, MissingReservation, NamedReservation};
 use crate::ipam::PodKey;
 use crate::release::repair::Repaired;
-use crate::release::reservation::ReservationDelete;
+use crate::release::reservation::{ReservationDelete, SECOND_LOOKS};
 
 /// The graces of the reservation sweep.
 #[derive(Debug, Clone, Copy)]
@@ -52,6 +53,11 @@ type MissingKey = (String, String, String, String);
 /// one cut off, and the rest, are left for the next sweep: the sweep waits for them, and a
 /// held write must not stall the leak sweep.
 const REPAIRS_TIME: Duration = Duration::from_secs(10);
+/// How long an entry its pod lists must be seen without its reservation before it is created
+/// (instead of `--reservation-repair-grace`): just past the last look after a delete of ours,
+/// which puts back one our own delete took as an allocation raced it (and counts it so).
+const LISTED_REPAIR_GRACE: Duration =
+    SECOND_LOOKS[SECOND_LOOKS.len() - 1].saturating_add(Duration::from_secs(1));
 /// Repairs one sweep makes at most (the rest wait for the next).
 const REPAIRS_PER_SWEEP: usize = 100;
 
@@ -68,12 +74,22 @@ impl<K> Default for Sightings<K> {
 impl<K: Hash + Eq + Clone> Sightings<K> {
     /// Of `seen` (this sweep's, with their keys), those seen for `grace` by `now`.
     fn due<T>(&mut self, seen: Vec<(K, T)>, now: Instant, grace: Duration) -> Vec<T> {
+        self.due_each(seen, now, |_| grace)
+    }
+
+    /// The same with a grace for each case.
+    fn due_each<T>(
+        &mut self,
+        seen: Vec<(K, T)>,
+        now: Instant,
+        grace: impl Fn(&T) -> Duration,
+    ) -> Vec<T> {
         let current: HashSet<&K> = seen.iter().map(|(k, _)| k).collect();
         self.0.retain(|k, _| current.contains(k));
         let mut due = Vec::new();
         for (k, t) in seen {
             let first = *self.0.entry(k).or_insert(now);
-            if now.saturating_duration_since(first) >= grace {
+            if now.saturating_duration_since(first) >= grace(&t) {
                 due.push(t);
             }
         }
@@ -144,13 +160,31 @@ impl ReservationSightings {
         let current: HashSet<&MissingKey> = missing.iter().map(|(k, _)| k).collect();
         self.dry_run_reported.retain(|k| current.contains(k));
         let mut reported = 0;
-        let due = self.missing.due(missing, now, graces.repair).into_iter();
+        // An entry its pod lists is repaired soon: the ADD that wrote it has returned, so
+        // whereabouts will not create the reservation any more (see `MissingReservation`), and
+        // an overlapping range of its network could hand the address out meanwhile.
+        let grace = |(_, m): &(MissingKey, MissingReservation)| match m.listed_by {
+            Some(_) => LISTED_REPAIR_GRACE.min(graces.repair),
+            None => graces.repair,
+        };
+        let due = self.missing.due_each(missing, now, grace).into_iter();
         let due = due.filter(|(k, _)| !self.dry_run_reported.contains(k));
         let deadline = tokio::time::Instant::now() + REPAIRS_TIME;
         for (key, m) in due.collect::<Vec<_>>().into_iter().take(REPAIRS_PER_SWEEP) {
-            let Ok(outcome) =
-                tokio::time::timeout_at(deadline, ctx.writer.repair_reservation(&m)).await
-            else {
+            let waited = self
+                .missing
+                .0
+                .get(&key)
+                .is_some_and(|first| now.saturating_duration_since(*first) >= graces.repair);
+            let repair = async {
+                // Before the grace, only on the pod's own word read fresh (the index may lag
+                // a pod recreated under the name, its ADD still in flight).
+                if !waited && !still_listed(ctx, &m).await? {
+                    return Ok(Repaired::EntryGone);
+                }
+                ctx.writer.repair_reservation(&m).await
+            };
+            let Ok(outcome) = tokio::time::timeout_at(deadline, repair).await else {
                 tracing::warn!(pool = %m.pool, reservation = %m.name, "repairs of missing reservations took too long this sweep; the rest wait for the next");
                 break;
             };
@@ -195,6 +229,29 @@ impl ReservationSightings {
         }
         due
     }
+}
+
+/// Whether the pod `m` was listed by (same uid) still lists the entry's address, read fresh.
+async fn still_listed(ctx: &super::Ctx, m: &MissingReservation) -> Result<bool, kube::Error> {
+    let Some(uid) = &m.listed_by else {
+        return Ok(false);
+    };
+    let key = PodKey::lenient(&m.entry.podref);
+    let pod = Api::<Pod>::namespaced(ctx.client.clone(), &key.namespace)
+        .get_metadata_opt(&key.name)
+        .await?;
+    let Some(pod) = pod.filter(|p| p.metadata.uid.as_ref() == Some(uid)) else {
+        return Ok(false);
+    };
+    let status = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(crate::ipam::NETWORK_STATUS_ANNOTATION));
+    Ok(match status.map(|s| crate::ipam::parse_network_status(s)) {
+        Some(Ok(networks)) => networks.iter().any(|n| n.ips.contains(&m.entry.ip)),
+        _ => false,
+    })
 }
 
 /// Reports what became of one missing reservation: log line, Warning Event on the pool.

@@ -31,6 +31,11 @@ pub struct MissingReservation {
     pub entry: PoolEntry,
     /// The reservation whereabouts would have made for it.
     pub name: String,
+    /// The uid of its pod when that pod's network-status lists the address: the CNI ADD that
+    /// wrote the entry has returned, so whereabouts will not create the reservation any more
+    /// (its v0.9.4 skips the create for good when a retried pool update ends on another
+    /// address than its first try). `None`: no network-status yet, an ADD may be in flight.
+    pub listed_by: Option<String>,
 }
 
 impl Index {
@@ -110,11 +115,11 @@ impl Index {
                 let Some(live) = self.pods.live(&e.podref) else {
                     continue;
                 };
-                let lists = live
+                let listed = live
                     .networks
                     .as_ref()
-                    .is_none_or(|n| n.iter().any(|n| n.ips.contains(&e.ip)));
-                if live.terminal || !lists {
+                    .map(|n| n.iter().any(|n| n.ips.contains(&e.ip)));
+                if live.terminal || listed == Some(false) {
                     continue;
                 }
                 let reservation = reservation_name(e.ip, network);
@@ -123,6 +128,7 @@ impl Index {
                         pool: name.clone(),
                         entry: e.clone(),
                         name: reservation,
+                        listed_by: (listed == Some(true)).then(|| live.uid.clone()),
                     });
                 }
             }

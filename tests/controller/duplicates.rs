@@ -36,6 +36,7 @@ async fn two_live_pods_listing_one_address_are_warned_once_and_nothing_is_releas
     env.macvlan(&[(10, "sb-b-0", "b-0"), (11, "sb-c-0", "c-0")])
         .await;
     env.reservation("192.0.2.10", "b-0").await;
+    env.reservation("192.0.2.11", "c-0").await;
     let a_uid = env.pod("a-0", "macvlan", Some(&["192.0.2.10"])).await;
     let b_uid = env.pod("b-0", "macvlan", Some(&["192.0.2.10"])).await;
     env.pod("c-0", "macvlan", Some(&["192.0.2.11"])).await;
@@ -85,7 +86,7 @@ async fn two_live_pods_listing_one_address_are_warned_once_and_nothing_is_releas
     // 200 ms see two passes at least).
     env.wait_sweeps(15.0).await;
     assert_eq!(env.keys("192.0.2.0-24").await, ["10", "11"]);
-    assert_eq!(env.reservation_names().await.len(), 1);
+    assert_eq!(env.reservation_names().await.len(), 2);
     let seen = by_reporter(&env).await;
     for ((reporter, object), counts) in &seen {
         assert_eq!(counts, &[1], "{object} from {reporter}: {seen:?}");
@@ -107,7 +108,7 @@ async fn two_live_pods_listing_one_address_are_warned_once_and_nothing_is_releas
     env.wait_metric(&format!("{series} 0")).await;
     env.wait_sweeps(15.0).await;
     assert_eq!(env.keys("192.0.2.0-24").await, ["10", "11"]);
-    assert_eq!(env.reservation_names().await.len(), 1);
+    assert_eq!(env.reservation_names().await.len(), 2);
     // Other tests' controllers, started meanwhile, may report the pair once too; this test's
     // controller reports nothing new.
     let after = by_reporter(&env).await;

@@ -230,7 +230,9 @@ async fn a_fence_lifts_at_once_on_its_node_agents_evidence_and_never_on_wrong_or
         "{released}"
     );
     wait_for("web-0's reservation deleted", || async {
-        env.reservation_names().await.is_empty()
+        !env.reservation_names()
+            .await
+            .contains(&"192.0.2.10".to_string())
     })
     .await;
     println!(

@@ -85,6 +85,11 @@ pub struct Write {
     pub at: Instant,
     pub verb: String,
     pub resource: String,
+    /// The object's name, for a write to one object.
+    pub name: Option<String>,
+    /// The apiserver's status code and when it came back (`None` while in flight, or when no
+    /// answer came).
+    pub answer: Option<(u16, Instant)>,
 }
 
 struct State {
@@ -267,18 +272,28 @@ impl Shared {
         let Ok(upstream) = upstream.body(kube::client::Body::from(body.to_vec())) else {
             return status(StatusCode::BAD_REQUEST, "bad request");
         };
-        if is_write(&verb) {
-            self.state.lock().unwrap().writes.push(Write {
+        let write = is_write(&verb).then(|| {
+            let mut state = self.state.lock().unwrap();
+            state.writes.push(Write {
                 entered,
                 at: Instant::now(),
                 verb: verb.clone(),
                 resource: resource.clone(),
+                name: object_name(&parts.uri),
+                answer: None,
             });
-        }
+            state.writes.len() - 1
+        });
         let answer = match self.upstream.send(upstream).await {
             Ok(a) => a,
             Err(e) => return status(StatusCode::BAD_GATEWAY, &e.to_string()),
         };
+        if let Some(i) = write
+            && let Some(w) = self.state.lock().unwrap().writes.get_mut(i)
+            && w.entered == entered
+        {
+            w.answer = Some((answer.status().as_u16(), Instant::now()));
+        }
         let (mut parts, body) = answer.into_parts();
         if let Some(Action::ShiftDate(by)) = action {
             shift_date(&mut parts.headers, by);
@@ -434,6 +449,21 @@ fn shift_date(headers: &mut http::HeaderMap, by: jiff::SignedDuration) {
 }
 
 /// The Kubernetes verb and resource (with subresource, "pods/status") of a request.
+/// The object a request names (`.../<resource>/<name>[/<subresource>]`), if one.
+fn object_name(uri: &http::Uri) -> Option<String> {
+    let segments: Vec<&str> = uri.path().split('/').filter(|s| !s.is_empty()).collect();
+    let rest = match segments.first() {
+        Some(&"api") => segments.get(2..).unwrap_or_default(),
+        Some(&"apis") => segments.get(3..).unwrap_or_default(),
+        _ => &[][..],
+    };
+    let rest = match rest {
+        ["namespaces", _ns, tail @ ..] if !tail.is_empty() => tail,
+        other => other,
+    };
+    rest.get(1).map(|n| (*n).to_string())
+}
+
 pub fn classify(method: &http::Method, uri: &http::Uri) -> (String, String) {
     let segments: Vec<&str> = uri.path().split('/').filter(|s| !s.is_empty()).collect();
     // /api/v1/... or /apis/<group>/<version>/...

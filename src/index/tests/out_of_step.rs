@@ -117,19 +117,23 @@ fn a_live_entry_misses_its_reservation_only_where_its_network_reserves_addresses
     ix.upsert_reservation(&reservation("192.0.2.10", "ns/web"));
     // Another pod's reservation under that name: never replaced, not missing.
     ix.upsert_reservation(&reservation("192.0.2.15", "ns/zzz"));
-    let missing: Vec<(String, String, String)> = ix
+    let missing: Vec<(String, String, String, Option<String>)> = ix
         .missing_reservations()
         .into_iter()
-        .map(|m| (m.pool, m.entry.key, m.name))
+        .map(|m| (m.pool, m.entry.key, m.name, m.listed_by))
         .collect();
+    // a lists its address (its ADD has returned); pending has no network-status yet.
     let want = [
-        ("192.0.2.0-24", "11", "192.0.2.11"),
-        ("192.0.2.0-24", "12", "192.0.2.12"),
-        ("blue-192.0.2.0-24", "11", "blue-192.0.2.11"),
+        ("192.0.2.0-24", "11", "192.0.2.11", Some("u2")),
+        ("192.0.2.0-24", "12", "192.0.2.12", None),
+        ("blue-192.0.2.0-24", "11", "blue-192.0.2.11", Some("u2")),
     ];
-    let want: Vec<(String, String, String)> = want
+    let want: Vec<(String, String, String, Option<String>)> = want
         .iter()
-        .map(|(p, k, n)| (p.to_string(), k.to_string(), n.to_string()))
+        .map(|(p, k, n, u)| {
+            let u = u.map(str::to_string);
+            (p.to_string(), k.to_string(), n.to_string(), u)
+        })
         .collect();
     assert_eq!(missing, want);
 }
