@@ -170,6 +170,13 @@ impl Cluster {
         self.grace_seconds = grace;
     }
 
+    /// Pods created from now on run `image` (already on the kind nodes) with a termination
+    /// grace period of `grace` seconds.
+    pub fn set_pod_image(&mut self, image: &str, grace: i64) {
+        self.pod_image = image.into();
+        self.grace_seconds = grace;
+    }
+
     pub(crate) fn pod_spec(&self) -> serde_json::Value {
         json!({
             "terminationGracePeriodSeconds": self.grace_seconds,
