@@ -169,8 +169,10 @@ async fn reservations(client: &Client, pool_ns: &str) -> Vec<(String, String)> {
 }
 
 /// One look: the pool and the reservations first, then the pods (a pod listed alive after the
-/// pool was read was alive when it was read).
+/// pool was read was alive when it was read), for the pods allocated before.
 async fn look(c: &Cluster, ledger: &Mutex<Ledger>, since: Instant) {
+    // Only pods whose allocation was written before the pool is read.
+    let known: Vec<String> = ledger.lock().unwrap().pods.keys().cloned().collect();
     let entries = pool_entries(c).await;
     let reserved = reservations(c.client(), c.pool_ns()).await;
     let listed = Api::<Pod>::namespaced(c.client().clone(), c.ns())
@@ -181,7 +183,7 @@ async fn look(c: &Cluster, ledger: &Mutex<Ledger>, since: Instant) {
     let now = Instant::now();
     let mut ledger = ledger.lock().unwrap();
     let Ledger { pods, violations } = &mut *ledger;
-    for (name, t) in pods.iter_mut() {
+    for (name, t) in pods.iter_mut().filter(|(n, _)| known.contains(n)) {
         let podref = format!("{}/{name}", c.ns());
         let entry = entries
             .iter()
@@ -216,19 +218,27 @@ async fn look(c: &Cluster, ledger: &Mutex<Ledger>, since: Instant) {
     }
 }
 
-fn worker_of_the_leader(client: &Client) -> impl std::future::Future<Output = (String, String)> {
-    let client = client.clone();
-    async move {
-        let leader = lease_holder(&client).await;
-        let node = Api::<Pod>::namespaced(client.clone(), RELEASE_NS)
-            .get(&leader)
-            .await
-            .unwrap()
-            .spec
-            .and_then(|s| s.node_name)
-            .unwrap_or_default();
-        (leader, node)
-    }
+/// The controller's leader and its node, once the Lease names a pod that exists (after a
+/// rollout it may name a gone replica until the new one takes it).
+async fn leader_and_node(client: &Client) -> (String, String) {
+    let pods = Api::<Pod>::namespaced(client.clone(), RELEASE_NS);
+    let found = std::cell::RefCell::new(None);
+    crate::cluster::wait_long("the Lease held by a controller pod that exists", || async {
+        let holder = lease_holder(client).await;
+        let node = match holder.is_empty() {
+            true => None,
+            false => pods
+                .get_opt(&holder)
+                .await
+                .unwrap()
+                .and_then(|p| p.spec?.node_name),
+        };
+        let held = node.is_some();
+        *found.borrow_mut() = node.map(|n| (holder, n));
+        held
+    })
+    .await;
+    found.into_inner().expect("the leader's node")
 }
 
 /// Drains a worker (the leader's, so the Lease must change hands) and restarts the
@@ -289,7 +299,7 @@ pub(crate) async fn a_drain_and_a_controller_rollout_while_deletions_flow_leak_n
     tokio::time::sleep(Duration::from_secs(15)).await;
 
     // The leader's worker, so that its eviction hands the Lease over mid-flow.
-    let (leader, mut node) = worker_of_the_leader(c.client()).await;
+    let (leader, mut node) = leader_and_node(c.client()).await;
     let control_plane = Api::<NodeObject>::all(c.client().clone())
         .get(&node)
         .await
@@ -359,9 +369,15 @@ pub(crate) async fn a_drain_and_a_controller_rollout_while_deletions_flow_leak_n
     let (real, ghosts): (Vec<_>, Vec<_>) = ledger.pods.values().partition(|t| t.real);
     let slowest = |ts: &[&Tracked]| {
         ts.iter()
-            .filter_map(|t| latency(t))
+            .filter_map(|t| Some((latency(t)?, t.gone_at?)))
             .max()
-            .map(|d| format!("{:.1}s", d.as_secs_f64()))
+            .map(|(d, gone)| {
+                format!(
+                    "{:.1}s (deleted {:.0}s into the run)",
+                    d.as_secs_f64(),
+                    gone.duration_since(started).as_secs_f64()
+                )
+            })
             .unwrap_or("-".into())
     };
     println!(

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use hyper_util::rt::TokioIo;
 use ipreclaim::api::OverlappingRangeIPReservation;
 use ipreclaim::ipam::NETWORKS_ANNOTATION;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
@@ -14,7 +15,8 @@ use k8s_openapi::api::core::v1::{Node as NodeObject, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 use testenv::poll::{metric_value, wait_for_within};
-use tonic::transport::Channel;
+use tokio::net::UnixStream;
+use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::cluster::{Cluster, RELEASE_NS, wait_long};
 use crate::fencing::{FENCED, fence_records, fences, lease_holder, web_0_entry};
@@ -57,7 +59,10 @@ impl Paused {
 
 impl Drop for Paused {
     fn drop(&mut self) {
-        let _ = Command::new("docker").args(["unpause", &self.0]).status();
+        let _ = Command::new("docker")
+            .args(["unpause", &self.0])
+            .stdout(std::process::Stdio::null())
+            .status();
     }
 }
 
@@ -267,13 +272,22 @@ fn docker_out(args: &[&str]) -> String {
 async fn node_cri(node: &str) -> Option<RuntimeServiceClient<Channel>> {
     let pid = docker_out(&["inspect", "-f", "{{.State.Pid}}", node]);
     let socket = PathBuf::from(format!("/proc/{pid}/root/run/containerd/containerd.sock"));
-    tokio::time::timeout(
-        Duration::from_secs(5),
-        testenv::containerd::cri_client_at(&socket),
-    )
-    .await
-    .ok()?
-    .ok()
+    let connect = async move {
+        let channel =
+            Endpoint::try_from("http://[::]:50051")?
+                .connect_with_connector(tower::service_fn(move |_: Uri| {
+                    let socket = socket.clone();
+                    async move {
+                        Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(socket).await?))
+                    }
+                }))
+                .await?;
+        Ok::<_, tonic::transport::Error>(RuntimeServiceClient::new(channel))
+    };
+    tokio::time::timeout(Duration::from_secs(5), connect)
+        .await
+        .ok()?
+        .ok()
 }
 
 /// Sandbox `id` on kind node `node` as its runtime shows it; `None` if the runtime does not

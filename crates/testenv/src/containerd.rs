@@ -268,12 +268,6 @@ async fn connect(socket: &Path) -> Result<Channel> {
         .await?)
 }
 
-/// A CRI runtime client over the unix socket `socket` of a containerd this crate did not
-/// start (a kind node's, through `/proc/<pid>/root`).
-pub async fn cri_client_at(socket: &Path) -> Result<RuntimeServiceClient<Channel>> {
-    Ok(RuntimeServiceClient::new(connect(socket).await?))
-}
-
 impl Containerd {
     /// Starts containerd as root with everything under a directory of its own, imports the
     /// sandbox image, and waits until the CRI answers. Blocking: call it outside a runtime or
