@@ -29,8 +29,9 @@ const WAIT: Duration = Duration::from_secs(120);
 pub const RELEASE_NS: &str = "ipreclaim";
 /// The chart's controller replicas (its default, and what the node installs).
 pub const CONTROLLER_REPLICAS: i32 = 2;
-/// The ipreclaim image built for the node.
-pub const IMAGE: &str = "localhost/ipreclaim/ipreclaim:e2e";
+/// The ipreclaim image built for the node from the Dockerfile (`scripts/image.sh` with
+/// `IMAGE=localhost/ipreclaim/ipreclaim:e2e` tags it `<IMAGE>-<arch>`).
+pub const IMAGE: &str = "localhost/ipreclaim/ipreclaim:e2e-amd64";
 
 /// Scenarios on the node take turns: some crash or reboot it.
 static TURN: Mutex<()> = Mutex::const_new(());
