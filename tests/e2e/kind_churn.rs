@@ -218,6 +218,19 @@ async fn look(c: &Cluster, ledger: &Mutex<Ledger>, since: Instant) {
     }
 }
 
+/// A drained node, uncordoned when dropped (also when a check fails: the next scenarios need
+/// both workers).
+struct Cordoned(String);
+
+impl Drop for Cordoned {
+    fn drop(&mut self) {
+        let _ = Command::new("kubectl")
+            .args(["uncordon", &self.0])
+            .stdout(std::process::Stdio::null())
+            .status();
+    }
+}
+
 /// The controller's leader and its node, once the Lease names a pod that exists (after a
 /// rollout it may name a gone replica until the new one takes it).
 async fn leader_and_node(client: &Client) -> (String, String) {
@@ -320,17 +333,20 @@ pub(crate) async fn a_drain_and_a_controller_rollout_while_deletions_flow_leak_n
     }
     println!("{} draining {node} (leader {leader})", at());
     let t = Instant::now();
+    let cordoned = Cordoned(node.clone());
+    // Each eviction waits for its pod's CNI DEL, which whereabouts makes wait for its own
+    // Lease: on a loaded machine that took minutes.
     kubectl(&[
         "drain",
         &node,
         "--ignore-daemonsets",
         "--delete-emptydir-data",
         "--force",
-        "--timeout=300s",
+        "--timeout=600s",
     ]);
     println!("{} drain done in {:.0}s", at(), t.elapsed().as_secs_f64());
     tokio::time::sleep(Duration::from_secs(20)).await;
-    kubectl(&["uncordon", &node]);
+    drop(cordoned);
     tokio::time::sleep(Duration::from_secs(10)).await;
 
     stop.store(true, Ordering::Relaxed);
