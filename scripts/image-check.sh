@@ -11,9 +11,10 @@
 #     answer --help, as the image's user (amd64: in the image with `buildah run`; arm64: with
 #     qemu-aarch64-static from Debian on the image's own loader and libc, when it is installed);
 #   - its size, printed.
-# Usage: scripts/image-check.sh IMAGE ARCH [VERSION]   (exit 1 with every failed check listed)
+# Usage: scripts/image-check.sh IMAGE ARCH [VERSION [REVISION]]   (exit 1 with every failed
+#        check listed)
 set -euo pipefail
-image=$1 arch=$2 want_version=${3:-}
+image=$1 arch=$2 want_version=${3:-} want_revision=${4:-}
 failed=()
 ok() { echo "image-check: ok   $*"; }
 bad() { echo "image-check: FAIL $*" >&2; failed+=("$*"); }
@@ -35,6 +36,10 @@ done
 if [[ -n $want_version ]]; then
   v=$(fmt '{{index .OCIv1.Config.Labels "org.opencontainers.image.version"}}')
   [[ $v == "$want_version" ]] || bad "label version $v, wanted $want_version"
+fi
+if [[ -n ${want_revision:-} ]]; then
+  v=$(fmt '{{index .OCIv1.Config.Labels "org.opencontainers.image.revision"}}')
+  [[ $v == "$want_revision" ]] || bad "label revision $v, wanted $want_revision"
 fi
 
 user=$(fmt '{{.OCIv1.Config.User}}')
@@ -65,6 +70,21 @@ if [[ -x $bin ]]; then
     amd64/*X86-64* | arm64/AArch64) ok "binary machine: $machine" ;;
     *) bad "binary machine $machine for $arch" ;;
   esac
+  # Its loader (ELF interpreter) is in the image and of the same architecture: the runtime base
+  # matches the binary. Links are followed inside the image.
+  interp=$(readelf -l "$bin" | sed -n 's/.*Requesting program interpreter: \(.*\)]$/\1/p')
+  path=$interp
+  for _ in 1 2 3 4 5 6 7 8; do
+    [[ -L $mnt$path ]] || break
+    link=$(readlink "$mnt$path")
+    if [[ $link == /* ]]; then path=$link; else path=$(dirname "$path")/$link; fi
+  done
+  loader_machine=$(readelf -h "$mnt$path" 2>/dev/null | sed -n 's/^ *Machine: *//p') || true
+  if [[ -n $interp && $loader_machine == "$machine" ]]; then
+    ok "loader $interp in the image ($loader_machine)"
+  else
+    bad "loader ${interp:-none} not in the image for $machine (found: ${loader_machine:-nothing} at $path)"
+  fi
   # cargo auditable: section .dep-v0, zlib-compressed JSON of the dependency tree.
   read -r offset size < <(readelf -S -W "$bin" | awk '$2 == ".dep-v0" { print $5, $6 }') || true
   if [[ -n ${offset:-} ]]; then
@@ -90,8 +110,11 @@ print(len(packages), "ipreclaim" in names, "kube-client" in names)' "$bin" "$off
     run_version=(buildah run --isolation chroot "$ctr" --)
     prefix=""
   elif command -v qemu-aarch64-static >/dev/null && [[ $arch == arm64 ]]; then
-    run_version=(setpriv --reuid=65532 --regid=65532 --clear-groups qemu-aarch64-static -L "$mnt")
-    prefix=$mnt
+    # A copy of the image's files (buildah's storage is root-only) that the image's user reads.
+    chmod 755 "$tmp"
+    cp -a "$mnt/." "$tmp/rootfs"
+    prefix=$tmp/rootfs
+    run_version=(setpriv --reuid="${user%%:*}" --regid="${user##*:}" --clear-groups qemu-aarch64-static -L "$prefix")
   fi
   if ((${#run_version[@]})); then
     # The version is the binary's (`ipreclaim --version`); each program parses its flags.

@@ -11,13 +11,12 @@
 #       plus the aarch64-unknown-linux-gnu standard library compiled here by that same compiler
 #       from Debian's rust-src of the same version (so the Dockerfile's `rustup target add`
 #       finds it installed instead of downloading it);
-#   gcr.io/distroless/cc-debian12:nonroot   the runtime stage, a manifest list of amd64 and
-#       arm64 images as the real one is: Debian bookworm's libc6 and libgcc-s1 of each
+#   gcr.io/distroless/cc-debian12:nonroot   the runtime stage, one image per architecture (the
+#       name points at the one being built): Debian bookworm's libc6 and libgcc-s1 of that
 #       architecture, the CA bundle, /etc/passwd with nonroot (65532), /home/nonroot, /tmp, and
 #       dpkg status.d records for scanners; user 65532.
 #
-# Usage: scripts/image.sh [amd64|arm64|all]   (default amd64; two runs of different arches may
-#        run at once)
+# Usage: scripts/image.sh [amd64|arm64|all]   (default amd64; a second run waits for the first)
 # Env:   IMAGE (default ipreclaim:<version>): the image of ARCH is tagged IMAGE-ARCH (amd64 also
 #        IMAGE) and saved as $OUT/ipreclaim-ARCH.tar, a docker-archive of that name that
 #        `ctr images import` and `kind load image-archive` take; OUT (default target/image-oci);
@@ -171,8 +170,10 @@ if [[ ! -f $tc.$std_target.done ]]; then
   rm -rf "$work" && mkdir -p "$work/src"
   printf '[package]\nname = "sysroot"\nversion = "0.0.0"\nedition = "2021"\n[workspace]\n' >"$work/Cargo.toml"
   echo '#![no_std]' >"$work/src/lib.rs"
+  # With bitcode, as rustup's rust-std is: the release profile's fat LTO needs it in std too
+  # ("failed to get bitcode from object file for LTO" otherwise).
   (cd "$work" && env -u RUSTUP_TOOLCHAIN -u CARGO_BUILD_TARGET PATH="$tc/bin:$PATH" RUSTC="$tc/bin/rustc" \
-    RUSTC_BOOTSTRAP=1 CARGO_TARGET_DIR="$work/target" \
+    RUSTC_BOOTSTRAP=1 CARGO_TARGET_DIR="$work/target" RUSTFLAGS="-Cembed-bitcode=yes" \
     "$tc/bin/cargo" build --release -Zbuild-std=std,panic_abort,panic_unwind --target "$std_target") \
     >"$cache/std-$std_target.log" 2>&1 || { tail -n 30 "$cache/std-$std_target.log" >&2; exit 1; }
   rm -rf "$tc/lib/rustlib/src" "$tc/lib/rustlib/$std_target"
@@ -185,7 +186,8 @@ if [[ ! -f $tc.$std_target.done ]]; then
     printf '\n[[components]]\npkg = "rust-std"\ntarget = "%s"\nis_extension = false\n' "$std_target" \
       >>"$tc/lib/rustlib/multirust-config.toml"
   rm -rf "$work"
-  echo "$debver" >"$tc.$std_target.done"
+  # What the build base is made of: the rlibs themselves.
+  { echo "$debver"; cat "$tc/lib/rustlib/$std_target/lib/"*.rlib | sha256sum; } >"$tc.$std_target.done"
 fi
 
 # The build machine's own CAs (e.g. a TLS-inspecting proxy's, in /usr/local/share/ca-certificates)
@@ -258,26 +260,22 @@ make_runtime_base() {
   touch "$dir.done"
 }
 
-# Under the Dockerfile's name, a manifest list of both (as the real base is multi-arch): each
-# build takes the instance of its platform, and builds of both arches can run at once.
 make_runtime_base amd64
 make_runtime_base arm64
-runtime_ids=$(buildah inspect --type image --format '{{.FromImageID}}' "$(runtime_image amd64)")/$(buildah inspect --type image --format '{{.FromImageID}}' "$(runtime_image arm64)")
-if [[ $(cat "$cache/runtime-list.done" 2>/dev/null) != "$runtime_ids" ]] || ! have_image "$runtime_base"; then
-  say "manifest list $runtime_base (amd64, arm64)"
-  buildah manifest rm "$runtime_base" >/dev/null 2>&1 || buildah rmi "$runtime_base" >/dev/null 2>&1 || true
-  buildah manifest create "$runtime_base" >/dev/null
-  for a in amd64 arm64; do
-    buildah manifest add "$runtime_base" "containers-storage:$(runtime_image "$a")" >/dev/null
-  done
-  echo "$runtime_ids" >"$cache/runtime-list.done"
-fi
 
 # --- the Dockerfile, per arch ------------------------------------------------------------------
 revision=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 created=$(git log -1 --format=%cI 2>/dev/null || date -u +%Y-%m-%dT%H:%M:%SZ)
 say "bases ready in $(minutes "$start")"
+# One build at a time (the runtime base's name points at the stand-in of the arch being built).
+exec 9>"$cache/build.lock"
+flock 9
 for arch in $arches; do
+  buildah tag "$(runtime_image "$arch")" "$runtime_base"
+  # buildah 1.28 looks a FROM without --platform up for the BUILDPLATFORM given below (amd64)
+  # and finds no arm64 image by name (nor the arm64 instance of a manifest list); by image ID
+  # it takes the stand-in as it is. The base.name label is set back to the name below.
+  runtime_id=$(buildah inspect --type image --format '{{.FromImageID}}' "$(runtime_image "$arch")")
   tag=$image-$arch
   log=$cache/build-$arch.log
   t=$(date +%s)
@@ -285,7 +283,7 @@ for arch in $arches; do
   # BUILDPLATFORM given: buildah 1.28 sets it to --platform (the target) and would look for an
   # arm64 build stage; Docker and later buildah set the build machine's, as given here.
   if ! buildah bud --isolation chroot --layers --pull=never --platform "linux/$arch" \
-    --build-arg BUILDPLATFORM="linux/$(dpkg --print-architecture)" \
+    --build-arg BUILDPLATFORM="linux/$(dpkg --print-architecture)" --build-arg RUNTIME_BASE="$runtime_id" \
     --build-arg VERSION="$version" --build-arg REVISION="$revision" --build-arg CREATED="$created" \
     -t "$tag" -f Dockerfile . >"$log" 2>&1; then
     tail -n 40 "$log" >&2
@@ -293,10 +291,21 @@ for arch in $arches; do
     exit 1
   fi
   tail -n 5 "$log" >&2
+  # buildah 1.28's layer cache keys a LABEL step by its text, not by the build arguments in it:
+  # a cached build keeps the revision and created labels of the build that made the layer.
+  # Set them to this build's, as the LABEL step would have (metadata only).
+  label() { buildah inspect --type image --format "{{index .OCIv1.Config.Labels \"org.opencontainers.image.$1\"}}" "$tag"; }
+  if [[ $(label revision) != "$revision" || $(label created) != "$created" || $(label base.name) != "$runtime_base" ]]; then
+    ctr=$(buildah from --quiet --pull=never "$tag")
+    buildah config --label "org.opencontainers.image.revision=$revision" \
+      --label "org.opencontainers.image.created=$created" \
+      --label "org.opencontainers.image.base.name=$runtime_base" "$ctr"
+    buildah commit --quiet --rm "$ctr" "$tag" >/dev/null
+  fi
   say "$arch built in $(minutes "$t")"
   [[ $arch == amd64 ]] && buildah tag "$tag" "$image"
   rm -f "$out/ipreclaim-$arch.tar"
   buildah push --quiet "$tag" "docker-archive:$out/ipreclaim-$arch.tar:$tag" >/dev/null
-  "$root/scripts/image-check.sh" "$tag" "$arch" "$version"
+  "$root/scripts/image-check.sh" "$tag" "$arch" "$version" "$revision"
 done
 say "done in $(minutes "$start")"

@@ -29,8 +29,9 @@ const WAIT: Duration = Duration::from_secs(120);
 pub const RELEASE_NS: &str = "ipreclaim";
 /// The chart's controller replicas (its default, and what the node installs).
 pub const CONTROLLER_REPLICAS: i32 = 2;
-/// The ipreclaim image built for the node.
-pub const IMAGE: &str = "localhost/ipreclaim/ipreclaim:e2e";
+/// The ipreclaim image built for the node from the Dockerfile (`scripts/image.sh` with
+/// `IMAGE=localhost/ipreclaim/ipreclaim:e2e` tags it `<IMAGE>-<arch>`).
+pub const IMAGE: &str = "localhost/ipreclaim/ipreclaim:e2e-amd64";
 
 /// Scenarios on the node take turns: some crash or reboot it.
 static TURN: Mutex<()> = Mutex::const_new(());
@@ -167,6 +168,13 @@ impl Cluster {
     pub async fn pods_ignoring_sigterm(&mut self, grace: i64) {
         crate::node_only::import_ignore_sigterm_image(self.node_handle()).await;
         self.pod_image = testenv::containerd::IGNORE_SIGTERM_IMAGE.into();
+        self.grace_seconds = grace;
+    }
+
+    /// Pods created from now on run `image` (already on the kind nodes) with a termination
+    /// grace period of `grace` seconds.
+    pub fn set_pod_image(&mut self, image: &str, grace: i64) {
+        self.pod_image = image.into();
         self.grace_seconds = grace;
     }
 

@@ -62,40 +62,56 @@ impl Local {
         local
     }
 
-    /// What the whereabouts CNI does on ADD: the lowest free offset, written with a patch that
-    /// tests the resourceVersion (retried on conflict); then Multus's network-status.
+    /// What the whereabouts CNI does on ADD, then Multus's network-status ([`allocate_as_cni`]).
     async fn allocate(&mut self, pod: &str) {
         self.sandboxes += 1;
         let sandbox = format!("sandbox-{pod}-{}", self.sandboxes);
-        let pools = Api::<IPPool>::namespaced(self.client.clone(), &self.ns);
-        let ip = loop {
-            let current = pools.get(POOL).await.unwrap();
-            let offset = (1u32..255)
-                .find(|o| !current.spec.allocations.contains_key(&o.to_string()))
-                .expect("a free address");
-            let alloc = support::allocation(&self.ns, pod, &sandbox);
-            let patch: json_patch::Patch = serde_json::from_value(json!([
-                {"op": "test", "path": "/metadata/resourceVersion", "value": current.metadata.resource_version},
-                {"op": "add", "path": format!("/spec/allocations/{offset}"), "value": alloc},
-            ]))
-            .unwrap();
-            match pools
-                .patch(POOL, &PatchParams::default(), &Patch::<()>::Json(patch))
-                .await
-            {
-                Ok(_) => break ip_at(&RANGE.parse().unwrap(), u128::from(offset)).unwrap(),
-                Err(kube::Error::Api(s)) if s.code == 422 || s.code == 409 => continue,
-                Err(e) => panic!("allocate: {e}"),
-            }
-        };
-        let status = json!([{"name": format!("{}/{NETWORK}", self.ns), "interface": "net1", "ips": [ip.to_string()]}]);
-        let patch =
-            json!({"metadata": {"annotations": {NETWORK_STATUS_ANNOTATION: status.to_string()}}});
-        Api::<Pod>::namespaced(self.client.clone(), &self.ns)
-            .patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .unwrap();
+        allocate_as_cni(&self.client, &self.ns, POOL, &self.ns, pod, &sandbox).await;
     }
+}
+
+/// What the whereabouts CNI does on ADD for pod `ns/pod` with sandbox id `sandbox`, in pool
+/// `pool_ns/pool`: the lowest free offset, written with a patch that tests the
+/// resourceVersion (retried on conflict); then Multus's network-status on the pod. Returns
+/// the address.
+pub(crate) async fn allocate_as_cni(
+    client: &Client,
+    pool_ns: &str,
+    pool: &str,
+    ns: &str,
+    pod: &str,
+    sandbox: &str,
+) -> String {
+    let pools = Api::<IPPool>::namespaced(client.clone(), pool_ns);
+    let ip = loop {
+        let current = pools.get(pool).await.unwrap();
+        let offset = (1u32..255)
+            .find(|o| !current.spec.allocations.contains_key(&o.to_string()))
+            .expect("a free address");
+        let alloc = support::allocation(ns, pod, sandbox);
+        let patch: json_patch::Patch = serde_json::from_value(json!([
+            {"op": "test", "path": "/metadata/resourceVersion", "value": current.metadata.resource_version},
+            {"op": "add", "path": format!("/spec/allocations/{offset}"), "value": alloc},
+        ]))
+        .unwrap();
+        match pools
+            .patch(pool, &PatchParams::default(), &Patch::<()>::Json(patch))
+            .await
+        {
+            Ok(_) => break ip_at(&RANGE.parse().unwrap(), u128::from(offset)).unwrap(),
+            Err(kube::Error::Api(s)) if s.code == 422 || s.code == 409 => continue,
+            Err(e) => panic!("allocate: {e}"),
+        }
+    };
+    let status =
+        json!([{"name": format!("{ns}/{NETWORK}"), "interface": "net1", "ips": [ip.to_string()]}]);
+    let patch =
+        json!({"metadata": {"annotations": {NETWORK_STATUS_ANNOTATION: status.to_string()}}});
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    ip.to_string()
 }
 
 impl Platform for Local {

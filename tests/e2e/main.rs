@@ -32,6 +32,7 @@ mod cluster;
 mod duplicates;
 mod fencing;
 mod helm_test;
+mod kind_churn;
 mod kind_nodes;
 mod local;
 mod node_only;

@@ -20,32 +20,28 @@ use crate::cluster::{
 };
 use crate::{GC_DONE, Platform, expect_clean_releases, pool_entries, wait_pool_matches_live_pods};
 
-/// The release binary, built into its own target directory (the test build keeps `target/`).
-fn release_binary() -> PathBuf {
+/// ipreclaim's image built from the project's Dockerfile by `scripts/image.sh` (buildah on
+/// stand-in base images made on this machine, then the scanner checks of
+/// `scripts/image-check.sh`), saved as a docker-archive named [`IMAGE`]. Its cached layers make
+/// the call quick when `./scripts/test.sh` or `e2e/node/run.sh` built it already.
+fn dockerfile_image_archive() -> PathBuf {
     let root = workspace_root();
-    let target = root.join("target/image");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    run(Command::new(cargo)
-        .current_dir(&root)
-        .args([
-            "build",
-            "--release",
-            "--locked",
-            "--bin",
-            "ipreclaim",
-            "--target-dir",
-        ])
-        .arg(&target))
-    .expect("cargo build --release of ipreclaim for the image");
-    target.join("release/ipreclaim")
+    let out = root.join("target/image-oci");
+    let (name, arch) = IMAGE.rsplit_once('-').expect("IMAGE ends in -<arch>");
+    run(Command::new(root.join("scripts/image.sh"))
+        .arg(arch)
+        .env("IMAGE", name)
+        .env("OUT", &out))
+    .expect("scripts/image.sh: ipreclaim's image from the Dockerfile");
+    out.join(format!("ipreclaim-{arch}.tar"))
 }
 
-/// The ipreclaim image, as the Dockerfile's final stage holds it (the binary, what it needs to
-/// run, uid 65532, the same entrypoint), imported into the node's containerd.
+/// The ipreclaim image from the Dockerfile, imported into the node's containerd.
 fn import_ipreclaim_image(node: &Node) {
-    let bin = release_binary();
-    let files = image::binary_image_files(&bin, "/usr/local/bin/ipreclaim").expect("image files");
-    import_image(node, &files, IMAGE, "/usr/local/bin/ipreclaim");
+    let archive = dockerfile_image_archive();
+    node.containerd()
+        .import_image(&archive)
+        .unwrap_or_else(|e| panic!("import {}: {e:#}", archive.display()));
 }
 
 /// `files` as image `name` (entrypoint `entrypoint --help`, uid 65532), imported into the

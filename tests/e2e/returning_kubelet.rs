@@ -19,6 +19,7 @@
 
 use std::time::{Duration, Instant};
 
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
     ContainerFilter, ContainerState, ListContainersRequest, PodSandboxState,
     PodSandboxStatusRequest,
@@ -29,6 +30,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::json;
 use testenv::node::NODE_NAME;
 use testenv::poll::wait_for_within;
+use tonic::transport::Channel;
 
 use crate::cluster::{Cluster, wait_long};
 use crate::fencing::{FENCED, Outage, fences, lose_node_and_force_delete};
@@ -42,7 +44,7 @@ const GRACE: i64 = 60;
 
 /// A pod's sandbox as the node's runtime shows it (CRI, as `crictl pods` / `crictl ps -a`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Sandbox {
+pub(crate) enum Sandbox {
     /// Ready, with a container running (or in an unknown state): the address is in use.
     Running,
     /// Ready, its containers exited: StopPodSandbox (and its CNI DEL) is under way.
@@ -55,6 +57,14 @@ enum Sandbox {
 
 async fn sandbox_now(node: &testenv::Node, id: &str) -> Sandbox {
     let mut cri = node.containerd().client().await.expect("CRI client");
+    sandbox_state(&mut cri, id).await.expect("CRI")
+}
+
+/// Sandbox `id`'s state through the CRI client `cri` (testenv's node, or a kind node's).
+pub(crate) async fn sandbox_state(
+    cri: &mut RuntimeServiceClient<Channel>,
+    id: &str,
+) -> Result<Sandbox, tonic::Status> {
     let status = match cri
         .pod_sandbox_status(PodSandboxStatusRequest {
             pod_sandbox_id: id.into(),
@@ -62,11 +72,11 @@ async fn sandbox_now(node: &testenv::Node, id: &str) -> Sandbox {
         })
         .await
     {
-        Err(e) if e.code() == tonic::Code::NotFound => return Sandbox::Removed,
-        other => other.expect("PodSandboxStatus").into_inner().status,
+        Err(e) if e.code() == tonic::Code::NotFound => return Ok(Sandbox::Removed),
+        other => other?.into_inner().status,
     };
     if status.is_none_or(|s| s.state != PodSandboxState::SandboxReady as i32) {
-        return Sandbox::Stopped;
+        return Ok(Sandbox::Stopped);
     }
     let containers = cri
         .list_containers(ListContainersRequest {
@@ -75,8 +85,7 @@ async fn sandbox_now(node: &testenv::Node, id: &str) -> Sandbox {
                 ..Default::default()
             }),
         })
-        .await
-        .expect("ListContainers")
+        .await?
         .into_inner()
         .containers;
     let running = containers.iter().any(|c| {
@@ -84,11 +93,11 @@ async fn sandbox_now(node: &testenv::Node, id: &str) -> Sandbox {
             && (c.state == ContainerState::ContainerRunning as i32
                 || c.state == ContainerState::ContainerUnknown as i32)
     });
-    if running {
+    Ok(if running {
         Sandbox::Running
     } else {
         Sandbox::ContainersStopped
-    }
+    })
 }
 
 /// A pod whose address is watched: its name, address and sandbox id.
