@@ -298,7 +298,7 @@ impl Sweeper {
                 tracing::warn!(error = %e, "could not list the node agents' sandbox inventories; releases of pods gone or replaced wait for the next sweep");
                 let (wait, rest): (Vec<_>, Vec<_>) = confirmed
                     .into_iter()
-                    .partition(|r| matches!(r.reason, Reason::PodMissing | Reason::IPNotOnPod));
+                    .partition(|r| crate::release::inventories::placeable(r.reason));
                 unconfirmed.extend(wait.into_iter().map(|r| r.judged.pool));
                 (Vec::new(), rest)
             }

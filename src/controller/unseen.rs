@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use crate::ipam::inventory;
 use crate::reclaim::fence::unseen_deletion;
-use crate::release::inventories::Sighting;
+use crate::release::inventories::{Sighting, placeable};
 use crate::release::{EntryWrite, ReleaseRequest};
 
 /// Rewrites the releases whose sandbox an inventory lists live for another pod than the one
@@ -25,7 +25,7 @@ pub fn place(
     for mut r in requests {
         let seen = sightings.get(inventory::id_prefix(&r.judged.entry.id));
         match seen {
-            Some(s) if s.pod_uid != r.judged.pod.uid => {
+            Some(s) if placeable(r.reason) && s.pod_uid != r.judged.pod.uid => {
                 // The uid the agent read from the runtime: the deleted pod's, for the Event and
                 // the evidence the agent later gives about it.
                 r.judged.pod.uid = s.pod_uid.clone();

@@ -108,12 +108,17 @@ fn add(out: &mut HashMap<String, Sighting>, lease: &Lease, wanted: &HashSet<&str
     }
 }
 
-/// The id prefixes of the sandboxes of `requests` whose pod may be another than the live one
-/// of its name: gone (`PodMissing`), or replaced (`IPNotOnPod`).
+/// Whether a release for `reason` may concern another pod than the live one of its name (gone:
+/// `PodMissing`; replaced: `IPNotOnPod`), whose sandbox an inventory may place.
+pub fn placeable(reason: Reason) -> bool {
+    matches!(reason, Reason::PodMissing | Reason::IPNotOnPod)
+}
+
+/// The id prefixes of the sandboxes of `requests` that an inventory may place.
 pub fn wanted(requests: &[ReleaseRequest]) -> HashSet<&str> {
     requests
         .iter()
-        .filter(|r| matches!(r.reason, Reason::PodMissing | Reason::IPNotOnPod))
+        .filter(|r| placeable(r.reason))
         .map(|r| inventory::id_prefix(&r.judged.entry.id))
         .filter(|id| !id.is_empty())
         .collect()
