@@ -55,6 +55,25 @@ impl Paused {
         docker(&["pause", node]);
         Paused(node.to_string())
     }
+
+    /// Pauses `node` until it is NotReady and the controller's `leader` counts it so.
+    async fn until_seen_down(client: &kube::Client, node: &str, leader: &str) -> Paused {
+        let paused = Paused::new(node);
+        wait_for_within(
+            &format!("node {node} NotReady"),
+            NODE_DOWN,
+            Duration::from_millis(500),
+            || async { !node_ready(client, node).await },
+        )
+        .await;
+        wait_long("the leader sees the node not Ready", || async {
+            controller_pod_metrics(client, leader)
+                .await
+                .is_ok_and(|t| metric_value(&t, "ipreclaim_unready_nodes") >= 1.0)
+        })
+        .await;
+        paused
+    }
 }
 
 impl Drop for Paused {
@@ -130,21 +149,8 @@ pub(crate) async fn a_paused_worker_keeps_a_force_deleted_pods_address_fenced_un
     let (ip, id) = web_0_entry(&c).await;
     assert_eq!(node_of(&client, c.ns(), "web-0").await, worker);
 
-    let paused = Paused::new(&worker);
-    wait_for_within(
-        &format!("node {worker} NotReady"),
-        NODE_DOWN,
-        Duration::from_millis(500),
-        || async { !node_ready(&client, &worker).await },
-    )
-    .await;
     // A pod deleted before the leader sees its node down is, by design, not fenced.
-    wait_long("the leader sees the node not Ready", || async {
-        controller_pod_metrics(&client, &leader)
-            .await
-            .is_ok_and(|t| metric_value(&t, "ipreclaim_unready_nodes") >= 1.0)
-    })
-    .await;
+    let paused = Paused::until_seen_down(&client, &worker, &leader).await;
     Api::<Pod>::namespaced(client.clone(), c.ns())
         .delete("web-0", &DeleteParams::default().grace_period(0))
         .await
@@ -587,21 +593,8 @@ pub(crate) async fn a_returning_workers_agent_reports_the_fenced_pod_present_unt
     docker(&["exec", &worker, "test", "-f", &cache]);
     docker(&["exec", &worker, "rm", &cache]);
 
-    let paused = Paused::new(&worker);
     let paused_at = Instant::now();
-    wait_for_within(
-        &format!("node {worker} NotReady"),
-        NODE_DOWN,
-        Duration::from_millis(500),
-        || async { !node_ready(&client, &worker).await },
-    )
-    .await;
-    wait_long("the leader sees the node not Ready", || async {
-        controller_pod_metrics(&client, &leader)
-            .await
-            .is_ok_and(|t| metric_value(&t, "ipreclaim_unready_nodes") >= 1.0)
-    })
-    .await;
+    let paused = Paused::until_seen_down(&client, &worker, &leader).await;
     println!(
         "{} {worker} NotReady {:.0}s after the pause",
         at(),

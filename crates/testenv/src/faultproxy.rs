@@ -448,23 +448,9 @@ fn shift_date(headers: &mut http::HeaderMap, by: jiff::SignedDuration) {
     }
 }
 
-/// The Kubernetes verb and resource (with subresource, "pods/status") of a request.
-/// The object a request names (`.../<resource>/<name>[/<subresource>]`), if one.
-fn object_name(uri: &http::Uri) -> Option<String> {
-    let segments: Vec<&str> = uri.path().split('/').filter(|s| !s.is_empty()).collect();
-    let rest = match segments.first() {
-        Some(&"api") => segments.get(2..).unwrap_or_default(),
-        Some(&"apis") => segments.get(3..).unwrap_or_default(),
-        _ => &[][..],
-    };
-    let rest = match rest {
-        ["namespaces", _ns, tail @ ..] if !tail.is_empty() => tail,
-        other => other,
-    };
-    rest.get(1).map(|n| (*n).to_string())
-}
-
-pub fn classify(method: &http::Method, uri: &http::Uri) -> (String, String) {
+/// A request's path after the API group and version and the namespace:
+/// `<resource>[/<name>[/<subresource>]]`.
+fn resource_path(uri: &http::Uri) -> Vec<&str> {
     let segments: Vec<&str> = uri.path().split('/').filter(|s| !s.is_empty()).collect();
     // /api/v1/... or /apis/<group>/<version>/...
     let rest = match segments.first() {
@@ -476,6 +462,18 @@ pub fn classify(method: &http::Method, uri: &http::Uri) -> (String, String) {
         ["namespaces", _ns, tail @ ..] if !tail.is_empty() => tail,
         other => other,
     };
+    rest.to_vec()
+}
+
+/// The object a request names (`.../<resource>/<name>[/<subresource>]`), if one.
+fn object_name(uri: &http::Uri) -> Option<String> {
+    resource_path(uri).get(1).map(|n| (*n).to_string())
+}
+
+/// The Kubernetes verb and resource (with subresource, "pods/status") of a request.
+pub fn classify(method: &http::Method, uri: &http::Uri) -> (String, String) {
+    let rest = resource_path(uri);
+    let rest = rest.as_slice();
     let (resource, named) = match rest {
         [] => (String::new(), false),
         [r] => ((*r).to_string(), false),
