@@ -36,7 +36,7 @@ pub type Live = BTreeMap<String, Listed>;
 pub struct InventoryWriter {
     /// The agent's client.
     pub client: Client,
-    /// The pools' namespace (the fences' and the inventories').
+    /// Where the inventory Lease goes (`--inventory-namespace`).
     pub namespace: String,
     /// This node.
     pub node: String,
