@@ -21,6 +21,7 @@ use tonic::transport::{Channel, Endpoint, Uri};
 use crate::cluster::{Cluster, RELEASE_NS, wait_long};
 use crate::fencing::{FENCED, fence_records, fences, lease_holder, web_0_entry};
 use crate::node_only::controller_pod_metrics;
+use crate::returning_kubelet::Timeline;
 use crate::returning_kubelet::{Sandbox, sandbox_state};
 use crate::{
     GC_DONE, NETWORK, Platform, expect_clean_releases, pool_entries, wait_pool_matches_live_pods,
@@ -395,42 +396,6 @@ async fn reservation_names(c: &Cluster) -> Vec<String> {
         .collect()
 }
 
-/// What was seen of the fenced pod after its node returned, as times after the return.
-#[derive(Clone, Debug, Default)]
-struct Return {
-    present_reported: Option<Duration>,
-    gone_reported: Option<Duration>,
-    containers_stopped: Option<Duration>,
-    sandbox_stopped: Option<Duration>,
-    sandbox_removed: Option<Duration>,
-    entry_gone: Option<Duration>,
-    reservation_gone: Option<Duration>,
-    fence_gone: Option<Duration>,
-}
-
-impl std::fmt::Display for Return {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let t = |d: Option<Duration>| match d {
-            Some(d) => format!("{:.1}s", d.as_secs_f64()),
-            None => "-".into(),
-        };
-        write!(
-            f,
-            "agent's sandboxesPresent {}, containers stopped {}, sandbox stopped {}, sandbox \
-             removed {}, agent's sandboxesGone {}, entry gone {}, reservation gone {}, fence \
-             record gone {}",
-            t(self.present_reported),
-            t(self.containers_stopped),
-            t(self.sandbox_stopped),
-            t(self.sandbox_removed),
-            t(self.gone_reported),
-            t(self.entry_gone),
-            t(self.reservation_gone),
-            t(self.fence_gone),
-        )
-    }
-}
-
 /// From `back` (the worker unpaused) every 500 ms until the fenced pod's sandbox is removed
 /// from `worker`'s runtime and its entry, reservation and fence record are gone: the pool,
 /// the reservations, the fence's status and the node's runtime. Fails as soon as the entry or
@@ -441,8 +406,8 @@ async fn watch_the_return(
     pods: &[(&str, &str, &str)],
     back: Instant,
     limit: Duration,
-) -> Vec<Return> {
-    let mut returns = vec![Return::default(); pods.len()];
+) -> Vec<Timeline> {
+    let mut returns = vec![Timeline::default(); pods.len()];
     loop {
         let now = back.elapsed();
         let entries = pool_entries(c).await;

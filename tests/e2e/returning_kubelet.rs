@@ -108,17 +108,19 @@ struct Watched {
     id: String,
 }
 
-/// When each thing was first seen, after the watch's start.
+/// When each thing was first seen, after the watch's start (or the node's return).
 #[derive(Clone, Debug, Default)]
-struct Timeline {
-    containers_stopped: Option<Duration>,
-    sandbox_stopped: Option<Duration>,
-    sandbox_removed: Option<Duration>,
-    entry_gone: Option<Duration>,
-    reservation_gone: Option<Duration>,
-    fence_gone: Option<Duration>,
+pub struct Timeline {
+    pub containers_stopped: Option<Duration>,
+    pub sandbox_stopped: Option<Duration>,
+    pub sandbox_removed: Option<Duration>,
+    pub entry_gone: Option<Duration>,
+    pub reservation_gone: Option<Duration>,
+    pub fence_gone: Option<Duration>,
     /// The node agent's `sandboxesPresent` report on the pod's fence (this fence's own).
-    present_reported: Option<Duration>,
+    pub present_reported: Option<Duration>,
+    /// Its `sandboxesGone` report.
+    pub gone_reported: Option<Duration>,
 }
 
 impl std::fmt::Display for Timeline {
@@ -129,12 +131,14 @@ impl std::fmt::Display for Timeline {
         };
         write!(
             f,
-            "present reported {}, containers stopped {}, sandbox stopped {}, sandbox removed {}, \
-             entry gone {}, reservation gone {}, fence record gone {}",
+            "agent's sandboxesPresent {}, containers stopped {}, sandbox stopped {}, sandbox \
+             removed {}, agent's sandboxesGone {}, entry gone {}, reservation gone {}, fence \
+             record gone {}",
             t(self.present_reported),
             t(self.containers_stopped),
             t(self.sandbox_stopped),
             t(self.sandbox_removed),
+            t(self.gone_reported),
             t(self.entry_gone),
             t(self.reservation_gone),
             t(self.fence_gone),
