@@ -3,11 +3,8 @@
 //! together. The normal suite runs a few hundred cases per target; `scripts/fuzz.sh` runs many
 //! more (PROPTEST_CASES) and prints the counts.
 
-use std::collections::BTreeMap;
-
 use ipreclaim::api::lenient::Lenient;
 use ipreclaim::api::{IPAllocation, IPPool, IPPoolSpec, NetworkAttachmentDefinition};
-use ipreclaim::ipam::fence::pool_fences;
 use ipreclaim::ipam::pool::parse_pool_range;
 use ipreclaim::ipam::{
     ip_at, offset_of, parse_nad_config, parse_network_status, parse_networks, pool_allocations,
@@ -136,16 +133,6 @@ proptest! {
         } else {
             prop_assert!(parse_pool_range(&range).is_err());
         }
-    }
-
-    #[test]
-    fn fence_annotations(values in prop::collection::btree_map("[0-9]{1,4}", text(), 0..6)) {
-        let annotations: BTreeMap<String, String> = values
-            .iter()
-            .map(|(k, v)| (format!("ipreclaim.io/fence-{k}"), v.clone()))
-            .collect();
-        let (fences, bad) = pool_fences(Some(&annotations));
-        prop_assert_eq!(fences.len() + bad.len(), annotations.len());
     }
 
     #[test]

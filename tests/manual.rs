@@ -1,8 +1,7 @@
 //! The manual commands, `ipreclaim unfence` and `ipreclaim release`, run as the built binary
 //! (and once as `kubectl ipreclaim unfence` through the real kubectl) against the real
 //! kube-apiserver. The fenced state is written directly: pool entries with podref
-//! `<ns>/<pod>:fenced` and their `IPFence` records (or, as earlier releases kept them, pool
-//! annotations).
+//! `<ns>/<pod>:fenced` and their `IPFence` records.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -13,7 +12,7 @@ use ipreclaim::api::{
     NetworkAttachmentDefinitionSpec, OverlappingRangeIPReservation,
     OverlappingRangeIPReservationSpec,
 };
-use ipreclaim::ipam::fence::{FENCE_ANNOTATION_PREFIX, FenceRecord, fence_annotation_value};
+use ipreclaim::ipam::fence::FenceRecord;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, PostParams};
@@ -156,8 +155,13 @@ impl Env {
 
     /// The `IPFence` of the entry at `key` of [`POOL`] (named as the controller names it).
     async fn fence(&self, key: &str, pod: &str, sandbox: &str, node: &str) {
+        self.fence_in(POOL, key, pod, sandbox, node).await;
+    }
+
+    /// The `IPFence` of the entry at `key` of `pool`.
+    async fn fence_in(&self, pool: &str, key: &str, pod: &str, sandbox: &str, node: &str) {
         let ip: std::net::IpAddr = self.fwd(&format!("192.0.2.{key}")).parse().unwrap();
-        let pool = self.fwd(POOL);
+        let pool = self.fwd(pool);
         let spec =
             ipreclaim::ipam::fence::fence_spec(&pool, key, ip, sandbox, &self.record(pod, node));
         let name = ipreclaim::ipam::fence::fence_object_name(&pool, key);
@@ -394,30 +398,20 @@ async fn unfence_refuses_a_live_pods_address_unless_forced_and_a_dry_run_writes_
 }
 
 #[tokio::test]
-async fn unfence_all_leaves_no_fenced_entry_record_or_annotation() {
+async fn unfence_all_leaves_no_fenced_entry_or_record() {
     let env = Env::new("unfence-all", false, 3).await;
     let ns = env.ns.clone();
-    // Besides the three recorded fences: a second pool with a fence of an earlier release
-    // (a pool annotation), a left-over annotation whose entry is gone, a left-over IPFence
-    // whose entry is gone, and a pending IPFence (written, its entry not rewritten yet).
-    let record = env.record("e", "node-3");
-    let annotations = BTreeMap::from([
-        (
-            format!("{FENCE_ANNOTATION_PREFIX}50"),
-            fence_annotation_value(&record),
-        ),
-        (
-            format!("{FENCE_ANNOTATION_PREFIX}40"),
-            fence_annotation_value(&env.record("gone-1", "node-3")),
-        ),
-        ("keep".to_string(), "me".to_string()),
-    ]);
+    // Besides the three recorded fences: a fence in a second pool, a left-over IPFence whose
+    // entry is gone, and a pending IPFence (written, its entry not rewritten yet).
+    let annotations = BTreeMap::from([("keep".to_string(), "me".to_string())]);
     env.nad("blue", Some("blue")).await;
     let allocations = BTreeMap::from([
         ("50".to_string(), entry("sb-e", fenced(&ns, "e"))),
         ("60".to_string(), entry("sb-p", format!("{ns}/p"))),
     ]);
     env.pool("blue-192.0.2.0-24", allocations, Some(annotations))
+        .await;
+    env.fence_in("blue-192.0.2.0-24", "50", "e", "sb-e", "node-3")
         .await;
     env.fence("99", "gone-2", "sb-gone-2", "node-3").await;
     let spec = ipreclaim::ipam::fence::fence_spec(
@@ -442,18 +436,17 @@ async fn unfence_all_leaves_no_fenced_entry_record_or_annotation() {
         "would unfence 192.0.2.50",
         "would delete IPFence 192.0.2.0-24-99",
         "would delete IPFence pending-60",
-        "would remove the fence annotation of entry 40 of pool blue-192.0.2.0-24",
     ] {
         assert!(text.contains(want), "{want:?} in {text}");
     }
-    assert_eq!(env.fences().await.len(), 5);
+    assert_eq!(env.fences().await.len(), 6);
     assert_eq!(env.all_events().await, 0);
 
     env.run_says(
         "unfence",
         &["--all"],
         0,
-        &["no :fenced entry, IPFence or fence annotation is left"],
+        &["no :fenced entry or IPFence is left"],
     );
     for pool in [POOL, "blue-192.0.2.0-24"] {
         let p = env.pool_now(pool).await;
@@ -466,12 +459,6 @@ async fn unfence_all_leaves_no_fenced_entry_record_or_annotation() {
             p.spec.allocations
         );
         let annotations = p.metadata.annotations.unwrap_or_default();
-        assert!(
-            annotations
-                .keys()
-                .all(|k| !k.starts_with(FENCE_ANNOTATION_PREFIX)),
-            "{pool}: {annotations:?}"
-        );
         if pool != POOL {
             assert_eq!(annotations.get("keep").map(String::as_str), Some("me"));
         }

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use ipreclaim::api::slim::NodeReadyView;
 use ipreclaim::api::{IPFence, ObjectId};
-use ipreclaim::index::{FenceAnnotation, FenceSource, Index};
+use ipreclaim::index::Index;
 use ipreclaim::release::events::Lifted;
 use ipreclaim::release::manual::{self, FenceSelect, Planned};
 use ipreclaim::release::{EntryWrite, ReleaseOutcome, ReleaseRequest};
@@ -36,9 +36,8 @@ node.kubernetes.io/out-of-service=nodeshutdown:NoExecute`; the controller then l
 and so does this command. A fence whose Node is deleted, or on which the node agent there \
 reported the pod's sandboxes gone, is lifted as the controller lifts it.
 
---all is the uninstall path: it also deletes IPFence records left over or pending and removes \
-fence annotations of earlier releases, then checks that no `:fenced` entry, IPFence or fence \
-annotation is left. Stop the controller first (scale it to 0), or it may fence again.
+--all is the uninstall path: it also deletes IPFence records left over or pending, then checks \
+that no `:fenced` entry or IPFence is left. Stop the controller first (scale it to 0), or it may fence again.
 
 Exit status: 0 when every fence asked for was lifted (or none was left to lift with --all), 1 when \
 something was refused, failed, or not found, 2 on an error (nothing read).")]
@@ -105,7 +104,7 @@ async fn all_gone(args: &UnfenceArgs) -> anyhow::Result<bool> {
     let left = Leftovers::of(&again, &FenceSelect::All);
     let marked = marked_entries(&again);
     if marked.is_empty() && left.is_empty() {
-        println!("no :fenced entry, IPFence or fence annotation is left");
+        println!("no :fenced entry or IPFence is left");
         return Ok(true);
     }
     for (pool, ip, podref) in &marked {
@@ -116,11 +115,6 @@ async fn all_gone(args: &UnfenceArgs) -> anyhow::Result<bool> {
     }
     for ObjectId { name, .. } in &left.records {
         println!("left: IPFence {name}");
-    }
-    for (pool, annotations) in &left.annotations {
-        for FenceAnnotation { key, .. } in annotations {
-            println!("left: the fence annotation of entry {key} of pool {pool}");
-        }
     }
     Ok(false)
 }
@@ -180,7 +174,7 @@ async fn unfence(args: UnfenceArgs) -> anyhow::Result<u8> {
         .await;
     for (r, o) in &results {
         if *o == &Ok(ReleaseOutcome::Released) {
-            after_lift(&session, &index, r).await;
+            after_lift(&session, &index, r);
         }
     }
     leftovers.clean(&session).await;
@@ -244,9 +238,8 @@ fn node_refusal(
     ))
 }
 
-/// After a lift: the deleted pod's reservations of the address (guarded by the writer), and the
-/// fence annotation of an earlier release that recorded it.
-async fn after_lift(session: &Session, index: &Index, r: &ReleaseRequest) {
+/// After a lift: the deleted pod's reservations of the address (guarded by the writer).
+fn after_lift(session: &Session, index: &Index, r: &ReleaseRequest) {
     let j = &r.judged;
     let podref = match &r.write {
         EntryWrite::Unfence(record, _) => record.podref.clone(),
@@ -259,18 +252,6 @@ async fn after_lift(session: &Session, index: &Index, r: &ReleaseRequest) {
         .map(|r| ipreclaim::release::reservation::ReservationDelete::after_release(r, &podref, j))
         .collect();
     session.writer.delete_reservations(deletes);
-    if let EntryWrite::Unfence(_, FenceSource::Annotation) = &r.write
-        && let Some(value) = index
-            .pools()
-            .get(&j.pool)
-            .and_then(|p| p.annotation_values.get(&j.entry.key))
-    {
-        let annotation = vec![FenceAnnotation {
-            key: j.entry.key.clone(),
-            value: value.clone(),
-        }];
-        session.writer.clear_fences(&j.pool, annotation).await;
-    }
 }
 
 /// Prints what became of one lift; whether it went as asked.
@@ -284,16 +265,11 @@ async fn report(
     match o {
         Ok(ReleaseOutcome::Released) => {
             let record = match &r.write {
-                EntryWrite::Unfence(_, FenceSource::Object { name, .. }) => {
-                    match fences.get_opt(name).await {
-                        Ok(None) => format!("; IPFence {name} deleted"),
-                        Ok(Some(_)) => format!("; IPFence {name} is still there"),
-                        Err(e) => format!("; IPFence {name}: {e}"),
-                    }
-                }
-                EntryWrite::Unfence(_, FenceSource::Annotation) => {
-                    "; its pool annotation removed".into()
-                }
+                EntryWrite::Unfence(_, ObjectId { name, .. }) => match fences.get_opt(name).await {
+                    Ok(None) => format!("; IPFence {name} deleted"),
+                    Ok(Some(_)) => format!("; IPFence {name} is still there"),
+                    Err(e) => format!("; IPFence {name}: {e}"),
+                },
                 _ => String::new(),
             };
             println!("unfenced {at}: {}; entry removed{record}", fence_of(r));
@@ -319,12 +295,10 @@ fn marked_entries(index: &Index) -> Vec<(String, IpAddr, String)> {
     out
 }
 
-/// What `--all` deletes besides the fences it lifts: records left over or pending, and fence
-/// annotations of earlier releases whose entry is not fenced.
+/// What `--all` deletes besides the fences it lifts: records left over or pending.
 #[derive(Default)]
 struct Leftovers {
     records: Vec<ObjectId>,
-    annotations: BTreeMap<String, Vec<FenceAnnotation>>,
 }
 
 impl Leftovers {
@@ -336,36 +310,21 @@ impl Leftovers {
         // Pending: written, the entry not rewritten (the controller stopped between the two).
         records.extend(index.pending_fences().into_iter().map(|p| p.object.id()));
         records.sort();
-        Leftovers {
-            records,
-            annotations: index.stale_fence_annotations(),
-        }
+        Leftovers { records }
     }
 
     fn is_empty(&self) -> bool {
-        self.records.is_empty() && self.annotations.is_empty()
+        self.records.is_empty()
     }
 
     async fn clean(&self, session: &Session) {
         session.writer.delete_fence_records(self.records.clone());
-        for (pool, annotations) in &self.annotations {
-            session.writer.clear_fences(pool, annotations.clone()).await;
-        }
     }
 
     fn print(&self, dry_run: bool) {
-        let (delete, remove) = if dry_run {
-            ("would delete", "would remove")
-        } else {
-            ("deleted", "removed")
-        };
+        let delete = if dry_run { "would delete" } else { "deleted" };
         for ObjectId { name, .. } in &self.records {
             println!("{delete} IPFence {name} (left over or pending)");
-        }
-        for (pool, annotations) in &self.annotations {
-            for FenceAnnotation { key, .. } in annotations {
-                println!("{remove} the fence annotation of entry {key} of pool {pool}");
-            }
         }
     }
 }

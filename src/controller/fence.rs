@@ -6,12 +6,9 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::api::ObjectId;
-use crate::index::{
-    FenceAnnotation, FenceObject, FencedEntry, Index, NodeIndex, PendingFence, Slot,
-};
+use crate::index::{FenceObject, FencedEntry, Index, NodeIndex, PendingFence, Slot};
 use crate::ipam::PoolEntry;
 use crate::ipam::fence::FenceRecord;
-use crate::ipam::fence::FenceSource;
 use crate::reclaim::fence::{
     AgentReport, AgentReports, FenceClock, FencePolicy, Lift, Moment, NodeReadiness, Rejected,
     lift_with_reports,
@@ -125,7 +122,6 @@ struct Found {
     listed_by_replacement: HashSet<Slot>,
     pending: Vec<PendingFence>,
     stale_records: Vec<ObjectId>,
-    stale_annotations: std::collections::BTreeMap<String, Vec<FenceAnnotation>>,
 }
 
 /// What one pass makes of the fences.
@@ -200,7 +196,6 @@ impl Lifter {
                 fenced,
                 pending: st.pending_fences(),
                 stale_records: st.stale_fence_objects(),
-                stale_annotations: st.stale_fence_annotations(),
             }
         };
         let lifts = self.lifts(&found, leader, now, timeouts);
@@ -227,20 +222,7 @@ impl Lifter {
         self.write(writes, &lifts.by_agent, now.mono).await;
         waiting.set(i64::from(!timeouts));
         self.backoff.gc();
-        self.clean(stale, found.stale_annotations).await;
-    }
-
-    /// When fence `f`, first seen by this process at `first`, counts from for its timeout: its
-    /// record's time (for an IPFence, already the later of it and the object's creation). A
-    /// fence kept in a pool annotation alone (written by an earlier version) has no creation
-    /// time: a lagging writer's record is bounded by when this replica first saw it, by the
-    /// apiserver's clock (a restart only makes it younger).
-    fn fence_since(&self, f: &FencedEntry, first: Instant) -> jiff::Timestamp {
-        let seen = self.server_clock.as_ref().and_then(|c| c.now(first));
-        match (&f.source, seen) {
-            (FenceSource::Annotation, Some(seen)) => f.record.since.max(seen),
-            _ => f.record.since,
-        }
+        self.clean(stale);
     }
 
     /// Which fences lift now (on the leader), how many stay, and the oldest's age; `timeouts`:
@@ -257,14 +239,7 @@ impl Lifter {
         let mut first_seen = self.first_seen.lock().expect("fence clock lock");
         let keys: HashSet<SeenFence> = found.fenced.iter().map(SeenFence::of).collect();
         first_seen.retain(|k, _| keys.contains(k));
-        let uids: HashSet<&str> = found
-            .fenced
-            .iter()
-            .filter_map(|f| match &f.source {
-                FenceSource::Object { uid, .. } => Some(uid.as_str()),
-                FenceSource::Annotation => None,
-            })
-            .collect();
+        let uids: HashSet<&str> = found.fenced.iter().map(|f| f.object.uid.as_str()).collect();
         self.rejected
             .lock()
             .expect("fence evidence lock")
@@ -283,7 +258,8 @@ impl Lifter {
             let first = *first_seen.entry(SeenFence::of(f)).or_insert(now.mono);
             let fence = FenceClock {
                 set: Moment {
-                    wall: self.fence_since(f, first),
+                    // An IPFence's record time, already no earlier than its creation.
+                    wall: f.record.since,
                     mono: first,
                 },
                 grace: f.record.grace(),
@@ -305,7 +281,7 @@ impl Lifter {
                 }
                 Some(why) => {
                     tracing::info!(%pool, ip = %f.entry.ip, podref = %f.record.podref, node = %f.record.node, lifted = why.as_str(), "fence lifts");
-                    let write = EntryWrite::Unfence(f.record.clone(), f.source.clone());
+                    let write = EntryWrite::Unfence(f.record.clone(), f.object.clone());
                     match why {
                         Lift::SandboxesGone => {
                             out.by_agent.insert(slot);
@@ -478,25 +454,15 @@ impl Lifter {
         Ok(replacement_lists(&st, record, ip))
     }
 
-    /// Deletes the records left over, and clears fence annotations (earlier releases) whose
-    /// entry is no longer fenced.
-    async fn clean(
-        &self,
-        stale: Vec<ObjectId>,
-        stale_annotations: std::collections::BTreeMap<String, Vec<FenceAnnotation>>,
-    ) {
-        if !stale.is_empty() {
-            for ObjectId { name, .. } in &stale {
-                tracing::info!(record = %name, "fence record left over (its entry was freed by its node's CNI DEL, or replaced); deleting it");
-            }
-            self.ctx.writer.delete_fence_records(stale);
+    /// Deletes the records left over.
+    fn clean(&self, stale: Vec<ObjectId>) {
+        if stale.is_empty() {
+            return;
         }
-        for (pool, annotations) in stale_annotations {
-            for FenceAnnotation { key, .. } in &annotations {
-                tracing::info!(%pool, %key, "fenced entry freed by its node (CNI DEL) or replaced; clearing its fence annotation");
-            }
-            self.ctx.writer.clear_fences(&pool, annotations).await;
+        for ObjectId { name, .. } in &stale {
+            tracing::info!(record = %name, "fence record left over (its entry was freed by its node's CNI DEL, or replaced); deleting it");
         }
+        self.ctx.writer.delete_fence_records(stale);
     }
 
     /// Whether fence `f` lifts, its node agent's reports counted; a report that does not

@@ -51,8 +51,8 @@ impl PoolSeries {
         let mut pools = HashSet::with_capacity(ix.pools().all().len());
         for (name, pool) in ix.pools().all() {
             let l = pool_label(namespace, name).into();
-            let problems = pool.problems.len() + pool.bad_fences.len();
-            metrics.pool_problems.get_or_create(&l).set(problems as i64);
+            let problems = pool.problems.len() as i64;
+            metrics.pool_problems.get_or_create(&l).set(problems);
             // A pool's breaker series exists at 0 before its first hold.
             let _ = metrics.breaker_holds.get_or_create(&l);
         }

@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::index::{MarkedGone, MarkedKind};
+use crate::index::{GoneFence, MarkedGone, MarkedKind};
 use crate::reclaim::other_writers::{Gone, Kubelet, Verdict, judge};
 use crate::release::events::MARKED_ENTRY_REMOVED;
 
@@ -98,7 +98,7 @@ impl OtherWriters {
         events
             .marked_entry_removed(&pool, g.ip(), note.clone())
             .await;
-        if let Some(object) = g.fence.as_ref().and_then(|f| f.object.as_ref()) {
+        if let Some(GoneFence { object, .. }) = &g.fence {
             let fence = reference("IPFence", &self.namespace, &object.name, &object.uid);
             events.marked_entry_removed(&fence, g.ip(), note).await;
         }
@@ -162,7 +162,10 @@ mod tests {
             ours: false,
             fence: (kind == MarkedKind::Fenced).then(|| GoneFence {
                 node: "node-a".into(),
-                object: None,
+                object: crate::api::ObjectId {
+                    name: "p-1".into(),
+                    uid: "u-p-1".into(),
+                },
             }),
         }
     }

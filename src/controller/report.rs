@@ -113,7 +113,6 @@ pub fn problems(st: &Index, namespace: &str) -> Vec<Problem> {
     }
     for (name, pool) in st.pools().all() {
         let mut notes: Vec<String> = pool.problems.clone();
-        notes.extend(pool.bad_fences.iter().map(ToString::to_string));
         notes.extend(unrecorded.remove(name).unwrap_or_default());
         if notes.is_empty() {
             continue;

@@ -1,8 +1,7 @@
-//! Fence records: `IPFence` objects and (from earlier releases) pool annotations, joined with
-//! the pool entries they describe. The two arrive on different watches in any order, so they
-//! are joined when asked, never at arrival.
+//! Fence records: `IPFence` objects, joined with the pool entries they describe. The two arrive
+//! on different watches in any order, so they are joined when asked, never at arrival.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 
 use kube::Resource;
 
@@ -10,7 +9,6 @@ use super::Index;
 use super::pools::Slot;
 use crate::api::{IPFenceStatus, IPPool, ObjectId};
 use crate::ipam::PoolEntry;
-pub use crate::ipam::fence::FenceSource;
 use crate::ipam::fence::{FenceRecord, fenced_podref};
 
 /// A fenced allocation.
@@ -22,24 +20,19 @@ pub struct FencedEntry {
     pub entry: PoolEntry,
     /// Whose it was, where and since when.
     pub record: FenceRecord,
-    /// Where the record is kept.
-    pub source: FenceSource,
+    /// Its `IPFence` object.
+    pub object: ObjectId,
     /// The node agent's reports on its object (checked before they count).
     pub evidence: IPFenceStatus,
 }
 
 impl FencedEntry {
-    /// Whose the fence is, as a node agent's report must name it (an annotation record has no
-    /// object uid: no report binds to it).
+    /// Whose the fence is, as a node agent's report must name it.
     pub fn identity(&self) -> crate::reclaim::fence::FenceIdentity<'_> {
-        let fence_uid = match &self.source {
-            FenceSource::Object { uid, .. } => uid.as_str(),
-            FenceSource::Annotation => "",
-        };
         crate::reclaim::fence::FenceIdentity {
             node: &self.record.node,
             pod_uid: &self.record.uid,
-            fence_uid,
+            fence_uid: &self.object.uid,
         }
     }
 }
@@ -89,15 +82,6 @@ pub struct UnrecordedMark {
     pub key: String,
     /// Its (fenced) podref.
     pub podref: String,
-}
-
-/// A pool's fence annotation (an earlier release's record) as stored.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct FenceAnnotation {
-    /// The entry key it is about.
-    pub key: String,
-    /// Its stored value (a `test` pins it when it is removed).
-    pub value: String,
 }
 
 /// `IPFence` objects by the slot they fence.
@@ -182,27 +166,16 @@ impl Index {
         }
     }
 
-    /// The record of the marked entry `entry` at `key` of `pool`, where it is kept, and the
-    /// node agent's report on it (only an object has one).
+    /// The `IPFence` object of the marked entry `entry` at `key` of `pool`.
     pub(super) fn record_of(
         &self,
         pool: &str,
         key: &str,
         entry: &PoolEntry,
-    ) -> Option<(FenceRecord, FenceSource, IPFenceStatus)> {
-        if let Some(o) = self.fences.get(pool, key)
-            && entry.podref == fenced_podref(&o.record.podref)
-            && entry.id == o.sandbox
-        {
-            let source = FenceSource::Object {
-                name: o.name.clone(),
-                uid: o.uid.clone(),
-            };
-            return Some((o.record.clone(), source, o.evidence.clone()));
-        }
-        let r = self.pools.get(pool)?.annotation_fences.get(key)?;
-        (entry.podref == fenced_podref(&r.podref))
-            .then(|| (r.clone(), FenceSource::Annotation, IPFenceStatus::default()))
+    ) -> Option<&FenceObject> {
+        self.fences
+            .get(pool, key)
+            .filter(|o| entry.podref == fenced_podref(&o.record.podref) && entry.id == o.sandbox)
     }
 
     /// Every fenced entry whose record is known, as (pool, entry).
@@ -210,13 +183,13 @@ impl Index {
         let mut out = Vec::new();
         for (name, p) in self.pools.all() {
             for (key, entry) in &p.marked {
-                if let Some((record, source, evidence)) = self.record_of(name, key, entry) {
+                if let Some(o) = self.record_of(name, key, entry) {
                     out.push(FencedEntry {
                         pool: name.clone(),
                         entry: entry.clone(),
-                        record,
-                        source,
-                        evidence,
+                        record: o.record.clone(),
+                        object: o.id(),
+                        evidence: o.evidence.clone(),
                     });
                 }
             }
@@ -280,42 +253,17 @@ impl Index {
             .collect()
     }
 
-    /// Fence annotations (from earlier releases) whose entry is gone or no longer fenced, by
-    /// pool.
-    pub fn stale_fence_annotations(&self) -> BTreeMap<String, Vec<FenceAnnotation>> {
-        let mut out: BTreeMap<String, Vec<FenceAnnotation>> = BTreeMap::new();
-        for (name, p) in self.pools.all() {
-            for (key, r) in &p.annotation_fences {
-                let fenced = p
-                    .marked
-                    .get(key)
-                    .is_some_and(|e| e.podref == fenced_podref(&r.podref));
-                if !fenced && let Some(v) = p.annotation_values.get(key) {
-                    out.entry(name.clone()).or_default().push(FenceAnnotation {
-                        key: key.clone(),
-                        value: v.clone(),
-                    });
-                }
-            }
-        }
-        out
-    }
-
     /// The deleted pods (podrefs) whose addresses are fenced or pending: their reservations
     /// go with the fence's release. An entry marked fenced counts whether or not its record
     /// can be read (a record deleted by hand, or one that no longer parses, is no release).
     pub fn fenced_podrefs(&self) -> HashSet<&str> {
         let objects = self.fences.iter().map(|(_, o)| o.record.podref.as_str());
-        let pools = self.pools.all().values();
-        let annotations = pools
-            .clone()
-            .flat_map(|p| p.annotation_fences.values().map(|r| r.podref.as_str()));
-        let marked = pools.flat_map(|p| {
+        let marked = self.pools.all().values().flat_map(|p| {
             p.marked.values().filter_map(|e| {
                 e.podref
                     .strip_suffix(crate::ipam::fence::FENCED_PODREF_SUFFIX)
             })
         });
-        objects.chain(annotations).chain(marked).collect()
+        objects.chain(marked).collect()
     }
 }

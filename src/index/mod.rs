@@ -36,10 +36,7 @@ use crate::ipam::fence::{FenceRecord, fenced_podref};
 pub use duplicates::{
     Duplicate, DuplicatePod, Duplicates, Holder, Listings, Shared, SharedAddress,
 };
-pub use fences::{
-    FenceAnnotation, FenceIndex, FenceObject, FenceSource, FencedEntry, PendingFence,
-    UnrecordedMark,
-};
+pub use fences::{FenceIndex, FenceObject, FencedEntry, PendingFence, UnrecordedMark};
 pub use invalid::{InvalidIndex, InvalidKey, InvalidObject};
 pub use lock::{Acquisitions, IndexLock, SharedIndex};
 pub use networks::NetworkIndex;
@@ -206,14 +203,10 @@ impl Index {
         let info = PoolInfo::parse(pool);
         if let Some(old) = self.pools.get(&info.name) {
             let gone = other_writers::marked_gone(&old.seen, &info, |key, entry| {
-                let (record, source, _) = self.record_of(&old.name, key, entry)?;
-                let object = match source {
-                    FenceSource::Object { name, uid } => Some(ObjectId { name, uid }),
-                    FenceSource::Annotation => None,
-                };
+                let o = self.record_of(&old.name, key, entry)?;
                 Some(GoneFence {
-                    node: record.node,
-                    object,
+                    node: o.record.node.clone(),
+                    object: o.id(),
                 })
             });
             let room = other_writers::MAX_WAITING.saturating_sub(self.marked_gone.len());

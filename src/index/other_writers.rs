@@ -43,8 +43,8 @@ impl MarkedKind {
 pub struct GoneFence {
     /// The fence's node.
     pub node: String,
-    /// Its `IPFence` object (`None`: a pool annotation of an earlier release).
-    pub object: Option<ObjectId>,
+    /// Its `IPFence` object.
+    pub object: ObjectId,
 }
 
 /// A marked entry that disappeared from its pool or was rewritten.

@@ -8,9 +8,7 @@ use ipnet::IpNet;
 
 use crate::api::IPPool;
 use crate::ipam::cooldown::{BadCooldown, cooldown_until, cooled_pod, is_cooling};
-use crate::ipam::fence::{
-    BadFence, FENCED_PODREF_SUFFIX, FenceRecord, fence_annotation_key, pool_fences,
-};
+use crate::ipam::fence::FENCED_PODREF_SUFFIX;
 use crate::ipam::pool::offset_of;
 use crate::ipam::{PoolEntry, pool_allocations};
 
@@ -33,18 +31,12 @@ pub struct PoolInfo {
     pub bad_range: bool,
     /// The range, when it parses.
     pub range: Option<IpNet>,
-    /// Entries marked fenced (podref `<podref>:fenced`) by key; their records are fence
-    /// objects or, from earlier releases, pool annotations (see [`super::Index::fenced`]).
+    /// Entries marked fenced (podref `<podref>:fenced`) by key; their records are `IPFence`
+    /// objects (see [`super::Index::fenced`]).
     pub marked: BTreeMap<String, PoolEntry>,
     /// Entries released into their cooldown (podref `<podref>:cooldown`) by key: neither live
     /// allocations nor leaks; the leader removes each once its cooldown is over.
     pub cooling: BTreeMap<String, CoolingEntry>,
-    /// Fence records from earlier releases, in pool annotations, by key.
-    pub annotation_fences: BTreeMap<String, FenceRecord>,
-    /// Those annotations' values as stored (a removal `test`s them).
-    pub annotation_values: BTreeMap<String, String>,
-    /// Fence annotations that cannot be read.
-    pub bad_fences: Vec<BadFence>,
     /// The pool has an annotations map.
     pub has_annotations: bool,
     /// An operator's approval of the breaker's hold ([`APPROVE_HOLD_ANNOTATION`]'s value).
@@ -76,16 +68,6 @@ impl PoolInfo {
             Err(e) => (Vec::new(), vec![e.to_string()], None),
         };
         let annotations = pool.metadata.annotations.as_ref();
-        let (annotation_fences, bad_fences) = pool_fences(annotations);
-        let annotation_values = annotation_fences
-            .keys()
-            .filter_map(|k| {
-                Some((
-                    k.clone(),
-                    annotations?.get(&fence_annotation_key(k))?.clone(),
-                ))
-            })
-            .collect();
         // A marked entry is the fence's, whether or not its record is known yet. Split as
         // Vecs and collected once each: a map collected whole is built with full nodes, one
         // filled an insert at a time is left about half empty (a third more memory).
@@ -124,9 +106,6 @@ impl PoolInfo {
             bad_range: range.is_none(),
             range,
             marked,
-            annotation_fences,
-            annotation_values,
-            bad_fences,
             has_annotations: annotations.is_some(),
             approval: annotations.and_then(|a| a.get(APPROVE_HOLD_ANNOTATION).cloned()),
             odd_keys,
@@ -337,8 +316,6 @@ impl PoolIndex {
     pub fn forget_fenced(&mut self, pool: &str, key: &str) {
         if let Some(p) = self.pools.get_mut(pool) {
             p.marked.remove(key);
-            p.annotation_fences.remove(key);
-            p.annotation_values.remove(key);
         }
     }
 

@@ -1,10 +1,8 @@
 //! How a fenced allocation is written, pure: the entry's podref is rewritten so that
 //! whereabouts never hands the address to a pod of the same name (it reuses an entry by podref
 //! and interface), and an `IPFence` object per address records whose it was, the node and since
-//! when (earlier releases kept that record in a pool annotation per offset; those are still
-//! read, and lifted, but no longer written). The sandbox id is left alone, so the node's own CNI
-//! DEL (which matches by container id and interface) still frees the address once the sandbox
-//! is torn down.
+//! when. The sandbox id is left alone, so the node's own CNI DEL (which matches by container id
+//! and interface) still frees the address once the sandbox is torn down.
 //!
 //! Crash safety comes from the order of the two writes. A fence writes its record first, then
 //! rewrites the entry; a lift removes the entry first, then the record. A crash in between
@@ -12,17 +10,12 @@
 //! rewrite is completed) or a record whose entry is gone (stale: the record is deleted); never
 //! an entry released while recorded, nor a rewritten entry without its record.
 
-use std::collections::BTreeMap;
-
 use serde::{Deserialize, Serialize};
-
-/// Prefix of the pool annotation that records a fence; the offset follows.
-pub const FENCE_ANNOTATION_PREFIX: &str = "ipreclaim.io/fence-";
 
 /// Appended to a fenced entry's podref. `:` is not allowed in pod names, so no pod can match.
 pub const FENCED_PODREF_SUFFIX: &str = ":fenced";
 
-/// What a fence annotation holds.
+/// What a fence records (an `IPFence` object's spec, parsed).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FenceRecord {
     /// The deleted pod's `namespace/name` (the entry's podref before the fence).
@@ -155,66 +148,9 @@ pub fn fence_record(spec: &crate::api::IPFenceSpec) -> Result<FenceRecord, Strin
     })
 }
 
-/// Where a fence's record is kept.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FenceSource {
-    /// An `IPFence` object.
-    Object {
-        /// Its name.
-        name: String,
-        /// Its uid (the delete's precondition).
-        uid: String,
-    },
-    /// A pool annotation (written by earlier releases).
-    Annotation,
-}
-
-/// A fence annotation that cannot be read.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("fence annotation {key}: {message}")]
-pub struct BadFence {
-    /// The annotation key.
-    pub key: String,
-    /// What is wrong.
-    pub message: String,
-}
-
-/// The annotation key for the entry at pool key `key`.
-pub fn fence_annotation_key(key: &str) -> String {
-    format!("{FENCE_ANNOTATION_PREFIX}{key}")
-}
-
 /// The podref a fenced entry carries.
 pub fn fenced_podref(podref: &str) -> String {
     format!("{podref}{FENCED_PODREF_SUFFIX}")
-}
-
-/// The fence records of a pool by pool key, and the annotations that cannot be read.
-pub fn pool_fences(
-    annotations: Option<&BTreeMap<String, String>>,
-) -> (BTreeMap<String, FenceRecord>, Vec<BadFence>) {
-    let mut fences = BTreeMap::new();
-    let mut bad = Vec::new();
-    for (key, value) in annotations.into_iter().flatten() {
-        let Some(offset) = key.strip_prefix(FENCE_ANNOTATION_PREFIX) else {
-            continue;
-        };
-        match serde_json::from_str::<FenceRecord>(value) {
-            Ok(r) => {
-                fences.insert(offset.to_owned(), r);
-            }
-            Err(e) => bad.push(BadFence {
-                key: key.clone(),
-                message: e.to_string(),
-            }),
-        }
-    }
-    (fences, bad)
-}
-
-/// The annotation value for `record`.
-pub fn fence_annotation_value(record: &FenceRecord) -> String {
-    serde_json::to_string(record).expect("a fence record always serializes")
 }
 
 #[cfg(test)]
@@ -237,34 +173,6 @@ mod tests {
             since: "2026-11-23T10:00:00Z".parse().unwrap(),
             grace_seconds: None,
         }
-    }
-
-    #[test]
-    fn a_record_round_trips_through_its_annotation() {
-        let annotations = BTreeMap::from([
-            (
-                fence_annotation_key("12"),
-                fence_annotation_value(&record()),
-            ),
-            ("other/annotation".into(), "x".into()),
-        ]);
-        let (fences, bad) = pool_fences(Some(&annotations));
-        assert_eq!(fences, BTreeMap::from([("12".to_string(), record())]));
-        assert!(bad.is_empty());
-    }
-
-    #[test]
-    fn an_unreadable_annotation_is_reported_not_dropped_silently() {
-        let annotations = BTreeMap::from([
-            (fence_annotation_key("3"), "{not json".into()),
-            (fence_annotation_key("4"), r#"{"podref":"a/b"}"#.into()),
-        ]);
-        let (fences, bad) = pool_fences(Some(&annotations));
-        assert!(fences.is_empty());
-        assert_eq!(
-            bad.iter().map(|b| b.key.as_str()).collect::<Vec<_>>(),
-            ["ipreclaim.io/fence-3", "ipreclaim.io/fence-4"]
-        );
     }
 
     #[test]

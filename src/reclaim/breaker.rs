@@ -40,7 +40,7 @@ pub fn approval_value(releases: Option<usize>, at: jiff::Timestamp) -> String {
 
 /// The approval an annotation value gives: an `at-most=N` among its `;`-separated parts bounds
 /// it (a bound that does not read as a number approves none: the hold stays and says so); a
-/// value without one (an earlier release's timestamp, `kubectl annotate ...=yes`) approves any.
+/// value without one (a bare timestamp, `kubectl annotate ...=yes`) approves any.
 pub fn approval_of(value: &str) -> Approval {
     let bounds = value.split(';').filter_map(|part| {
         let (key, n) = part.split_once('=').unwrap_or((part, ""));
@@ -455,7 +455,7 @@ mod tests {
         let at: jiff::Timestamp = "2026-11-28T06:00:00Z".parse().unwrap();
         assert_eq!(approval_of(&approval_value(Some(12), at)), Some(12));
         assert_eq!(approval_of(&approval_value(None, at)), None);
-        // What `kubectl annotate` or an earlier release wrote approves any number.
+        // What `kubectl annotate` writes by hand approves any number.
         for any in ["yes", "", "2026-11-28T06:00:00Z", "at-most-ish=3"] {
             assert_eq!(approval_of(any), None, "{any:?}");
         }

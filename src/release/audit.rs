@@ -243,7 +243,7 @@ pub fn emit_all<'a>(
 mod tests {
     use super::*;
     use crate::ipam::PoolEntry;
-    use crate::ipam::fence::{FenceRecord, FenceSource};
+    use crate::ipam::fence::FenceRecord;
     use crate::reclaim::Decision;
     use crate::release::{Judged, PodRef};
 
@@ -361,7 +361,7 @@ mod tests {
         assert_evidence_has(&f, "node node-a was not Ready (Ready=Unknown)");
         let mut req = request(
             Reason::PodDeleted,
-            EntryWrite::Unfence(fence(), FenceSource::Annotation),
+            EntryWrite::Unfence(fence(), crate::release::fixtures::fence_object()),
         );
         // A fenced entry's podref carries the mark; the record names the pod.
         req.judged.entry.podref = "ns/web-0:fenced".into();

@@ -3,11 +3,9 @@
 
 use super::types::{EntryWrite, ReleaseRequest};
 use super::writer::{ObjectDelete, Writer};
-use crate::api::ObjectId;
 use crate::index::Index;
 use crate::ipam::PoolEntry;
 use crate::ipam::cooldown::{cooldown_id, cooling_podref};
-use crate::ipam::fence::FenceSource;
 use crate::release::types::ReservationDelete;
 
 /// The entry as a cooling write of `req` leaves it.
@@ -42,12 +40,7 @@ impl Writer {
         }
         tracing::info!(pool = %j.pool, ip = %j.entry.ip, podref = %req.podref(), reason = %req.reason, cooldown_until = %until, "released into cooldown");
         match &req.write {
-            EntryWrite::Unfence(_, FenceSource::Object { name, uid }) => {
-                vec![ObjectDelete::Fence(ObjectId {
-                    name: name.clone(),
-                    uid: uid.clone(),
-                })]
-            }
+            EntryWrite::Unfence(_, object) => vec![ObjectDelete::Fence(object.clone())],
             _ => Vec::new(),
         }
     }
@@ -78,13 +71,13 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    use crate::release::fixtures::{record, request};
+    use crate::release::fixtures::{fence_object, record, request};
     use crate::release::types::set_cooldowns;
 
     #[test]
     fn only_releases_and_lifts_cool_and_only_when_configured() {
         let now: jiff::Timestamp = "2026-11-25T10:00:00.5Z".parse().unwrap();
-        let lift = EntryWrite::Unfence(record(), FenceSource::Annotation);
+        let lift = EntryWrite::Unfence(record(), fence_object());
         let writes = [
             EntryWrite::Remove,
             lift,

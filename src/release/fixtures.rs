@@ -1,5 +1,6 @@
-//! Test fixtures of the release path: a request and a fence record.
+//! Test fixtures of the release path: a request, a fence record and its object.
 
+use crate::api::ObjectId;
 use crate::ipam::PoolEntry;
 use crate::ipam::fence::FenceRecord;
 use crate::reclaim::{Decision, Judged, PodRef, Reason};
@@ -41,5 +42,13 @@ pub fn record() -> FenceRecord {
         network: "ns/net".into(),
         since: "2026-11-23T10:00:00Z".parse().unwrap(),
         grace_seconds: None,
+    }
+}
+
+/// The `IPFence` object of the fence of entry 5 of pool `p`.
+pub fn fence_object() -> ObjectId {
+    ObjectId {
+        name: "p-5".into(),
+        uid: "u-p-5".into(),
     }
 }

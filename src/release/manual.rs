@@ -7,8 +7,9 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::time::Duration;
 
+use crate::api::ObjectId;
 use crate::api::slim::{NodeReadyView, OUT_OF_SERVICE_TAINT};
-use crate::index::{CoolingEntry, FenceSource, FencedEntry, Index, PodUid, UnrecordedMark};
+use crate::index::{CoolingEntry, FencedEntry, Index, PodUid, UnrecordedMark};
 use crate::ipam::fence::{FENCED_PODREF_SUFFIX, FenceRecord};
 use crate::ipam::{NetworkAttachment, PodKey, PoolEntry};
 use crate::reclaim::fence::{
@@ -142,15 +143,10 @@ fn request(
 }
 
 /// The lift of a recorded fence, as the controller writes it.
-fn lift(
-    pool: &str,
-    entry: &PoolEntry,
-    record: &FenceRecord,
-    source: FenceSource,
-) -> ReleaseRequest {
+fn lift(pool: &str, entry: &PoolEntry, record: &FenceRecord, object: ObjectId) -> ReleaseRequest {
     let network = record.network_or(pool);
     let pod = PodRef::from_podref(&record.podref, record.uid.clone());
-    let write = EntryWrite::Unfence(record.clone(), source);
+    let write = EntryWrite::Unfence(record.clone(), object);
     request(pool, entry, network, pod, Reason::PodDeleted, write)
 }
 
@@ -171,7 +167,7 @@ pub fn fences(index: &Index, select: &FenceSelect) -> Vec<Planned> {
             sandboxes_gone: agent_reports(&f).0,
             sandboxes_present: agent_reports(&f).1,
             ..Planned::new(
-                lift(&f.pool, &f.entry, &f.record, f.source.clone()),
+                lift(&f.pool, &f.entry, &f.record, f.object.clone()),
                 listed_by(index, &f.pool, f.entry.ip),
             )
         })
@@ -796,8 +792,7 @@ mod tests {
         let one = fences(&ix, &ip("192.0.2.10"));
         assert_eq!(ips(&one), ["p/192.0.2.10"]);
         assert_eq!(one[0].listed_by, ["ns/web-0"]);
-        let EntryWrite::Unfence(r, FenceSource::Object { name, uid }) = &one[0].request.write
-        else {
+        let EntryWrite::Unfence(r, ObjectId { name, uid }) = &one[0].request.write else {
             panic!("an unfence of the object: {:?}", one[0].request.write)
         };
         assert_eq!(

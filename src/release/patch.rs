@@ -1,11 +1,11 @@
 //! The one builder of the JSON patches the writer sends to pools: each entry pinned by `test`s
-//! on its `id` and `podref`, then removed or fenced; fence annotations (earlier releases)
-//! removed pinned by their value. Pure.
+//! on its `id` and `podref`, then removed or fenced; annotations removed pinned by their value.
+//! Pure.
 
 use serde_json::{Value, json};
 
 use crate::ipam::cooldown::{cooldown_id, cooling_podref};
-use crate::ipam::fence::{FenceSource, fence_annotation_key, fenced_podref};
+use crate::ipam::fence::fenced_podref;
 use crate::ipam::own_write::OWN_WRITE_ANNOTATION;
 
 use super::types::{EntryWrite, ReleaseRequest};
@@ -21,8 +21,7 @@ fn annotation_path(name: &str) -> String {
 }
 
 /// The JSON patch of one batch: each entry pinned by `test`s on its `id` and `podref`, then
-/// removed or fenced (its podref rewritten; the record is an object written before); a lifted
-/// fence whose record is a pool annotation (earlier releases) has that removed too. A patch that
+/// removed or fenced (its podref rewritten; the record is an object written before). A patch that
 /// removes or rewrites a marked entry (a lifted fence, an ended cooldown) sets the pool's
 /// [`OWN_WRITE_ANNOTATION`] to `signature` (see `ipam::own_write`).
 pub fn entries_patch(batch: &[&ReleaseRequest], has_annotations: bool, signature: &str) -> Value {
@@ -46,16 +45,8 @@ pub fn entries_patch(batch: &[&ReleaseRequest], has_annotations: bool, signature
             (EntryWrite::Fence(record), _) => {
                 ops.push(json!({"op": "replace", "path": format!("{path}/podref"), "value": fenced_podref(&record.podref)}));
             }
-            (EntryWrite::Unfence(_, source), until) => {
-                match until {
-                    Some(until) => cool(&mut ops, until),
-                    None => ops.push(json!({"op": "remove", "path": path})),
-                }
-                if *source == FenceSource::Annotation && has_annotations {
-                    let path = annotation_path(&fence_annotation_key(&e.key));
-                    ops.push(json!({"op": "remove", "path": path}));
-                }
-            }
+            (EntryWrite::Unfence(..), Some(until)) => cool(&mut ops, until),
+            (EntryWrite::Unfence(..), None) => ops.push(json!({"op": "remove", "path": path})),
         }
     }
     if reads_annotations(batch) {
@@ -65,7 +56,7 @@ pub fn entries_patch(batch: &[&ReleaseRequest], has_annotations: bool, signature
 }
 
 /// Whether the patch of `batch` depends on the pool having an annotations map: it removes or
-/// rewrites a marked entry (signed), or removes a fence annotation of an earlier release.
+/// rewrites a marked entry (signed).
 pub fn reads_annotations(batch: &[&ReleaseRequest]) -> bool {
     batch
         .iter()
@@ -105,7 +96,7 @@ pub fn typed(patch: Value) -> Result<json_patch::Patch, serde_json::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::release::fixtures::{record, request};
+    use crate::release::fixtures::{fence_object, record, request};
 
     #[test]
     fn a_fence_pins_the_entry_and_rewrites_its_podref_and_nothing_else() {
@@ -124,15 +115,11 @@ mod tests {
     }
 
     #[test]
-    fn an_unfence_removes_the_marked_entry_and_an_annotation_record_of_earlier_releases() {
-        let object = FenceSource::Object {
-            name: "p-5".into(),
-            uid: "u".into(),
-        };
+    fn an_unfence_removes_the_pinned_marked_entry_and_signs_the_write() {
         let lift = request(
             "5",
             "ns/web-0:fenced",
-            EntryWrite::Unfence(record(), object),
+            EntryWrite::Unfence(record(), fence_object()),
         );
         let entry_ops = json!([
             {"op": "test", "path": "/spec/allocations/5/id", "value": "sb"},
@@ -141,21 +128,8 @@ mod tests {
         ]);
         let signed = json!({"op": "add", "path": "/metadata/annotations/ipreclaim.io~1marked-write", "value": "sig"});
         let mut ops = entry_ops.as_array().unwrap().clone();
-        ops.push(signed.clone());
+        ops.push(signed);
         assert_eq!(entries_patch(&[&lift], true, "sig"), json!(ops));
-        let legacy = request(
-            "5",
-            "ns/web-0:fenced",
-            EntryWrite::Unfence(record(), FenceSource::Annotation),
-        );
-        let mut with_annotation = entry_ops.as_array().unwrap().clone();
-        with_annotation
-            .push(json!({"op": "remove", "path": "/metadata/annotations/ipreclaim.io~1fence-5"}));
-        with_annotation.push(signed);
-        assert_eq!(
-            entries_patch(&[&legacy], true, "sig"),
-            json!(with_annotation)
-        );
     }
 
     #[test]
@@ -178,15 +152,14 @@ mod tests {
         let mut lift = request(
             "5",
             "ns/web-0:fenced",
-            EntryWrite::Unfence(record(), FenceSource::Annotation),
+            EntryWrite::Unfence(record(), fence_object()),
         );
         lift.cooldown = Some(until);
         let ops = entries_patch(&[&lift], true, "sig");
         assert_eq!(ops[3]["value"], "ns/web-0:cooldown");
-        assert_eq!(ops[4]["op"], "remove");
         assert_eq!(
             ops[4]["path"],
-            "/metadata/annotations/ipreclaim.io~1fence-5"
+            "/metadata/annotations/ipreclaim.io~1marked-write"
         );
         // Its end removes it, pinned by the marker.
         let mut end = request("5", "ns/web-0:cooldown", EntryWrite::EndCooldown);
@@ -205,13 +178,13 @@ mod tests {
     }
 
     #[test]
-    fn annotation_records_are_removed_only_as_they_were_read() {
-        let patch = annotations_patch(&[(fence_annotation_key("5"), "v5".into())]);
+    fn annotations_are_removed_only_as_they_were_read() {
+        let patch = annotations_patch(&[("ipreclaim.io/approve-hold".into(), "v5".into())]);
         assert_eq!(
             patch,
             json!([
-                {"op": "test", "path": "/metadata/annotations/ipreclaim.io~1fence-5", "value": "v5"},
-                {"op": "remove", "path": "/metadata/annotations/ipreclaim.io~1fence-5"},
+                {"op": "test", "path": "/metadata/annotations/ipreclaim.io~1approve-hold", "value": "v5"},
+                {"op": "remove", "path": "/metadata/annotations/ipreclaim.io~1approve-hold"},
             ])
         );
         assert!(typed(patch).is_ok());

@@ -5,7 +5,7 @@ use std::net::IpAddr;
 use std::time::Instant;
 
 use crate::api::ObjectId;
-use crate::ipam::fence::{FenceRecord, FenceSource};
+use crate::ipam::fence::FenceRecord;
 use crate::reclaim::Reason;
 pub use crate::reclaim::{Judged, PodRef};
 
@@ -45,8 +45,8 @@ pub enum EntryWrite {
     Remove,
     /// Keeps it, fenced: the record (an `IPFence` object) first, then its podref rewritten.
     Fence(FenceRecord),
-    /// Removes a fenced entry, then its record: the delayed release.
-    Unfence(FenceRecord, FenceSource),
+    /// Removes a fenced entry, then its record (the `IPFence` object): the delayed release.
+    Unfence(FenceRecord, ObjectId),
     /// Removes a cooling entry (its cooldown is over, or ended by hand), then its pod's
     /// reservation of the address: the address goes back to the pool. Never cooled again.
     EndCooldown,

@@ -21,8 +21,7 @@ use super::patch;
 use super::types::ReservationDelete;
 use super::types::{EntryWrite, ReleaseError, ReleaseOutcome, ReleaseRequest};
 use crate::api::{IPPool, ObjectId};
-use crate::index::{FenceAnnotation, Index, SharedIndex};
-use crate::ipam::fence::{FenceSource, fence_annotation_key};
+use crate::index::{Index, SharedIndex};
 use crate::telemetry::WriteMetrics;
 
 /// Patches one batch may take while refused writes are split apart (each refusal costs a
@@ -231,19 +230,6 @@ impl WriterHandle {
         }
         for record in records {
             let _ = self.deletes.send(ObjectDelete::Fence(record));
-        }
-    }
-
-    /// Removes fence annotations of `pool` whose entry is no longer fenced, each pinned by a
-    /// `test` of its value (nothing under `--dry-run`).
-    pub async fn clear_fences(&self, pool: &str, annotations: Vec<FenceAnnotation>) {
-        let named = annotations
-            .into_iter()
-            .map(|a| (fence_annotation_key(&a.key), a.value))
-            .collect();
-        if let Err(e) = self.remove_annotations(pool, named).await {
-            // Changed or gone meanwhile: the next pass sees the pool as it is now.
-            tracing::debug!(%pool, error = %e, "could not clear fence records");
         }
     }
 
@@ -584,11 +570,8 @@ impl Writer {
         .into_iter()
         .map(|r| ObjectDelete::Reservation(ReservationDelete::after_release(r, podref, j)))
         .collect();
-        if let EntryWrite::Unfence(_, FenceSource::Object { name, uid }) = &req.write {
-            after.push(ObjectDelete::Fence(ObjectId {
-                name: name.clone(),
-                uid: uid.clone(),
-            }));
+        if let EntryWrite::Unfence(_, object) = &req.write {
+            after.push(ObjectDelete::Fence(object.clone()));
         }
         self.metrics.released(req.reason.as_str());
         if let Some(at) = req.deleted_at {

@@ -534,8 +534,7 @@ impl Env {
     pub async fn assert_web_0_fenced(&self, node: &str) {
         let (podref, fence) = self.entry_and_fence("192.0.2.0-24", "10").await;
         assert_eq!(podref, Some(format!("{}/web-0:fenced", self.ns)));
-        let fence: serde_json::Value =
-            serde_json::from_str(&fence.expect("fence annotation")).unwrap();
+        let fence: serde_json::Value = serde_json::from_str(&fence.expect("fence record")).unwrap();
         assert_eq!(fence["node"], node);
         assert_eq!(fence["podref"], format!("{}/web-0", self.ns));
         assert_eq!(self.keys("192.0.2.0-24").await, ["10", "11"]);

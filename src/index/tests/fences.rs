@@ -1,8 +1,9 @@
 //! Fence records joined with their entries: fenced, pending, left over, unrecorded.
 
 use super::*;
+use crate::api::ObjectId;
 use crate::api::SandboxReport;
-use crate::index::{FenceSource, InvalidKey, UnrecordedMark};
+use crate::index::{InvalidKey, UnrecordedMark};
 use crate::reclaim::KeepReason;
 
 #[test]
@@ -35,8 +36,8 @@ fn fence_records_and_entries_are_joined_whichever_comes_first() {
         assert_eq!(fenced.len(), 1);
         assert_eq!(fenced[0].record.podref, "ns/web-0");
         assert_eq!(
-            fenced[0].source,
-            FenceSource::Object {
+            fenced[0].object,
+            ObjectId {
                 name: "p-5".into(),
                 uid: "uid-p-5".into()
             }
@@ -135,29 +136,21 @@ fn a_fenced_entry_without_a_record_is_reported_and_left_alone() {
 }
 
 #[test]
-fn a_fenced_entry_is_kept_out_of_judgement_and_a_stale_fence_record_is_found() {
-    use crate::ipam::fence::{fence_annotation_key, fence_annotation_value};
+fn a_fenced_entry_is_kept_out_of_judgement_and_a_pool_annotation_records_no_fence() {
     let mut annotated = pool(&[
         ("5", "sb", "ns/web-0:fenced"),
-        // Its fence record names another pod: a new allocation took the offset.
-        ("6", "sb", "ns/db-0"),
+        ("6", "sb-6", "ns/db-0"),
+        ("7", "sb-7", "ns/app-0:fenced"),
     ]);
-    annotated.metadata.annotations = Some(BTreeMap::from([
-        (
-            fence_annotation_key("5"),
-            fence_annotation_value(&record("ns/web-0")),
-        ),
-        (
-            fence_annotation_key("6"),
-            fence_annotation_value(&record("ns/old-0")),
-        ),
-        (
-            fence_annotation_key("7"),
-            fence_annotation_value(&record("ns/gone-0")),
-        ),
-    ]));
+    // Shaped like a record, on the pool: anyone who may patch pools can write it. Only an
+    // IPFence records a fence; entry 7 stays an unrecorded mark.
+    annotated.metadata.annotations = Some(BTreeMap::from([(
+        "ipreclaim.io/fence-7".to_string(),
+        serde_json::to_string(&record("ns/app-0")).unwrap(),
+    )]));
     let mut ix = Index::default();
     ix.upsert_pool(&annotated);
+    ix.upsert_fence_object("p", "5", object("p-5", "sb", "ns/web-0"));
     let fenced = ix.fenced();
     assert_eq!(fenced.len(), 1);
     assert_eq!(fenced[0].record.podref, "ns/web-0");
@@ -167,22 +160,20 @@ fn a_fenced_entry_is_kept_out_of_judgement_and_a_stale_fence_record_is_found() {
             .map(|j| j.entry.podref.as_str())
             .collect::<Vec<_>>(),
         ["ns/db-0"],
-        "the fenced entry is the fence's, not the sweep's"
+        "the fenced entries are the fence's, not the sweep's"
     );
-    assert_eq!(fenced[0].source, FenceSource::Annotation);
-    let stale = ix.stale_fence_annotations();
     assert_eq!(
-        stale["p"]
+        ix.unrecorded_marks()
             .iter()
-            .map(|a| a.key.as_str())
+            .map(|m| m.key.as_str())
             .collect::<Vec<_>>(),
-        ["6", "7"]
+        ["7"]
     );
     assert!(
         ix.pools()
             .allocated_podrefs()
             .iter()
-            .all(|p| p != "ns/web-0:fenced")
+            .all(|p| !p.ends_with(":fenced"))
     );
 }
 

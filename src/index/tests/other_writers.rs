@@ -66,10 +66,10 @@ fn marked_entries_removed_by_an_unsigned_write_are_noted_with_their_fence() {
         gone[0].fence,
         Some(GoneFence {
             node: "n".into(),
-            object: Some(crate::api::ObjectId {
+            object: crate::api::ObjectId {
                 name: "p-5".into(),
                 uid: "uid-p-5".into()
-            }),
+            },
         })
     );
     assert_eq!(gone[1].fence, None);
