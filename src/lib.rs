@@ -1,15 +1,15 @@
 //! ipreclaim: reclaims leaked IP addresses from whereabouts-style IPAM pools.
 //!
-//! The binary's subcommands are wired in `main.rs`; the shared pod lifecycle core lives in
-//! the `podlife` crate.
+//! The binary's subcommands are wired in `main.rs`. The pure core (resources, the whereabouts
+//! domain, the rules that decide, the index) is the `ipreclaim-core` crate, re-exported here;
+//! the shared pod lifecycle core is the `podlife` crate.
 
-pub mod api;
+pub use ipreclaim_core::{api, index, ipam, rules};
+
 pub mod controller;
 pub mod flags;
-pub mod index;
-pub mod ipam;
 pub mod node;
-pub mod reclaim;
+pub mod paged;
 pub mod release;
 pub mod scan;
 pub mod telemetry;

@@ -13,7 +13,6 @@ use kube::api::{Api, ListParams};
 use serde::Serialize;
 
 use crate::api::lenient::Lenient;
-use crate::api::paged::for_each_listed;
 use crate::api::slim::PodView;
 use crate::api::{IPFence, IPPool, NetworkAttachmentDefinition, OverlappingRangeIPReservation};
 use crate::controller::watch::POD_PAGE;
@@ -21,7 +20,8 @@ use crate::index::Index;
 use crate::index::kinds::{Fences, Nads, Pods, Pools, Reservations};
 use crate::index::relist::{Kind, Relist, Step};
 use crate::ipam::PodKey;
-use crate::reclaim::{Decision, ReclaimConfig};
+use crate::paged::for_each_listed;
+use crate::rules::{Decision, ReclaimConfig};
 
 pub use age::human_duration;
 pub use duplicates::{DUPLICATE, ScanDuplicate};
@@ -148,7 +148,7 @@ pub async fn scan(
         podref: f.record.podref,
         sandbox: f.entry.id,
         decision: "fenced".into(),
-        reason: crate::reclaim::Reason::PodDeleted.as_str().into(),
+        reason: crate::rules::Reason::PodDeleted.as_str().into(),
         fence: Some(ScanFence {
             node: f.record.node,
             why: f.record.why,

@@ -1,39 +1,46 @@
-//! Modules only import downwards: the resource types (`api`) and the flags < the pure domain
-//! (`ipam` < `reclaim` < `index`) < `telemetry` < the watch retry < `release` < the programs
-//! (`controller`, `node`) < `scan`, and the programs not from each other. The pure modules use no async
-//! runtime and no API client; `podlife` knows nothing of Kubernetes.
+//! Modules only import downwards. In the pure core crate (`crates/core`): the resource types
+//! (`api`) and the clock < test fixtures < the whereabouts domain (`ipam`) < the decisions
+//! (`rules`) < `index`. In `ipreclaim`, over the core: the flags < `telemetry` < listing pages
+//! and the watch retry < `release` < the programs (`controller`, `node`) < `scan`, and the
+//! programs not from each other. The core depends on no async runtime and no API client (its
+//! manifest names neither); `podlife` knows nothing of Kubernetes.
 
 use std::path::{Path, PathBuf};
 
-/// The layers, from the ground up: a module imports only from the layers below its own, never
-/// from a module beside it in its layer or above it.
-const LAYERS: &[&[&str]] = &[
-    &["api", "flags"],
+/// The core's layers, from the ground up: a module imports only from the layers below its own,
+/// never from a module beside it in its layer or above it.
+const CORE_LAYERS: &[&[&str]] = &[
+    &["api", "clock"],
+    &["fixtures"],
     &["ipam"],
-    &["reclaim"],
+    &["rules"],
     &["index"],
+];
+
+/// `ipreclaim`'s layers over the core (which they all may import).
+const LAYERS: &[&[&str]] = &[
+    &["flags"],
     &["telemetry"],
-    &["watch_retry"],
+    &["paged", "watch_retry"],
     &["release"],
     &["controller", "node"],
     &["scan"],
 ];
 
-/// (module, modules it must not import), from [`LAYERS`].
-fn rules() -> Vec<(&'static str, Vec<&'static str>)> {
+/// (module, modules it must not import), from `layers`.
+fn rules(layers: &[&[&'static str]]) -> Vec<(&'static str, Vec<&'static str>)> {
     let mut out = Vec::new();
-    for (i, layer) in LAYERS.iter().enumerate() {
+    for (i, layer) in layers.iter().enumerate() {
         for module in *layer {
             let beside = layer.iter().filter(|m| *m != module);
-            let above = LAYERS[i + 1..].iter().flat_map(|l| l.iter());
+            let above = layers[i + 1..].iter().flat_map(|l| l.iter());
             out.push((*module, beside.chain(above).copied().collect()));
         }
     }
     out
 }
 
-/// Pure modules: what they must not use (an async runtime, an API client, the clock's sleep).
-const PURE: &[&str] = &["ipam", "reclaim", "index"];
+/// What the core must not use (an async runtime, an API client), in its code or its manifest.
 const IMPURE: &[&str] = &[
     "tokio",
     "kube::Client",
@@ -115,12 +122,11 @@ fn grouped_imports_are_read() {
     assert_eq!(imported_modules(text), ["api", "index", "node", "scan"]);
 }
 
-#[test]
-fn modules_import_only_downwards() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+/// The imports of `src`'s modules against `layers`.
+fn against_layering(src: &Path, layers: &[&[&'static str]]) -> Vec<String> {
     let mut found = Vec::new();
-    for (module, forbidden) in rules() {
-        for file in module_files(&src, module) {
+    for (module, forbidden) in rules(layers) {
+        for file in module_files(src, module) {
             let text = std::fs::read_to_string(&file).unwrap();
             for m in imported_modules(&text) {
                 if forbidden.contains(&m.as_str()) {
@@ -129,10 +135,33 @@ fn modules_import_only_downwards() {
             }
         }
     }
+    found
+}
+
+#[test]
+fn modules_import_only_downwards() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut found = against_layering(&root.join("crates/core/src"), CORE_LAYERS);
+    found.extend(against_layering(&root.join("src"), LAYERS));
     assert!(
         found.is_empty(),
         "imports against the layering:\n{}",
         found.join("\n")
+    );
+}
+
+#[test]
+fn a_forbidden_import_is_found() {
+    let dir = std::env::temp_dir().join(format!("layers-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("ipam")).unwrap();
+    std::fs::write(dir.join("api.rs"), "use crate::ipam::x;").unwrap();
+    std::fs::write(dir.join("ipam/mod.rs"), "use crate::api::y;").unwrap();
+    let found = against_layering(&dir, &[&["api"], &["ipam"]]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].ends_with("api.rs imports crate::ipam"),
+        "{found:?}"
     );
 }
 
@@ -152,15 +181,33 @@ fn uses(files: &[PathBuf], words: &[&str]) -> Vec<String> {
 }
 
 #[test]
-fn pure_modules_use_no_runtime_and_no_client() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let files: Vec<PathBuf> = PURE.iter().flat_map(|m| module_files(&src, m)).collect();
-    let found = uses(&files, IMPURE);
-    assert!(
-        found.is_empty(),
-        "impure pure modules:\n{}",
-        found.join("\n")
-    );
+fn the_core_uses_no_runtime_and_no_client() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/core");
+    let mut files = Vec::new();
+    sources(&root.join("src"), &mut files);
+    let mut found = uses(&files, IMPURE);
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    let dependencies = manifest
+        .split("[dependencies]")
+        .nth(1)
+        .and_then(|rest| rest.split("\n[").next())
+        .expect("the core's [dependencies]");
+    for line in dependencies.lines() {
+        let name = line.split(['=', '.']).next().unwrap_or("").trim();
+        if [
+            "tokio",
+            "kube",
+            "kube-client",
+            "reqwest",
+            "podlife",
+            "hyper",
+        ]
+        .contains(&name)
+        {
+            found.push(format!("crates/core/Cargo.toml depends on {name}"));
+        }
+    }
+    assert!(found.is_empty(), "impure core:\n{}", found.join("\n"));
 }
 
 #[test]

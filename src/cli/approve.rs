@@ -10,7 +10,7 @@ use serde_json::json;
 
 use ipreclaim::api::IPPool;
 use ipreclaim::index::APPROVE_HOLD_ANNOTATION;
-use ipreclaim::reclaim::breaker::approval_value;
+use ipreclaim::rules::breaker::approval_value;
 
 use super::exit;
 use super::writes::WriteArgs;

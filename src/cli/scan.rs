@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use ipreclaim::reclaim::ReclaimConfig;
+use ipreclaim::rules::ReclaimConfig;
 use ipreclaim::scan::ScanRow;
 
 use super::exit;

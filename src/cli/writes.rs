@@ -7,11 +7,11 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use ipreclaim::index::Index;
-use ipreclaim::reclaim::KeepReason;
 use ipreclaim::release::manual::{Planned, kept_because};
 use ipreclaim::release::writer::{self, WriterHandle};
 use ipreclaim::release::{BudgetConfig, Budgets, Events, Writer};
 use ipreclaim::release::{ReleaseError, ReleaseOutcome};
+use ipreclaim::rules::KeepReason;
 use ipreclaim::telemetry::WriteMetrics;
 use kube::Client;
 use podlife::clock::RealClock;

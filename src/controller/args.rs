@@ -145,8 +145,8 @@ pub struct ControllerArgs {
 
 impl ControllerArgs {
     /// When fences lift, as the flags set it.
-    pub(crate) fn fence_policy(&self) -> crate::reclaim::fence::FencePolicy {
-        crate::reclaim::fence::FencePolicy {
+    pub(crate) fn fence_policy(&self) -> crate::rules::fence::FencePolicy {
+        crate::rules::fence::FencePolicy {
             settle: self.fence_settle,
             timeout: self.fence_timeout,
             grace_margin: self.fence_grace_margin,

@@ -3,16 +3,16 @@
 //! its marker, then deletes the pod's reservation of the address. Whatever set the cooldown
 //! (this controller, an earlier leader, a node agent), the end is in the entry, so it ends
 //! here even when this controller's own flag is off. With the flag set, an entry also waits
-//! until this replica has seen it cooling for that long (`reclaim::cooldown`): an end written
+//! until this replica has seen it cooling for that long (`rules::cooldown`): an end written
 //! by a lagging clock does not shorten it. Every replica counts, so a standby that takes over
 //! knows how long each entry has cooled.
 
 use std::time::{Duration, Instant};
 
 use crate::index::{CoolingEntry, Slot};
-use crate::reclaim::cooldown::CoolingSightings;
-use crate::reclaim::{Decision, Judged, PodRef, Reason};
 use crate::release::{EntryWrite, ReleaseOutcome, ReleaseRequest};
+use crate::rules::cooldown::CoolingSightings;
+use crate::rules::{Decision, Judged, PodRef, Reason};
 
 /// The removal of the cooling entry `c` of `pool`, named for Events by `network`.
 pub fn end_request(pool: &str, c: &CoolingEntry, network: String) -> ReleaseRequest {

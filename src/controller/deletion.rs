@@ -17,8 +17,8 @@ use super::plan::{plan_fences, releases_of};
 use crate::api::slim::PodView;
 use crate::index::Index;
 use crate::ipam::PodKey;
-use crate::reclaim::{PodRef, ReclaimConfig};
 use crate::release::{EntryWrite, ReleaseError, ReleaseOutcome, ReleaseRequest};
+use crate::rules::{PodRef, ReclaimConfig};
 
 /// An item a replica could not write because it does not lead waits this long before a worker
 /// (which waits for leadership) takes it again.

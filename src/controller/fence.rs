@@ -9,13 +9,13 @@ use crate::api::ObjectId;
 use crate::index::{FenceObject, FencedEntry, Index, NodeIndex, PendingFence, Slot};
 use crate::ipam::PoolEntry;
 use crate::ipam::fence::FenceRecord;
-use crate::reclaim::fence::{
+use crate::release::events::Lifted;
+use crate::release::{EntryWrite, ReleaseOutcome, ReleaseRequest};
+use crate::rules::fence::{
     AgentReport, AgentReports, FenceClock, FencePolicy, Lift, Moment, NodeReadiness, Rejected,
     lift_with_reports,
 };
-use crate::reclaim::{Decision, Judged, PodRef, Reason};
-use crate::release::events::Lifted;
-use crate::release::{EntryWrite, ReleaseOutcome, ReleaseRequest};
+use crate::rules::{Decision, Judged, PodRef, Reason};
 
 /// How often fences are checked for lifting.
 pub const LIFT_EVERY: Duration = Duration::from_secs(1);

@@ -37,8 +37,8 @@ use tokio::sync::watch as tokio_watch;
 use tokio::task::JoinHandle;
 
 use crate::index::{NodeIndex, SharedIndex};
-use crate::reclaim::ReclaimConfig;
 use crate::release::{Budgets, Events, writer};
+use crate::rules::ReclaimConfig;
 use crate::telemetry::{ControllerMetrics, Health};
 
 /// Deletion-path workers. They mostly wait on the pool writer, so many are cheap, and many
@@ -201,6 +201,16 @@ fn spawn_workers(
         .collect()
 }
 
+/// The core's reading of this process's clock: the one the queue and the budgets use.
+#[derive(Debug)]
+struct CoreNow(podlife::clock::SharedClock);
+
+impl ipreclaim_core::clock::Now for CoreNow {
+    fn now(&self) -> Instant {
+        self.0.now()
+    }
+}
+
 /// Every second: lifts the fences that may lift and ends the cooldowns that are over (leader
 /// only), and reports bad input, duplicate addresses and marked entries other writers removed.
 fn spawn_lifting(
@@ -297,7 +307,7 @@ async fn sweep_forever(
     reclaim: ReclaimConfig,
     leader: &tokio_watch::Receiver<bool>,
 ) {
-    let graces = crate::reclaim::grace::Graces {
+    let graces = crate::rules::grace::Graces {
         leak: args.leak_grace,
         missing_pod: args.missing_pod_grace.min(args.leak_grace),
     };
@@ -429,7 +439,7 @@ pub async fn run(
     let nodes = args.fence_unready_nodes.then(|| {
         Arc::new(RwLock::new(NodeIndex::new(
             args.fence_policy(),
-            clock.clone(),
+            Arc::new(CoreNow(clock.clone())),
         )))
     });
     let ctx = Ctx {

@@ -1,6 +1,6 @@
 //! A second cleaner in the cluster (whereabouts' ip-reconciler, the telekom fork's operator,
 //! OpenShift's): every second each replica takes the fenced and cooling entries its pool watch
-//! saw go (`index::other_writers`); the leader judges each (`reclaim::other_writers`) and reports
+//! saw go (`index::other_writers`); the leader judges each (`rules::other_writers`) and reports
 //! another writer's with a Warning `MarkedEntryRemovedByOtherWriter` on the IPPool and on the
 //! entry's IPFence record, a log line and `ipreclaim_marked_entries_removed_by_others_total`.
 //! A standby judges the same and keeps only what still waits (the leader reports the rest): a
@@ -10,8 +10,8 @@
 use std::time::{Duration, Instant};
 
 use crate::index::{GoneFence, MarkedGone, MarkedKind};
-use crate::reclaim::other_writers::{Gone, Kubelet, Verdict, judge};
 use crate::release::events::MARKED_ENTRY_REMOVED;
+use crate::rules::other_writers::{Gone, Kubelet, Verdict, judge};
 
 use super::report::reference;
 

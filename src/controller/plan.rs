@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use super::fence::record_for;
 use crate::index::{Index, NodeIndex, Tombstone};
-use crate::reclaim::{Decision, Judged, Reason};
 use crate::release::{EntryWrite, ReleaseRequest};
+use crate::rules::{Decision, Judged, Reason};
 
 /// The releases the judgement calls for (deleted at `deleted_at`, for the latency metric).
 pub(crate) fn releases_of(judged: &[Judged], deleted_at: Option<Instant>) -> Vec<ReleaseRequest> {
@@ -132,7 +132,7 @@ mod tests {
     use crate::api::slim::NodeReadyView;
     use crate::api::{IPAllocation, IPPool, IPPoolSpec};
     use crate::index::PodSeen;
-    use crate::reclaim::ReclaimConfig;
+    use crate::rules::ReclaimConfig;
 
     const WEB: &str = "ns/web-0";
 

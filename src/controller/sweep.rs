@@ -9,16 +9,16 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 
 use super::reservation_sweep::{ReservationGraces, ReservationSightings};
-use crate::api::paged::for_each_listed;
 use crate::index::APPROVE_HOLD_ANNOTATION;
 use crate::ipam::PodKey;
-use crate::reclaim::breaker::{Approval, BREAKER_WINDOW, Breaker, NewHold, Outgrown, approval_of};
-use crate::reclaim::grace::{Candidate, GraceClock, Graces, Tally};
-use crate::reclaim::{
+use crate::paged::for_each_listed;
+use crate::release::ReleaseRequest;
+use crate::rules::breaker::{Approval, BREAKER_WINDOW, Breaker, NewHold, Outgrown, approval_of};
+use crate::rules::grace::{Candidate, GraceClock, Graces, Tally};
+use crate::rules::{
     self, Allocation, Decision, Judged, LivePod, PodKnowledge, PodPhase, PoolContext, Reason,
     ReclaimConfig,
 };
-use crate::release::ReleaseRequest;
 
 /// Up to this many missing pods are confirmed by a GET each, more by one list.
 const CONFIRM_BY_GET: usize = 8;
@@ -544,7 +544,7 @@ impl Sweeper {
             let st = self.ctx.state.read().expect("state lock");
             st.networks().of_pool(&j.pool).map(<[String]>::to_vec)
         };
-        let fresh = reclaim::decide(
+        let fresh = rules::decide(
             &Allocation {
                 ip: j.entry.ip,
                 sandbox_id: &j.entry.id,

@@ -9,9 +9,9 @@
 use std::collections::HashMap;
 
 use crate::ipam::inventory;
-use crate::reclaim::fence::unseen_deletion;
 use crate::release::inventories::{Sighting, placeable};
 use crate::release::{EntryWrite, ReleaseRequest};
+use crate::rules::fence::unseen_deletion;
 
 /// Rewrites the releases whose sandbox an inventory lists live for another pod than the one
 /// the release names (none, when it is gone) into fences of that node; returns them, and the

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use std::time::Instant;
 
-use crate::reclaim::breaker::{BREAKER_WINDOW, Breaker, NewHold};
+use crate::rules::breaker::{BREAKER_WINDOW, Breaker, NewHold};
 
 /// A pool entry as the breaker knows it: its sandbox id and address.
 pub type EntryId = (String, IpAddr);

@@ -8,11 +8,11 @@ use crate::ipam::{
     NETWORK_STATUS_ANNOTATION, NETWORKS_ANNOTATION, NetworkAttachment, PoolEntry,
     parse_network_status, parse_networks,
 };
-use crate::reclaim::{
+use crate::release::{ReleaseError, ReleaseOutcome, ReleaseRequest};
+use crate::rules::{
     self, Allocation, Decision, Judged, LivePod, PodKnowledge, PodRef, PoolContext, Reason,
     ReclaimConfig,
 };
-use crate::release::{ReleaseError, ReleaseOutcome, ReleaseRequest};
 
 /// A pool to look in, for one network.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,7 +82,7 @@ pub fn plan_pool(
     let networks = [target.network.clone()];
     let dead = [sandbox.to_owned()];
     for entry in entries.into_iter().filter(|e| e.id == sandbox) {
-        let decision = reclaim::decide(
+        let decision = rules::decide(
             &Allocation::from(&entry),
             &PoolContext {
                 networks: Some(&networks),
@@ -179,7 +179,7 @@ impl Written {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reclaim::{KeepReason, PodPhase};
+    use crate::rules::{KeepReason, PodPhase};
 
     fn entry(key: &str, id: &str, ifname: &str) -> PoolEntry {
         PoolEntry {

@@ -25,10 +25,10 @@ use crate::ipam::{
     IpamConfig, PodKey, PoolEntry, ippool_name, parse_nad_config, pool_allocations,
     reservation_name,
 };
-use crate::reclaim::breaker::{BREAKER_WINDOW, NewHold};
-use crate::reclaim::{LivePod, PodPhase, PodRef, ReclaimConfig};
 use crate::release::reservation::ReservationDelete;
 use crate::release::{Events, ReleaseError, ReleaseOutcome, ReleaseRequest, WriterHandle};
+use crate::rules::breaker::{BREAKER_WINDOW, NewHold};
+use crate::rules::{LivePod, PodPhase, PodRef, ReclaimConfig};
 use crate::telemetry::NodeMetrics;
 
 /// What became of a dead sandbox.

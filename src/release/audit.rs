@@ -9,9 +9,9 @@
 
 use std::net::IpAddr;
 
-use crate::reclaim::Reason;
-use crate::reclaim::fence::{is_deleted_before_stopped, is_unseen_deletion};
 use crate::release::{EntryWrite, ReleaseError, ReleaseOutcome, ReleaseRequest};
+use crate::rules::Reason;
+use crate::rules::fence::{is_deleted_before_stopped, is_unseen_deletion};
 
 /// The log target of audit lines (`RUST_LOG=ipreclaim::audit=info` keeps them alone).
 pub const TARGET: &str = "ipreclaim::audit";
@@ -244,8 +244,8 @@ mod tests {
     use super::*;
     use crate::ipam::PoolEntry;
     use crate::ipam::fence::FenceRecord;
-    use crate::reclaim::Decision;
     use crate::release::{Judged, PodRef};
+    use crate::rules::Decision;
 
     fn request(reason: Reason, write: EntryWrite) -> ReleaseRequest {
         ReleaseRequest {

@@ -12,8 +12,8 @@ use super::budget::{Budgets, WriteKind};
 use super::recorder::Recorder;
 use super::types::{EntryWrite, PodRef, ReleaseError, ReleaseOutcome, ReleaseRequest};
 use crate::ipam::fence::FenceRecord;
-use crate::reclaim::Reason;
-use crate::reclaim::fence::{is_deleted_before_stopped, is_unseen_deletion};
+use crate::rules::Reason;
+use crate::rules::fence::{is_deleted_before_stopped, is_unseen_deletion};
 use crate::telemetry::WriteMetrics;
 
 /// whereabouts' reason for a release that was written.

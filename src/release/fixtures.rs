@@ -3,7 +3,7 @@
 use crate::api::ObjectId;
 use crate::ipam::PoolEntry;
 use crate::ipam::fence::FenceRecord;
-use crate::reclaim::{Decision, Judged, PodRef, Reason};
+use crate::rules::{Decision, Judged, PodRef, Reason};
 
 use super::types::{EntryWrite, ReleaseRequest};
 

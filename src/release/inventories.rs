@@ -6,10 +6,10 @@ use std::collections::{HashMap, HashSet};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 
-use crate::api::paged::for_each_listed;
 use crate::ipam::inventory::{self, INVENTORY_ANNOTATION, INVENTORY_LABEL};
-use crate::reclaim::Reason;
+use crate::paged::for_each_listed;
 use crate::release::ReleaseRequest;
+use crate::rules::Reason;
 
 /// Inventories per page of the list.
 const PAGE: u32 = 100;

@@ -12,11 +12,11 @@ use crate::api::slim::{NodeReadyView, OUT_OF_SERVICE_TAINT};
 use crate::index::{CoolingEntry, FencedEntry, Index, PodUid, UnrecordedMark};
 use crate::ipam::fence::{FENCED_PODREF_SUFFIX, FenceRecord};
 use crate::ipam::{NetworkAttachment, PodKey, PoolEntry};
-use crate::reclaim::fence::{
+use crate::rules::fence::{
     AgentReport, AgentReports, FencePolicy, agent_says, distrust, is_deleted_before_stopped,
     is_unseen_deletion,
 };
-use crate::reclaim::{
+use crate::rules::{
     Allocation, Decision, Judged, KeepReason, LivePod, PodKnowledge, PodPhase, PodRef, PoolContext,
     Reason, ReclaimConfig,
 };
@@ -321,7 +321,7 @@ fn decide_on(index: &Index, pool: &str, entry: &PoolEntry, pod: Option<&PodLook>
         },
         networks: p.networks.as_deref(),
     });
-    crate::reclaim::decide(
+    crate::rules::decide(
         &Allocation::from(entry),
         &PoolContext {
             networks: index.networks().of_pool(pool),
@@ -527,7 +527,7 @@ pub fn node_holds(
         ));
     }
     let ready = node.ready.as_ref();
-    let readiness = crate::reclaim::fence::NodeReadiness {
+    let readiness = crate::rules::fence::NodeReadiness {
         status: ready.map_or_else(|| "missing".to_string(), |c| c.status.clone()),
         reason: ready.and_then(|c| c.reason.clone()),
         ready_seen: None,
@@ -556,7 +556,7 @@ pub fn node_holds(
     let policy = FencePolicy {
         settle,
         timeout: None,
-        grace_margin: crate::reclaim::fence::DEFAULT_GRACE_MARGIN,
+        grace_margin: crate::rules::fence::DEFAULT_GRACE_MARGIN,
     };
     let settle = policy.settle_for(record.grace());
     match ready_for {
@@ -704,7 +704,7 @@ mod tests {
     use super::*;
     use crate::index::{FenceObject, PodSeen};
 
-    use crate::index::tests::pool_named as pool;
+    use ipreclaim_core::fixtures::pool_named as pool;
 
     fn record(podref: &str, node: &str) -> FenceRecord {
         FenceRecord {
@@ -1019,7 +1019,7 @@ mod tests {
         if let EntryWrite::Unfence(record, _) = &mut recent.request.write {
             record.since = jiff::Timestamp::from_second(1_800_000_000 - 10).unwrap();
             record.why =
-                crate::reclaim::fence::deleted_before_stopped(false, false, Some(0)).unwrap();
+                crate::rules::fence::deleted_before_stopped(false, false, Some(0)).unwrap();
         }
         let young = node_holds(&recent, Some(&node_view("True", 600, false)), now, settle);
         assert!(

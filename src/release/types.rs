@@ -6,8 +6,8 @@ use std::time::Instant;
 
 use crate::api::ObjectId;
 use crate::ipam::fence::FenceRecord;
-use crate::reclaim::Reason;
-pub use crate::reclaim::{Judged, PodRef};
+use crate::rules::Reason;
+pub use crate::rules::{Judged, PodRef};
 
 /// One address to release.
 #[derive(Debug, Clone)]

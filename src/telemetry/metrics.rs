@@ -120,7 +120,7 @@ impl WriteMetrics {
             pool_patch_entries: Histogram::new(BATCH_BUCKETS),
         };
         // Every known series from the start at 0.
-        let reasons = crate::reclaim::Reason::ALL.map(|r| r.as_str());
+        let reasons = crate::rules::Reason::ALL.map(|r| r.as_str());
         zero(&m.releases, reasons);
         zero(&m.dry_run_releases, reasons);
         zero(&m.failures, FAILURE_CAUSES);

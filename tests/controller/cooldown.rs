@@ -7,7 +7,7 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use ipreclaim::api::IPAllocation;
-use ipreclaim::reclaim::ReclaimConfig;
+use ipreclaim::rules::ReclaimConfig;
 use testenv::ControlPlane;
 use testenv::poll::{metric_value, wait_for};
 use testenv::whereabouts::WhereaboutsCni;

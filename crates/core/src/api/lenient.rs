@@ -5,8 +5,8 @@
 
 use std::borrow::Cow;
 
-use kube::Resource;
-use kube::api::ObjectMeta;
+use kube_core::ObjectMeta;
+use kube_core::Resource;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;

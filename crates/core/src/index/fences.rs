@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use kube::Resource;
+use kube_core::Resource;
 
 use super::Index;
 use super::pools::Slot;
@@ -28,8 +28,8 @@ pub struct FencedEntry {
 
 impl FencedEntry {
     /// Whose the fence is, as a node agent's report must name it.
-    pub fn identity(&self) -> crate::reclaim::fence::FenceIdentity<'_> {
-        crate::reclaim::fence::FenceIdentity {
+    pub fn identity(&self) -> crate::rules::fence::FenceIdentity<'_> {
+        crate::rules::fence::FenceIdentity {
             node: &self.record.node,
             pod_uid: &self.record.uid,
             fence_uid: &self.object.uid,

@@ -5,11 +5,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use podlife::clock::{Clock, RealClock};
+use crate::clock::{Now, SystemNow};
 
 use super::pods::Tombstone;
 use crate::api::slim::NodeReadyView;
-use crate::reclaim::fence::{FencePolicy, NodeReadiness, deleted_before_stopped, distrust};
+use crate::rules::fence::{FencePolicy, NodeReadiness, deleted_before_stopped, distrust};
 
 /// Nodes by name.
 #[derive(Debug)]
@@ -23,7 +23,7 @@ pub struct NodeIndex {
     /// pod's grace period plus `--fence-grace-margin` when longer.
     window: FencePolicy,
     /// Judges whether a node is still settling.
-    clock: Arc<dyn Clock>,
+    clock: Arc<dyn Now>,
 }
 
 impl Default for NodeIndex {
@@ -34,7 +34,7 @@ impl Default for NodeIndex {
             timeout: None,
             grace_margin: Duration::ZERO,
         };
-        NodeIndex::new(window, Arc::new(RealClock))
+        NodeIndex::new(window, Arc::new(SystemNow))
     }
 }
 
@@ -61,7 +61,7 @@ pub enum Transition {
 impl NodeIndex {
     /// No nodes yet; a node seen Ready again is distrusted for a while (`window`'s settle, or
     /// a pod's grace plus its margin) on `clock`.
-    pub fn new(window: FencePolicy, clock: Arc<dyn Clock>) -> Self {
+    pub fn new(window: FencePolicy, clock: Arc<dyn Now>) -> Self {
         NodeIndex {
             nodes: HashMap::new(),
             read: HashMap::new(),

@@ -4,7 +4,7 @@ use super::*;
 use crate::api::ObjectId;
 use crate::api::SandboxReport;
 use crate::index::{InvalidKey, UnrecordedMark};
-use crate::reclaim::KeepReason;
+use crate::rules::KeepReason;
 
 #[test]
 fn fence_records_and_entries_are_joined_whichever_comes_first() {

@@ -1,7 +1,7 @@
 //! NADs and the pools they map to, node-slice pools included.
 
 use super::*;
-use crate::reclaim::{KeepReason, Reason};
+use crate::rules::{KeepReason, Reason};
 
 const SLICE_POOL: &str = "slicenet-node-a-10.0.4.0-22";
 

@@ -8,7 +8,7 @@
 //! sandbox must not end the cooldown). The whole state is in that one entry: it survives
 //! restarts and leader changes and needs no object of its own. The leader removes the entry
 //! once the end time has passed by its own clock (a clock behind only lengthens it) and, with
-//! its own cooldown set, once it has seen the entry cooling that long (`reclaim::cooldown`: the
+//! its own cooldown set, once it has seen the entry cooling that long (`rules::cooldown`: the
 //! end is the writer's clock, which may lag).
 
 use std::time::Duration;

@@ -6,7 +6,7 @@ use super::*;
 use crate::index::NodeIndex;
 use crate::index::kinds::Nodes;
 use crate::index::nodes::Transition;
-use crate::reclaim::fence::{FenceClock, FencePolicy, Lift, Moment, lift};
+use crate::rules::fence::{FenceClock, FencePolicy, Lift, Moment, lift};
 
 #[test]
 fn a_pod_of_a_node_that_is_not_ready_is_distrusted_from_the_moment_the_node_is_seen() {
@@ -179,7 +179,7 @@ fn a_pod_deleted_from_a_ready_node_before_its_kubelet_stopped_it_is_distrusted()
     // Not Succeeded or Failed when deleted: forced, and its kubelet stops it only now.
     let why = v.distrust_deleted(&deleted(Some("a"), false)).unwrap();
     assert!(
-        crate::reclaim::fence::is_deleted_before_stopped(&why) && why.ends_with("600s"),
+        crate::rules::fence::is_deleted_before_stopped(&why) && why.ends_with("600s"),
         "{why}"
     );
     // Its kubelet had stopped it (the phase it gives before deleting): released as before.

@@ -1,7 +1,7 @@
 //! The one re-list driver, over every kind the index holds: what a re-list does not list
 //! again is forgotten, usable or not; a `Done` without its `Begin` forgets nothing.
 
-use kube::api::ObjectMeta;
+use kube_core::ObjectMeta;
 
 use super::*;
 use crate::api::lenient::Lenient;
@@ -33,7 +33,7 @@ where
     (ix, relist)
 }
 
-fn in_ns<K: kube::Resource>(mut object: K) -> K {
+fn in_ns<K: kube_core::Resource>(mut object: K) -> K {
     object.meta_mut().namespace = Some("ns".into());
     object
 }

@@ -106,7 +106,7 @@ impl GraceClock {
 mod tests {
     use super::*;
     use crate::ipam::PoolEntry;
-    use crate::reclaim::{Decision, PodRef};
+    use crate::rules::{Decision, PodRef};
 
     const GRACES: Graces = Graces {
         leak: Duration::from_secs(60),

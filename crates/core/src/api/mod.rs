@@ -5,13 +5,13 @@
 //! (`tests/layers.rs` holds the layering).
 
 pub mod lenient;
-pub mod paged;
 pub mod slim;
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::{CustomResource, CustomResourceExt};
+use kube_core::CustomResourceExt;
+use kube_derive::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -28,6 +28,7 @@ pub struct ObjectId {
 /// IPPoolSpec defines the desired state of IPPool.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
+    crates(kube_core = "::kube_core"),
     group = "whereabouts.cni.cncf.io",
     version = "v1alpha1",
     kind = "IPPool",
@@ -65,6 +66,7 @@ pub struct IPAllocation {
 /// OverlappingRangeIPReservationSpec defines the desired state of OverlappingRangeIPReservation
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
+    crates(kube_core = "::kube_core"),
     group = "whereabouts.cni.cncf.io",
     version = "v1alpha1",
     kind = "OverlappingRangeIPReservation",
@@ -91,6 +93,7 @@ pub struct OverlappingRangeIPReservationSpec {
 /// NodeSlicePoolSpec defines the desired state of NodeSlicePool
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
+    crates(kube_core = "::kube_core"),
     group = "whereabouts.cni.cncf.io",
     version = "v1alpha1",
     kind = "NodeSlicePool",
@@ -130,6 +133,7 @@ pub struct NodeSliceAllocation {
 /// NetworkAttachmentDefinitionSpec: the CNI configuration of a secondary network.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[kube(
+    crates(kube_core = "::kube_core"),
     group = "k8s.cni.cncf.io",
     version = "v1",
     kind = "NetworkAttachmentDefinition",
@@ -150,6 +154,7 @@ pub struct NetworkAttachmentDefinitionSpec {
 /// address, in the pools' namespace; the pool entry's podref carries `:fenced` meanwhile.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[kube(
+    crates(kube_core = "::kube_core"),
     group = "ipreclaim.io",
     version = "v1alpha1",
     kind = "IPFence",

@@ -5,7 +5,7 @@ use std::time::Instant;
 use super::*;
 use crate::index::TOMBSTONES_PER_PODREF;
 use crate::index::kinds::{Buried, Pods};
-use crate::reclaim::{KeepReason, Reason};
+use crate::rules::{KeepReason, Reason};
 
 fn buried(podref: &str, vanished: bool) -> Buried {
     Buried {

@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use kube::Resource;
+use kube_core::Resource;
 
 use super::invalid::InvalidKey;
 use super::nodes::{NodeIndex, Transition};
@@ -85,7 +85,7 @@ impl Kind for Pods {
 }
 
 /// The invalid-object key of `object` of kind `K`.
-fn invalid_key<K: Resource<DynamicType = ()>>(meta: &kube::api::ObjectMeta) -> InvalidKey {
+fn invalid_key<K: Resource<DynamicType = ()>>(meta: &kube_core::ObjectMeta) -> InvalidKey {
     InvalidKey {
         kind: K::kind(&()).into_owned(),
         namespace: meta.namespace.clone().unwrap_or_default(),

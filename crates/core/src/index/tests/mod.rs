@@ -21,11 +21,12 @@ use super::relist::{Kind, Relist, Step};
 use super::{FenceObject, Index, PodSeen};
 use crate::api::slim::{NodeReadyView, PodView};
 use crate::api::{
-    IPAllocation, IPPool, IPPoolSpec, NetworkAttachmentDefinition, NetworkAttachmentDefinitionSpec,
+    IPPool, IPPoolSpec, NetworkAttachmentDefinition, NetworkAttachmentDefinitionSpec,
     OverlappingRangeIPReservation, OverlappingRangeIPReservationSpec,
 };
+use crate::fixtures::{entry, pool_named};
 use crate::ipam::fence::FenceRecord;
-use crate::reclaim::{Decision, ReclaimConfig};
+use crate::rules::{Decision, ReclaimConfig};
 
 /// The pool most tests use.
 const POOL: &str = "p";
@@ -42,30 +43,6 @@ fn nad(name: &str, ipam: &str) -> NetworkAttachmentDefinition {
     );
     nad.metadata.namespace = Some("ns".into());
     nad
-}
-
-/// An allocation of sandbox `id` to `podref` on `net1`.
-fn entry(id: &str, podref: &str) -> IPAllocation {
-    IPAllocation {
-        id: id.into(),
-        podref: podref.into(),
-        ifname: Some("net1".into()),
-        ipamclaimref: None,
-    }
-}
-
-/// Pool `name` on 192.0.2.0/24 with entries (key, sandbox, podref). Also the release tests'.
-pub(crate) fn pool_named(name: &str, allocations: &[(&str, &str, &str)]) -> IPPool {
-    IPPool::new(
-        name,
-        IPPoolSpec {
-            range: "192.0.2.0/24".into(),
-            allocations: allocations
-                .iter()
-                .map(|(k, id, podref)| (k.to_string(), entry(id, podref)))
-                .collect(),
-        },
-    )
 }
 
 /// Pool [`POOL`] with entries (key, sandbox, podref).

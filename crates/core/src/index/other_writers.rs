@@ -1,7 +1,7 @@
 //! Marked entries (fenced or cooling) that disappear from their pool, or are rewritten, as the
 //! pool watch sees it: each is recorded with whether ipreclaim wrote it (its pool's
 //! `ipam::own_write` signature changed in the same observation) and, for a fenced one, its
-//! fence's node, for the controller to judge (`reclaim::other_writers`) and report. Pure.
+//! fence's node, for the controller to judge (`rules::other_writers`) and report. Pure.
 //!
 //! Each watch event is one write, so a signature that did not change means no ipreclaim write
 //! of a marked entry happened between the two observations: the entry went by another writer's

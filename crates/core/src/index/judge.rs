@@ -1,10 +1,10 @@
-//! The judgement over the index: each allocation's `reclaim::decide` inputs, built from what
+//! The judgement over the index: each allocation's `rules::decide` inputs, built from what
 //! the index knows of its pod, its pool's networks and its fence.
 
 use super::Index;
 use super::pods::{LiveInfo, Tombstone};
 use crate::ipam::PoolEntry;
-use crate::reclaim::{
+use crate::rules::{
     self, Allocation, Decision, DeletedPod, Judged, LivePod, PodKnowledge, PodPhase, PodRef,
     PoolContext, ReclaimConfig,
 };
@@ -54,7 +54,7 @@ impl Index {
             // Its fence record is written, the entry not yet rewritten: the fence's.
             return Judged {
                 pool: pool.to_owned(),
-                decision: Decision::Keep(reclaim::KeepReason::FencePending),
+                decision: Decision::Keep(rules::KeepReason::FencePending),
                 network: pool.to_owned(),
                 pod: PodRef::from_podref(&entry.podref, String::new()),
                 node: None,
@@ -89,7 +89,7 @@ impl Index {
         };
         let pool_networks = self.networks.of_pool(pool);
         let alloc = Allocation::from(entry);
-        let decision = reclaim::decide(
+        let decision = rules::decide(
             &alloc,
             &PoolContext {
                 networks: pool_networks,
@@ -102,7 +102,7 @@ impl Index {
             .or_else(|| pool_networks.and_then(|n| n.first().cloned()))
             .unwrap_or_else(|| pool.to_owned());
         let (uid, node) = match decision {
-            Decision::Release(reclaim::Reason::PodDeleted) => deleted_pod(tombstones, entry)
+            Decision::Release(rules::Reason::PodDeleted) => deleted_pod(tombstones, entry)
                 .map(|t| (t.uid.clone(), t.node.clone()))
                 .unwrap_or_default(),
             _ => live

@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, NodeCondition, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::Resource;
-use kube::api::ObjectMeta;
+use kube_core::ObjectMeta;
+use kube_core::Resource;
 use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 

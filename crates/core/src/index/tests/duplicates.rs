@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use super::*;
 use crate::index::{Duplicate, Holder};
-use crate::reclaim::Decision;
+use crate::rules::Decision;
 
 /// An index that knows `ns/net`, a whereabouts NAD.
 fn with_whereabouts_net() -> Index {

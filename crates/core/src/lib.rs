@@ -1,0 +1,20 @@
+//! ipreclaim's pure core: what the programs decide with, never how they talk to the API.
+//!
+//! From the ground up, each module importing only those before it:
+//! - `api`: the custom resources, wire-compatible with whereabouts and Multus;
+//! - `ipam`: the whereabouts domain (pools, naming, config, network-status, fence and
+//!   cooldown marks, sandbox inventories);
+//! - `rules`: the decisions (is this allocation garbage and why; the grace clock, the
+//!   breaker, when a fence lifts, when a cooldown ends, other writers);
+//! - `index`: what the controller knows, stripped to what the rules need;
+//! - `clock`: where the rules read the time (the programs pass theirs).
+//!
+//! No async runtime and no API client: the crate depends on neither.
+
+pub mod api;
+pub mod clock;
+#[cfg(any(test, feature = "fixtures"))]
+pub mod fixtures;
+pub mod index;
+pub mod ipam;
+pub mod rules;
