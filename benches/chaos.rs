@@ -77,7 +77,7 @@ const RSS_LIMIT_MIB: u64 = 128;
 /// How long a live allocation's reservation may be missing before it counts as deleted:
 /// whereabouts reads the reservation before it writes the pool entry, so a delete can land in
 /// between whatever the check before it saw; ipreclaim looks again 0.3 s after each delete and
-/// puts it back (README). Each such gap is counted and printed.
+/// puts it back (docs/concepts/reservations.md). Each such gap is counted and printed.
 const RESERVATION_GAP: Duration = Duration::from_millis(1500);
 /// How long a live allocation's reservation may be missing when no ipreclaim process deleted
 /// it since its ADD began: whereabouts v0.9.4 never made it (a retried pool update that ends
@@ -541,7 +541,7 @@ async fn delete_pods(pods: Api<Pod>, names: &[String]) {
             async move {
                 // As a kubelet leaves a pod it stopped (phase Failed, then the delete): the
                 // leaks here are CNI DELs that never ran. Deleted Running, a pod is fenced on
-                // any node until its kubelet may have stopped it (see the README's promise).
+                // any node until its kubelet may have stopped it (see docs/concepts/promise.md).
                 let failed = Patch::Merge(json!({"status": {"phase": "Failed"}}));
                 let _ = pods
                     .patch_status(&n, &PatchParams::default(), &failed)
@@ -1140,8 +1140,8 @@ async fn run_trial(cp: &ControlPlane, kind: Kind, seed: u64) -> anyhow::Result<O
                 tokio::time::sleep(Duration::from_millis(rng.random_range(50..300))).await;
                 t.kill(leader).await?;
                 t.spawn_controller()?;
-                // A fence needs a leader that writes (README): the replacements' sandboxes
-                // come once one does, plus the time a fence takes.
+                // A fence needs a leader that writes (docs/concepts/fencing.md): the
+                // replacements' sandboxes come once one does, plus the time a fence takes.
                 t.writing_leader(Some(leader)).await?;
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 details = "leader killed".into();

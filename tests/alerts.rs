@@ -106,7 +106,7 @@ fn the_rules_are_opt_in_and_pass_promtool_check_rules_with_defaults_and_every_va
     // Every value changed: still valid, and each lands where it should.
     let every = rules_file(&[
         "prometheusRule.alertLabels.team=network",
-        "prometheusRule.runbookUrl=https://example.invalid/ipreclaim/README.md",
+        "prometheusRule.runbookUrl=https://example.invalid/ipreclaim/docs/operations/runbooks.md",
         "prometheusRule.controllerJob=kubernetes-pods",
         "prometheusRule.poolNearlyFull.freeRatio=0.2",
         "prometheusRule.poolNearlyFull.for=1m",
@@ -147,7 +147,7 @@ fn the_rules_are_opt_in_and_pass_promtool_check_rules_with_defaults_and_every_va
             assert_eq!(
                 rule["annotations"]["runbook_url"],
                 format!(
-                    "https://example.invalid/ipreclaim/README.md#{}",
+                    "https://example.invalid/ipreclaim/docs/operations/runbooks.md#{}",
                     alert.to_lowercase()
                 ),
             );
@@ -193,6 +193,33 @@ fn the_rules_are_opt_in_and_pass_promtool_check_rules_with_defaults_and_every_va
     // Without the controller there is no leader to miss.
     let no_controller = rules_file(&["controller.enabled=false"]);
     assert!(!alert_names(&no_controller).contains("IPReclaimNoLeader"));
+}
+
+/// The page `prometheusRule.runbookUrl` points at: one `## <alert>` heading per alert the chart
+/// ships (its GitHub anchor is the alert's name in lower case, as the chart's `runbook_url`
+/// appends), and no heading for an alert it does not ship.
+#[test]
+fn each_alert_has_one_runbook_heading() {
+    let page = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/operations/runbooks.md");
+    let text = std::fs::read_to_string(&page).expect("docs/operations/runbooks.md");
+    let mut headings: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("## "))
+        .map(str::trim)
+        .collect();
+    headings.sort_unstable();
+    let mut alerts = ALERTS.to_vec();
+    alerts.sort_unstable();
+    assert_eq!(
+        headings, alerts,
+        "docs/operations/runbooks.md: one `## <alert>` heading per alert of the chart"
+    );
+    for alert in ALERTS {
+        assert!(
+            alert.chars().all(|c| c.is_ascii_alphanumeric()),
+            "{alert}: its anchor is its lower-case name only if it is plain ASCII"
+        );
+    }
 }
 
 #[test]

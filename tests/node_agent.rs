@@ -1017,12 +1017,12 @@ async fn dry_run_reports_a_dead_sandbox_and_writes_nothing() {
 }
 
 #[tokio::test]
-async fn every_metric_the_readme_names_is_on_metrics() {
+async fn every_metric_the_reference_names_is_on_metrics() {
     let mut env = NodeEnv::new("agent-metrics-doc").await;
     env.start(&[]).await;
     // Some series appear with the first relist.
     env.wait_metric("ipreclaim_node_pleg_healthy", 1.0).await;
     let text = http_get(env.metrics, "/metrics").await.1;
-    testenv::docs::assert_readme_metrics_on(&text, "ipreclaim_node_", 14);
+    testenv::docs::assert_reference_metrics_on(&text, "ipreclaim_node_", 14);
     env.stop().await;
 }

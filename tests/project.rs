@@ -1,8 +1,13 @@
-//! What the release path relies on but no test can run here (no Docker daemon, no registry):
-//! the release workflow parses and its scripts are shellcheck-clean, and the versions it checks
-//! and pins agree with Cargo.toml, Chart.yaml, the Dockerfile and the versions the tests build.
+//! Repository checks. What the release path relies on but no test can run here (no Docker
+//! daemon, no registry): the release workflow parses and its scripts are shellcheck-clean, and
+//! the versions it checks and pins agree with Cargo.toml, Chart.yaml, the Dockerfile and the
+//! versions the tests build. And the docs against the code: every flag of every command in
+//! docs/reference/flags.md and back, every Event reason in docs/reference/events.md and back,
+//! and every relative link of the README, docs/ and the chart README resolving.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use serde_json::Value;
 
@@ -132,5 +137,280 @@ fn versions_agree_across_cargo_chart_dockerfile_and_workflow() {
     assert!(
         license.contains("END OF TERMS AND CONDITIONS"),
         "LICENSE is the whole text"
+    );
+}
+
+/// The commands docs/reference/flags.md documents, each under a `## ipreclaim <command>` heading.
+const COMMANDS: [&str; 7] = [
+    "controller",
+    "node-agent",
+    "scan",
+    "unfence",
+    "release",
+    "approve-hold",
+    "crds",
+];
+
+/// The `--long` names in `text`: `--` then lower-case letters, digits and dashes.
+fn long_flags(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("--") {
+        let name: String = rest[at + 2..]
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-')
+            .collect();
+        rest = &rest[at + 2 + name.len()..];
+        if name.starts_with(|c: char| c.is_ascii_lowercase()) {
+            out.push(format!("--{name}"));
+        }
+    }
+    out
+}
+
+/// The flags `ipreclaim <command> --help` lists: the first `--long` of each option line
+/// (`  -o, --output <OUTPUT>`, `      --dry-run`), `--help` and `--version` left out.
+fn help_flags(command: &str) -> BTreeSet<String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_ipreclaim"))
+        .args([command, "--help"])
+        .output()
+        .expect("run ipreclaim");
+    assert!(out.status.success(), "ipreclaim {command} --help: {out:?}");
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter_map(|line| {
+            // Option lines are indented; the text after the options is not.
+            if !line.starts_with("  ") {
+                return None;
+            }
+            let option = line.trim_start().strip_prefix('-')?;
+            // `-o, --output` or `--dry-run`; a possible value's line (`- text: ...`) is neither.
+            let option = option
+                .strip_prefix('-')
+                .or_else(|| option.get(1..)?.strip_prefix(", --"))?;
+            long_flags(&format!("--{option}")).into_iter().next()
+        })
+        .filter(|f| f != "--help" && f != "--version")
+        .collect()
+}
+
+/// The flags of the table under `## ipreclaim <command>` in docs/reference/flags.md: every
+/// `--long` of each row's first cell.
+fn reference_flags(page: &str, command: &str) -> BTreeSet<String> {
+    let heading = format!("ipreclaim {command}\n");
+    let section = page
+        .split("\n## ")
+        .find(|s| s.starts_with(&heading))
+        .unwrap_or_else(|| panic!("docs/reference/flags.md has no `## ipreclaim {command}`"));
+    section
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .flat_map(|row| long_flags(row.split('|').nth(1).unwrap_or_default()))
+        .collect()
+}
+
+#[test]
+fn every_flag_of_every_command_is_in_the_flags_reference_and_back() {
+    let page = read("docs/reference/flags.md");
+    let mut problems = Vec::new();
+    for command in COMMANDS {
+        let help = help_flags(command);
+        assert!(!help.is_empty(), "read no flag from `{command} --help`");
+        let documented = reference_flags(&page, command);
+        for flag in help.difference(&documented) {
+            problems.push(format!(
+                "`ipreclaim {command} {flag}` is not in docs/reference/flags.md"
+            ));
+        }
+        for flag in documented.difference(&help) {
+            problems.push(format!(
+                "docs/reference/flags.md names `ipreclaim {command} {flag}`, which --help does not list"
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// Every `.rs` file under `dir`, recursively.
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The Event reasons defined in src/: each `const NAME: &str = "Reason";` whose doc comment
+/// calls it one (`/// Event reason: ...`, `/// whereabouts' reason for ...`, `/// ipreclaim's
+/// reason for ...`).
+fn code_event_reasons() -> BTreeSet<String> {
+    let mut files = Vec::new();
+    rust_files(&root().join("src"), &mut files);
+    let mut reasons = BTreeSet::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            let Some((_, value)) = line.split_once(": &str = \"") else {
+                continue;
+            };
+            if !line.trim_start().starts_with("pub const ")
+                && !line.trim_start().starts_with("const ")
+            {
+                continue;
+            }
+            let Some(value) = value.strip_suffix("\";") else {
+                continue;
+            };
+            let doc: Vec<&str> = lines[..i]
+                .iter()
+                .rev()
+                .take_while(|l| l.trim_start().starts_with("///"))
+                .copied()
+                .collect();
+            let doc = doc.join(" ");
+            if doc.contains("Event reason") || doc.contains("reason for ") {
+                reasons.insert(value.to_string());
+            }
+        }
+    }
+    reasons
+}
+
+#[test]
+fn every_event_reason_in_the_code_is_in_the_events_reference_and_back() {
+    let code = code_event_reasons();
+    assert!(
+        code.len() >= 13,
+        "the reasons were found in src/ (doc comments `Event reason: ...` or `... reason for ...`): {code:?}"
+    );
+    for reason in &code {
+        assert!(
+            reason.chars().all(|c| c.is_ascii_alphanumeric()),
+            "an Event reason is one CamelCase word: {reason:?}"
+        );
+    }
+    let page = read("docs/reference/events.md");
+    let documented: BTreeSet<String> = page
+        .lines()
+        .filter_map(|l| {
+            let first = l.strip_prefix("| `")?;
+            Some(first.split('`').next()?.to_string())
+        })
+        .collect();
+    let missing: Vec<_> = code.difference(&documented).collect();
+    let stale: Vec<_> = documented.difference(&code).collect();
+    assert!(
+        missing.is_empty() && stale.is_empty(),
+        "docs/reference/events.md and the code disagree: in the code, not the page: {missing:?}; on the page, not in the code: {stale:?}"
+    );
+}
+
+/// GitHub's anchor of a heading: lower case, letters, digits, `-` and `_` kept, spaces made
+/// `-`, everything else dropped.
+fn anchor_of(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The anchors of a Markdown file's headings (outside code blocks), with GitHub's `-1`, `-2`
+/// for repeats.
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut seen = BTreeSet::new();
+    let mut in_code = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            in_code = !in_code;
+            continue;
+        }
+        let Some(heading) = line.strip_prefix('#') else {
+            continue;
+        };
+        if in_code {
+            continue;
+        }
+        let base = anchor_of(heading.trim_start_matches('#'));
+        let mut anchor = base.clone();
+        let mut n = 0;
+        while !seen.insert(anchor.clone()) {
+            n += 1;
+            anchor = format!("{base}-{n}");
+        }
+    }
+    seen
+}
+
+/// Every Markdown file under `dir`, recursively.
+fn markdown_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            markdown_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "md") {
+            out.push(path);
+        }
+    }
+}
+
+#[test]
+fn every_relative_link_in_the_docs_resolves() {
+    let mut files = vec![
+        root().join("README.md"),
+        root().join("charts/ipreclaim/README.md"),
+    ];
+    markdown_files(&root().join("docs"), &mut files);
+    assert!(files.len() > 20, "read the docs: {files:?}");
+    let mut problems = Vec::new();
+    let mut links = 0;
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        let name = file.strip_prefix(root()).unwrap().display().to_string();
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find("](") {
+            rest = &rest[at + 2..];
+            let Some(end) = rest.find(')') else { break };
+            let target = &rest[..end];
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            links += 1;
+            let (path, anchor) = match target.split_once('#') {
+                Some((p, a)) => (p, Some(a)),
+                None => (target, None),
+            };
+            let resolved = if path.is_empty() {
+                file.clone()
+            } else {
+                file.parent().unwrap().join(path)
+            };
+            if !resolved.exists() {
+                problems.push(format!("{name}: ({target}): no {}", resolved.display()));
+                continue;
+            }
+            if let Some(anchor) = anchor {
+                let target_text = std::fs::read_to_string(&resolved).unwrap_or_default();
+                if !anchors(&target_text).contains(anchor) {
+                    problems.push(format!("{name}: ({target}): no heading with that anchor"));
+                }
+            }
+        }
+    }
+    assert!(links > 100, "read the links: {links}");
+    assert!(
+        problems.is_empty(),
+        "broken links:\n{}",
+        problems.join("\n")
     );
 }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The kind end-to-end suite: a kind cluster of a control plane and two workers, Multus (thick)
 # and the whereabouts CNI at pinned versions, whereabouts' own cleanup turned off (the
-# migration step in the README), ipreclaim's image loaded with `kind load` and its chart
-# installed, then the e2e scenarios (tests/e2e/, the same code the real node runs) against it.
+# migration step in docs/operations/install.md), ipreclaim's image loaded with `kind load` and
+# its chart installed, then the e2e scenarios (tests/e2e/, the same code the real node runs) against it.
 # Timings are printed per step.
 #
 # Two ways, picked by whether a Docker engine answers:

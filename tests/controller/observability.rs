@@ -1,5 +1,5 @@
-//! What an operator reads: every metric the README names, and logs without colour codes in a
-//! pipe.
+//! What an operator reads: every metric docs/reference/metrics.md names, and logs without
+//! colour codes in a pipe.
 
 use kube::api::DeleteParams;
 use testenv::ControlPlane;
@@ -8,7 +8,7 @@ use testenv::poll::{WAIT, wait_for};
 use crate::harness::Env;
 
 #[tokio::test]
-async fn every_metric_the_readme_names_is_on_metrics() {
+async fn every_metric_the_reference_names_is_on_metrics() {
     let mut env = Env::new("ctl-metrics-doc").await;
     // A pool and its network, so that the per-pool and per-network series exist; nothing
     // else has happened yet.
@@ -42,7 +42,7 @@ async fn every_metric_the_readme_names_is_on_metrics() {
         ))
         .await;
     }
-    testenv::docs::assert_readme_metrics_on(&env.metrics_text().await, "ipreclaim_", 15);
+    testenv::docs::assert_reference_metrics_on(&env.metrics_text().await, "ipreclaim_", 15);
     // A deleted pool's series go with it (one pool label format everywhere).
     env.pools()
         .delete("192.0.2.0-24", &DeleteParams::default())

@@ -607,8 +607,8 @@ async fn whereabouts_control_loops(client: &Client) -> Vec<String> {
         .collect()
 }
 
-/// whereabouts' own cleanup is off (the README's migration); started next to ipreclaim
-/// anyway, the two race on every leak: each leaked address is freed, no live pod's address or
+/// whereabouts' own cleanup is off (docs/operations/install.md, migrating); started next to
+/// ipreclaim anyway, the two race on every leak: each leaked address is freed, no live pod's address or
 /// allocation is lost, and ipreclaim records no failure.
 async fn whereabouts_control_loop_beside_ipreclaim_frees_nothing_twice(mut c: Cluster) {
     let node = c.node_handle();

@@ -1,41 +1,28 @@
-//! What the README promises, read back for tests.
+//! What the reference docs promise, read back for tests.
 
 use crate::procs::workspace_root;
 
-/// The metric names of the README paragraph that starts `Metrics (prefix `<prefix>`):`, full
-/// names without labels (`ipreclaim_releases_total`). Label values in parentheses are not
-/// names. Panics when the paragraph is missing (the README and the test disagree).
-pub fn readme_metrics(prefix: &str) -> Vec<String> {
-    let readme = std::fs::read_to_string(workspace_root().join("README.md")).expect("README.md");
-    let start = format!("Metrics (prefix `{prefix}`):");
-    let at = readme
-        .find(&start)
-        .unwrap_or_else(|| panic!("README has no paragraph starting {start:?}"));
-    let rest = &readme[at + start.len()..];
-    let paragraph = rest.split("\n\n").next().unwrap_or_default();
-    // Drop parenthesised asides (label values).
-    let mut text = String::new();
-    let mut depth = 0usize;
-    for c in paragraph.chars() {
-        match c {
-            '(' => depth += 1,
-            ')' => depth = depth.saturating_sub(1),
-            _ if depth == 0 => text.push(c),
-            _ => {}
-        }
-    }
-    // The paragraph ends where its metric list does: the first full stop after a name.
-    let list = text.split(". ").next().unwrap_or_default();
-    list.split('`')
-        .skip(1)
-        .step_by(2)
-        .map(|name| {
-            let bare = name.split('{').next().unwrap_or(name);
-            if bare.starts_with("ipreclaim_") {
-                bare.to_string()
-            } else {
-                format!("{prefix}{bare}")
-            }
+/// The reference page of the metrics, relative to the workspace root.
+pub const METRICS_REFERENCE: &str = "docs/reference/metrics.md";
+
+/// The metric names of the table in the section of `docs/reference/metrics.md` that says
+/// ``Prefix `<prefix>` ``: the first cell of each row, a full name (`ipreclaim_releases_total`)
+/// without its labels. Rows whose first cell is not a code span (a separator) are not names.
+/// Panics when the section is missing (the page and the test disagree).
+pub fn reference_metrics(prefix: &str) -> Vec<String> {
+    let path = workspace_root().join(METRICS_REFERENCE);
+    let page = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let marker = format!("Prefix `{prefix}`");
+    let section = page
+        .split("\n## ")
+        .find(|s| s.contains(&marker))
+        .unwrap_or_else(|| panic!("{METRICS_REFERENCE} has no section saying {marker:?}"));
+    section
+        .lines()
+        .filter_map(|line| {
+            let first = line.strip_prefix('|')?.split('|').next()?.trim();
+            let name = first.strip_prefix('`')?.strip_suffix('`')?;
+            Some(name.split('{').next().unwrap_or(name).to_string())
         })
         .collect()
 }
@@ -55,14 +42,40 @@ pub fn undescribed_metrics(metrics: &str, names: &[String]) -> Vec<String> {
         .collect()
 }
 
-/// Fails the test unless every metric of the README paragraph for `prefix` (at least
-/// `at_least` of them, or the paragraph was misread) is described in `/metrics` text.
-pub fn assert_readme_metrics_on(metrics: &str, prefix: &str, at_least: usize) {
-    let names = readme_metrics(prefix);
-    assert!(names.len() >= at_least, "README metric list: {names:?}");
+/// Fails the test unless every metric of the reference section for `prefix` (at least
+/// `at_least` of them, or the table was misread) is described in `/metrics` text.
+pub fn assert_reference_metrics_on(metrics: &str, prefix: &str, at_least: usize) {
+    let names = reference_metrics(prefix);
+    assert!(
+        names.len() >= at_least,
+        "{METRICS_REFERENCE} metric list: {names:?}"
+    );
     let missing = undescribed_metrics(metrics, &names);
     assert!(
         missing.is_empty(),
-        "named in the README, not on /metrics: {missing:?}"
+        "named in {METRICS_REFERENCE}, not on /metrics: {missing:?}"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_metrics_reference_reads_as_one_name_per_row() {
+        let controller = reference_metrics("ipreclaim_");
+        let node = reference_metrics("ipreclaim_node_");
+        assert!(controller.len() > 40, "{controller:?}");
+        assert!(node.len() > 14, "{node:?}");
+        for name in controller.iter().chain(&node) {
+            assert!(
+                name.starts_with("ipreclaim_") && !name.contains(['{', ' ', '`']),
+                "{name}"
+            );
+        }
+        assert!(controller.contains(&"ipreclaim_pool_held".to_string()));
+        assert!(!controller.iter().any(|n| n.starts_with("ipreclaim_node_")));
+        assert!(node.contains(&"ipreclaim_node_pleg_healthy".to_string()));
+        assert!(node.contains(&"ipreclaim_build_info".to_string()));
+    }
 }
