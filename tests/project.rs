@@ -244,12 +244,13 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The Event reasons defined in src/: each `const NAME: &str = "Reason";` whose doc comment
-/// calls it one (`/// Event reason: ...`, `/// whereabouts' reason for ...`, `/// ipreclaim's
-/// reason for ...`).
+/// The Event reasons defined in src/ and the core crate: each `const NAME: &str = "Reason";`
+/// whose doc comment calls it one (`/// Event reason: ...`, `/// whereabouts' reason for ...`,
+/// `/// ipreclaim's reason for ...`).
 fn code_event_reasons() -> BTreeSet<String> {
     let mut files = Vec::new();
     rust_files(&root().join("src"), &mut files);
+    rust_files(&root().join("crates/core/src"), &mut files);
     let mut reasons = BTreeSet::new();
     for file in files {
         let text = std::fs::read_to_string(&file).unwrap();

@@ -106,7 +106,8 @@ impl OtherWriters {
 }
 
 /// Where to read how to turn the other cleaners off.
-const MIGRATING: &str = "README, \"Migrating from whereabouts' ip-control-loop and ip-reconciler\"";
+const MIGRATING: &str =
+    "docs/operations/install.md, \"Migrating from whereabouts' ip-control-loop and ip-reconciler\"";
 
 /// The Events' note on another writer's removal of `g`.
 pub fn note(g: &MarkedGone) -> String {
