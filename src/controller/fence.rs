@@ -16,6 +16,7 @@ use crate::rules::fence::{
     lift_with_reports,
 };
 use crate::rules::{Decision, Judged, PodRef, Reason};
+use crate::seen::{Once, Seen};
 
 /// How often fences are checked for lifting.
 pub const LIFT_EVERY: Duration = Duration::from_secs(1);
@@ -78,18 +79,18 @@ pub struct Lifter {
     /// `None`: fencing is off, and fences an earlier run set are lifted.
     pub(crate) policy: Option<FencePolicy>,
     /// When this process first saw each fence: settles count on our clock.
-    pub(crate) first_seen: std::sync::Mutex<HashMap<SeenFence, Instant>>,
+    pub(crate) first_seen: std::sync::Mutex<Seen<SeenFence>>,
     /// When this process first saw each pending or left-over record (by name).
-    pub(crate) records_seen: std::sync::Mutex<HashMap<String, Instant>>,
+    pub(crate) records_seen: std::sync::Mutex<Seen<String>>,
     /// Entries whose last write failed: not tried again before their backoff.
     pub(crate) backoff: podlife::backoff::Backoff<Slot>,
     /// Node agent reports rejected so far, as (fence uid, why): logged and counted once.
-    pub(crate) rejected: std::sync::Mutex<HashSet<(String, Rejected)>>,
+    pub(crate) rejected: std::sync::Mutex<Once<(String, Rejected)>>,
     /// Fences (by object uid) whose timer lift the node agent's "still present" holds: logged
     /// once each time.
-    pub(crate) held_by_agent: std::sync::Mutex<HashSet<String>>,
+    pub(crate) held_by_agent: std::sync::Mutex<Once<String>>,
     /// Fences kept because a replacement lists their address: logged once each.
-    pub(crate) kept_for_replacement: std::sync::Mutex<HashSet<Slot>>,
+    pub(crate) kept_for_replacement: std::sync::Mutex<Once<Slot>>,
     /// The apiserver's clock, which `--fence-timeout` counts on (set with a timeout).
     pub(crate) server_clock: Option<Arc<super::server_clock::ServerClock>>,
 }
@@ -238,24 +239,24 @@ impl Lifter {
         });
         let mut first_seen = self.first_seen.lock().expect("fence clock lock");
         let keys: HashSet<SeenFence> = found.fenced.iter().map(SeenFence::of).collect();
-        first_seen.retain(|k, _| keys.contains(k));
+        first_seen.keep_only(|k| keys.contains(k));
         let uids: HashSet<&str> = found.fenced.iter().map(|f| f.object.uid.as_str()).collect();
         self.rejected
             .lock()
             .expect("fence evidence lock")
-            .retain(|(uid, _)| uids.contains(uid.as_str()));
+            .keep_only(|(uid, _)| uids.contains(uid.as_str()));
         self.held_by_agent
             .lock()
             .expect("fence evidence lock")
-            .retain(|uid| uids.contains(uid.as_str()));
+            .keep_only(|uid| uids.contains(uid.as_str()));
         let mut kept_for_replacement = self.kept_for_replacement.lock().expect("fence lock");
-        kept_for_replacement.retain(|s| found.listed_by_replacement.contains(s));
+        kept_for_replacement.keep_only(|s| found.listed_by_replacement.contains(s));
         let v = self.view.read().expect("node view lock");
         self.ctx.metrics.unready_nodes.set(v.unready() as i64);
         for f in &found.fenced {
             let pool = &f.pool;
             let node = v.node(&f.record.node);
-            let first = *first_seen.entry(SeenFence::of(f)).or_insert(now.mono);
+            let first = first_seen.first(SeenFence::of(f), now.mono);
             let fence = FenceClock {
                 set: Moment {
                     // An IPFence's record time, already no earlier than its creation.
@@ -273,7 +274,7 @@ impl Lifter {
             match lifts {
                 Some(_) if !leader => out.held += 1,
                 Some(why) if replaced => {
-                    if kept_for_replacement.insert(slot) {
+                    if kept_for_replacement.first(slot) {
                         tracing::warn!(%pool, ip = %f.entry.ip, podref = %f.record.podref, lifted = why.as_str(), "fence not lifted: a replacement of the deleted pod lists the address (the entry may be its own); lift it by hand once resolved");
                     }
                     out.held += 1;
@@ -484,7 +485,7 @@ impl Lifter {
         let verdict = lift_with_reports(fence, identity, &reports, node, now, policy);
         let mut rejected = self.rejected.lock().expect("fence evidence lock");
         for why in verdict.rejected {
-            if !rejected.insert((fence_uid.to_owned(), why)) {
+            if !rejected.first((fence_uid.to_owned(), why)) {
                 continue;
             }
             let report = [&reports.gone, &reports.present]
@@ -506,8 +507,8 @@ impl Lifter {
         drop(rejected);
         let mut held = self.held_by_agent.lock().expect("fence evidence lock");
         if !verdict.held_by_agent {
-            held.remove(fence_uid);
-        } else if held.insert(fence_uid.to_owned()) {
+            held.end(fence_uid);
+        } else if held.first(fence_uid.to_owned()) {
             tracing::info!(ip = %f.entry.ip, podref = %f.record.podref, node = %f.record.node, fence_uid, "fence held: the node agent there still sees a sandbox of the deleted pod (its kubelet is stopping it)");
         }
         verdict.lift
@@ -523,11 +524,8 @@ impl Lifter {
             .map(|p| p.object.name.as_str())
             .chain(found.stale_records.iter().map(|r| r.name.as_str()))
             .collect();
-        seen.retain(|n, _| names.contains(n.as_str()));
-        let mut waited = |name: &str, grace: Duration| {
-            let first = *seen.entry(name.to_owned()).or_insert(now);
-            now.saturating_duration_since(first) >= grace
-        };
+        seen.keep_only(|n| names.contains(n.as_str()));
+        let mut waited = |name: &str, grace: Duration| seen.waited(name.to_owned(), now, grace);
         // A pending fence the deletion path is retrying is its own; others (a crash between
         // the two writes, a record of another replica) are completed here.
         let retrying = |o: &FenceObject| self.ctx.queue.num_requeues(&o.record.podref) > 0;

@@ -12,8 +12,7 @@
 //!   `release::repair`); after a few seconds where its pod lists the address, read fresh (its
 //!   ADD has returned: whereabouts will not create it any more).
 
-use std::collections::{HashMap, HashSet};
-use std::hash::Hash;
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -24,6 +23,7 @@ use crate::index::{LeftBehind, MissingReservation, NamedReservation};
 use crate::ipam::PodKey;
 use crate::release::repair::Repaired;
 use crate::release::reservation::{ReservationDelete, SECOND_LOOKS};
+use crate::seen::Seen;
 
 /// The graces of the reservation sweep.
 #[derive(Debug, Clone, Copy)]
@@ -37,11 +37,11 @@ pub struct ReservationGraces {
 /// When each case was first seen (in this term of leadership).
 #[derive(Debug, Default)]
 pub struct ReservationSightings {
-    orphans: Sightings<ObjectId>,
+    orphans: Seen<ObjectId>,
     /// Keyed with the live pod's uid: a pod recreated under the name is judged anew.
-    left_behind: Sightings<(ObjectId, String)>,
+    left_behind: Seen<(ObjectId, String)>,
     /// Keyed by pool, key, sandbox and reservation name: another allocation is another case.
-    missing: Sightings<MissingKey>,
+    missing: Seen<MissingKey>,
     /// Missing reservations a dry run reported (each once, while it stays missing).
     dry_run_reported: HashSet<MissingKey>,
 }
@@ -60,42 +60,6 @@ const LISTED_REPAIR_GRACE: Duration =
     SECOND_LOOKS[SECOND_LOOKS.len() - 1].saturating_add(Duration::from_secs(1));
 /// Repairs one sweep makes at most (the rest wait for the next).
 const REPAIRS_PER_SWEEP: usize = 100;
-
-/// First sightings of keys `K`; one not seen in a sweep is forgotten.
-#[derive(Debug)]
-struct Sightings<K>(HashMap<K, Instant>);
-
-impl<K> Default for Sightings<K> {
-    fn default() -> Self {
-        Sightings(HashMap::new())
-    }
-}
-
-impl<K: Hash + Eq + Clone> Sightings<K> {
-    /// Of `seen` (this sweep's, with their keys), those seen for `grace` by `now`.
-    fn due<T>(&mut self, seen: Vec<(K, T)>, now: Instant, grace: Duration) -> Vec<T> {
-        self.due_each(seen, now, |_| grace)
-    }
-
-    /// The same with a grace for each case.
-    fn due_each<T>(
-        &mut self,
-        seen: Vec<(K, T)>,
-        now: Instant,
-        grace: impl Fn(&T) -> Duration,
-    ) -> Vec<T> {
-        let current: HashSet<&K> = seen.iter().map(|(k, _)| k).collect();
-        self.0.retain(|k, _| current.contains(k));
-        let mut due = Vec::new();
-        for (k, t) in seen {
-            let first = *self.0.entry(k).or_insert(now);
-            if now.saturating_duration_since(first) >= grace(&t) {
-                due.push(t);
-            }
-        }
-        due
-    }
-}
 
 /// What the reservation sweep did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -132,7 +96,7 @@ impl ReservationSightings {
         for LeftBehind {
             reservation,
             pod_uid,
-        } in self.left_behind.due(left, now, graces.leak)
+        } in self.left_behind.due(left, now, |_| graces.leak)
         {
             tracing::info!(reservation = %reservation.name, podref = %reservation.podref, "reservation left behind: its pod lives on and neither holds nor lists its address");
             let NamedReservation { name, uid, podref } = reservation;
@@ -167,15 +131,14 @@ impl ReservationSightings {
             Some(_) => LISTED_REPAIR_GRACE.min(graces.repair),
             None => graces.repair,
         };
-        let due = self.missing.due_each(missing, now, grace).into_iter();
+        let due = self.missing.due(missing, now, grace).into_iter();
         let due = due.filter(|(k, _)| !self.dry_run_reported.contains(k));
         let deadline = tokio::time::Instant::now() + REPAIRS_TIME;
         for (key, m) in due.collect::<Vec<_>>().into_iter().take(REPAIRS_PER_SWEEP) {
             let waited = self
                 .missing
-                .0
-                .get(&key)
-                .is_some_and(|first| now.saturating_duration_since(*first) >= graces.repair);
+                .since(&key)
+                .is_some_and(|first| now.saturating_duration_since(first) >= graces.repair);
             let repair = async {
                 // Before the grace, only on the pod's own word read fresh (the index may lag
                 // a pod recreated under the name, its ADD still in flight).
@@ -206,7 +169,7 @@ impl ReservationSightings {
     ) -> Vec<ReservationDelete> {
         let seen = orphans.into_iter().map(|r| (r.id(), r)).collect();
         let mut due = Vec::new();
-        for r in self.orphans.due(seen, now, grace) {
+        for r in self.orphans.due(seen, now, |_| grace) {
             let NamedReservation { name, uid, podref } = r;
             let pod = PodKey::lenient(&podref);
             match Api::<Pod>::namespaced(ctx.client.clone(), &pod.namespace)
@@ -298,29 +261,4 @@ async fn report(
         .reservation_missing(namespace, pool, &uid, ip, note)
         .await;
     true
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_case_is_due_once_seen_for_its_grace_and_starts_again_when_its_key_changes() {
-        let grace = Duration::from_secs(120);
-        let t0 = Instant::now();
-        let mut seen: Sightings<(&str, &str)> = Sightings::default();
-        // The reservation judged against web-0's pod of uid u1.
-        let case = |uid| vec![(("192.0.2.10", uid), uid)];
-        assert!(seen.due(case("u1"), t0, grace).is_empty());
-        assert!(seen.due(case("u1"), t0 + grace / 2, grace).is_empty());
-        assert_eq!(seen.due(case("u1"), t0 + grace, grace), ["u1"]);
-        // web-0 recreated (uid u2): judged anew, its grace from now.
-        let t1 = t0 + grace + Duration::from_secs(1);
-        assert!(seen.due(case("u2"), t1, grace).is_empty());
-        assert_eq!(seen.due(case("u2"), t1 + grace, grace), ["u2"]);
-        // Not seen in a sweep: forgotten, and its grace starts again.
-        let t2 = t1 + grace * 2;
-        assert!(seen.due(Vec::<(_, &str)>::new(), t2, grace).is_empty());
-        assert!(seen.due(case("u2"), t2, grace).is_empty());
-    }
 }

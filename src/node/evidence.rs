@@ -15,6 +15,8 @@ use std::collections::{HashMap, HashSet};
 
 use podlife::lifecycle::{LifecycleTracker, PodState, PodUpdate, UpdateKind};
 
+use crate::seen::Once;
+
 /// A fence of this node, as read from its `IPFence` object.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fence {
@@ -120,7 +122,7 @@ pub struct Evidence {
     tracker: LifecycleTracker<String, String>,
     /// First listing that may advance each tracked pod.
     from: HashMap<String, u64>,
-    skipped: HashSet<String>,
+    skipped: Once<String>,
 }
 
 /// Longest wait, in listings, after a failed report.
@@ -134,7 +136,7 @@ impl Evidence {
             fences: HashMap::new(),
             tracker: LifecycleTracker::new(),
             from: HashMap::new(),
-            skipped: HashSet::new(),
+            skipped: Once::default(),
         }
     }
 
@@ -158,7 +160,7 @@ impl Evidence {
                 None
             };
             if let Some(why) = why {
-                if self.skipped.insert(f.uid.clone()) {
+                if self.skipped.first(f.uid.clone()) {
                     skipped.push((f, why));
                 }
                 continue;
@@ -190,7 +192,7 @@ impl Evidence {
             }
         }
         self.fences.retain(|uid, _| present.contains(uid));
-        self.skipped.retain(|uid| listed.contains(uid));
+        self.skipped.keep_only(|uid| listed.contains(uid));
         skipped
     }
 

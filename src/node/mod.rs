@@ -49,6 +49,7 @@ use crate::ipam::PodKey;
 use crate::ipam::inventory::Listed;
 use crate::release::{BudgetConfig, Budgets, Events, writer};
 use crate::rules::ReclaimConfig;
+use crate::seen::Once;
 use crate::telemetry::{Health, NodeMetrics, WriteMetrics};
 pub use args::NodeAgentArgs;
 use cri::{CriCalls, CriPodSource, RuntimeView};
@@ -135,7 +136,7 @@ struct Agent {
     witness: Witness,
     metrics: NodeMetrics,
     releaser: Arc<Releaser>,
-    logged_orphans: HashSet<String>,
+    logged_orphans: Once<String>,
     pleg: PlegHandle,
     fences: fences::Fences,
     evidence: evidence::Evidence,
@@ -258,11 +259,11 @@ impl Agent {
         self.metrics.orphaned_runtime_pods.set(orphans.len() as i64);
         let current: HashSet<String> = orphans.iter().map(|o| o.0.clone()).collect();
         for (uid, pod) in orphans {
-            if self.logged_orphans.insert(uid.clone()) {
+            if self.logged_orphans.first(uid.clone()) {
                 tracing::warn!(pod_uid = %uid, %pod, "orphaned runtime pod: its sandboxes have no pod in the API (not acted on)");
             }
         }
-        self.logged_orphans.retain(|u| current.contains(u));
+        self.logged_orphans.keep_only(|u| current.contains(u));
     }
 
     /// Looks at this node's fences against the newest complete listing and starts the
@@ -634,7 +635,7 @@ pub async fn run(
         ),
         metrics,
         releaser,
-        logged_orphans: HashSet::new(),
+        logged_orphans: Once::default(),
         pleg: handle.clone(),
         fences: fence_map,
         evidence: evidence::Evidence::new(&args.node_name),

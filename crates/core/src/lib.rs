@@ -7,7 +7,8 @@
 //! - `rules`: the decisions (is this allocation garbage and why; the grace clock, the
 //!   breaker, when a fence lifts, when a cooldown ends, other writers);
 //! - `index`: what the controller knows, stripped to what the rules need;
-//! - `clock`: where the rules read the time (the programs pass theirs).
+//! - `clock` and `seen`: where the rules read the time (the programs pass theirs), and the
+//!   one home of "first seen, due after a wait" and "report once per episode".
 //!
 //! No async runtime and no API client: the crate depends on neither.
 
@@ -18,3 +19,4 @@ pub mod fixtures;
 pub mod index;
 pub mod ipam;
 pub mod rules;
+pub mod seen;

@@ -5,25 +5,25 @@
 //! (`--release-cooldown`) an entry ends only once both are over. A replica that starts (or
 //! meets an entry) late only lengthens the cooldown, never shortens it.
 
-use std::collections::HashMap;
 use std::hash::Hash;
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 
 use crate::ipam::cooldown::is_due;
+use crate::seen::Seen;
 
 /// When this replica first saw each cooling entry, by any key that changes when the entry is
 /// rewritten (its slot and marker).
 #[derive(Debug)]
 pub struct CoolingSightings<K> {
-    first_seen: HashMap<K, Instant>,
+    seen: Seen<K>,
 }
 
 impl<K> Default for CoolingSightings<K> {
     fn default() -> Self {
         CoolingSightings {
-            first_seen: HashMap::new(),
+            seen: Seen::default(),
         }
     }
 }
@@ -32,14 +32,7 @@ impl<K: Hash + Eq> CoolingSightings<K> {
     /// Records the entries cooling at `now` (a new one is first seen then) and forgets the
     /// others.
     pub fn observe(&mut self, cooling: impl IntoIterator<Item = K>, now: Instant) {
-        let mut seen: HashMap<K, Instant> = cooling
-            .into_iter()
-            .map(|k| {
-                let since = self.first_seen.remove(&k).unwrap_or(now);
-                (k, since)
-            })
-            .collect();
-        std::mem::swap(&mut self.first_seen, &mut seen);
+        self.seen.observe(cooling, now);
     }
 
     /// Whether entry `k`, whose marker ends it at `until`, may end: `until` is past at
@@ -53,20 +46,20 @@ impl<K: Hash + Eq> CoolingSightings<K> {
         now: Instant,
         length: Duration,
     ) -> bool {
-        let Some(since) = self.first_seen.get(k) else {
+        let Some(since) = self.seen.since(k) else {
             return false;
         };
-        is_due(until, wall_now) && now.saturating_duration_since(*since) >= length
+        is_due(until, wall_now) && now.saturating_duration_since(since) >= length
     }
 
     /// Entries remembered.
     pub fn len(&self) -> usize {
-        self.first_seen.len()
+        self.seen.len()
     }
 
     /// Whether none is remembered.
     pub fn is_empty(&self) -> bool {
-        self.first_seen.is_empty()
+        self.seen.is_empty()
     }
 }
 

@@ -1,10 +1,11 @@
 //! The sweep's grace clock, pure: a leak candidate is due only once it has been garbage, for
 //! the same reason, for its whole grace; a pod that lists the address again restarts it.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 use super::{Judged, Reason};
+use crate::seen::Seen;
 
 /// How long a candidate must stay garbage before it is released.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,10 +58,11 @@ pub struct Tally {
     pub counts: BTreeMap<&'static str, i64>,
 }
 
-/// When each candidate was first seen garbage, and for what reason.
+/// When each candidate was first seen garbage, for its reason (another reason is another
+/// sighting: its grace starts again).
 #[derive(Debug, Default)]
 pub struct GraceClock {
-    first_seen: HashMap<CandidateKey, (Instant, Reason)>,
+    seen: Seen<(CandidateKey, Reason)>,
 }
 
 impl GraceClock {
@@ -78,26 +80,25 @@ impl GraceClock {
                 key: c.judged.entry.key.clone(),
                 id: c.judged.entry.id.clone(),
             };
-            seen.insert(key.clone());
-            let first = self.first_seen.entry(key).or_insert((now, c.reason));
-            if first.1 != c.reason {
-                *first = (now, c.reason);
-            }
+            let key = (key, c.reason);
+            self.seen.first(key.clone(), now);
             // The pod listed the address after the grace began (between sweeps): it begins again.
-            if let Some(at) = c.last_listed.filter(|at| *at > first.0) {
-                first.0 = at;
+            if let Some(at) = c.last_listed {
+                self.seen.restart_at(&key, at);
             }
-            let age = now.saturating_duration_since(first.0);
+            let first = self.seen.since(&key).unwrap_or(now);
+            seen.insert(key);
+            let age = now.saturating_duration_since(first);
             tally.oldest = tally.oldest.max(age);
             let grace = graces.of(c.reason);
             if age >= grace {
                 tally.due.push((c.judged, c.reason));
             } else {
-                let at = first.0 + grace;
+                let at = first + grace;
                 tally.next_due = Some(tally.next_due.map_or(at, |n| n.min(at)));
             }
         }
-        self.first_seen.retain(|k, _| seen.contains(k));
+        self.seen.keep_only(|k| seen.contains(k));
         tally
     }
 }
