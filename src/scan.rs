@@ -15,11 +15,11 @@ use serde::Serialize;
 use crate::api::lenient::Lenient;
 use crate::api::slim::PodView;
 use crate::api::{IPFence, IPPool, NetworkAttachmentDefinition, OverlappingRangeIPReservation};
-use crate::controller::watch::POD_PAGE;
 use crate::index::Index;
 use crate::index::kinds::{Fences, Nads, Pods, Pools, Reservations};
 use crate::index::relist::{Kind, Relist, Step};
 use crate::ipam::PodKey;
+use crate::paged::POD_PAGE;
 use crate::paged::for_each_listed;
 use crate::rules::{Decision, ReclaimConfig};
 

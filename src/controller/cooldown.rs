@@ -39,7 +39,7 @@ const PAST_END_REPORTED: jiff::SignedDuration = jiff::SignedDuration::from_secs(
 
 /// Ends due cooldowns on the leader, backing off entries whose removal failed.
 pub struct Cooler {
-    pub(crate) ctx: super::Ctx,
+    pub(crate) ctx: super::ctx::Ctx,
     /// `--dry-run`: nothing is written, so nothing ends.
     pub(crate) dry_run: bool,
     /// Entries whose last removal failed: not tried again before their backoff.
@@ -58,7 +58,7 @@ impl Cooler {
         let now = Instant::now();
         let sighting =
             |pool: &str, c: &CoolingEntry| (Slot::new(pool, &c.entry.key), c.entry.id.clone());
-        let cooling = self.ctx.state.read().expect("state lock").cooling();
+        let cooling = self.ctx.index.read().expect("index lock").cooling();
         self.sightings
             .observe(cooling.iter().map(|(pool, c)| sighting(pool, c)), now);
         let past_end = &self.ctx.metrics.cooldowns_past_end;
@@ -82,7 +82,7 @@ impl Cooler {
         past_end.set(past_end_long as i64);
         let key = |r: &ReleaseRequest| Slot::new(&r.judged.pool, &r.judged.entry.key);
         let due: Vec<ReleaseRequest> = {
-            let st = self.ctx.state.read().expect("state lock");
+            let st = self.ctx.index.read().expect("index lock");
             may_end
                 .into_iter()
                 .map(|(pool, c, _)| {

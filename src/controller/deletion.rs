@@ -109,7 +109,7 @@ enum Processed {
 
 /// A deletion-path worker.
 pub struct Worker {
-    pub(crate) ctx: super::Ctx,
+    pub(crate) ctx: super::ctx::Ctx,
     pub(crate) reclaim: ReclaimConfig,
     pub(crate) max_retries: u32,
     pub(crate) leader: watch::Receiver<bool>,
@@ -185,9 +185,9 @@ impl Worker {
                 self.ctx.events.failed(&pod, &f.error.to_string()).await;
                 queue.forget(&key);
                 self.ctx
-                    .state
+                    .index
                     .write()
-                    .expect("state lock")
+                    .expect("index lock")
                     .clear_tombstones(podref, Instant::now());
             }
         }
@@ -197,7 +197,7 @@ impl Worker {
     /// The deleted pod of `podref` (its latest tombstone), for a Warning: never the live
     /// replacement of the same name.
     fn pod_of(&self, podref: &str) -> PodRef {
-        let st = self.ctx.state.read().expect("state lock");
+        let st = self.ctx.index.read().expect("index lock");
         let uid = st
             .pods()
             .tombstones(podref)
@@ -211,7 +211,7 @@ impl Worker {
         let started = Instant::now();
         // One look at the index decides, unless the tombstone is blind.
         let (decided, seen, none_live) = {
-            let st = self.ctx.state.read().expect("state lock");
+            let st = self.ctx.index.read().expect("index lock");
             let none_live = st.pods().live(podref).is_none();
             let blind = none_live && st.pods().blind_tombstone(podref);
             let seen = st.pods().tombstones(podref).iter().map(|t| t.seen_at).max();
@@ -235,14 +235,14 @@ impl Worker {
                 .await
                 .map_err(|e| Failure::new(e.into()))?;
         if distrusted {
-            let st = self.ctx.state.read().expect("state lock");
+            let st = self.ctx.index.read().expect("index lock");
             releases = self.decide(&st, podref);
         }
         if releases.is_empty() {
             self.ctx
-                .state
+                .index
                 .write()
-                .expect("state lock")
+                .expect("index lock")
                 .clear_tombstones(podref, started);
             return Ok(Processed::Done);
         }
@@ -285,7 +285,7 @@ impl Worker {
         started: Instant,
     ) -> Result<Vec<ReleaseRequest>, Failure> {
         self.read_pod(podref, started).await?;
-        let st = self.ctx.state.read().expect("state lock");
+        let st = self.ctx.index.read().expect("index lock");
         Ok(self.decide(&st, podref))
     }
 
@@ -302,7 +302,7 @@ impl Worker {
             return Ok(judged);
         }
         tracing::info!(%podref, "a pod of the deleted pod's name exists: judged again with it");
-        let st = self.ctx.state.read().expect("state lock");
+        let st = self.ctx.index.read().expect("index lock");
         Ok(self.decide(&st, podref))
     }
 
@@ -325,7 +325,7 @@ impl Worker {
         else {
             return Ok(false);
         };
-        let mut st = self.ctx.state.write().expect("state lock");
+        let mut st = self.ctx.index.write().expect("index lock");
         st.upsert_pod(podref, uid, crate::index::kinds::seen(p), started);
         Ok(true)
     }
@@ -362,9 +362,9 @@ impl Worker {
             tracing::info!(%podref, changed, "entries now belong to another allocation; left alone");
         }
         self.ctx
-            .state
+            .index
             .write()
-            .expect("state lock")
+            .expect("index lock")
             .clear_tombstones(podref, started);
         Ok(Processed::Done)
     }

@@ -11,9 +11,10 @@ use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use super::report::{self, IP_ADDRESS_DUPLICATE, Problem};
+use super::report::{self, Problem};
 use crate::index::{Duplicate, DuplicatePod, Duplicates, Holder, Index, IndexLock};
 use crate::ipam::PodKey;
+use crate::release::events::IP_ADDRESS_DUPLICATE;
 use crate::release::recorder::{NOTE_MAX, fit};
 use crate::telemetry::ControllerMetrics;
 

@@ -74,7 +74,7 @@ const STALE_GRACE: Duration = Duration::from_secs(5);
 /// Lifts fences (leader only), completes fences whose entry rewrite is missing, and removes
 /// records left over.
 pub struct Lifter {
-    pub(crate) ctx: super::Ctx,
+    pub(crate) ctx: super::ctx::Ctx,
     pub(crate) view: Arc<RwLock<NodeIndex>>,
     /// `None`: fencing is off, and fences an earlier run set are lifted.
     pub(crate) policy: Option<FencePolicy>,
@@ -115,7 +115,7 @@ impl SeenFence {
 /// First and longest wait before a failed fence write (lift or completion) is tried again.
 pub const WRITE_BACKOFF: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(30));
 
-/// What one pass found in the state.
+/// What one pass found in the index.
 struct Found {
     fenced: Vec<FencedEntry>,
     /// Fenced entries (pool, key) whose address the live pod of the fenced podref, another
@@ -190,7 +190,7 @@ impl Lifter {
             mono,
         };
         let found = {
-            let st = self.ctx.state.read().expect("state lock");
+            let st = self.ctx.index.read().expect("index lock");
             let fenced = st.fenced();
             Found {
                 listed_by_replacement: listed_by_replacement(&st, &fenced),
@@ -445,7 +445,7 @@ impl Lifter {
         let Some(uid) = p.metadata.uid.as_deref() else {
             return Ok(false);
         };
-        let mut st = self.ctx.state.write().expect("state lock");
+        let mut st = self.ctx.index.write().expect("index lock");
         st.upsert_pod(
             &record.podref,
             uid,

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use kube::api::Api;
 
-use super::Ctx;
+use super::ctx::Ctx;
 use crate::api::slim::NodeReadyView;
 use crate::release::{EntryWrite, ReleaseRequest};
 

@@ -7,6 +7,7 @@
 
 mod args;
 pub mod cooldown;
+mod ctx;
 pub mod deletion;
 pub mod duplicates;
 mod election;
@@ -47,18 +48,7 @@ const DELETION_WORKERS: usize = 64;
 
 pub use args::ControllerArgs;
 
-/// What the deletion workers and the sweep share.
-#[derive(Clone)]
-pub struct Ctx {
-    pub(crate) client: Client,
-    pub(crate) state: SharedIndex,
-    pub(crate) queue: Arc<WorkQueue<String>>,
-    pub(crate) writer: writer::WriterHandle,
-    pub(crate) events: Events,
-    pub(crate) metrics: ControllerMetrics,
-    /// Nodes' readiness (`None`: fencing is off).
-    pub(crate) nodes: Option<Arc<RwLock<NodeIndex>>>,
-}
+pub use ctx::Ctx;
 
 /// Handles a running controller exposes (for tests and the binary).
 pub struct Running {
@@ -66,8 +56,8 @@ pub struct Running {
     pub health: Health,
     /// Where /metrics is served.
     pub metrics_addr: SocketAddr,
-    /// The controller's state (read-only use).
-    pub state: SharedIndex,
+    /// The controller's index (read-only use).
+    pub index: SharedIndex,
 }
 
 /// Two malloc arenas, not eight per core: the controller's threads mostly wait, and every
@@ -109,7 +99,7 @@ fn identity() -> String {
 fn follow_leadership(
     mut leads: tokio_watch::Receiver<bool>,
     gauge: prometheus_client::metrics::gauge::Gauge,
-    state: SharedIndex,
+    index: SharedIndex,
     queue: Arc<WorkQueue<String>>,
     identity: String,
 ) -> JoinHandle<()> {
@@ -119,9 +109,9 @@ fn follow_leadership(
             let now = *leads.borrow_and_update();
             gauge.set(i64::from(now));
             if now {
-                let podrefs = state
+                let podrefs = index
                     .read()
-                    .expect("state lock")
+                    .expect("index lock")
                     .pods()
                     .tombstoned_podrefs();
                 tracing::info!(%identity, deletions = podrefs.len(), "leadership gained; leading: this replica writes");
@@ -155,11 +145,11 @@ fn spawn_watches(
         synced.push(rx);
         tasks.push(task(tx));
     };
-    let (client, state, ns) = (&ctx.client, &ctx.state, namespace.to_owned());
+    let (client, index, ns) = (&ctx.client, &ctx.index, namespace.to_owned());
     watch(&|tx| {
         tokio::spawn(watch::pods(
             client.clone(),
-            state.clone(),
+            index.clone(),
             ctx.queue.clone(),
             ctx.metrics.clone(),
             leader.clone(),
@@ -167,13 +157,13 @@ fn spawn_watches(
             tx,
         ))
     });
-    watch(&|tx| tokio::spawn(watch::pools(client.clone(), ns.clone(), state.clone(), tx)));
+    watch(&|tx| tokio::spawn(watch::pools(client.clone(), ns.clone(), index.clone(), tx)));
     watch(&|tx| {
-        let reservations = watch::reservations(client.clone(), ns.clone(), state.clone(), tx);
+        let reservations = watch::reservations(client.clone(), ns.clone(), index.clone(), tx);
         tokio::spawn(reservations)
     });
-    watch(&|tx| tokio::spawn(watch::nads(client.clone(), state.clone(), tx)));
-    watch(&|tx| tokio::spawn(watch::fences(client.clone(), ns.clone(), state.clone(), tx)));
+    watch(&|tx| tokio::spawn(watch::nads(client.clone(), index.clone(), tx)));
+    watch(&|tx| tokio::spawn(watch::fences(client.clone(), ns.clone(), index.clone(), tx)));
     if let Some(view) = &ctx.nodes {
         watch(&|tx| tokio::spawn(watch::nodes(client.clone(), view.clone(), tx)));
     }
@@ -265,7 +255,7 @@ fn spawn_lifting(
         waiting: Vec::new(),
     };
     let mut duplicates = duplicates::DuplicateReporter::default();
-    let (state, ns) = (ctx.state.clone(), args.whereabouts_namespace.clone());
+    let (index, ns) = (ctx.index.clone(), args.whereabouts_namespace.clone());
     let metrics = ctx.metrics.clone();
     let probing = async move {
         match prober {
@@ -283,9 +273,9 @@ fn spawn_lifting(
             cooler.pass(leads).await;
             others.pass(leads).await;
             // Found with the lock let go but for short reads (see `DuplicateReporter::found`).
-            let found = duplicates.found(&state);
+            let found = duplicates.found(&index);
             let problems = {
-                let st = state.read().expect("state lock");
+                let st = index.read().expect("index lock");
                 let mut problems = report::problems(&st, &ns);
                 problems.extend(duplicates.pass(&st, &found, &metrics, &ns, leads));
                 problems
@@ -332,7 +322,7 @@ async fn sweep_forever(
         tokio::time::sleep_until(next_sweep.into()).await;
         next_sweep = Instant::now() + args.sweep_interval;
         {
-            let mut st = ctx.state.write().expect("state lock");
+            let mut st = ctx.index.write().expect("index lock");
             housekeeping::expire(&mut st, args.leak_grace, Instant::now());
             pool_series.export(&st, &ctx.metrics, &args.whereabouts_namespace);
         }
@@ -406,12 +396,12 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
     on_start: impl FnOnce(&Running),
 ) -> anyhow::Result<()> {
-    let state = SharedIndex::default();
-    let (metrics, health, metrics_addr, server) = serve_metrics(args.metrics_addr, &state).await?;
+    let index = SharedIndex::default();
+    let (metrics, health, metrics_addr, server) = serve_metrics(args.metrics_addr, &index).await?;
     on_start(&Running {
         health: health.clone(),
         metrics_addr,
-        state: state.clone(),
+        index: index.clone(),
     });
     tracing::info!(%metrics_addr, namespace = %args.whereabouts_namespace, dry_run = args.dry_run, "controller starting");
 
@@ -424,14 +414,14 @@ pub async fn run(
     let reclaim = ReclaimConfig {
         release_terminal_pods: args.release_terminal_pods,
     };
-    let writer = spawn_writer(&client, &args, &budgets, &events, &metrics, &state);
+    let writer = spawn_writer(&client, &args, &budgets, &events, &metrics, &index);
     let (leader, gate, mut tasks) = election::leadership(client.clone(), &args, &identity).await?;
     // Every write passes the gate right before it goes: a demoted leader's queue is refused.
     budgets.set_gate(Arc::new(move || gate.open(Instant::now())));
     tasks.push(follow_leadership(
         leader.clone(),
         metrics.leader.clone(),
-        state.clone(),
+        index.clone(),
         queue.clone(),
         identity.clone(),
     ));
@@ -444,7 +434,7 @@ pub async fn run(
     });
     let ctx = Ctx {
         client: client.clone(),
-        state: state.clone(),
+        index: index.clone(),
         queue: queue.clone(),
         writer,
         events,

@@ -17,7 +17,7 @@ use super::report::reference;
 
 /// Reports the marked entries other writers remove.
 pub struct OtherWriters {
-    pub(crate) ctx: super::Ctx,
+    pub(crate) ctx: super::ctx::Ctx,
     /// `--other-writer-wait`: how long a fenced entry's node must stay silent after the removal.
     pub(crate) wait: Duration,
     /// The whereabouts namespace (the pools' and fence records').
@@ -41,9 +41,9 @@ impl OtherWriters {
         let now = Instant::now();
         let (taken, dropped) = self
             .ctx
-            .state
+            .index
             .write()
-            .expect("state lock")
+            .expect("index lock")
             .take_marked_gone();
         if dropped > 0 {
             tracing::warn!(

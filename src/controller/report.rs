@@ -11,10 +11,8 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use crate::index::{Index, MalformedStatus, UnrecordedMark};
 use crate::ipam::PodKey;
 use crate::release::Events;
+use crate::release::events::IP_ADDRESS_DUPLICATE;
 use crate::telemetry::ControllerMetrics;
-
-/// Event reason: two or more live pods list the address on one network.
-pub const IP_ADDRESS_DUPLICATE: &str = "IPAddressDuplicate";
 
 /// Event reason: an object was skipped because it does not fit the schema.
 pub const INVALID_OBJECT: &str = "InvalidObject";
@@ -72,7 +70,7 @@ pub fn pool_label(namespace: &str, pool: &str) -> String {
     format!("{namespace}/{pool}")
 }
 
-/// Every problem the state knows of; pools live in `namespace`.
+/// Every problem the index knows of; pools live in `namespace`.
 pub fn problems(st: &Index, namespace: &str) -> Vec<Problem> {
     let mut out = Vec::new();
     for (k, o) in st.invalid().all() {

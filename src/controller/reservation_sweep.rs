@@ -74,13 +74,13 @@ impl ReservationSightings {
     /// One pass (see the module).
     pub async fn sweep(
         &mut self,
-        ctx: &super::Ctx,
+        ctx: &super::ctx::Ctx,
         graces: ReservationGraces,
         namespace: &str,
         now: Instant,
     ) -> ReservationReport {
         let (orphans, left_behind, missing) = {
-            let st = ctx.state.read().expect("state lock");
+            let st = ctx.index.read().expect("index lock");
             (
                 st.orphan_reservations(),
                 st.left_behind_reservations(),
@@ -162,7 +162,7 @@ impl ReservationSightings {
     /// Orphans seen for `grace` whose pod a GET confirms gone.
     async fn due_orphans(
         &mut self,
-        ctx: &super::Ctx,
+        ctx: &super::ctx::Ctx,
         orphans: Vec<NamedReservation>,
         now: Instant,
         grace: Duration,
@@ -195,7 +195,7 @@ impl ReservationSightings {
 }
 
 /// Whether the pod `m` was listed by (same uid) still lists the entry's address, read fresh.
-async fn still_listed(ctx: &super::Ctx, m: &MissingReservation) -> Result<bool, kube::Error> {
+async fn still_listed(ctx: &super::ctx::Ctx, m: &MissingReservation) -> Result<bool, kube::Error> {
     let Some(uid) = &m.listed_by else {
         return Ok(false);
     };
@@ -220,7 +220,7 @@ async fn still_listed(ctx: &super::Ctx, m: &MissingReservation) -> Result<bool, 
 /// Reports what became of one missing reservation: log line, Warning Event on the pool.
 /// Whether it was reported (created, another pod's, or a dry run's).
 async fn report(
-    ctx: &super::Ctx,
+    ctx: &super::ctx::Ctx,
     m: &MissingReservation,
     outcome: Result<Repaired, kube::Error>,
     namespace: &str,
@@ -251,7 +251,7 @@ async fn report(
         }
     };
     let uid = {
-        let st = ctx.state.read().expect("state lock");
+        let st = ctx.index.read().expect("index lock");
         st.pools()
             .get(pool)
             .map(|p| p.uid.clone())

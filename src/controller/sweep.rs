@@ -45,7 +45,7 @@ pub struct SweepConfig {
 /// The sweep's memory between runs: when each candidate was first seen, and what the breaker
 /// held.
 pub struct Sweeper {
-    ctx: super::Ctx,
+    ctx: super::ctx::Ctx,
     config: SweepConfig,
     clock: GraceClock,
     /// Reservations orphaned, left behind or missing, with when each was first seen.
@@ -98,7 +98,7 @@ pub struct SweepReport {
 
 impl Sweeper {
     /// A sweeper with no memory yet.
-    pub fn new(ctx: super::Ctx, config: SweepConfig) -> Sweeper {
+    pub fn new(ctx: super::ctx::Ctx, config: SweepConfig) -> Sweeper {
         Sweeper {
             ctx,
             config,
@@ -164,7 +164,7 @@ impl Sweeper {
     /// Every leak candidate under one short lock, with the pools' sizes and uids; direct
     /// evidence the deletion path has not handled yet is queued for it instead.
     fn candidates(&self) -> (Vec<Candidate>, HashMap<String, PoolFacts>) {
-        let st = self.ctx.state.read().expect("state lock");
+        let st = self.ctx.index.read().expect("index lock");
         let sizes = st
             .pools()
             .all()
@@ -541,7 +541,7 @@ impl Sweeper {
             networks: networks.as_deref(),
         };
         let pool_networks = {
-            let st = self.ctx.state.read().expect("state lock");
+            let st = self.ctx.index.read().expect("index lock");
             st.networks().of_pool(&j.pool).map(<[String]>::to_vec)
         };
         let fresh = rules::decide(

@@ -22,16 +22,13 @@ use crate::index::kinds::{Fences, Nads, Nodes, Pods, Pools, Reservations};
 use crate::index::nodes::Transition;
 use crate::index::relist::{Kind, Relist, Step};
 use crate::index::{Index, NodeIndex, SharedIndex};
+use crate::paged::POD_PAGE;
 use crate::telemetry::ControllerMetrics;
 use crate::watch_retry::retrying;
 
 /// Marks a watch synced (first InitDone) for readiness.
 pub type Synced = watch::Sender<bool>;
 
-/// Pods per page of a list of whole pods (the watch's and `scan`'s): a page is read as one
-/// piece of text before it is stripped (a Deployment's pod is about 6 KB: 100 of them are
-/// 0.6 MB, 500 would be 3 MB).
-pub(crate) const POD_PAGE: u32 = 100;
 /// Pools per page: a pool of 5,000 entries is about 1.5 MB of text with its managedFields.
 const POOL_PAGE: u32 = 4;
 /// Nodes per page of the Node list: a Node's status (its images, above all) is tens of KB of

@@ -18,7 +18,7 @@ pub fn cooled_entry(req: &ReleaseRequest, until: jiff::Timestamp) -> PoolEntry {
 }
 
 impl Writer {
-    /// Updates the state and metrics for a release written into its cooldown; returns what to
+    /// Updates the index and metrics for a release written into its cooldown; returns what to
     /// delete after it: a lifted fence's record, never the reservation (it keeps the address
     /// from overlapping pools until the cooldown ends).
     pub(super) fn record_cooling(
@@ -45,7 +45,7 @@ impl Writer {
         }
     }
 
-    /// Updates the state for a cooling entry removed; returns its pod's reservations of the
+    /// Updates the index for a cooling entry removed; returns its pod's reservations of the
     /// address to delete (each still checked against a live allocation).
     pub(super) fn record_cooldown_end(
         &self,

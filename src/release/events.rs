@@ -34,6 +34,8 @@ pub const HOLD_APPROVED: &str = "IPAddressGarbageCollectionHoldApproved";
 /// ipreclaim's reason for a fenced or cooling entry removed or rewritten by a write that is
 /// not ipreclaim's (a second cleaner in the cluster).
 pub const MARKED_ENTRY_REMOVED: &str = "MarkedEntryRemovedByOtherWriter";
+/// Event reason: two or more live pods list the address on one network.
+pub const IP_ADDRESS_DUPLICATE: &str = "IPAddressDuplicate";
 
 /// Events waiting to be published at most; beyond that new ones are dropped (and counted).
 const QUEUE: usize = 10_000;

@@ -545,7 +545,7 @@ impl Writer {
             .map(|_| ())
     }
 
-    /// Updates the state for a written fence.
+    /// Updates the index for a written fence.
     fn record_fence(&self, index: Option<&mut Index>, req: &ReleaseRequest, object: ObjectId) {
         let (j, EntryWrite::Fence(record)) = (&req.judged, &req.write) else {
             return;
@@ -557,7 +557,7 @@ impl Writer {
         tracing::info!(pool = %j.pool, ip = %j.entry.ip, podref = %record.podref, node = %record.node, why = %record.why, "fenced");
     }
 
-    /// Updates the state and metrics for a written release; returns what to delete after it
+    /// Updates the index and metrics for a written release; returns what to delete after it
     /// (its reservations, a lifted fence's record).
     fn record_release(&self, index: Option<&mut Index>, req: &ReleaseRequest) -> Vec<ObjectDelete> {
         let j = &req.judged;

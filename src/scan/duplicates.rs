@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::ScanRow;
-use crate::controller::report::IP_ADDRESS_DUPLICATE;
 use crate::index::{Duplicates, Holder};
+use crate::release::events::IP_ADDRESS_DUPLICATE;
 
 /// The decision of a duplicate's row.
 pub const DUPLICATE: &str = "duplicate";

@@ -1,0 +1,24 @@
+//! What the controller's tasks share: the client, the index, the deletion queue, the writer,
+//! Events, metrics and the nodes' readiness.
+
+use std::sync::{Arc, RwLock};
+
+use kube::Client;
+use podlife::queue::WorkQueue;
+
+use crate::index::{NodeIndex, SharedIndex};
+use crate::release::{Events, writer};
+use crate::telemetry::ControllerMetrics;
+
+/// What the deletion workers, the sweep, the fence lifter and the reports share.
+#[derive(Clone)]
+pub struct Ctx {
+    pub(crate) client: Client,
+    pub(crate) index: SharedIndex,
+    pub(crate) queue: Arc<WorkQueue<String>>,
+    pub(crate) writer: writer::WriterHandle,
+    pub(crate) events: Events,
+    pub(crate) metrics: ControllerMetrics,
+    /// Nodes' readiness (`None`: fencing is off).
+    pub(crate) nodes: Option<Arc<RwLock<NodeIndex>>>,
+}
