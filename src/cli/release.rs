@@ -11,7 +11,7 @@ use ipreclaim::index::Index;
 use ipreclaim::ipam::PodKey;
 use ipreclaim::ipam::inventory;
 use ipreclaim::release::inventories;
-use ipreclaim::release::manual::{self, Planned, PodLook, ReleaseTarget};
+use ipreclaim::release::manual::{self, Planned, PodReading, ReleaseTarget};
 use ipreclaim::release::reservation::ReservationDelete;
 use ipreclaim::release::{EntryWrite, ReleaseError, ReleaseOutcome, ReleaseRequest};
 use kube::api::Api;
@@ -199,7 +199,7 @@ async fn read_pods_again(
     index: &Index,
     go: Vec<Planned>,
 ) -> (Vec<Planned>, bool) {
-    let mut looked: BTreeMap<String, Result<Option<PodLook>, String>> = BTreeMap::new();
+    let mut looked: BTreeMap<String, Result<Option<PodReading>, String>> = BTreeMap::new();
     let mut kept = Vec::new();
     let mut any_changed = false;
     for p in go {
@@ -215,7 +215,7 @@ async fn read_pods_again(
             let fresh = pods
                 .get_opt(&key.name)
                 .await
-                .map(|p| p.as_ref().map(PodLook::of))
+                .map(|p| p.as_ref().map(PodReading::of))
                 .map_err(|e| format!("cannot read pod {podref} again before the write: {e}"));
             looked.insert(podref.clone(), fresh);
         }

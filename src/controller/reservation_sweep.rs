@@ -22,7 +22,7 @@ use crate::api::ObjectId;
 use crate::index::{LeftBehind, MissingReservation, NamedReservation};
 use crate::ipam::PodKey;
 use crate::release::repair::Repaired;
-use crate::release::reservation::{ReservationDelete, SECOND_LOOKS};
+use crate::release::reservation::{RECHECKS, RESTORE_CONFIRM, ReservationDelete};
 use crate::seen::Seen;
 
 /// The graces of the reservation sweep.
@@ -54,10 +54,12 @@ type MissingKey = (String, String, String, String);
 /// held write must not stall the leak sweep.
 const REPAIRS_TIME: Duration = Duration::from_secs(10);
 /// How long an entry its pod lists must be seen without its reservation before it is created
-/// (instead of `--reservation-repair-grace`): just past the last look after a delete of ours,
-/// which puts back one our own delete took as an allocation raced it (and counts it so).
-const LISTED_REPAIR_GRACE: Duration =
-    SECOND_LOOKS[SECOND_LOOKS.len() - 1].saturating_add(Duration::from_secs(1));
+/// (instead of `--reservation-repair-grace`): just past the last re-check after a delete of
+/// ours and its confirmation, which puts back one our own delete took as an allocation raced
+/// it (and counts it so).
+const LISTED_REPAIR_GRACE: Duration = RECHECKS[RECHECKS.len() - 1]
+    .saturating_add(RESTORE_CONFIRM)
+    .saturating_add(Duration::from_secs(1));
 /// Repairs one sweep makes at most (the rest wait for the next).
 const REPAIRS_PER_SWEEP: usize = 100;
 

@@ -12,6 +12,7 @@
 //! Imports `release` and below (and podlife), never `controller` or `scan`.
 
 pub mod args;
+pub mod attempts;
 pub mod cri;
 pub mod error;
 pub mod evidence;
@@ -19,7 +20,6 @@ pub mod fences;
 pub mod hold;
 pub mod identity;
 pub mod inventory;
-pub mod looks;
 pub mod plan;
 pub mod release;
 pub mod witness;
@@ -164,7 +164,7 @@ impl Agent {
         mut events: tokio::sync::mpsc::Receiver<PodLifecycleEvent>,
         relist_period: Duration,
     ) {
-        let mut looks = looks::Looks::default();
+        let mut looks = attempts::Attempts::default();
         let mut reports: JoinSet<ReportDone> = JoinSet::new();
         let mut tick = tokio::time::interval(relist_period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -266,7 +266,7 @@ impl Agent {
         self.logged_orphans.keep_only(|u| current.contains(u));
     }
 
-    /// Looks at this node's fences against the newest complete listing and starts the
+    /// Attempts at this node's fences against the newest complete listing and starts the
     /// reports due. The fences are read before the listing count, so a fence counts as seen
     /// no earlier than it was.
     fn check_fences(&mut self, tasks: &mut JoinSet<ReportDone>) {
@@ -405,7 +405,7 @@ impl Agent {
             .reported(&fence_uid, kind, outcome.is_ok(), listings);
     }
 
-    fn start_due(&mut self, looks: &mut looks::Looks) {
+    fn start_due(&mut self, looks: &mut attempts::Attempts) {
         let ours = {
             let view = self.view.lock().expect("runtime view lock");
             runtime_is_ours(&mut self.identity, &self.metrics, &view)
@@ -425,7 +425,7 @@ impl Agent {
 
     /// The dead sandboxes waiting, and how long the oldest of them (waiting or under a look)
     /// has been dead.
-    fn set_waiting_gauges(&self, looks: &looks::Looks) {
+    fn set_waiting_gauges(&self, looks: &attempts::Attempts) {
         self.metrics
             .dead_sandboxes_pending
             .set(self.witness.pending() as i64);

@@ -153,7 +153,7 @@ impl Witness {
     }
 
     /// When the oldest sandbox waiting here (for its grace, a retry or a recheck) was first
-    /// reported dead; the looks under way are [`super::looks::Looks`]'. One that stays in use
+    /// reported dead; the release attempts under way are [`super::attempts::Attempts`]'. One that stays in use
     /// (its network never torn down), held or unverified keeps it for ever.
     pub fn oldest_death(&self) -> Option<Instant> {
         self.dead.values().map(|d| d.since).min()
@@ -342,7 +342,7 @@ mod tests {
         w.died("stuck", "uid-a", t0);
         w.died("young", "uid-b", t0 + secs(20));
         assert_eq!(w.oldest_death(), Some(t0));
-        // Both taken: the looks under way are the Looks' to count.
+        // Both taken: the attempts under way are Attempts' to count.
         let mut due = w.take_due(t0 + secs(50));
         assert_eq!((w.pending(), w.oldest_death()), (0, None));
         // The young one is settled; the stuck one is found in use, again and again.

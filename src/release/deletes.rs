@@ -16,7 +16,7 @@ impl Writer {
     /// Deletes queued objects, as many at once as the budgets allow; once every sender is gone,
     /// ends when the deletes and the second looks after them are done.
     pub(super) async fn delete_queued(self: Arc<Self>, rx: mpsc::UnboundedReceiver<ObjectDelete>) {
-        let (looks, looking) = self.spawn_looks();
+        let (looks, looking) = self.spawn_rechecks();
         let queued =
             futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
         queued

@@ -275,7 +275,7 @@ pub enum NotPlanned {
 /// The live pod of a podref as the controller's rules read it: from the listing, or from a
 /// fresh read right before the write.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PodLook {
+pub struct PodReading {
     /// Its uid.
     pub uid: String,
     /// Succeeded or Failed.
@@ -284,10 +284,10 @@ pub struct PodLook {
     pub networks: Option<Vec<NetworkAttachment>>,
 }
 
-impl PodLook {
+impl PodReading {
     /// The live pod of `podref` in the listing.
-    pub fn listed(index: &Index, podref: &str) -> Option<PodLook> {
-        index.pods().live(podref).map(|l| PodLook {
+    pub fn listed(index: &Index, podref: &str) -> Option<PodReading> {
+        index.pods().live(podref).map(|l| PodReading {
             uid: l.uid.clone(),
             terminal: l.terminal,
             networks: l.networks.as_deref().map(<[NetworkAttachment]>::to_vec),
@@ -295,10 +295,10 @@ impl PodLook {
     }
 
     /// A pod as read.
-    pub fn of(pod: &crate::api::slim::PodView) -> PodLook {
+    pub fn of(pod: &crate::api::slim::PodView) -> PodReading {
         let networks =
             crate::ipam::network_status::network_status_of(pod.metadata.annotations.as_ref());
-        PodLook {
+        PodReading {
             uid: pod.metadata.uid.clone().unwrap_or_default(),
             terminal: pod.is_terminal(),
             networks,
@@ -308,7 +308,7 @@ impl PodLook {
 
 /// The controller's decision on `entry` of `pool` with `pod` the live pod of its podref (a
 /// manual command knows of no deleted pod and no dead sandbox: one listing, no history).
-fn decide_on(index: &Index, pool: &str, entry: &PoolEntry, pod: Option<&PodLook>) -> Decision {
+fn decide_on(index: &Index, pool: &str, entry: &PoolEntry, pod: Option<&PodReading>) -> Decision {
     if index.pending_fence(pool, entry).is_some() {
         return Decision::Keep(KeepReason::FencePending);
     }
@@ -344,7 +344,7 @@ fn judged(
     entry: &PoolEntry,
     listed_by: &[String],
 ) -> (Reason, Option<KeepReason>) {
-    let pod = PodLook::listed(index, &entry.podref);
+    let pod = PodReading::listed(index, &entry.podref);
     match decide_on(index, pool, entry, pod.as_ref()) {
         Decision::Keep(why) => (Reason::Forced, Some(why)),
         _ if !listed_by.is_empty() => (Reason::Forced, None),
@@ -446,12 +446,12 @@ fn plan_releases(
 pub fn changed_since_listing(
     index: &Index,
     planned: &Planned,
-    fresh: Option<&PodLook>,
+    fresh: Option<&PodReading>,
 ) -> Option<String> {
     let j = &planned.request.judged;
     let podref = &j.entry.podref;
-    let listed = PodLook::listed(index, podref);
-    let uid = |p: Option<&PodLook>| match p {
+    let listed = PodReading::listed(index, podref);
+    let uid = |p: Option<&PodReading>| match p {
         Some(p) => format!("uid {}", p.uid),
         None => "no pod".to_string(),
     };
@@ -930,8 +930,8 @@ mod tests {
         assert_eq!(ips(&ok), ["p/192.0.2.20"]);
     }
 
-    fn look(uid: &str, ips: &[&str]) -> PodLook {
-        PodLook {
+    fn look(uid: &str, ips: &[&str]) -> PodReading {
+        PodReading {
             uid: uid.into(),
             terminal: false,
             networks: Some(vec![NetworkAttachment {

@@ -12,6 +12,13 @@
 //! reservation back if an entry for the pod and address appeared. An orphan's delete is looked
 //! at too: its network and address are read back from its name, in that network's pools whose
 //! range holds the address.
+//!
+//! An entry that appeared is not always one whose reservation ipreclaim must put back: an
+//! allocation that read no reservation (ours was already gone) creates its own right after its
+//! pool write, and a create of ours first would make that ADD fail (409, seen in the chaos
+//! suite). So the entry must still be there, still without its reservation, at a second read
+//! [`RESTORE_CONFIRM`] after the first: then the allocation read ours before the delete and
+//! will create none.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -26,12 +33,12 @@ pub use super::types::{Deleted, ReservationDelete};
 use super::writer::{Writer, delete_only_uid};
 use crate::api::{OverlappingRangeIPReservation, OverlappingRangeIPReservationSpec};
 
-/// When, after a delete, it is looked at again (from the delete). The first look comes soon:
+/// When, after a delete, it is re-checked (from the delete). The first re-check comes soon:
 /// an allocation that raced the delete writes its pool entry a moment after it read the
 /// reservation; a loaded allocator (or one retrying its pool update) writes it seconds later,
-/// so the looks stay a second apart until 3 s (the chaos suite saw a 2.6 s gap with none
+/// so the re-checks stay a second apart until 3 s (the chaos suite saw a 2.6 s gap with none
 /// between 1 s and 5 s).
-pub const SECOND_LOOKS: [Duration; 5] = [
+pub const RECHECKS: [Duration; 5] = [
     Duration::from_millis(300),
     Duration::from_secs(1),
     Duration::from_secs(2),
@@ -39,16 +46,21 @@ pub const SECOND_LOOKS: [Duration; 5] = [
     Duration::from_secs(5),
 ];
 
-/// Looks that are due within this of each other share their pool reads.
-const LOOK_BATCH: Duration = Duration::from_millis(50);
-/// A pool read for a look that takes longer is retried (a held read must not stall the rest).
+/// How long after a re-check first finds an entry for the pod and address (and no reservation)
+/// it reads again before putting the reservation back: whereabouts creates its own reservation
+/// right after its pool write when it read none, and must not find ours there first.
+pub const RESTORE_CONFIRM: Duration = Duration::from_millis(500);
+
+/// Re-checks that are due within this of each other share their pool reads.
+const RECHECK_BATCH: Duration = Duration::from_millis(50);
+/// A pool read for a re-check that takes longer is retried (a held read must not stall the rest).
 /// Above 3 s: a consistent read served from the watch cache waits that long for a lagging cache
 /// before it reads etcd, and must get there.
-const LOOK_READ_TIMEOUT: Duration = Duration::from_secs(4);
+const RECHECK_READ_TIMEOUT: Duration = Duration::from_secs(4);
 /// A look that could not be made is tried again this much later, this many times (ten
 /// minutes), then reported as failed.
-const LOOK_RETRY: Duration = Duration::from_secs(1);
-const LOOK_RETRIES: u32 = 600;
+const RECHECK_RETRY: Duration = Duration::from_secs(1);
+const RECHECK_RETRIES: u32 = 600;
 
 /// Who holds an address now: a pool entry's sandbox id and interface.
 type Holder = (String, Option<String>);
@@ -240,7 +252,7 @@ impl Writer {
     /// orphan's network and address are read back from its name, and looked for in every pool
     /// of that network the index knows whose range holds the address (its pool is not known:
     /// overlapping ranges share the reservation).
-    fn look_targets(&self, d: &ReservationDelete) -> Vec<(String, IpAddr)> {
+    fn recheck_targets(&self, d: &ReservationDelete) -> Vec<(String, IpAddr)> {
         if let (Some(ip), Some(pool)) = (d.ip, &d.pool) {
             return vec![(pool.clone(), ip)];
         }
@@ -253,8 +265,8 @@ impl Writer {
 
     /// A pool's entries for a look, read fresh; `None` where it could not be read in time (the
     /// index may lag the very allocation looked for, so it does not stand in).
-    async fn read_for_look(&self, pool: &str) -> Option<Vec<crate::ipam::PoolEntry>> {
-        match tokio::time::timeout(LOOK_READ_TIMEOUT, self.read_pool(pool)).await {
+    async fn read_for_recheck(&self, pool: &str) -> Option<Vec<crate::ipam::PoolEntry>> {
+        match tokio::time::timeout(RECHECK_READ_TIMEOUT, self.read_pool(pool)).await {
             Ok(Ok(Some(p))) => Some(
                 crate::ipam::pool_allocations(&p.spec)
                     .map(|a| a.entries)
@@ -279,9 +291,9 @@ impl Writer {
         let mut holders = Vec::with_capacity(looks.len());
         for d in looks {
             let (mut found, mut unknown) = (None, false);
-            for (pool, ip) in self.look_targets(d) {
+            for (pool, ip) in self.recheck_targets(d) {
                 if !read.contains_key(&pool) {
-                    let entries = self.read_for_look(&pool).await;
+                    let entries = self.read_for_recheck(&pool).await;
                     read.insert(pool.clone(), entries);
                 }
                 let Some(entries) = read.get(&pool).and_then(Option::as_ref) else {
@@ -349,31 +361,58 @@ impl Writer {
     }
 }
 
-/// A deleted reservation waiting for its next look.
-struct Look {
+/// A deleted reservation waiting for its next re-check.
+struct Recheck {
     d: ReservationDelete,
     step: usize,
-    /// Looks of this step that could not be made (pool unreadable, restore failed).
+    /// Re-checks of this step that could not be made (pool unreadable, restore failed).
     retries: u32,
     due: Instant,
+    /// An entry for the pod and address was found at the last re-check: the next one, due
+    /// [`RESTORE_CONFIRM`] later, puts the reservation back if it is still found.
+    found: bool,
 }
 
-/// Takes deleted reservations (with an address) and looks at them again at [`SECOND_LOOKS`]
-/// (see the module), every look due at once sharing its pool reads.
+/// What a re-check does with what it read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Next {
+    /// Puts the reservation back for the entry found again.
+    Restore,
+    /// Reads again after [`RESTORE_CONFIRM`]: the entry was found for the first time.
+    Confirm,
+    /// The pool could not be read: tries again soon.
+    Retry,
+    /// No entry holds the address: the next re-check of the schedule, if any.
+    Schedule,
+}
+
+/// What a re-check that read `holder` (`None`: the pool could not be read; `Some(None)`: no
+/// entry) does next, given whether the last one found an entry.
+fn next_step(found_before: bool, holder: &Option<Option<Holder>>) -> Next {
+    match holder {
+        None => Next::Retry,
+        Some(Some(_)) if found_before => Next::Restore,
+        Some(Some(_)) => Next::Confirm,
+        Some(None) => Next::Schedule,
+    }
+}
+
+/// Takes deleted reservations (with an address) and re-checks them at [`RECHECKS`]
+/// (see the module), every re-check due at once sharing its pool reads.
 impl Writer {
-    /// Starts the looks (see [`looks`]) for this writer: send it each deleted reservation.
-    /// The task ends once the sender is dropped and every look is done.
-    pub(crate) fn spawn_looks(
+    /// Starts the re-checks (see [`rechecks`]) for this writer: send it each deleted reservation.
+    /// The task ends once the sender is dropped and every re-check is done.
+    pub(crate) fn spawn_rechecks(
         self: &Arc<Self>,
     ) -> (
         mpsc::UnboundedSender<ReservationDelete>,
         tokio::task::JoinHandle<()>,
     ) {
-        looks(self.clone())
+        rechecks(self.clone())
     }
 }
 
-fn looks(
+fn rechecks(
     writer: Arc<Writer>,
 ) -> (
     mpsc::UnboundedSender<ReservationDelete>,
@@ -383,58 +422,69 @@ fn looks(
     let task = tokio::spawn(async move {
         let api: Api<OverlappingRangeIPReservation> =
             Api::namespaced(writer.client.clone(), &writer.namespace);
-        let mut waiting: Vec<Look> = Vec::new();
+        let mut waiting: Vec<Recheck> = Vec::new();
         let mut open = true;
         while open || !waiting.is_empty() {
             let next = waiting.iter().map(|l| l.due).min();
             let wake = super::sleep_until(next);
             tokio::select! {
                 d = rx.recv(), if open => match d {
-                    Some(d) => waiting.push(Look {
+                    Some(d) => waiting.push(Recheck {
                         d,
                         step: 0,
                         retries: 0,
-                        due: Instant::now() + SECOND_LOOKS[0],
+                        due: Instant::now() + RECHECKS[0],
+                        found: false,
                     }),
                     None => open = false,
                 },
                 () = wake => {
                     let now = Instant::now();
-                    let (due, rest): (Vec<Look>, Vec<Look>) =
-                        waiting.drain(..).partition(|l| l.due <= now + LOOK_BATCH);
+                    let (due, rest): (Vec<Recheck>, Vec<Recheck>) =
+                        waiting.drain(..).partition(|l| l.due <= now + RECHECK_BATCH);
                     waiting = rest;
                     let deletes: Vec<ReservationDelete> = due.iter().map(|l| l.d.clone()).collect();
                     let holders = writer.holders_now(&deletes).await;
                     for (mut look, holder) in due.into_iter().zip(holders) {
                         // Not known (the pool could not be read) is not a "no".
-                        let (retry, restored) = match holder {
-                            None => (true, false),
-                            Some(Some((id, ifname))) => {
+                        let retry = match (next_step(look.found, &holder), holder) {
+                            (Next::Restore, Some(Some((id, ifname)))) => {
                                 // Put back, or another pod's now (reported): done.
                                 let r = writer.restore(&api, &look.d, id, ifname).await;
-                                (r == Deleted::Failed, r != Deleted::Failed)
+                                if r != Deleted::Failed {
+                                    continue;
+                                }
+                                true
                             }
-                            Some(None) => (false, false),
+                            (Next::Confirm, _) => {
+                                look.found = true;
+                                look.due = Instant::now() + RESTORE_CONFIRM;
+                                waiting.push(look);
+                                continue;
+                            }
+                            (Next::Retry, _) => true,
+                            _ => {
+                                look.found = false;
+                                false
+                            }
                         };
-                        if restored {
-                            continue;
-                        }
                         if retry {
                             look.retries += 1;
-                            if look.retries > LOOK_RETRIES {
+                            if look.retries > RECHECK_RETRIES {
                                 tracing::error!(reservation = %look.d.name, podref = %look.d.podref, "gave up looking again after deleting a reservation: its pool could not be read or the reservation put back");
                                 writer.metrics.failed(Deleted::FAILED_LABEL);
                             } else {
-                                look.due = Instant::now() + LOOK_RETRY;
+                                look.due = Instant::now() + RECHECK_RETRY;
                                 waiting.push(look);
                             }
-                        } else if let Some(wait) = SECOND_LOOKS.get(look.step + 1) {
-                            let since = SECOND_LOOKS[look.step];
-                            waiting.push(Look {
+                        } else if let Some(wait) = RECHECKS.get(look.step + 1) {
+                            let since = RECHECKS[look.step];
+                            waiting.push(Recheck {
                                 due: look.due + wait.saturating_sub(since),
                                 step: look.step + 1,
                                 retries: 0,
                                 d: look.d,
+                                found: false,
                             });
                         }
                     }
@@ -443,4 +493,25 @@ fn looks(
         }
     });
     (tx, task)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_found_once_is_read_again_before_its_reservation_is_put_back() {
+        let entry = Some(Some(("sb-new".to_string(), Some("net1".to_string()))));
+        // Found for the first time: whereabouts may be about to create the reservation
+        // itself (it read none): read again, create nothing yet.
+        assert_eq!(next_step(false, &entry), Next::Confirm);
+        // Still there, still without its reservation: whereabouts read ours and will not.
+        assert_eq!(next_step(true, &entry), Next::Restore);
+        // Gone meanwhile (its sandbox torn down): the schedule goes on.
+        assert_eq!(next_step(true, &Some(None)), Next::Schedule);
+        // An unreadable pool is no answer, found before or not.
+        assert_eq!(next_step(true, &None), Next::Retry);
+        assert_eq!(next_step(false, &None), Next::Retry);
+        assert!(RESTORE_CONFIRM > Duration::ZERO && RESTORE_CONFIRM < RECHECKS[1]);
+    }
 }

@@ -1,4 +1,4 @@
-//! The looks at dead sandboxes under way: a task each, and the sandbox of each task, so that a
+//! The release attempts at dead sandboxes under way: a task each, and the sandbox of each task, so that a
 //! task that panics still hands its sandbox back (as a failed release, retried) instead of
 //! losing it.
 
@@ -11,14 +11,14 @@ use super::error::NodeError;
 use super::release::Outcome;
 use super::witness::DeadSandbox;
 
-/// Looks under way.
+/// Attempts under way.
 #[derive(Default)]
-pub struct Looks {
+pub struct Attempts {
     tasks: JoinSet<Outcome>,
     sandboxes: HashMap<Id, DeadSandbox>,
 }
 
-impl Looks {
+impl Attempts {
     /// Starts `look` at `sb`.
     pub fn spawn<F, Fut>(&mut self, sb: DeadSandbox, look: F)
     where
@@ -68,7 +68,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_look_that_panics_hands_its_sandbox_back_as_a_failure() {
-        let mut looks = Looks::default();
+        let mut looks = Attempts::default();
         assert_eq!(looks.oldest_death(), None);
         let ok = sandbox("ok");
         let oldest = ok.since;
