@@ -34,15 +34,7 @@ pub fn request(key: &str, podref: &str, write: EntryWrite) -> ReleaseRequest {
 
 /// The fence record of `ns/web-0`.
 pub fn record() -> FenceRecord {
-    FenceRecord {
-        podref: "ns/web-0".into(),
-        uid: "u".into(),
-        node: "n".into(),
-        why: "Ready=Unknown".into(),
-        network: "ns/net".into(),
-        since: "2026-11-23T10:00:00Z".parse().unwrap(),
-        grace_seconds: None,
-    }
+    ipreclaim_core::fixtures::fence_record("ns/web-0")
 }
 
 /// The `IPFence` object of the fence of entry 5 of pool `p`.

@@ -1,6 +1,7 @@
 //! Objects for tests, here and in the programs' tests (the `fixtures` feature).
 
 use crate::api::{IPAllocation, IPPool, IPPoolSpec};
+use crate::ipam::fence::FenceRecord;
 
 /// An allocation of sandbox `id` to `podref` on `net1`.
 pub fn entry(id: &str, podref: &str) -> IPAllocation {
@@ -24,4 +25,17 @@ pub fn pool_named(name: &str, allocations: &[(&str, &str, &str)]) -> IPPool {
                 .collect(),
         },
     )
+}
+
+/// A fence record of `podref` (node `n`, network `ns/net`, set 2026-11-23T10:00:00Z).
+pub fn fence_record(podref: &str) -> FenceRecord {
+    FenceRecord {
+        podref: podref.into(),
+        uid: "u".into(),
+        node: "n".into(),
+        why: "Ready=Unknown".into(),
+        network: "ns/net".into(),
+        since: "2026-11-23T10:00:00Z".parse().unwrap(),
+        grace_seconds: None,
+    }
 }

@@ -109,15 +109,7 @@ fn reservation(name: &str, podref: &str) -> OverlappingRangeIPReservation {
 
 /// A fence record of `podref`.
 fn record(podref: &str) -> FenceRecord {
-    FenceRecord {
-        podref: podref.into(),
-        uid: "u".into(),
-        node: "n".into(),
-        why: "Ready=Unknown".into(),
-        network: "ns/net".into(),
-        since: "2026-11-23T10:00:00Z".parse().unwrap(),
-        grace_seconds: None,
-    }
+    crate::fixtures::fence_record(podref)
 }
 
 /// An `IPFence` object `name` for sandbox `sandbox` of `podref`.
