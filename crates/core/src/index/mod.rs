@@ -41,13 +41,13 @@ pub use invalid::{InvalidIndex, InvalidKey, InvalidObject};
 pub use lock::{Acquisitions, IndexLock, SharedIndex};
 pub use networks::NetworkIndex;
 pub use nodes::NodeIndex;
-pub use other_writers::{GoneFence, MarkedGone, MarkedKind};
+pub use other_writers::{GoneFence, MarkedGone};
 pub use out_of_step::{LeftBehind, MissingReservation};
 pub use pods::{
     HeldEntry, LiveInfo, MalformedStatus, PodIndex, PodSeen, PodUid, TOMBSTONES_PER_PODREF,
     Tombstone,
 };
-pub use pools::{APPROVE_HOLD_ANNOTATION, CoolingEntry, PoolIndex, PoolInfo, Slot};
+pub use pools::{APPROVE_HOLD_ANNOTATION, CoolingEntry, MarkedKind, PoolIndex, PoolInfo, Slot};
 pub use reservations::{NamedReservation, ReservationIndex};
 
 /// How full a pool is.

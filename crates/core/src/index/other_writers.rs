@@ -11,32 +11,13 @@
 
 use std::net::IpAddr;
 
-use super::pools::PoolInfo;
+use super::pools::{MarkedKind, PoolInfo, SeenMarks};
 use crate::api::ObjectId;
 use crate::ipam::PoolEntry;
 
 /// Marked entries seen gone at most, waiting for the controller's next look (about a second);
 /// more are counted and dropped.
 pub const MAX_WAITING: usize = 10_000;
-
-/// What kind of marked entry went.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum MarkedKind {
-    /// A fenced entry (`ns/name:fenced`).
-    Fenced,
-    /// An entry in its release cooldown (`ns/name:cooldown`).
-    Cooling,
-}
-
-impl MarkedKind {
-    /// The `kind` label of the metric, and the word in Events.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            MarkedKind::Fenced => "fenced",
-            MarkedKind::Cooling => "cooling",
-        }
-    }
-}
 
 /// The fence a fenced entry that went was recorded under.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,35 +73,6 @@ fn at<'a>(pool: &'a PoolInfo, key: &str) -> Option<&'a PoolEntry> {
         .get(key)
         .or_else(|| pool.marked.get(key))
         .or_else(|| pool.cooling.get(key).map(|c| &c.entry))
-}
-
-/// A pool's marked entries and own-write signature as the watch last observed them: the
-/// writer's own updates of the index (a fence marked, a release forgotten, ahead of the watch)
-/// never touch it, so a watch event that still shows the older state is no change.
-#[derive(Debug, Clone, Default)]
-pub struct SeenMarks {
-    /// The pool's own-write signature.
-    pub signature: Option<String>,
-    /// Its marked entries with their kind, by key.
-    pub entries: std::collections::BTreeMap<String, (PoolEntry, MarkedKind)>,
-}
-
-impl SeenMarks {
-    /// What `pool`, just parsed from an observation, holds marked.
-    pub fn of(pool: &PoolInfo) -> SeenMarks {
-        let fenced = pool
-            .marked
-            .iter()
-            .map(|(k, e)| (k.clone(), (e.clone(), MarkedKind::Fenced)));
-        let cooling = pool
-            .cooling
-            .iter()
-            .map(|(k, c)| (k.clone(), (c.entry.clone(), MarkedKind::Cooling)));
-        SeenMarks {
-            signature: pool.own_write.clone(),
-            entries: fenced.chain(cooling).collect(),
-        }
-    }
 }
 
 /// The marked entries `old` (a pool's last observation) held that `new` (the same pool,

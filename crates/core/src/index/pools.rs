@@ -12,7 +12,6 @@ use crate::ipam::fence::FENCED_PODREF_SUFFIX;
 use crate::ipam::pool::offset_of;
 use crate::ipam::{PoolEntry, pool_allocations};
 
-use super::other_writers::SeenMarks;
 use super::pods::HeldEntry;
 use crate::ipam::own_write::OWN_WRITE_ANNOTATION;
 
@@ -390,5 +389,53 @@ impl PoolIndex {
         self.slots(podref)
             .filter_map(|(pool, key)| self.entry(pool, key))
             .find(|e| e.ip == ip)
+    }
+}
+
+/// What kind of marked entry: one another writer may remove (see `other_writers`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MarkedKind {
+    /// A fenced entry (`ns/name:fenced`).
+    Fenced,
+    /// An entry in its release cooldown (`ns/name:cooldown`).
+    Cooling,
+}
+
+impl MarkedKind {
+    /// The `kind` label of the metric, and the word in Events.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MarkedKind::Fenced => "fenced",
+            MarkedKind::Cooling => "cooling",
+        }
+    }
+}
+
+/// A pool's marked entries and own-write signature as the watch last observed them: the
+/// writer's own updates of the index (a fence marked, a release forgotten, ahead of the watch)
+/// never touch it, so a watch event that still shows the older state is no change.
+#[derive(Debug, Clone, Default)]
+pub struct SeenMarks {
+    /// The pool's own-write signature.
+    pub signature: Option<String>,
+    /// Its marked entries with their kind, by key.
+    pub entries: std::collections::BTreeMap<String, (PoolEntry, MarkedKind)>,
+}
+
+impl SeenMarks {
+    /// What `pool`, just parsed from an observation, holds marked.
+    pub fn of(pool: &PoolInfo) -> SeenMarks {
+        let fenced = pool
+            .marked
+            .iter()
+            .map(|(k, e)| (k.clone(), (e.clone(), MarkedKind::Fenced)));
+        let cooling = pool
+            .cooling
+            .iter()
+            .map(|(k, c)| (k.clone(), (c.entry.clone(), MarkedKind::Cooling)));
+        SeenMarks {
+            signature: pool.own_write.clone(),
+            entries: fenced.chain(cooling).collect(),
+        }
     }
 }
