@@ -288,6 +288,8 @@ impl Sweeper {
         let read =
             crate::release::inventories::sightings(&self.ctx.client, Some(ns), &wanted).await;
         drop(wanted);
+        let unreadable = &self.ctx.metrics.sandbox_inventories_unreadable;
+        unreadable.set(i64::from(read.is_err()));
         match read {
             Ok(sightings) => super::unseen::place(confirmed, &sightings),
             Err(kube::Error::Api(s)) if s.code == 403 => {

@@ -118,6 +118,8 @@ async fn a_pod_no_replica_saw_deleted_is_fenced_to_the_node_whose_agent_listed_i
     let released = env.events("IPAddressGarbageCollected").await;
     assert_eq!(released.len(), 1, "db-0 alone released: {released:?}");
     assert_eq!(released[0].0, "db-0");
+    env.wait_metric("ipreclaim_sandbox_inventories_unreadable 0")
+        .await;
 
     let (name, gone) = env.agent_report(POOL, "10", &down, &web).await;
     env.report_gone(&name, gone).await;
@@ -150,6 +152,34 @@ async fn an_inventory_not_of_its_holder_or_unreadable_places_nothing() {
     env.start(&[]).await;
     env.wait_keys(POOL, &[]).await;
     assert!(env.events(FENCED).await.is_empty());
+    finish(env, &node, &healthy).await;
+}
+
+/// Listing the inventories is forbidden (the RBAC of an older install): the sweep releases
+/// db-0's leak as before, and says so where an operator looks (the gauge, besides the log).
+#[tokio::test]
+async fn inventories_the_controller_may_not_list_are_said_unreadable_and_releases_go_on() {
+    use testenv::ControlPlane;
+    use testenv::faultproxy::{Action, FaultProxy, Rule};
+    let (mut env, node, healthy, web) = two_nodes("unseen-403").await;
+    inventory_of(&env, &node, &[("sb-web-0", &web)]).await;
+    env.delete_stopped_pod("db-0").await;
+    let proxy = FaultProxy::start(env.client.clone(), 1).await.unwrap();
+    let through = ControlPlane::shared().client_through_faults(&proxy).await;
+    proxy.set_rules(vec![Rule::new(
+        Some("list"),
+        Some("leases"),
+        Action::Status(403),
+    )]);
+    env.start_as(through, &[]).await;
+    env.wait_keys(POOL, &["10"]).await;
+    env.wait_metric("ipreclaim_sandbox_inventories_unreadable 1")
+        .await;
+    assert!(
+        proxy.injected().contains_key("403 list leases"),
+        "{:?}",
+        proxy.injected()
+    );
     finish(env, &node, &healthy).await;
 }
 
