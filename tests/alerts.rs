@@ -12,11 +12,12 @@ use testenv::helm::chart_dir;
 use testenv::prometheus::{chart_rules, dashboard_queries, render_chart, run_promtool};
 
 /// The alerts the chart ships (all of them with the default values).
-const ALERTS: [&str; 12] = [
+const ALERTS: [&str; 13] = [
     "IPReclaimPoolNearlyFull",
     "IPReclaimPoolFullSoon",
     "IPReclaimBreakerHoldWaiting",
     "IPReclaimLeaksNotFreed",
+    "IPReclaimInventoriesUnreadable",
     "IPReclaimReleaseFailures",
     "IPReclaimFenceTooOld",
     "IPReclaimOtherCleaner",
@@ -101,7 +102,7 @@ fn the_rules_are_opt_in_and_pass_promtool_check_rules_with_defaults_and_every_va
         ALERTS.iter().map(|s| s.to_string()).collect(),
     );
     let out = check_rules(&defaults, "defaults");
-    assert!(out.contains("SUCCESS: 12 rules found"), "{out}");
+    assert!(out.contains("SUCCESS: 13 rules found"), "{out}");
 
     // Every value changed: still valid, and each lands where it should.
     let every = rules_file(&[
