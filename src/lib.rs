@@ -4,7 +4,7 @@
 //! domain, the rules that decide, the index) is the `ipreclaim-core` crate, re-exported here;
 //! the shared pod lifecycle core is the `podlife` crate.
 
-pub use ipreclaim_core::{api, clock, index, ipam, rules, seen};
+pub use ipreclaim_core::{api, clock, index, ipam, lifts, rules, seen};
 
 pub mod controller;
 pub mod flags;

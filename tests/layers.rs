@@ -1,6 +1,6 @@
 //! Modules only import downwards. In the pure core crate (`crates/core`): the resource types
-//! (`api`) and the clock < test fixtures < the whereabouts domain (`ipam`) < the decisions
-//! (`rules`) < `index`. In `ipreclaim`, over the core: the flags < `telemetry` < listing pages
+//! (`api`), the clock and `seen` < the whereabouts domain (`ipam`) < test fixtures < the
+//! decisions (`rules`) < `index` < which fences lift (`lifts`). In `ipreclaim`, over the core: the flags < `telemetry` < listing pages
 //! and the watch retry < `release` < the programs (`controller`, `node`) < `scan`, and the
 //! programs not from each other. The core depends on no async runtime and no API client (its
 //! manifest names neither); `podlife` knows nothing of Kubernetes.
@@ -11,10 +11,11 @@ use std::path::{Path, PathBuf};
 /// never from a module beside it in its layer or above it.
 const CORE_LAYERS: &[&[&str]] = &[
     &["api", "clock", "seen"],
-    &["fixtures"],
     &["ipam"],
+    &["fixtures"],
     &["rules"],
     &["index"],
+    &["lifts"],
 ];
 
 /// `ipreclaim`'s layers over the core (which they all may import).

@@ -9,14 +9,12 @@ use crate::api::ObjectId;
 use crate::index::{FenceObject, FencedEntry, Index, NodeIndex, PendingFence, Slot};
 use crate::ipam::PoolEntry;
 use crate::ipam::fence::FenceRecord;
+use crate::lifts::FenceBook;
 use crate::release::events::Lifted;
 use crate::release::{EntryWrite, ReleaseOutcome, ReleaseRequest};
-use crate::rules::fence::{
-    AgentReport, AgentReports, FenceClock, FencePolicy, Lift, Moment, NodeReadiness, Rejected,
-    lift_with_reports,
-};
+use crate::rules::fence::{FencePolicy, Lift, Moment, NodeReadiness, Rejected};
 use crate::rules::{Decision, Judged, PodRef, Reason};
-use crate::seen::{Once, Seen};
+use crate::seen::Seen;
 
 /// How often fences are checked for lifting.
 pub const LIFT_EVERY: Duration = Duration::from_secs(1);
@@ -78,38 +76,14 @@ pub struct Lifter {
     pub(crate) view: Arc<RwLock<NodeIndex>>,
     /// `None`: fencing is off, and fences an earlier run set are lifted.
     pub(crate) policy: Option<FencePolicy>,
-    /// When this process first saw each fence: settles count on our clock.
-    pub(crate) first_seen: std::sync::Mutex<Seen<SeenFence>>,
+    /// What the lifter keeps across passes (first sightings, reports made).
+    pub(crate) book: FenceBook,
     /// When this process first saw each pending or left-over record (by name).
-    pub(crate) records_seen: std::sync::Mutex<Seen<String>>,
+    pub(crate) records_seen: Seen<String>,
     /// Entries whose last write failed: not tried again before their backoff.
     pub(crate) backoff: podlife::backoff::Backoff<Slot>,
-    /// Node agent reports rejected so far, as (fence uid, why): logged and counted once.
-    pub(crate) rejected: std::sync::Mutex<Once<(String, Rejected)>>,
-    /// Fences (by object uid) whose timer lift the node agent's "still present" holds: logged
-    /// once each time.
-    pub(crate) held_by_agent: std::sync::Mutex<Once<String>>,
-    /// Fences kept because a replacement lists their address: logged once each.
-    pub(crate) kept_for_replacement: std::sync::Mutex<Once<Slot>>,
     /// The apiserver's clock, which `--fence-timeout` counts on (set with a timeout).
     pub(crate) server_clock: Option<Arc<super::server_clock::ServerClock>>,
-}
-
-/// A fence as the lifter's clock knows it: its entry and the deleted pod's uid (a new fence
-/// of the same entry starts its own settle).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(crate) struct SeenFence {
-    slot: Slot,
-    uid: String,
-}
-
-impl SeenFence {
-    fn of(f: &FencedEntry) -> SeenFence {
-        SeenFence {
-            slot: Slot::new(&f.pool, &f.entry.key),
-            uid: f.record.uid.clone(),
-        }
-    }
 }
 
 /// First and longest wait before a failed fence write (lift or completion) is tried again.
@@ -139,11 +113,8 @@ struct Lifts {
     held: i64,
     /// The age of the oldest fence that stays.
     oldest: Duration,
-}
-
-/// How long ago a fence was set (by its record).
-fn age_of(f: &FencedEntry, now: Moment) -> Duration {
-    Duration::try_from(now.wall.duration_since(f.record.since)).unwrap_or_default()
+    /// Fences whose lift the node agent's "still present" holds.
+    held_by_agent: i64,
 }
 
 /// The fenced entries whose address a replacement lists (see [`replacement_lists`]).
@@ -177,14 +148,14 @@ const LIFT_READS: usize = 16;
 impl Lifter {
     /// One pass: updates the fence gauges and, on the leader, releases what lifts, completes
     /// pending fences and clears records whose entry the node's own CNI DEL freed.
-    pub async fn pass(&self, leader: bool) {
+    pub async fn pass(&mut self, leader: bool) {
         let mono = Instant::now();
         let server = self.server_clock.as_ref().map(|c| c.now(mono));
         // A timeout waits for the apiserver's clock; without one, nothing times out.
         let timeouts = !matches!(server, Some(None));
         // Set once the pass is done (its lifts written): a scrape that reads 0 knows a pass
         // has judged the fences by the apiserver's clock.
-        let waiting = &self.ctx.metrics.fence_timeouts_waiting_for_clock;
+        let waiting = self.ctx.metrics.fence_timeouts_waiting_for_clock.clone();
         let now = Moment {
             wall: server.flatten().unwrap_or_else(jiff::Timestamp::now),
             mono,
@@ -201,15 +172,11 @@ impl Lifter {
         };
         let lifts = self.lifts(&found, leader, now, timeouts);
         self.ctx.metrics.fenced_addresses.set(lifts.held);
-        let held_by_agent = self
-            .held_by_agent
-            .lock()
-            .expect("fence evidence lock")
-            .len();
+        let held_by_agent = lifts.held_by_agent;
         self.ctx
             .metrics
             .fences_held_by_node_agent
-            .set(held_by_agent as i64);
+            .set(held_by_agent);
         let oldest = lifts.oldest.as_secs() as i64;
         self.ctx.metrics.oldest_fence_seconds.set(oldest);
         let (complete, stale) = self.due_records(&found, now.mono);
@@ -227,81 +194,81 @@ impl Lifter {
     }
 
     /// Which fences lift now (on the leader), how many stay, and the oldest's age; `timeouts`:
-    /// whether `--fence-timeout` may lift (the apiserver's clock is known).
-    fn lifts(&self, found: &Found, leader: bool, now: Moment, timeouts: bool) -> Lifts {
-        let mut out = Lifts {
-            held: found.pending.len() as i64,
-            ..Default::default()
-        };
+    /// whether `--fence-timeout` may lift (the apiserver's clock is known). Reports what is new
+    /// (rejected agent reports, agent holds, replacements) once.
+    fn lifts(&mut self, found: &Found, leader: bool, now: Moment, timeouts: bool) -> Lifts {
         let policy = self.policy.map(|p| FencePolicy {
             timeout: p.timeout.filter(|_| timeouts),
             ..p
         });
-        let mut first_seen = self.first_seen.lock().expect("fence clock lock");
-        let keys: HashSet<SeenFence> = found.fenced.iter().map(SeenFence::of).collect();
-        first_seen.keep_only(|k| keys.contains(k));
-        let uids: HashSet<&str> = found.fenced.iter().map(|f| f.object.uid.as_str()).collect();
-        self.rejected
-            .lock()
-            .expect("fence evidence lock")
-            .keep_only(|(uid, _)| uids.contains(uid.as_str()));
-        self.held_by_agent
-            .lock()
-            .expect("fence evidence lock")
-            .keep_only(|uid| uids.contains(uid.as_str()));
-        let mut kept_for_replacement = self.kept_for_replacement.lock().expect("fence lock");
-        kept_for_replacement.keep_only(|s| found.listed_by_replacement.contains(s));
-        let v = self.view.read().expect("node view lock");
-        self.ctx.metrics.unready_nodes.set(v.unready() as i64);
-        for f in &found.fenced {
+        let decided = {
+            let v = self.view.read().expect("node view lock");
+            self.ctx.metrics.unready_nodes.set(v.unready() as i64);
+            self.book.judge(
+                &found.fenced,
+                &found.listed_by_replacement,
+                &v,
+                policy.as_ref(),
+                leader,
+                now,
+            )
+        };
+        let fenced = &found.fenced;
+        for (i, why) in decided.newly_rejected {
+            self.report_rejected(&fenced[i], why);
+        }
+        for i in decided.newly_held_by_agent {
+            let f = &fenced[i];
+            tracing::info!(ip = %f.entry.ip, podref = %f.record.podref, node = %f.record.node, fence_uid = %f.object.uid, "fence held: the node agent there still sees a sandbox of the deleted pod (its kubelet is stopping it)");
+        }
+        for (i, why) in decided.newly_kept_for_replacement {
+            let f = &fenced[i];
+            tracing::warn!(pool = %f.pool, ip = %f.entry.ip, podref = %f.record.podref, lifted = why.as_str(), "fence not lifted: a replacement of the deleted pod lists the address (the entry may be its own); lift it by hand once resolved");
+        }
+        let mut out = Lifts {
+            held: found.pending.len() as i64 + decided.held,
+            oldest: decided.oldest,
+            held_by_agent: decided.held_by_agent as i64,
+            ..Default::default()
+        };
+        for (i, why) in decided.lifts {
+            let f = &fenced[i];
             let pool = &f.pool;
-            let node = v.node(&f.record.node);
-            let first = first_seen.first(SeenFence::of(f), now.mono);
-            let fence = FenceClock {
-                set: Moment {
-                    // An IPFence's record time, already no earlier than its creation.
-                    wall: f.record.since,
-                    mono: first,
-                },
-                grace: f.record.grace(),
-            };
-            let lifts = match &policy {
-                Some(policy) => self.lift(f, fence, node, now, policy),
-                None => Some(Lift::FencingOff),
-            };
+            tracing::info!(%pool, ip = %f.entry.ip, podref = %f.record.podref, node = %f.record.node, lifted = why.as_str(), "fence lifts");
             let slot = Slot::new(pool, &f.entry.key);
-            let replaced = found.listed_by_replacement.contains(&slot);
-            match lifts {
-                Some(_) if !leader => out.held += 1,
-                Some(why) if replaced => {
-                    if kept_for_replacement.first(slot) {
-                        tracing::warn!(%pool, ip = %f.entry.ip, podref = %f.record.podref, lifted = why.as_str(), "fence not lifted: a replacement of the deleted pod lists the address (the entry may be its own); lift it by hand once resolved");
-                    }
-                    out.held += 1;
-                    out.oldest = out.oldest.max(age_of(f, now));
+            match why {
+                Lift::SandboxesGone => {
+                    out.by_agent.insert(slot);
                 }
-                Some(why) => {
-                    tracing::info!(%pool, ip = %f.entry.ip, podref = %f.record.podref, node = %f.record.node, lifted = why.as_str(), "fence lifts");
-                    let write = EntryWrite::Unfence(f.record.clone(), f.object.clone());
-                    match why {
-                        Lift::SandboxesGone => {
-                            out.by_agent.insert(slot);
-                        }
-                        Lift::NodeSettled | Lift::NodeDeleted | Lift::OutOfService => {
-                            out.by_node.insert(slot, (f.record.node.clone(), why));
-                        }
-                        Lift::TimedOut | Lift::FencingOff => {}
-                    }
-                    out.lifted
-                        .push(fence_request(pool, &f.entry, &f.record, write));
+                Lift::NodeSettled | Lift::NodeDeleted | Lift::OutOfService => {
+                    out.by_node.insert(slot, (f.record.node.clone(), why));
                 }
-                None => {
-                    out.held += 1;
-                    out.oldest = out.oldest.max(age_of(f, now));
-                }
+                Lift::TimedOut | Lift::FencingOff => {}
             }
+            let write = EntryWrite::Unfence(f.record.clone(), f.object.clone());
+            out.lifted
+                .push(fence_request(pool, &f.entry, &f.record, write));
         }
         out
+    }
+
+    /// Logs and counts a node agent report on fence `f` that does not count (once per fence
+    /// and why).
+    fn report_rejected(&self, f: &FencedEntry, why: Rejected) {
+        let reports = [&f.evidence.sandboxes_gone, &f.evidence.sandboxes_present];
+        let report = reports.into_iter().flatten().next();
+        let (report_node, report_pod_uid, report_fence_uid) = report
+            .map(|r| (r.node.as_str(), r.pod_uid.as_str(), r.fence_uid.as_str()))
+            .unwrap_or_default();
+        let fence_uid = f.object.uid.as_str();
+        tracing::warn!(ip = %f.entry.ip, podref = %f.record.podref, node = %f.record.node, fence_uid, report_node, report_pod_uid, report_fence_uid, rejected = why.as_str(), "node agent report on a fence ignored");
+        self.ctx
+            .metrics
+            .fence_evidence_rejected
+            .get_or_create(&crate::telemetry::metrics::ReasonLabel {
+                reason: why.as_str().into(),
+            })
+            .inc();
     }
 
     /// Writes lifts and completions not in backoff, reports them, and backs off what failed.
@@ -466,58 +433,10 @@ impl Lifter {
         self.ctx.writer.delete_fence_records(stale);
     }
 
-    /// Whether fence `f` lifts, its node agent's reports counted; a report that does not
-    /// count is logged and counted once per fence and why, never acted on.
-    fn lift(
-        &self,
-        f: &FencedEntry,
-        fence: FenceClock,
-        node: Option<&NodeReadiness>,
-        now: Moment,
-        policy: &FencePolicy,
-    ) -> Option<Lift> {
-        let identity = f.identity();
-        let fence_uid = identity.fence_uid;
-        let reports = AgentReports {
-            gone: f.evidence.sandboxes_gone.as_ref().map(AgentReport::from),
-            present: f.evidence.sandboxes_present.as_ref().map(AgentReport::from),
-        };
-        let verdict = lift_with_reports(fence, identity, &reports, node, now, policy);
-        let mut rejected = self.rejected.lock().expect("fence evidence lock");
-        for why in verdict.rejected {
-            if !rejected.first((fence_uid.to_owned(), why)) {
-                continue;
-            }
-            let report = [&reports.gone, &reports.present]
-                .into_iter()
-                .flatten()
-                .next();
-            let (report_node, report_pod_uid, report_fence_uid) = report
-                .map(|r| (r.node, r.pod_uid, r.fence_uid))
-                .unwrap_or_default();
-            tracing::warn!(ip = %f.entry.ip, podref = %f.record.podref, node = %f.record.node, fence_uid, report_node, report_pod_uid, report_fence_uid, rejected = why.as_str(), "node agent report on a fence ignored");
-            self.ctx
-                .metrics
-                .fence_evidence_rejected
-                .get_or_create(&crate::telemetry::metrics::ReasonLabel {
-                    reason: why.as_str().into(),
-                })
-                .inc();
-        }
-        drop(rejected);
-        let mut held = self.held_by_agent.lock().expect("fence evidence lock");
-        if !verdict.held_by_agent {
-            held.end(fence_uid);
-        } else if held.first(fence_uid.to_owned()) {
-            tracing::info!(ip = %f.entry.ip, podref = %f.record.podref, node = %f.record.node, fence_uid, "fence held: the node agent there still sees a sandbox of the deleted pod (its kubelet is stopping it)");
-        }
-        verdict.lift
-    }
-
     /// Pending fences to complete and left-over records to delete, each once it has waited
     /// its grace on this process's clock.
-    fn due_records(&self, found: &Found, now: Instant) -> (Vec<ReleaseRequest>, Vec<ObjectId>) {
-        let mut seen = self.records_seen.lock().expect("fence records lock");
+    fn due_records(&mut self, found: &Found, now: Instant) -> (Vec<ReleaseRequest>, Vec<ObjectId>) {
+        let seen = &mut self.records_seen;
         let names: HashSet<&str> = found
             .pending
             .iter()

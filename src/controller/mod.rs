@@ -216,20 +216,17 @@ fn spawn_lifting(
     let prober = server_clock
         .clone()
         .map(|c| server_clock::Prober::new(ctx.client.clone(), c));
-    let lifter = fence::Lifter {
+    let mut lifter = fence::Lifter {
         ctx: ctx.clone(),
         view: ctx.nodes.clone().unwrap_or_default(),
         policy: args.fence_unready_nodes.then(|| args.fence_policy()),
-        first_seen: Default::default(),
+        book: Default::default(),
         records_seen: Default::default(),
         backoff: podlife::backoff::Backoff::new(
             fence::WRITE_BACKOFF.0,
             fence::WRITE_BACKOFF.1,
             clock.clone(),
         ),
-        rejected: Default::default(),
-        held_by_agent: Default::default(),
-        kept_for_replacement: Default::default(),
         server_clock: server_clock.clone(),
     };
     let mut cooler = cooldown::Cooler {

@@ -1,5 +1,8 @@
 //! Objects for tests, here and in the programs' tests (the `fixtures` feature).
 
+use k8s_openapi::api::core::v1::NodeCondition;
+
+use crate::api::slim::NodeReadyView;
 use crate::api::{IPAllocation, IPPool, IPPoolSpec};
 use crate::ipam::fence::FenceRecord;
 
@@ -38,4 +41,17 @@ pub fn fence_record(podref: &str) -> FenceRecord {
         since: "2026-11-23T10:00:00Z".parse().unwrap(),
         grace_seconds: None,
     }
+}
+
+/// A Node with its Ready condition (`None`: none yet), reason `KubeletStopped`.
+pub fn node(name: &str, ready: Option<&str>) -> NodeReadyView {
+    let mut n = NodeReadyView::default();
+    n.metadata.name = Some(name.into());
+    n.ready = ready.map(|status| NodeCondition {
+        type_: "Ready".into(),
+        status: status.into(),
+        reason: Some("KubeletStopped".into()),
+        ..Default::default()
+    });
+    n
 }

@@ -7,6 +7,7 @@
 //! - `rules`: the decisions (is this allocation garbage and why; the grace clock, the
 //!   breaker, when a fence lifts, when a cooldown ends, other writers);
 //! - `index`: what the controller knows, stripped to what the rules need;
+//! - `lifts`: which fences lift now, over one pass of the index (the lifter's decisions);
 //! - `clock` and `seen`: where the rules read the time (the programs pass theirs), and the
 //!   one home of "first seen, due after a wait" and "report once per episode".
 //!
@@ -18,5 +19,6 @@ pub mod clock;
 pub mod fixtures;
 pub mod index;
 pub mod ipam;
+pub mod lifts;
 pub mod rules;
 pub mod seen;

@@ -14,9 +14,6 @@ mod reservations;
 
 use std::collections::BTreeMap;
 use std::time::Instant;
-
-use k8s_openapi::api::core::v1::NodeCondition;
-
 use super::relist::{Kind, Relist, Step};
 use super::{FenceObject, Index, PodSeen};
 use crate::api::slim::{NodeReadyView, PodView};
@@ -125,15 +122,7 @@ fn object(name: &str, sandbox: &str, podref: &str) -> FenceObject {
 
 /// A Node with its Ready condition (`None`: none yet).
 fn node(name: &str, ready: Option<&str>) -> NodeReadyView {
-    let mut n = NodeReadyView::default();
-    n.metadata.name = Some(name.into());
-    n.ready = ready.map(|status| NodeCondition {
-        type_: "Ready".into(),
-        status: status.into(),
-        reason: Some("KubeletStopped".into()),
-        ..Default::default()
-    });
-    n
+    crate::fixtures::node(name, ready)
 }
 
 /// The decisions on `podref`'s allocations.
