@@ -16,9 +16,11 @@
 //! An entry that appeared is not always one whose reservation ipreclaim must put back: an
 //! allocation that read no reservation (ours was already gone) creates its own right after its
 //! pool write, and a create of ours first would make that ADD fail (409, seen in the chaos
-//! suite). So the entry must still be there, still without its reservation, at a second read
-//! [`RESTORE_CONFIRM`] after the first: then the allocation read ours before the delete and
-//! will create none.
+//! suite). So the reservation is put back at once only when the pod, read fresh, lists the
+//! address (its ADD has returned: whereabouts creates nothing more), and otherwise when the same
+//! entry is still there, still without it, at a second read [`RESTORE_CONFIRM`] later. The
+//! first keeps the gap short where the allocation read ours and will create none (an address
+//! without its reservation is one an overlapping pool could hand out).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -31,7 +33,9 @@ use tokio::sync::mpsc;
 use super::budget::WriteKind;
 pub use super::types::{Deleted, ReservationDelete};
 use super::writer::{Writer, delete_only_uid};
+use crate::api::slim::PodView;
 use crate::api::{OverlappingRangeIPReservation, OverlappingRangeIPReservationSpec};
+use crate::ipam::network_status::network_status_of;
 
 /// When, after a delete, it is re-checked (from the delete). The first re-check comes soon:
 /// an allocation that raced the delete writes its pool entry a moment after it read the
@@ -46,9 +50,10 @@ pub const RECHECKS: [Duration; 5] = [
     Duration::from_secs(5),
 ];
 
-/// How long after a re-check first finds an entry for the pod and address (and no reservation)
-/// it reads again before putting the reservation back: whereabouts creates its own reservation
-/// right after its pool write when it read none, and must not find ours there first.
+/// How long after a re-check first finds an entry for the pod and address (and no reservation,
+/// and a pod that does not list the address yet) it reads again before putting the reservation
+/// back: whereabouts creates its own right after its pool write when it read none, and must not
+/// find ours there first.
 pub const RESTORE_CONFIRM: Duration = Duration::from_millis(500);
 
 /// Re-checks that are due within this of each other share their pool reads.
@@ -284,6 +289,29 @@ impl Writer {
         }
     }
 
+    /// Whether `d`'s pod, read fresh, lists its address in its network-status: its ADD has
+    /// returned, so whereabouts creates no reservation for it any more. A pod not read in time,
+    /// gone, or without a readable network-status counts as no (the re-check then confirms).
+    async fn pod_lists(&self, d: &ReservationDelete) -> bool {
+        let ip =
+            d.ip.or_else(|| self.recheck_targets(d).first().map(|(_, ip)| *ip));
+        let Some(ip) = ip else {
+            return false;
+        };
+        let pod = crate::ipam::PodKey::lenient(&d.podref);
+        let api = Api::<PodView>::namespaced(self.client.clone(), &pod.namespace);
+        match tokio::time::timeout(RECHECK_READ_TIMEOUT, api.get_opt(&pod.name)).await {
+            Ok(Ok(Some(p))) => network_status_of(p.metadata.annotations.as_ref())
+                .is_some_and(|n| n.iter().any(|a| a.ips.contains(&ip))),
+            Ok(Ok(None)) => false,
+            Ok(Err(e)) => {
+                tracing::debug!(podref = %d.podref, error = %e, "could not read the pod for a re-check; confirming instead");
+                false
+            }
+            Err(_) => false,
+        }
+    }
+
     /// Who holds each delete's address now, from one fresh read per pool for all of them;
     /// `None` where a pool to look in could not be read and no holder was found.
     async fn holders_now(&self, looks: &[ReservationDelete]) -> Vec<Option<Option<Holder>>> {
@@ -368,17 +396,18 @@ struct Recheck {
     /// Re-checks of this step that could not be made (pool unreadable, restore failed).
     retries: u32,
     due: Instant,
-    /// An entry for the pod and address was found at the last re-check: the next one, due
-    /// [`RESTORE_CONFIRM`] later, puts the reservation back if it is still found.
-    found: bool,
+    /// The entry for the pod and address found at the last re-check: the next one, due
+    /// [`RESTORE_CONFIRM`] later, puts the reservation back if the same entry is still there.
+    found: Option<Holder>,
 }
 
 /// What a re-check does with what it read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Next {
-    /// Puts the reservation back for the entry found again.
+    /// Puts the reservation back: the pod lists the address, or the same entry was found again.
     Restore,
-    /// Reads again after [`RESTORE_CONFIRM`]: the entry was found for the first time.
+    /// Reads again after [`RESTORE_CONFIRM`]: the entry was found for the first time (or
+    /// another one than before) and its pod does not list the address yet.
     Confirm,
     /// The pool could not be read: tries again soon.
     Retry,
@@ -387,11 +416,13 @@ enum Next {
 }
 
 /// What a re-check that read `holder` (`None`: the pool could not be read; `Some(None)`: no
-/// entry) does next, given whether the last one found an entry.
-fn next_step(found_before: bool, holder: &Option<Option<Holder>>) -> Next {
+/// entry) does next, given the entry the last one found and whether the pod, read fresh,
+/// lists the address.
+fn next_step(found_before: Option<&Holder>, holder: &Option<Option<Holder>>, listed: bool) -> Next {
     match holder {
         None => Next::Retry,
-        Some(Some(_)) if found_before => Next::Restore,
+        Some(Some(_)) if listed => Next::Restore,
+        Some(Some(h)) if found_before == Some(h) => Next::Restore,
         Some(Some(_)) => Next::Confirm,
         Some(None) => Next::Schedule,
     }
@@ -434,7 +465,7 @@ fn rechecks(
                         step: 0,
                         retries: 0,
                         due: Instant::now() + RECHECKS[0],
-                        found: false,
+                        found: None,
                     }),
                     None => open = false,
                 },
@@ -447,7 +478,14 @@ fn rechecks(
                     let holders = writer.holders_now(&deletes).await;
                     for (mut look, holder) in due.into_iter().zip(holders) {
                         // Not known (the pool could not be read) is not a "no".
-                        let retry = match (next_step(look.found, &holder), holder) {
+                        // The pod read fresh only where it decides: an entry new to this item.
+                        let listed = match &holder {
+                            Some(Some(h)) if look.found.as_ref() != Some(h) => {
+                                writer.pod_lists(&look.d).await
+                            }
+                            _ => false,
+                        };
+                        let retry = match (next_step(look.found.as_ref(), &holder, listed), holder) {
                             (Next::Restore, Some(Some((id, ifname)))) => {
                                 // Put back, or another pod's now (reported): done.
                                 let r = writer.restore(&api, &look.d, id, ifname).await;
@@ -456,15 +494,15 @@ fn rechecks(
                                 }
                                 true
                             }
-                            (Next::Confirm, _) => {
-                                look.found = true;
+                            (Next::Confirm, Some(Some(h))) => {
+                                look.found = Some(h);
                                 look.due = Instant::now() + RESTORE_CONFIRM;
                                 waiting.push(look);
                                 continue;
                             }
                             (Next::Retry, _) => true,
                             _ => {
-                                look.found = false;
+                                look.found = None;
                                 false
                             }
                         };
@@ -484,7 +522,7 @@ fn rechecks(
                                 step: look.step + 1,
                                 retries: 0,
                                 d: look.d,
-                                found: false,
+                                found: None,
                             });
                         }
                     }
@@ -500,18 +538,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_entry_found_once_is_read_again_before_its_reservation_is_put_back() {
-        let entry = Some(Some(("sb-new".to_string(), Some("net1".to_string()))));
-        // Found for the first time: whereabouts may be about to create the reservation
-        // itself (it read none): read again, create nothing yet.
-        assert_eq!(next_step(false, &entry), Next::Confirm);
-        // Still there, still without its reservation: whereabouts read ours and will not.
-        assert_eq!(next_step(true, &entry), Next::Restore);
-        // Gone meanwhile (its sandbox torn down): the schedule goes on.
-        assert_eq!(next_step(true, &Some(None)), Next::Schedule);
+    fn an_entry_is_put_back_once_its_pod_lists_it_or_it_is_found_again() {
+        let h = |id: &str| ("sb-".to_string() + id, Some("net1".to_string()));
+        let entry = |id: &str| Some(Some(h(id)));
+        // Found for the first time, its pod not listing the address yet: whereabouts may be
+        // about to create the reservation itself (it read none): read again, create nothing.
+        assert_eq!(next_step(None, &entry("new"), false), Next::Confirm);
+        // Its pod lists it: the ADD has returned, whereabouts creates nothing more: at once.
+        assert_eq!(next_step(None, &entry("new"), true), Next::Restore);
+        // The same entry still there, still without it: whereabouts read ours and will not.
+        assert_eq!(
+            next_step(Some(&h("new")), &entry("new"), false),
+            Next::Restore
+        );
+        // Another entry than the one found (the sandbox torn down, a new one allocated that
+        // may have read no reservation): a first sighting again.
+        assert_eq!(
+            next_step(Some(&h("new")), &entry("newer"), false),
+            Next::Confirm
+        );
+        // Gone meanwhile: the schedule goes on.
+        assert_eq!(
+            next_step(Some(&h("new")), &Some(None), false),
+            Next::Schedule
+        );
         // An unreadable pool is no answer, found before or not.
-        assert_eq!(next_step(true, &None), Next::Retry);
-        assert_eq!(next_step(false, &None), Next::Retry);
+        assert_eq!(next_step(Some(&h("new")), &None, false), Next::Retry);
+        assert_eq!(next_step(None, &None, true), Next::Retry);
         assert!(RESTORE_CONFIRM > Duration::ZERO && RESTORE_CONFIRM < RECHECKS[1]);
     }
 }

@@ -175,6 +175,59 @@ async fn a_look_that_cannot_read_the_pool_tries_again_and_puts_the_reservation_b
     env.stop().await;
 }
 
+/// The other way an allocation races a delete: web-0 recreated reads no reservation (the held
+/// delete has landed), writes its entry, and, as whereabouts' ADD does, creates the reservation
+/// itself a moment after its pool write; its pod lists the address only once the ADD has
+/// returned. ipreclaim's re-check must not create it first (whereabouts' create would fail
+/// with "already exists", and the ADD with it: the chaos suite's ManualRaces found it). The
+/// 0.3 s between the pool write and the create stands in for whereabouts' own lag (a fault's
+/// length, not a wait for the controller); f364767's first re-check, 0.3 s after the delete,
+/// created it first.
+#[tokio::test]
+async fn an_allocation_that_read_no_reservation_creates_its_own_unpreempted() {
+    let mut env = Env::new("ctl-recheck-own").await;
+    env.macvlan(&[(10, "sb-web-0", "web-0")]).await;
+    env.reservation("192.0.2.10", "web-0").await;
+    env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
+    let proxy = web_0_released_with_its_reservation_delete_held(&mut env, &[]).await;
+    proxy.clear();
+    proxy.release_held();
+    wait_for("the held delete to land", || async {
+        env.reservation_names().await.is_empty()
+    })
+    .await;
+    // whereabouts' ADD for the recreated web-0: no reservation read, the pool written, its
+    // network-status not written yet (the ADD has not returned).
+    env.pod("web-0", "macvlan", None).await;
+    let patch = serde_json::json!({"spec": {"allocations": {"10": {
+        "id": "sb-web-0-new", "podref": format!("{}/web-0", env.ns), "ifname": "net1",
+    }}}});
+    env.merge_pool("192.0.2.0-24", patch).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    use ipreclaim::api::{OverlappingRangeIPReservation, OverlappingRangeIPReservationSpec};
+    let created =
+        kube::Api::<OverlappingRangeIPReservation>::namespaced(env.client.clone(), &env.ns)
+            .create(
+                &kube::api::PostParams::default(),
+                &OverlappingRangeIPReservation::new(
+                    "192.0.2.10",
+                    OverlappingRangeIPReservationSpec {
+                        containerid: None,
+                        podref: format!("{}/web-0", env.ns),
+                        ifname: Some("net1".into()),
+                        ipamclaimref: None,
+                    },
+                ),
+            )
+            .await;
+    assert!(
+        created.is_ok(),
+        "whereabouts' own create after its pool write: {created:?}"
+    );
+    assert_eq!(env.reservation_names().await, ["192.0.2.10"]);
+    env.stop().await;
+}
+
 /// The looks read a pool with a LIST by name (the apiserver serves it from its cache); where RBAC
 /// refuses the list, they read it with a GET, and remember. The delete is held in flight while
 /// the recreated web-0 gets its address back; from then the proxy answers pool LISTs with 403

@@ -12,8 +12,6 @@ mod pods;
 mod relist;
 mod reservations;
 
-use std::collections::BTreeMap;
-use std::time::Instant;
 use super::relist::{Kind, Relist, Step};
 use super::{FenceObject, Index, PodSeen};
 use crate::api::slim::{NodeReadyView, PodView};
@@ -24,6 +22,8 @@ use crate::api::{
 use crate::fixtures::{entry, pool_named};
 use crate::ipam::fence::FenceRecord;
 use crate::rules::{Decision, ReclaimConfig};
+use std::collections::BTreeMap;
+use std::time::Instant;
 
 /// The pool most tests use.
 const POOL: &str = "p";
