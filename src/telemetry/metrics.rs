@@ -215,8 +215,8 @@ pub struct ControllerMetrics {
     pub fence_timeouts_waiting_for_clock: Gauge,
     /// Nodes whose Ready condition is not True: their pods' deletions are fenced.
     pub unready_nodes: Gauge,
-    /// 1 when the last sweep that needed the node agents' sandbox inventories could not read
-    /// them (forbidden, or an error).
+    /// 1 when the last sweep that needed the node agents' sandbox inventories was forbidden to
+    /// list them.
     pub sandbox_inventories_unreadable: Gauge,
     /// Node agent reports on fences that did not count, by why.
     pub fence_evidence_rejected: Family<ReasonLabel, Counter>,
@@ -301,7 +301,7 @@ impl ControllerMetrics {
             "fences_held_by_node_agent", "Fences past their settle, held because the node agent on their node still lists a sandbox of the deleted pod (its kubelet is stopping it)", m.fences_held_by_node_agent;
             "fence_timeouts_waiting_for_clock", "1 while --fence-timeout is set and the apiserver's clock (the Date of GET /version) has not been read: no fence times out", m.fence_timeouts_waiting_for_clock;
             "unready_nodes", "Nodes not Ready now: their pods' addresses are fenced when the pods are deleted", m.unready_nodes;
-            "sandbox_inventories_unreadable", "1 when the last sweep that needed the node agents' sandbox inventories could not read them: forbidden (its releases went ahead without them) or an error (they wait)", m.sandbox_inventories_unreadable;
+            "sandbox_inventories_unreadable", "1 when the last sweep that needed the node agents' sandbox inventories was forbidden to list them: its releases went ahead without them", m.sandbox_inventories_unreadable;
             "fence_evidence_rejected", "Node agent reports on fences that did not count (another node, pod or fence; malformed), by reason", m.fence_evidence_rejected;
             "marked_entries_removed_by_others", "Fenced and cooling entries removed or rewritten by a write that is not ipreclaim's (a second cleaner, e.g. whereabouts' ip-reconciler), by kind (the leader's; each has a Warning MarkedEntryRemovedByOtherWriter Event)", m.marked_removed_by_others;
             // Pools and the sweep: allocations, unreadable entries, candidates, holds.
