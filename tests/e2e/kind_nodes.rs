@@ -944,8 +944,10 @@ const LATE_GRACE: i64 = 150;
 /// while BOTH workers are frozen at once (`docker pause` of their node containers) until each
 /// Node is NotReady. On each worker a StatefulSet pod whose container ignores SIGTERM runs,
 /// early-0 (grace [`EARLY_GRACE`]) on one and late-0 (grace [`LATE_GRACE`]) on the other; both
-/// are force-deleted while their nodes are down and fenced, and both workers are unpaused
-/// together. Each kubelet stops its old pod with its own copy, so with the whole grace period.
+/// are force-deleted while their nodes are down and fenced; the apiserver restarts meanwhile
+/// (the kubelets re-list on return, as after a partition longer than the watch window), and
+/// both workers are unpaused together. Each kubelet stops its old pod with its own copy, so
+/// with the whole grace period.
 ///
 /// Fails when a fence lifts early: an entry or reservation gone while its pod's container
 /// still runs in its node's runtime (read through that node's CRI, as `crictl` there), or a
@@ -1065,6 +1067,10 @@ pub(crate) async fn both_workers_partitioned_and_returning_together_each_fence_l
     })
     .await;
     still_fenced("while both workers are away").await;
+    // The returning kubelets must re-list (not read the force-deletions from their old
+    // watches, which carry a zero grace), so that they stop the pods with their own copies.
+    restart_kind_apiserver(&client).await;
+    still_fenced("after the apiserver's restart").await;
     println!(
         "{} unpausing both workers after {:.0}s away",
         at(),
