@@ -12,7 +12,7 @@ use ipreclaim::ipam::NETWORKS_ANNOTATION;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{ContainerState, ListContainersRequest, StopContainerRequest};
 use k8s_openapi::api::core::v1::{Node as NodeObject, Pod};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use testenv::poll::{metric_value, wait_for_within};
 use tokio::net::UnixStream;
@@ -1173,9 +1173,33 @@ pub(crate) async fn both_workers_partitioned_and_returning_together_each_fence_l
         fence_records(&c).await
     );
     expect_clean_releases(&c).await;
+    // Nothing slow left for the next scenario: the replacements ignore SIGTERM too, so each
+    // takes its whole grace to go (late-0's is longer than the usual wait).
+    let pods = Api::<Pod>::namespaced(client.clone(), c.ns());
     for (set, _, _) in sets {
-        c.scale_statefulset_named(set, 0).await;
+        c.ensure_statefulset_on(set, None)
+            .await
+            .patch(
+                set,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"replicas": 0}})),
+            )
+            .await
+            .unwrap();
     }
+    wait_for_within(
+        "the replacements gone",
+        Duration::from_secs(LATE_GRACE as u64 + 120),
+        Duration::from_secs(1),
+        || async {
+            let mut gone = true;
+            for (set, _, _) in sets {
+                gone &= pods.get_opt(&format!("{set}-0")).await.unwrap().is_none();
+            }
+            gone
+        },
+    )
+    .await;
     controller.restore(&client).await;
     println!("{} done", at());
 }
