@@ -432,13 +432,13 @@ fn reservation_of(name: &str, ip: &str) -> bool {
     name == ip || name.ends_with(&format!("-{ip}"))
 }
 
-/// The reservations of the pools' namespace as (name, sandbox id whereabouts wrote).
-async fn reservations_by_sandbox(c: &Cluster) -> Vec<(String, Option<String>)> {
+/// The reservations of the pools' namespace as (name, uid).
+async fn reservation_uids(c: &Cluster) -> Vec<(String, String)> {
     let api = Api::<OverlappingRangeIPReservation>::namespaced(c.client().clone(), c.pool_ns());
     testenv::fixtures::list_all(&api)
         .await
         .into_iter()
-        .filter_map(|r| Some((r.metadata.name?, r.spec.containerid)))
+        .filter_map(|r| Some((r.metadata.name?, r.metadata.uid?)))
         .collect()
 }
 
@@ -473,13 +473,28 @@ async fn watch_the_return(
     limit: Duration,
 ) -> Vec<Timeline> {
     let mut returns = vec![Timeline::default(); pods.len()];
+    // Each old allocation's reservation object, by uid from the first look (the pods are
+    // fenced then): a replacement given the address back once it was freed gets a reservation
+    // of the same name and podref (whereabouts v0.9.4 writes no sandbox id), but its own.
+    let first = reservation_uids(c).await;
+    let old_reservations: Vec<Option<String>> = pods
+        .iter()
+        .map(|p| {
+            first
+                .iter()
+                .find(|(n, _)| reservation_of(n, p.ip))
+                .map(|(_, uid)| uid.clone())
+        })
+        .collect();
     loop {
         let now = back.elapsed();
         let entries = pool_entries(c).await;
-        let reserved = reservations_by_sandbox(c).await;
+        let reserved = reservation_uids(c).await;
         let fenced = fences(c).await;
         let mut done = true;
-        for (&Lost { name, node, ip, id }, r) in pods.iter().zip(returns.iter_mut()) {
+        for ((&Lost { name, node, ip, id }, r), old) in
+            pods.iter().zip(returns.iter_mut()).zip(&old_reservations)
+        {
             let fence = fenced.iter().find(|f| f.spec.sandbox == id);
             let sandbox = kind_sandbox(node, id).await;
             let first = |at: &mut Option<Duration>, seen: bool| {
@@ -488,11 +503,9 @@ async fn watch_the_return(
                 }
             };
             let entry = entries.iter().any(|(_, i, s)| i == ip && s == id);
-            // The old sandbox's reservation: a replacement given the address back once it
-            // was freed has its own (whereabouts writes the sandbox id; none: counted).
-            let reservation = reserved.iter().any(|(n, sandbox)| {
-                reservation_of(n, ip) && sandbox.as_deref().is_none_or(|s| s == id)
-            });
+            let reservation = old
+                .as_deref()
+                .is_some_and(|o| reserved.iter().any(|(_, uid)| uid == o));
             let report = |which: fn(
                 &ipreclaim::api::IPFenceStatus,
             ) -> Option<&ipreclaim::api::SandboxReport>| {
