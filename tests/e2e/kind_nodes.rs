@@ -202,15 +202,7 @@ pub(crate) async fn a_paused_worker_keeps_a_force_deleted_pods_address_fenced_un
     );
     assert_eq!(fence_records(&c).await.len(), 1);
     // Held while the node is away: the leader's gauge shows the fence ageing.
-    wait_long("the leader shows the fence held for 10 s", || async {
-        controller_pod_metrics(&client, &leader)
-            .await
-            .is_ok_and(|t| {
-                metric_value(&t, "ipreclaim_fenced_addresses") == 1.0
-                    && metric_value(&t, "ipreclaim_fence_oldest_age_seconds") >= 10.0
-            })
-    })
-    .await;
+    leader_shows_fences_held(&client, &leader, 1).await;
     assert!(
         pool_entries(&c).await.contains(&fenced_entry),
         "still fenced"
@@ -1086,15 +1078,7 @@ pub(crate) async fn both_workers_partitioned_and_returning_together_each_fence_l
         }
     };
     // Held while both are away: the leader's gauges show both fences ageing.
-    wait_long("the leader shows both fences held for 10 s", || async {
-        controller_pod_metrics(&client, &leader)
-            .await
-            .is_ok_and(|t| {
-                metric_value(&t, "ipreclaim_fenced_addresses") == 2.0
-                    && metric_value(&t, "ipreclaim_fence_oldest_age_seconds") >= 10.0
-            })
-    })
-    .await;
+    leader_shows_fences_held(&client, &leader, 2).await;
     still_fenced("while both workers are away").await;
     // The returning kubelets must re-list (not read the force-deletions from their old
     // watches, which carry a zero grace), so that they stop the pods with their own copies.
@@ -1257,6 +1241,18 @@ pub(crate) async fn both_workers_partitioned_and_returning_together_each_fence_l
     .await;
     controller.restore(&client).await;
     println!("{} done", at());
+}
+
+/// Waits until the leader's gauges show `n` fences held, the oldest for 10 s or more.
+async fn leader_shows_fences_held(client: &kube::Client, leader: &str, n: u32) {
+    let what = format!("the leader shows {n} fence(s) held for 10 s");
+    wait_long(&what, || async {
+        controller_pod_metrics(client, leader).await.is_ok_and(|t| {
+            metric_value(&t, "ipreclaim_fenced_addresses") == f64::from(n)
+                && metric_value(&t, "ipreclaim_fence_oldest_age_seconds") >= 10.0
+        })
+    })
+    .await;
 }
 
 mod kind_scenarios {
