@@ -135,7 +135,8 @@ print(len(packages), "ipreclaim" in names, "kube-client" in names)' "$bin" "$off
   fi
 fi
 
-size=$(buildah images --format '{{.Size}}' "$image" | head -n 1)
+# sed reads the whole list: head would stop reading, and buildah's SIGPIPE fail the script (pipefail)
+size=$(buildah images --format '{{.Size}}' "$image" | sed -n 1p)
 echo "image-check: size $size ($image, $arch)"
 if ((${#failed[@]})); then
   echo "image-check: ${#failed[@]} failed" >&2
