@@ -32,7 +32,13 @@ async fn orphaned_reservations_are_swept_and_live_ones_kept(mut env: Env) {
 
 /// web-0 recreated, and given 192.0.2.10 back by a new sandbox as whereabouts does by podref.
 async fn web_0_recreated_with_its_address(env: &Env) {
-    env.pod("web-0", "macvlan", Some(&["192.0.2.10"])).await;
+    web_0_recreated_listing(env, Some(&["192.0.2.10"])).await;
+}
+
+/// web-0 recreated with network-status `ips` (`None`: its ADD has not returned), and
+/// 192.0.2.10's entry written for its new sandbox.
+async fn web_0_recreated_listing(env: &Env, ips: Option<&[&str]>) {
+    env.pod("web-0", "macvlan", ips).await;
     let patch = serde_json::json!({"spec": {"allocations": {"10": {
         "id": "sb-web-0-new", "podref": format!("{}/web-0", env.ns), "ifname": "net1",
     }}}});
@@ -198,11 +204,7 @@ async fn an_allocation_that_read_no_reservation_creates_its_own_unpreempted() {
     .await;
     // whereabouts' ADD for the recreated web-0: no reservation read, the pool written, its
     // network-status not written yet (the ADD has not returned).
-    env.pod("web-0", "macvlan", None).await;
-    let patch = serde_json::json!({"spec": {"allocations": {"10": {
-        "id": "sb-web-0-new", "podref": format!("{}/web-0", env.ns), "ifname": "net1",
-    }}}});
-    env.merge_pool("192.0.2.0-24", patch).await;
+    web_0_recreated_listing(&env, None).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     use ipreclaim::api::{OverlappingRangeIPReservation, OverlappingRangeIPReservationSpec};
     let created =
