@@ -220,3 +220,38 @@ fn podlife_knows_nothing_of_kubernetes_or_ipreclaim() {
     let found = uses(&files, &["kube", "k8s_openapi", "ipreclaim"]);
     assert!(found.is_empty(), "{}", found.join("\n"));
 }
+
+/// The writer's parts that reach the index only through the ledger (`release::ledger`): the
+/// writer itself and its three jobs. `manual` plans over an index of its own (the manual
+/// commands' fresh read) and `inventories` reads no index: neither is listed.
+const WRITER_PARTS: &[&str] = &["writer.rs", "ledger.rs", "pools", "objects", "reports"];
+
+/// What reaching into the index looks like (types that only carry data, such as a missing
+/// reservation found by the sweep, are not the index).
+const INDEX_HANDLES: &[&str] = &[
+    "SharedIndex",
+    "IndexLock",
+    "index::Index",
+    "Index,",
+    "Index}",
+];
+
+#[test]
+fn the_writer_asks_and_tells_only_through_its_ledger() {
+    let release = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/release");
+    let mut files = Vec::new();
+    for part in WRITER_PARTS {
+        sources(&release.join(part), &mut files);
+    }
+    assert!(files.len() > WRITER_PARTS.len(), "{files:?}");
+    let mut found = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        for handle in INDEX_HANDLES {
+            if text.contains(handle) {
+                found.push(format!("{} names {handle}", file.display()));
+            }
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}

@@ -12,7 +12,7 @@ use ipreclaim::ipam::PodKey;
 use ipreclaim::ipam::inventory;
 use ipreclaim::release::inventories;
 use ipreclaim::release::manual::{self, Planned, PodReading, ReleaseTarget};
-use ipreclaim::release::reservation::ReservationDelete;
+use ipreclaim::release::objects::reservation::ReservationDelete;
 use ipreclaim::release::{EntryWrite, ReleaseError, ReleaseOutcome, ReleaseRequest};
 use kube::api::Api;
 

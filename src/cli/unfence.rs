@@ -8,8 +8,8 @@ use std::process::ExitCode;
 use ipreclaim::api::slim::NodeReadyView;
 use ipreclaim::api::{IPFence, ObjectId};
 use ipreclaim::index::Index;
-use ipreclaim::release::events::Lifted;
 use ipreclaim::release::manual::{self, FenceSelect, Planned};
+use ipreclaim::release::reports::events::Lifted;
 use ipreclaim::release::{EntryWrite, ReleaseOutcome, ReleaseRequest};
 use kube::api::Api;
 
@@ -249,7 +249,11 @@ fn after_lift(session: &Session, index: &Index, r: &ReleaseRequest) {
         .reservations()
         .of(&podref, j.entry.ip)
         .into_iter()
-        .map(|r| ipreclaim::release::reservation::ReservationDelete::after_release(r, &podref, j))
+        .map(|r| {
+            ipreclaim::release::objects::reservation::ReservationDelete::after_release(
+                r, &podref, j,
+            )
+        })
         .collect();
     session.writer.delete_reservations(deletes);
 }

@@ -100,7 +100,7 @@ impl Cooler {
             return;
         }
         let outcomes = self.ctx.writer.release(due.clone()).await;
-        crate::release::audit::emit_all(due.iter().zip(&outcomes), None, None);
+        crate::release::reports::audit::emit_all(due.iter().zip(&outcomes), None, None);
         for (r, o) in due.iter().zip(&outcomes) {
             let ip = r.judged.entry.ip;
             match o {

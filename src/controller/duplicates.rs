@@ -12,10 +12,10 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use super::report::{self, Problem};
-use crate::index::{Duplicate, DuplicatePod, Duplicates, Holder, Index, IndexLock};
+use crate::index::{Duplicate, DuplicatePod, Duplicates, EntryOwner, Index, IndexLock};
 use crate::ipam::PodKey;
-use crate::release::events::IP_ADDRESS_DUPLICATE;
-use crate::release::recorder::{NOTE_MAX, fit};
+use crate::release::reports::events::IP_ADDRESS_DUPLICATE;
+use crate::release::reports::recorder::{NOTE_MAX, fit};
 use crate::telemetry::ControllerMetrics;
 
 /// Most duplicates named in one Event, and most pods named per duplicate (in an Event or a log
@@ -224,7 +224,7 @@ fn listed_by(d: &Duplicate) -> String {
 /// What the pool's Event says of one duplicate: who lists it and who its entry names.
 fn pool_note(d: &Duplicate) -> String {
     match &d.entry {
-        Some(Holder {
+        Some(EntryOwner {
             podref,
             id: sandbox,
         }) => format!(

@@ -15,6 +15,7 @@ pub mod fence;
 mod fresh_node;
 mod housekeeping;
 pub mod leadership;
+mod ledger;
 pub mod other_writers;
 pub mod plan;
 pub mod report;
@@ -361,7 +362,7 @@ fn spawn_writer(
         .patch_interval(args.pool_patch_interval)
         .cooldown(args.release_cooldown)
         .dry_run(args.dry_run)
-        .index(index.clone());
+        .ledger(index.clone());
     writer::spawn(Arc::new(writer))
 }
 

@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use crate::index::{GoneFence, MarkedGone, MarkedKind};
-use crate::release::events::MARKED_ENTRY_REMOVED;
+use crate::release::reports::events::MARKED_ENTRY_REMOVED;
 use crate::rules::other_writers::{Gone, Kubelet, Verdict, judge};
 
 use super::report::reference;
@@ -198,7 +198,7 @@ mod tests {
         );
         assert!(cooling.contains("\"ns/other\""), "{cooling}");
         assert!(
-            cooling.len() < crate::release::recorder::NOTE_MAX,
+            cooling.len() < crate::release::reports::recorder::NOTE_MAX,
             "{}",
             cooling.len()
         );

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use crate::index::{Index, MalformedStatus, UnrecordedMark};
 use crate::ipam::PodKey;
 use crate::release::Events;
-use crate::release::events::IP_ADDRESS_DUPLICATE;
+use crate::release::reports::events::IP_ADDRESS_DUPLICATE;
 use crate::telemetry::ControllerMetrics;
 
 /// Event reason: an object was skipped because it does not fit the schema.

@@ -9,7 +9,7 @@
 //! - missing for a live entry: reported (gauge, Warning Event on the pool) and created again
 //!   after `--reservation-repair-grace` (whereabouts writes the entry before it creates the
 //!   reservation; a create of ours in between would fail its ADD), guarded (see
-//!   `release::repair`); after a few seconds where its pod lists the address, read fresh (its
+//!   `release::objects::repair`); after a few seconds where its pod lists the address, read fresh (its
 //!   ADD has returned: whereabouts will not create it any more).
 
 use std::collections::HashSet;
@@ -21,8 +21,9 @@ use kube::api::Api;
 use crate::api::ObjectId;
 use crate::index::{LeftBehind, MissingReservation, NamedReservation};
 use crate::ipam::PodKey;
-use crate::release::repair::Repaired;
-use crate::release::reservation::{RECHECKS, RESTORE_CONFIRM, ReservationDelete};
+use crate::release::objects::rechecks::{RECHECKS, RESTORE_CONFIRM};
+use crate::release::objects::repair::Repaired;
+use crate::release::objects::reservation::ReservationDelete;
 use crate::seen::Seen;
 
 /// The graces of the reservation sweep.

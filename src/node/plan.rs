@@ -299,7 +299,7 @@ mod tests {
     }
 
     /// The node agent's releases go through the writer, which cools them under
-    /// `--release-cooldown` (see `release::cooling`): a cooled address is released (Event,
+    /// `--release-cooldown` (see `release::pools::cooling`): a cooled address is released (Event,
     /// count) but its reservation is not deleted.
     #[test]
     fn a_release_into_cooldown_counts_as_released_and_keeps_its_reservation() {
@@ -312,7 +312,7 @@ mod tests {
         );
         let until: jiff::Timestamp = "2026-11-25T10:00:30Z".parse().unwrap();
         assert!(plan.releases.iter().all(|r| r.cooldown == Some(until)));
-        let patch = crate::release::patch::entries_patch(&[&plan.releases[0]], false, "sig");
+        let patch = crate::release::pools::patch::entries_patch(&[&plan.releases[0]], false, "sig");
         assert_eq!(patch[2]["value"], "ipreclaim-cooldown:2026-11-25T10:00:30Z");
         assert_eq!(patch[3]["value"], "ns/web-0:cooldown");
         let answers = [

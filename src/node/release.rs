@@ -25,7 +25,7 @@ use crate::ipam::{
     IpamConfig, PodKey, PoolEntry, ippool_name, parse_nad_config, pool_allocations,
     reservation_name,
 };
-use crate::release::reservation::ReservationDelete;
+use crate::release::objects::reservation::ReservationDelete;
 use crate::release::{Events, ReleaseError, ReleaseOutcome, ReleaseRequest, WriterHandle};
 use crate::rules::breaker::{BREAKER_WINDOW, NewHold};
 use crate::rules::{LivePod, PodPhase, PodRef, ReclaimConfig};
@@ -202,7 +202,7 @@ impl Releaser {
         let results = self.writer.release(reqs.clone()).await;
         self.give_back(&reqs, &results, reserved_at);
         let written = Written::tally(&reqs, &results);
-        crate::release::audit::emit_all(reqs.iter().zip(&results), None, Some(&self.node));
+        crate::release::reports::audit::emit_all(reqs.iter().zip(&results), None, Some(&self.node));
         for (network, ips) in &written.released {
             let cooling = written.cooling_until(ips);
             self.events

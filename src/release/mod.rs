@@ -1,35 +1,27 @@
-//! The release path, shared by the controller and the node agent: the batching pool writer
-//! (releases, fences, reservation deletes), the Event publisher, and the types they share.
+//! The release path, shared by the controller, the node agent and the manual commands: the
+//! writer (`writer`) and its three jobs, a folder each: pool writes (`pools`), object writes
+//! (`objects`: fence records, reservation deletes, their re-checks and repairs) and reports
+//! (`reports`: Events, audit, dry-run memory). It learns what it must know and tells what it
+//! wrote through a [`ledger::Ledger`]: the controller's index, or fresh reads. `manual` plans
+//! the manual commands' writes; `inventories` reads the node agents' sandbox inventories.
 //!
-//! Its pure parts: the pool schedule (`schedule`), the batch's shape (`batch`) and the patch
-//! builder (`patch`); the rest is the async shell that sends them.
-//!
-//! Imports everything below it (`index`, `reclaim`, `ipam`, `telemetry`, `watch_retry`,
-//! `api`); imported by the programs (`controller`, `node`), never the other way.
+//! Imports the core (`index`, `rules`, `ipam`, `api`), `telemetry` and `watch_retry`;
+//! imported by the programs (`controller`, `node`, `cli`), never the other way.
 
-pub mod audit;
-pub mod batch;
-mod batcher;
 pub mod budget;
-pub mod cooling;
-mod deletes;
-pub mod events;
-mod fence_records;
 #[cfg(test)]
 mod fixtures;
-mod fresh_pool;
 pub mod inventories;
+pub mod ledger;
 pub mod manual;
-pub mod patch;
-pub mod recorder;
-pub mod repair;
-pub mod reservation;
-pub mod schedule;
+pub mod objects;
+pub mod pools;
+pub mod reports;
 pub mod types;
 pub mod writer;
 
 pub use budget::{BudgetConfig, Budgets, WriteKind};
-pub use events::Events;
+pub use reports::events::Events;
 pub use types::{EntryWrite, Judged, PodRef, ReleaseError, ReleaseOutcome, ReleaseRequest};
 pub use writer::{Writer, WriterHandle};
 

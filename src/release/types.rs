@@ -141,12 +141,12 @@ pub struct ReservationDelete {
     /// The pod it names.
     pub podref: String,
     /// The address it reserves, when known (not for an orphan: its delete's check reads the
-    /// pod; its looks read the address back from its name).
+    /// pod; its re-checks read the address back from its name).
     pub ip: Option<IpAddr>,
     /// The pool the address was released from, when known.
     pub pool: Option<String>,
     /// For a reservation left behind for a live pod of its name: that pod's uid. Its delete's
-    /// check reads the pod and its network's pools fresh (see `reservation`).
+    /// check reads the pod and its network's pools fresh (see `objects::reservation`).
     pub live_pod: Option<String>,
 }
 

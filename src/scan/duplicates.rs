@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::ScanRow;
-use crate::index::{Duplicates, Holder};
-use crate::release::events::IP_ADDRESS_DUPLICATE;
+use crate::index::{Duplicates, EntryOwner};
+use crate::release::reports::events::IP_ADDRESS_DUPLICATE;
 
 /// The decision of a duplicate's row.
 pub const DUPLICATE: &str = "duplicate";
@@ -30,7 +30,7 @@ pub(super) fn rows(found: Duplicates, created: &BTreeMap<String, i64>) -> Vec<Sc
         .found
         .into_iter()
         .map(|d| {
-            let Holder {
+            let EntryOwner {
                 podref,
                 id: sandbox,
             } = d.entry.unwrap_or_default();

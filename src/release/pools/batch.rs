@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, HashMap};
 use crate::ipam::cooldown::{cooldown_id, cooling_podref};
 use crate::ipam::fence::fenced_podref;
 
-use super::types::{EntryWrite, ReleaseError, ReleaseOutcome, ReleaseRequest};
 use crate::api::IPAllocation;
+use crate::release::types::{EntryWrite, ReleaseError, ReleaseOutcome, ReleaseRequest};
 
 /// Whether `podref` is what `write`, a fence, makes of its entry.
 fn fenced_as(write: &EntryWrite, podref: &str) -> bool {

@@ -1,17 +1,9 @@
-//! Reservation deletes that never take the reservation of a live allocation. whereabouts keeps
-//! an existing OverlappingRangeIPReservation that already names the same pod, so a pod
-//! recreated under its name that gets its old address back before the delete goes out (write
-//! budgets and 429 pauses make that window long) would lose its reservation, and a pool with an
-//! overlapping range could hand the address out again. So each delete is checked at the moment
-//! it goes out: no pool entry may hold the address for that podref (the controller's index; a
-//! fresh read of the pool where there is no index; for an orphan, whose address is not known,
-//! no allocation of the pod and no pod of that name, read fresh), and the delete carries the
-//! uid it was chosen with as precondition. whereabouts reads the reservation before it writes the pool
-//! entry, so its allocation can still land between the check and the delete: looks after the
-//! delete (0.3, 1, 2, 3 and 5 s; one fresh read per pool for every delete due) put the
-//! reservation back if an entry for the pod and address appeared. An orphan's delete is looked
-//! at too: its network and address are read back from its name, in that network's pools whose
-//! range holds the address.
+//! Re-checks after reservation deletes. whereabouts reads the reservation before it writes the
+//! pool entry, so an allocation can land between a delete's check and the delete: re-checks
+//! after the delete ([`RECHECKS`]; one fresh read per pool for every re-check due) put the
+//! reservation back if an entry for the pod and address appeared. An orphan's delete is
+//! re-checked too: its network and address are read back from its name, in that network's pools
+//! whose range holds the address.
 //!
 //! An entry that appeared is not always one whose reservation ipreclaim must put back: an
 //! allocation that read no reservation (ours was already gone) creates its own right after its
@@ -30,12 +22,12 @@ use std::time::{Duration, Instant};
 use kube::api::{Api, PostParams};
 use tokio::sync::mpsc;
 
-use super::budget::WriteKind;
-pub use super::types::{Deleted, ReservationDelete};
-use super::writer::{Writer, delete_only_uid};
 use crate::api::slim::PodView;
 use crate::api::{OverlappingRangeIPReservation, OverlappingRangeIPReservationSpec};
 use crate::ipam::network_status::network_status_of;
+use crate::release::ledger::Occupant;
+use crate::release::types::{Deleted, ReservationDelete};
+use crate::release::writer::Writer;
 
 /// When, after a delete, it is re-checked (from the delete). The first re-check comes soon:
 /// an allocation that raced the delete writes its pool entry a moment after it read the
@@ -67,205 +59,16 @@ const RECHECK_READ_TIMEOUT: Duration = Duration::from_secs(4);
 const RECHECK_RETRY: Duration = Duration::from_secs(1);
 const RECHECK_RETRIES: u32 = 600;
 
-/// Who holds an address now: a pool entry's sandbox id and interface.
-type Holder = (String, Option<String>);
-
 impl Writer {
-    /// A pool entry of `podref` holding `ip` now: from the index, else a fresh read of `pool`.
-    async fn holder(&self, d: &ReservationDelete) -> Result<Option<Holder>, kube::Error> {
-        self.holder_from(d, self.index.is_some()).await
-    }
-
-    /// The same, from the index when `indexed`, else from a fresh read of the pool.
-    async fn holder_from(
-        &self,
-        d: &ReservationDelete,
-        indexed: bool,
-    ) -> Result<Option<Holder>, kube::Error> {
-        if let Some(uid) = &d.live_pod {
-            let kept = self.left_behind_kept(d, uid).await?;
-            return Ok(kept.then(|| (String::new(), None)));
-        }
-        let Some(ip) = d.ip else {
-            // An orphan: kept while its pod holds any allocation or lives.
-            let any = self.index.as_ref().is_some_and(|i| {
-                let i = i.read().expect("index lock");
-                i.pools().has_allocations(&d.podref) || i.pods().is_live(&d.podref)
-            });
-            // The sweep read the pod gone a while ago (the delete may wait for its budget), and
-            // our watches may lag: a pod of that name now may hold the address through this
-            // very reservation (whereabouts keeps one that names the pod). A pod exists before
-            // its allocation, so a fresh read of it now closes that window.
-            let exists = any || self.pod_exists(&d.podref).await?;
-            return Ok(exists.then(|| (String::new(), None)));
-        };
-        if let Some(index) = self.index.as_ref().filter(|_| indexed) {
-            let index = index.read().expect("index lock");
-            let holder = index.pools().holder(&d.podref, ip);
-            return Ok(holder.map(|e| (e.id.clone(), e.ifname.clone())));
-        }
-        let Some(pool) = &d.pool else {
-            return Ok(None);
-        };
-        // Reads go outside the write budgets (they bound writes; APF bounds both).
-        let current = self.read_pool(pool).await?;
-        let Some(current) = current else {
-            return Ok(None);
-        };
-        let entries = crate::ipam::pool_allocations(&current.spec)
-            .map(|p| p.entries)
-            .unwrap_or_default();
-        Ok(entries
-            .into_iter()
-            .find(|e| e.podref == d.podref && e.ip == ip)
-            .map(|e| (e.id, e.ifname)))
-    }
-
-    /// Whether a reservation the sweep found left behind for the live pod `uid` of its name
-    /// must stay after all, read fresh right before its delete: the pod (gone, recreated, without
-    /// network-status, or listing the address: kept) and the pools of its network whose range
-    /// holds the address (any entry of it, whoever's, keeps it; so does one that cannot be
-    /// read, and a network with no such pool known).
-    async fn left_behind_kept(
-        &self,
-        d: &ReservationDelete,
-        uid: &str,
-    ) -> Result<bool, kube::Error> {
-        let key = crate::ipam::PodKey::lenient(&d.podref);
-        let pods: Api<k8s_openapi::api::core::v1::Pod> =
-            Api::namespaced(self.client.clone(), &key.namespace);
-        let Some(pod) = pods.get_metadata_opt(&key.name).await? else {
-            // Gone since: an orphan now, judged as one (with its own grace) by a later sweep.
-            return Ok(true);
-        };
-        if pod.metadata.uid.as_deref() != Some(uid) {
-            return Ok(true);
-        }
-        let status = pod
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(crate::ipam::NETWORK_STATUS_ANNOTATION));
-        let Some(Ok(networks)) = status.map(|s| crate::ipam::parse_network_status(s)) else {
-            return Ok(true);
-        };
-        let readings = crate::ipam::naming::reservation_readings(&d.name);
-        let lists = |ip: &IpAddr| networks.iter().any(|n| n.ips.contains(ip));
-        if readings.iter().any(|(_, ip)| lists(ip)) {
-            return Ok(true);
-        }
-        let (targets, own) = match &self.index {
-            Some(index) => {
-                let index = index.read().expect("index lock");
-                let own = readings
-                    .iter()
-                    .any(|(_, ip)| index.pools().holder(&d.podref, *ip).is_some());
-                (index.reservation_pools(&d.name), own)
-            }
-            None => (Vec::new(), false),
-        };
-        if own || targets.is_empty() {
-            return Ok(true);
-        }
-        let mut read: HashMap<&str, Option<crate::api::IPPool>> = HashMap::new();
-        for (pool, ip) in &targets {
-            if !read.contains_key(pool.as_str()) {
-                read.insert(pool, self.read_pool(pool).await?);
-            }
-            let held = read[pool.as_str()]
-                .as_ref()
-                .is_some_and(|p| crate::ipam::holds_address(&p.spec, *ip));
-            if held {
-                return Ok(true);
-            }
-        }
-        Ok(false)
-    }
-
-    /// Whether a pod of `podref` exists now (read fresh, its metadata only).
-    async fn pod_exists(&self, podref: &str) -> Result<bool, kube::Error> {
-        let pod = crate::ipam::PodKey::lenient(podref);
-        let pods: Api<k8s_openapi::api::core::v1::Pod> =
-            Api::namespaced(self.client.clone(), &pod.namespace);
-        Ok(pods.get_metadata_opt(&pod.name).await?.is_some())
-    }
-
-    /// Deletes one reservation unless a live allocation holds its address (see the module).
-    pub(crate) async fn delete_reservation(&self, d: ReservationDelete) -> Deleted {
-        let api: Api<OverlappingRangeIPReservation> =
-            Api::namespaced(self.client.clone(), &self.namespace);
-        // Checked once admitted, right before the delete: a delete may wait long for its budget
-        // (or a 429 pause), and the check must be as fresh as the delete.
-        let result = self
-            .budgets
-            .send(WriteKind::Reservation, || {
-                let (api, d) = (api.clone(), d.clone());
-                async move {
-                    if self.holder(&d).await?.is_some() {
-                        return Ok(Deleted::Kept);
-                    }
-                    // uid as precondition: a reservation replaced since (another pod's) is not
-                    // touched; whereabouts never updates one in place.
-                    let params = delete_only_uid(d.uid.clone());
-                    // The checks took a moment: the gate again, right before the delete.
-                    if !self.budgets.open() {
-                        return Err(super::budget::not_leader());
-                    }
-                    self.metrics.write("delete");
-                    match api.delete(&d.name, &params).await {
-                        Ok(_) => {
-                            self.count_swept(&d);
-                            Ok(Deleted::Deleted)
-                        }
-                        // Gone already, or replaced (its uid changed).
-                        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {
-                            Ok(Deleted::NotOurs)
-                        }
-                        Err(e) => Err(e),
-                    }
-                }
-            })
-            .await;
-        match result {
-            Ok(Deleted::Kept) => {
-                tracing::info!(reservation = %d.name, podref = %d.podref, "reservation kept: a live allocation of the pod holds its address");
-                self.metrics.reservations_kept.inc();
-                Deleted::Kept
-            }
-            Ok(done) => done,
-            Err(e) => {
-                self.metrics.failed(Deleted::FAILED_LABEL);
-                tracing::warn!(reservation = %d.name, error = %e, "could not delete reservation");
-                Deleted::Failed
-            }
-        }
-    }
-
-    /// Counts a reservation the sweep deleted (one with no address known: an orphan, or one
-    /// left behind for a live pod).
-    fn count_swept(&self, d: &ReservationDelete) {
-        let why = match (&d.live_pod, d.ip) {
-            (Some(_), _) => "left_behind",
-            (None, None) => "orphan",
-            (None, Some(_)) => return,
-        };
-        let swept = &self.metrics.reservations_swept;
-        swept.get_or_create(&why.to_string().into()).inc();
-    }
-
     /// Where a look at `d` reads: (pool, address). A delete after a release names both; an
     /// orphan's network and address are read back from its name, and looked for in every pool
-    /// of that network the index knows whose range holds the address (its pool is not known:
+    /// of that network the ledger knows whose range holds the address (its pool is not known:
     /// overlapping ranges share the reservation).
     fn recheck_targets(&self, d: &ReservationDelete) -> Vec<(String, IpAddr)> {
         if let (Some(ip), Some(pool)) = (d.ip, &d.pool) {
             return vec![(pool.clone(), ip)];
         }
-        let Some(index) = &self.index else {
-            return Vec::new();
-        };
-        let index = index.read().expect("index lock");
-        index.reservation_pools(&d.name)
+        self.ledger.reservation_pools(&d.name)
     }
 
     /// A pool's entries for a look, read fresh; `None` where it could not be read in time (the
@@ -314,7 +117,7 @@ impl Writer {
 
     /// Who holds each delete's address now, from one fresh read per pool for all of them;
     /// `None` where a pool to look in could not be read and no holder was found.
-    async fn holders_now(&self, looks: &[ReservationDelete]) -> Vec<Option<Option<Holder>>> {
+    async fn holders_now(&self, looks: &[ReservationDelete]) -> Vec<Option<Option<Occupant>>> {
         let mut read: HashMap<String, Option<Vec<crate::ipam::PoolEntry>>> = HashMap::new();
         let mut holders = Vec::with_capacity(looks.len());
         for d in looks {
@@ -398,7 +201,7 @@ struct Recheck {
     due: Instant,
     /// The entry for the pod and address found at the last re-check: the next one, due
     /// [`RESTORE_CONFIRM`] later, puts the reservation back if the same entry is still there.
-    found: Option<Holder>,
+    found: Option<Occupant>,
 }
 
 /// What a re-check does with what it read.
@@ -418,7 +221,11 @@ enum Next {
 /// What a re-check that read `holder` (`None`: the pool could not be read; `Some(None)`: no
 /// entry) does next, given the entry the last one found and whether the pod, read fresh,
 /// lists the address.
-fn next_step(found_before: Option<&Holder>, holder: &Option<Option<Holder>>, listed: bool) -> Next {
+fn next_step(
+    found_before: Option<&Occupant>,
+    holder: &Option<Option<Occupant>>,
+    listed: bool,
+) -> Next {
     match holder {
         None => Next::Retry,
         Some(Some(_)) if listed => Next::Restore,
@@ -457,7 +264,7 @@ fn rechecks(
         let mut open = true;
         while open || !waiting.is_empty() {
             let next = waiting.iter().map(|l| l.due).min();
-            let wake = super::sleep_until(next);
+            let wake = crate::release::sleep_until(next);
             tokio::select! {
                 d = rx.recv(), if open => match d {
                     Some(d) => waiting.push(Recheck {

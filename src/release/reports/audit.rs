@@ -1,6 +1,6 @@
 //! The audit trail: one structured log line per address released or fenced, with target
 //! [`TARGET`], so that a log store answers "who had this IP and why was it freed" long after the
-//! Events expired. Written beside the Events (`release::events`), from the same outcomes: only
+//! Events expired. Written beside the Events (`release::reports::events`), from the same outcomes: only
 //! what was written is audited (no dry-run decisions, no failures).
 //!
 //! Fields (at the top level of a JSON log line): `action` (`released` or `fenced`), `pod`

@@ -4,10 +4,10 @@
 
 use kube::api::{Api, PostParams};
 
-use super::budget::{Paid, WriteKind};
-use super::writer::{Writer, WriterHandle};
 use crate::api::{OverlappingRangeIPReservation, OverlappingRangeIPReservationSpec};
 use crate::index::MissingReservation;
+use crate::release::budget::{Paid, WriteKind};
+use crate::release::writer::{Writer, WriterHandle};
 
 /// What became of a missing reservation.
 #[derive(Debug, Clone, PartialEq, Eq)]

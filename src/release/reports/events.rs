@@ -8,10 +8,10 @@ use kube::Client;
 use kube::runtime::events::{Event, EventType, Reporter};
 use tokio::sync::mpsc;
 
-use super::budget::{Budgets, WriteKind};
 use super::recorder::Recorder;
-use super::types::{EntryWrite, PodRef, ReleaseError, ReleaseOutcome, ReleaseRequest};
 use crate::ipam::fence::FenceRecord;
+use crate::release::budget::{Budgets, WriteKind};
+use crate::release::types::{EntryWrite, PodRef, ReleaseError, ReleaseOutcome, ReleaseRequest};
 use crate::rules::Reason;
 use crate::rules::fence::{is_deleted_before_stopped, is_unseen_deletion};
 use crate::telemetry::WriteMetrics;
@@ -93,7 +93,7 @@ fn pod_reference(pod: &PodRef) -> ObjectReference {
 
 /// Whether asking again may help (not when the apiserver refused the Event itself).
 fn retryable(e: &kube::Error) -> bool {
-    if super::budget::is_not_leader(e) {
+    if crate::release::budget::is_not_leader(e) {
         // A demoted leader's Events about its decisions are dropped, not sent once it leads
         // again (release Events pass the gate).
         return false;
@@ -339,7 +339,9 @@ impl Events {
         for (req, outcome) in results {
             // The audit line of each address written, beside its Event.
             let why = lifted.map(|l| l.why);
-            if let Some(audit) = crate::release::audit::AuditRecord::of(req, outcome, why, None) {
+            if let Some(audit) =
+                crate::release::reports::audit::AuditRecord::of(req, outcome, why, None)
+            {
                 audit.emit();
             }
             if let (Ok(ReleaseOutcome::Fenced), EntryWrite::Fence(r)) = (outcome, &req.write) {
@@ -377,7 +379,7 @@ impl Events {
         let mut by_network = ByNetwork::default();
         for (req, outcome) in results {
             if let Some(mut audit) =
-                crate::release::audit::AuditRecord::of(req, outcome, None, None)
+                crate::release::reports::audit::AuditRecord::of(req, outcome, None, None)
             {
                 audit.evidence = format!("released by hand ({how}); {}", audit.evidence);
                 audit.emit();

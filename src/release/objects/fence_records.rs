@@ -6,11 +6,12 @@ use std::collections::BTreeMap;
 use futures::StreamExt;
 use kube::api::{Api, PostParams};
 
-use super::budget::WriteKind;
-use super::types::{EntryWrite, ReleaseError, ReleaseRequest};
-use super::writer::{ObjectDelete, RESERVATION_DELETERS, Writer, api_error};
+use super::{ObjectDelete, RESERVATION_DELETERS};
 use crate::api::{IPFence, ObjectId};
 use crate::ipam::fence::{FenceRecord, fence_object_name, fence_spec};
+use crate::release::budget::WriteKind;
+use crate::release::types::{EntryWrite, ReleaseError, ReleaseRequest};
+use crate::release::writer::{Writer, api_error};
 
 /// A fence record as a fence's write found or made it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,7 +27,7 @@ pub struct FenceObjectWritten {
 impl Writer {
     /// Writes the `IPFence` record of each fence in `reqs` (`None` for other writes): its
     /// (name, uid), or why it could not be written.
-    pub(super) async fn write_fence_records(
+    pub(in crate::release) async fn write_fence_records(
         &self,
         pool: &str,
         reqs: &[ReleaseRequest],
@@ -66,7 +67,7 @@ impl Writer {
         let spec = fence_spec(pool, &e.key, e.ip, &e.id, record);
         let api: Api<IPFence> = Api::namespaced(self.client.clone(), &self.namespace);
         let refused = |err: &kube::Error| match err {
-            e if super::budget::is_not_leader(e) => ReleaseError::NotLeader,
+            e if crate::release::budget::is_not_leader(e) => ReleaseError::NotLeader,
             kube::Error::Api(s) if (400..500).contains(&s.code) => ReleaseError::Refused {
                 pool: pool.into(),
                 message: format!("fence record {name}: {}", s.message),

@@ -8,7 +8,7 @@ use crate::ipam::cooldown::{cooldown_id, cooling_podref};
 use crate::ipam::fence::fenced_podref;
 use crate::ipam::own_write::OWN_WRITE_ANNOTATION;
 
-use super::types::{EntryWrite, ReleaseRequest};
+use crate::release::types::{EntryWrite, ReleaseRequest};
 
 /// A JSON pointer token (RFC 6901).
 fn pointer_token(s: &str) -> String {

@@ -6,10 +6,11 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use super::budget::Paid;
 use super::schedule::{MAX_BATCH, PoolSchedule};
-use super::types::ReleaseRequest;
-use super::writer::{ObjectDelete, Reply, Writer, WriterHandle};
+use crate::release::budget::Paid;
+use crate::release::objects::ObjectDelete;
+use crate::release::types::ReleaseRequest;
+use crate::release::writer::{Reply, Writer, WriterHandle};
 
 /// Starts the batcher and the reservation deleter; they run until every handle is dropped.
 /// At most one patch per pool is in flight, and a pool's patches are spaced by `spacing`;
@@ -45,7 +46,7 @@ async fn batch(
     mut rx: mpsc::Receiver<(ReleaseRequest, Reply)>,
     deletes: mpsc::UnboundedSender<ObjectDelete>,
 ) {
-    let mut schedule = PoolSchedule::new(writer.patch_interval);
+    let mut schedule = PoolSchedule::new(writer.pools.patch_interval);
     // Each finished patch: its pool and how long it took.
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(String, Duration)>();
     let mut open = true;
@@ -70,7 +71,7 @@ async fn batch(
         if !open && schedule.idle() {
             return;
         }
-        let wake = super::sleep_until(schedule.next_wake(now));
+        let wake = crate::release::sleep_until(schedule.next_wake(now));
         tokio::select! {
             item = rx.recv(), if open => match item {
                 Some(item) => {

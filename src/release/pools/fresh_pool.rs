@@ -10,14 +10,14 @@ use std::sync::atomic::Ordering;
 
 use kube::api::ListParams;
 
-use super::writer::Writer;
 use crate::api::IPPool;
+use crate::release::writer::Writer;
 
 impl Writer {
     /// `name`'s pool now (`None`: there is none).
     pub(crate) async fn read_pool(&self, name: &str) -> Result<Option<IPPool>, kube::Error> {
-        let pools = self.pools();
-        if !self.pools_read_by_get.load(Ordering::Relaxed) {
+        let pools = self.pools_api();
+        if !self.pools.read_by_get.load(Ordering::Relaxed) {
             let by_name = ListParams::default().fields(&format!("metadata.name={name}"));
             match pools.list(&by_name).await {
                 Ok(list) => {
@@ -28,7 +28,7 @@ impl Writer {
                 }
                 Err(kube::Error::Api(s)) if s.code == 403 => {
                     tracing::info!(error = %s, "listing pools is not allowed: reading them one by one with GET");
-                    self.pools_read_by_get.store(true, Ordering::Relaxed);
+                    self.pools.read_by_get();
                 }
                 Err(e) => return Err(e),
             }
