@@ -10,7 +10,7 @@ use crate::index::{FenceObject, FencedEntry, Index, NodeIndex, PendingFence, Slo
 use crate::ipam::PoolEntry;
 use crate::ipam::fence::FenceRecord;
 use crate::lifts::FenceBook;
-use crate::release::events::Lifted;
+use crate::release::reports::events::Lifted;
 use crate::release::{EntryWrite, ReleaseOutcome, ReleaseRequest};
 use crate::rules::fence::{FencePolicy, Lift, Moment, NodeReadiness, Rejected};
 use crate::rules::{Decision, Judged, PodRef, Reason};
@@ -110,11 +110,11 @@ struct Lifts {
     /// read fresh before they go.
     by_node: HashMap<Slot, (String, Lift)>,
     /// Fences (and pending fences) that stay.
-    held: i64,
+    staying: i64,
     /// The age of the oldest fence that stays.
     oldest: Duration,
-    /// Fences whose lift the node agent's "still present" holds.
-    held_by_agent: i64,
+    /// Fences whose lift the node agent's "still present" keeps back.
+    kept_by_agent: i64,
 }
 
 /// The fenced entries whose address a replacement lists (see [`replacement_lists`]).
@@ -171,12 +171,12 @@ impl Lifter {
             }
         };
         let lifts = self.lifts(&found, leader, now, timeouts);
-        self.ctx.metrics.fenced_addresses.set(lifts.held);
-        let held_by_agent = lifts.held_by_agent;
+        self.ctx.metrics.fenced_addresses.set(lifts.staying);
+        let kept_by_agent = lifts.kept_by_agent;
         self.ctx
             .metrics
             .fences_held_by_node_agent
-            .set(held_by_agent);
+            .set(kept_by_agent);
         let oldest = lifts.oldest.as_secs() as i64;
         self.ctx.metrics.oldest_fence_seconds.set(oldest);
         let (complete, stale) = self.due_records(&found, now.mono);
@@ -195,7 +195,7 @@ impl Lifter {
 
     /// Which fences lift now (on the leader), how many stay, and the oldest's age; `timeouts`:
     /// whether `--fence-timeout` may lift (the apiserver's clock is known). Reports what is new
-    /// (rejected agent reports, agent holds, replacements) once.
+    /// (rejected agent reports, fences the agent keeps, replacements) once.
     fn lifts(&mut self, found: &Found, leader: bool, now: Moment, timeouts: bool) -> Lifts {
         let policy = self.policy.map(|p| FencePolicy {
             timeout: p.timeout.filter(|_| timeouts),
@@ -217,7 +217,7 @@ impl Lifter {
         for (i, why) in decided.newly_rejected {
             self.report_rejected(&fenced[i], why);
         }
-        for i in decided.newly_held_by_agent {
+        for i in decided.newly_kept_by_agent {
             let f = &fenced[i];
             tracing::info!(ip = %f.entry.ip, podref = %f.record.podref, node = %f.record.node, fence_uid = %f.object.uid, "fence held: the node agent there still sees a sandbox of the deleted pod (its kubelet is stopping it)");
         }
@@ -226,9 +226,9 @@ impl Lifter {
             tracing::warn!(pool = %f.pool, ip = %f.entry.ip, podref = %f.record.podref, lifted = why.as_str(), "fence not lifted: a replacement of the deleted pod lists the address (the entry may be its own); lift it by hand once resolved");
         }
         let mut out = Lifts {
-            held: found.pending.len() as i64 + decided.held,
+            staying: found.pending.len() as i64 + decided.staying,
             oldest: decided.oldest,
-            held_by_agent: decided.held_by_agent as i64,
+            kept_by_agent: decided.kept_by_agent as i64,
             ..Default::default()
         };
         for (i, why) in decided.lifts {

@@ -94,8 +94,8 @@ pub(crate) fn plan_fences(
             let planned = releases
                 .iter()
                 .any(|r| (&r.judged.pool, &r.judged.entry.key) == (&j.pool, &e.key));
-            let held = t
-                .held
+            let its = t
+                .entries
                 .iter()
                 .any(|h| (&h.pool, &h.key, &h.id) == (&j.pool, &e.key, &e.id));
             let listed = match t.networks.as_deref() {
@@ -103,7 +103,7 @@ pub(crate) fn plan_fences(
                 // Without its network-status, only while no pod of the name lives.
                 None => live.is_none(),
             };
-            if planned || !held || !listed || live_lists(e.ip) {
+            if planned || !its || !listed || live_lists(e.ip) {
                 continue;
             }
             let mut fenced = j.clone();

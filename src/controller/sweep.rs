@@ -13,7 +13,8 @@ use crate::index::APPROVE_HOLD_ANNOTATION;
 use crate::ipam::PodKey;
 use crate::paged::for_each_listed;
 use crate::release::ReleaseRequest;
-use crate::rules::breaker::{Approval, BREAKER_WINDOW, Breaker, NewHold, Outgrown, approval_of};
+use crate::rules::approvals::Approvals;
+use crate::rules::breaker::{BREAKER_WINDOW, Breaker, NewHold, Outgrown};
 use crate::rules::grace::{Candidate, GraceClock, Graces, Tally};
 use crate::rules::{
     self, Allocation, Decision, Judged, LivePod, PodKnowledge, PodPhase, PoolContext, Reason,
@@ -51,12 +52,8 @@ pub struct Sweeper {
     /// Reservations orphaned, left behind or missing, with when each was first seen.
     reservations: ReservationSightings,
     breaker: Breaker,
-    /// Pools whose approval this sweep judged and did not act on (nothing held, too few):
-    /// used up after it.
-    approved: BTreeSet<String>,
-    /// Under `--dry-run` no approval is removed: the ones judged, by pool, so that each is
-    /// judged (and reported) once.
-    dry_run_approvals: HashMap<String, String>,
+    /// Operators' approvals of holds, between sweeps.
+    approvals: Approvals,
 }
 
 /// What the sweep needs of a pool.
@@ -105,8 +102,7 @@ impl Sweeper {
             clock: GraceClock::default(),
             reservations: ReservationSightings::default(),
             breaker: Breaker::default(),
-            approved: BTreeSet::new(),
-            dry_run_approvals: HashMap::new(),
+            approvals: Approvals::default(),
         }
     }
 
@@ -325,15 +321,16 @@ impl Sweeper {
         }
         let size = |pool: &str| pool_sizes.get(pool).map_or(0, |s| s.size);
         let ratio = self.config.max_release_ratio;
-        let approvals = self.approvals_in_force(pool_sizes);
-        let bounds: HashMap<String, Approval> = approvals
-            .iter()
-            .map(|(p, (_, bound))| (p.clone(), *bound))
-            .collect();
-        let verdict =
+        let in_force = self.approvals.in_force(
+            pool_sizes
+                .iter()
+                .map(|(p, f)| (p.as_str(), f.approval.as_deref())),
+        );
+        let bounds = Approvals::bounds(&in_force);
+        let mut verdict =
             self.breaker
                 .judge(&per_pool, size, ratio, unconfirmed, &bounds, Instant::now());
-        for hold in verdict.new {
+        for hold in std::mem::take(&mut verdict.new) {
             self.report_hold(hold, pool_sizes).await;
         }
         for outgrown in &verdict.outgrown {
@@ -344,22 +341,20 @@ impl Sweeper {
         // nothing now.
         let mut spent = BTreeSet::new();
         for pool in &verdict.approved {
-            if self.use_approval(pool, &approvals[pool].0).await {
+            if self.use_approval(pool, &in_force[pool].value).await {
                 spent.insert(pool.clone());
             }
         }
-        let goes = |pool: &String| {
-            !verdict.held.contains(pool)
-                && (!verdict.approved.contains(pool) || spent.contains(pool))
-        };
-        confirmed.retain(|r| goes(&r.judged.pool));
-        let unspent = verdict.approved.difference(&spent).cloned();
-        report.held_pools = verdict.held.iter().cloned().chain(unspent).collect();
-        for pool in &spent {
+        let settled = self
+            .approvals
+            .settle(&in_force, &verdict, &spent, unconfirmed);
+        confirmed.retain(|r| settled.goes(&r.judged.pool));
+        report.held_pools = settled.held.iter().cloned().collect();
+        for (pool, bound) in &settled.released_once {
             let n = per_pool.get(pool).copied().unwrap_or(0);
             tracing::warn!(%pool, releases = n, "an operator approved the breaker's hold: releasing once");
             let uid = uid_of(pool_sizes, pool);
-            let bound = match approvals[pool].1 {
+            let bound = match bound {
                 Some(at_most) => format!("at most {at_most}"),
                 None => "any number".to_string(),
             };
@@ -371,19 +366,9 @@ impl Sweeper {
                 .hold_approved(&self.config.namespace, pool, &uid, note)
                 .await;
         }
-        // Every approval this sweep could judge is used up, needed or not: one left lying
-        // would let a later, unrelated mass release through unheld. A pool whose candidates
-        // could not be confirmed keeps it for the next sweep, unless it was judged too few.
-        let approved: HashSet<String> = approvals.into_keys().collect();
-        let outgrown: HashSet<String> = verdict.outgrown.iter().map(|o| o.pool.clone()).collect();
-        for pool in approved.difference(unconfirmed) {
-            if !verdict.approved.contains(pool) && !outgrown.contains(pool) {
-                tracing::info!(%pool, "approval of a hold found with nothing held; removed so that it cannot approve a later hold");
-            }
+        for pool in &settled.unneeded {
+            tracing::info!(%pool, "approval of a hold found with nothing held; removed so that it cannot approve a later hold");
         }
-        let judged = approved.difference(unconfirmed).cloned().chain(outgrown);
-        // An approval that could not be used up stays for the next sweep.
-        self.approved = judged.filter(|p| !verdict.approved.contains(p)).collect();
         confirmed
     }
 
@@ -439,26 +424,12 @@ impl Sweeper {
             .await;
     }
 
-    /// Each pool's approval: its annotation value and bound (not one a dry run judged).
-    fn approvals_in_force(
-        &self,
-        pools: &HashMap<String, PoolFacts>,
-    ) -> HashMap<String, (String, Approval)> {
-        pools
-            .iter()
-            .filter_map(|(p, f)| Some((p, f.approval.as_ref()?)))
-            .filter(|(p, v)| self.dry_run_approvals.get(*p) != Some(*v))
-            .map(|(p, v)| (p.clone(), (v.clone(), approval_of(v))))
-            .collect()
-    }
-
     /// Uses up `pool`'s approval `value`: removes the annotation, pinned by its value (one
     /// removed already, which a lagging index still shows, or given again meanwhile, is not
     /// this one); whether it did.
     async fn use_approval(&mut self, pool: &str, value: &str) -> bool {
         if self.ctx.writer.is_dry_run() {
-            self.dry_run_approvals
-                .insert(pool.to_owned(), value.to_owned());
+            self.approvals.judged_in_dry_run(pool, value);
             return true;
         }
         let annotation = vec![(APPROVE_HOLD_ANNOTATION.to_string(), value.to_string())];
@@ -477,7 +448,7 @@ impl Sweeper {
 
     /// Uses up the approvals this sweep judged and did not act on.
     async fn use_approvals(&mut self, pools: &HashMap<String, PoolFacts>) {
-        for pool in std::mem::take(&mut self.approved) {
+        for pool in self.approvals.take_unused() {
             if let Some(value) = pools.get(&pool).and_then(|f| f.approval.clone()) {
                 self.use_approval(&pool, &value).await;
             }

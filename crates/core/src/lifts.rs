@@ -37,9 +37,9 @@ pub struct FenceBook {
     first_seen: Seen<SeenFence>,
     /// Node agent reports rejected, as (fence uid, why): reported once.
     rejected: Once<(String, Rejected)>,
-    /// Fences (by object uid) whose lift the agent's "still present" holds: reported once
+    /// Fences (by object uid) whose lift the agent's "still present" keeps back: reported once
     /// each time.
-    held_by_agent: Once<String>,
+    kept_by_agent: Once<String>,
     /// Fences kept because a replacement lists their address: reported once each.
     kept_for_replacement: Once<Slot>,
 }
@@ -54,21 +54,21 @@ pub struct Decisions {
     pub newly_kept_for_replacement: Vec<(usize, Lift)>,
     /// Node agent reports that do not count, newly so, to report once each.
     pub newly_rejected: Vec<(usize, Rejected)>,
-    /// Fences whose timer lift the agent's "still present" holds, newly so, to report once.
-    pub newly_held_by_agent: Vec<usize>,
+    /// Fences whose timer lift the agent's "still present" keeps back, newly so, to report once.
+    pub newly_kept_by_agent: Vec<usize>,
     /// Fences that stay.
-    pub held: i64,
+    pub staying: i64,
     /// The age of the oldest fence that stays.
     pub oldest: Duration,
-    /// Fences whose lift the agent's "still present" holds now.
-    pub held_by_agent: usize,
+    /// Fences whose lift the agent's "still present" keeps back now.
+    pub kept_by_agent: usize,
 }
 
 /// What one fence's judgement has new to report.
 #[derive(Debug, Default)]
 struct Noted {
     rejected: Vec<Rejected>,
-    held_by_agent: bool,
+    kept_by_agent: bool,
 }
 
 /// How long ago a fence was set (by its record).
@@ -95,7 +95,7 @@ impl FenceBook {
         let uids: HashSet<&str> = fenced.iter().map(|f| f.object.uid.as_str()).collect();
         self.rejected
             .keep_only(|(uid, _)| uids.contains(uid.as_str()));
-        self.held_by_agent
+        self.kept_by_agent
             .keep_only(|uid| uids.contains(uid.as_str()));
         self.kept_for_replacement
             .keep_only(|s| listed_by_replacement.contains(s));
@@ -116,8 +116,8 @@ impl FenceBook {
                     let (lifts, noted) = self.lift(f, fence, node, now, policy);
                     out.newly_rejected
                         .extend(noted.rejected.into_iter().map(|why| (i, why)));
-                    if noted.held_by_agent {
-                        out.newly_held_by_agent.push(i);
+                    if noted.kept_by_agent {
+                        out.newly_kept_by_agent.push(i);
                     }
                     lifts
                 }
@@ -126,22 +126,22 @@ impl FenceBook {
             let slot = Slot::new(&f.pool, &f.entry.key);
             let replaced = listed_by_replacement.contains(&slot);
             match lifts {
-                Some(_) if !leader => out.held += 1,
+                Some(_) if !leader => out.staying += 1,
                 Some(why) if replaced => {
                     if self.kept_for_replacement.first(slot) {
                         out.newly_kept_for_replacement.push((i, why));
                     }
-                    out.held += 1;
+                    out.staying += 1;
                     out.oldest = out.oldest.max(age_of(f, now));
                 }
                 Some(why) => out.lifts.push((i, why)),
                 None => {
-                    out.held += 1;
+                    out.staying += 1;
                     out.oldest = out.oldest.max(age_of(f, now));
                 }
             }
         }
-        out.held_by_agent = self.held_by_agent.len();
+        out.kept_by_agent = self.kept_by_agent.len();
         out
     }
 
@@ -168,10 +168,10 @@ impl FenceBook {
                 noted.rejected.push(why);
             }
         }
-        if !verdict.held_by_agent {
-            self.held_by_agent.end(fence_uid);
+        if !verdict.kept_by_agent {
+            self.kept_by_agent.end(fence_uid);
         } else {
-            noted.held_by_agent = self.held_by_agent.first(fence_uid.to_owned());
+            noted.kept_by_agent = self.kept_by_agent.first(fence_uid.to_owned());
         }
         (verdict.lift, noted)
     }
@@ -247,7 +247,7 @@ mod tests {
         let d = book.judge(&forged, &none, &nodes, Some(&POLICY), true, at(t0));
         assert_eq!(d.lifts, []);
         assert_eq!(d.newly_rejected, [(0, Rejected::WrongNode)]);
-        assert_eq!(d.held, 1);
+        assert_eq!(d.staying, 1);
         let again = book.judge(&forged, &none, &nodes, Some(&POLICY), true, at(t0));
         assert_eq!(again.newly_rejected, [], "said once");
         // The fence goes (lifted by hand) and comes back: a new episode, said again.
@@ -264,7 +264,7 @@ mod tests {
         let none = HashSet::new();
         let mut book = FenceBook::default();
         let standby = book.judge(&gone, &none, &nodes, Some(&POLICY), false, at(t0));
-        assert_eq!((standby.lifts.len(), standby.held), (0, 2));
+        assert_eq!((standby.lifts.len(), standby.staying), (0, 2));
         let leader = book.judge(&gone, &none, &nodes, Some(&POLICY), true, at(t0));
         assert_eq!(
             leader.lifts,
@@ -277,7 +277,7 @@ mod tests {
         assert_eq!(kept.newly_kept_for_replacement, [(1, Lift::SandboxesGone)]);
         let still = book.judge(&gone, &replaced, &nodes, Some(&POLICY), true, at(t0));
         assert_eq!(still.newly_kept_for_replacement, []);
-        assert_eq!(still.held, 1);
+        assert_eq!(still.staying, 1);
     }
 
     #[test]
@@ -288,7 +288,7 @@ mod tests {
         let mut book = FenceBook::default();
         let off = book.judge(&[fence("5", None)], &none, &nodes, None, true, at(t0));
         assert_eq!(off.lifts, [(0, Lift::FencingOff)]);
-        // Fencing on, no report, the node not Ready: held, however long this replica watches.
+        // Fencing on, no report, the node not Ready: it stays, however long this replica watches.
         let later = at(t0 + Duration::from_secs(3600));
         let on = book.judge(
             &[fence("5", None)],
@@ -298,6 +298,6 @@ mod tests {
             true,
             later,
         );
-        assert_eq!((on.lifts.len(), on.held), (0, 1));
+        assert_eq!((on.lifts.len(), on.staying), (0, 1));
     }
 }

@@ -22,7 +22,7 @@ use crate::ipam::{NetworkAttachment, PodKey, qualified_network};
 
 /// Whom a pool entry names: its podref and sandbox id.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Holder {
+pub struct EntryOwner {
     /// Its podref (as stored: a fenced or cooling one included).
     pub podref: String,
     /// Its sandbox id.
@@ -50,7 +50,7 @@ pub struct Duplicate {
     /// The pool that holds (or serves) the address, when one is known.
     pub pool: Option<String>,
     /// The podref and sandbox id of that pool's entry for the address, if it has one.
-    pub entry: Option<Holder>,
+    pub entry: Option<EntryOwner>,
 }
 
 /// What a look for duplicates found.
@@ -168,12 +168,12 @@ impl Index {
         for (i, ((_, ip), _)) in shared.iter().enumerate() {
             by_ip.entry(*ip).or_default().push(i);
         }
-        let mut best: Vec<Option<(u8, &str, Option<Holder>)>> = vec![None; shared.len()];
+        let mut best: Vec<Option<(u8, &str, Option<EntryOwner>)>> = vec![None; shared.len()];
         for (name, pool) in self.pools.all() {
             let Some(range) = pool.range else { continue };
             let networks = self.networks.of_pool(name);
             for (ip, indices) in by_ip.range(range.network()..=range.broadcast()) {
-                let entry = pool.entry_at(*ip).map(|e| Holder {
+                let entry = pool.entry_at(*ip).map(|e| EntryOwner {
                     podref: e.podref.clone(),
                     id: e.id.clone(),
                 });

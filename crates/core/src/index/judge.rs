@@ -69,7 +69,7 @@ impl Index {
                 uid: &t.uid,
                 networks: t.networks.as_deref(),
                 entry_replaced: t
-                    .held
+                    .entries
                     .iter()
                     .any(|h| h.pool == pool && h.key == entry.key && h.id != entry.id),
             })

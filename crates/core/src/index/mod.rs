@@ -34,7 +34,7 @@ use crate::ipam::PoolEntry;
 use crate::ipam::fence::{FenceRecord, fenced_podref};
 
 pub use duplicates::{
-    Duplicate, DuplicatePod, Duplicates, Holder, Listings, Shared, SharedAddress,
+    Duplicate, DuplicatePod, Duplicates, EntryOwner, Listings, Shared, SharedAddress,
 };
 pub use fences::{FenceIndex, FenceObject, FencedEntry, PendingFence, UnrecordedMark};
 pub use invalid::{InvalidIndex, InvalidKey, InvalidObject};
@@ -44,8 +44,8 @@ pub use nodes::NodeIndex;
 pub use other_writers::{GoneFence, MarkedGone};
 pub use out_of_step::{LeftBehind, MissingReservation};
 pub use pods::{
-    HeldEntry, LiveInfo, MalformedStatus, PodIndex, PodSeen, PodUid, TOMBSTONES_PER_PODREF,
-    Tombstone,
+    LiveInfo, MalformedStatus, PodIndex, PodSeen, PodUid, TOMBSTONES_PER_PODREF, Tombstone,
+    TombstoneEntry,
 };
 pub use pools::{APPROVE_HOLD_ANNOTATION, CoolingEntry, MarkedKind, PoolIndex, PoolInfo, Slot};
 pub use reservations::{NamedReservation, ReservationIndex};
@@ -142,10 +142,10 @@ impl Index {
         Some(self.bury_live(podref, old, now))
     }
 
-    /// Buries `live`, a pod gone as last known, with the entries of `podref` held now.
+    /// Buries `live`, a pod gone as last known, with the entries of `podref` now.
     fn bury_live(&mut self, podref: &str, live: LiveInfo, now: Instant) -> Tombstone {
-        let held = self.pools.held_by(podref);
-        self.pods.bury(podref, live.into(), held, now)
+        let entries = self.pools.entries_of(podref);
+        self.pods.bury(podref, live.into(), entries, now)
     }
 
     /// Records a deleted pod (from its final state); returns the tombstone (a static pod's
@@ -159,8 +159,8 @@ impl Index {
     ) -> Option<Tombstone> {
         let known = self.pods.remove_live(podref, uid);
         let gone = self.pods.final_state(uid, known, seen);
-        let held = self.pools.held_by(podref);
-        Some(self.pods.bury(podref, gone, held, now))
+        let entries = self.pools.entries_of(podref);
+        Some(self.pods.bury(podref, gone, entries, now))
     }
 
     /// A pod that vanished without a Delete event (watch gap): tombstone from what was known.

@@ -81,7 +81,7 @@ pub struct Tombstone {
     pub node: Option<Arc<str>>,
     /// The allocations of its podref when the deletion was seen (no other pod of that name
     /// existed then): a fence follows them whatever the cache holds later.
-    pub held: Vec<HeldEntry>,
+    pub entries: Vec<TombstoneEntry>,
     /// Why its node was not trusted when the deletion was seen (`None`: trusted, or fencing
     /// off): the fence follows from that, even if the node is Ready by the time it is judged.
     pub distrust: Option<String>,
@@ -126,9 +126,10 @@ impl From<LiveInfo> for GonePod {
     }
 }
 
-/// An allocation as it was: pool, key and sandbox id.
+/// An allocation of a deleted pod's podref as it was when the deletion was seen: pool, key
+/// and sandbox id.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HeldEntry {
+pub struct TombstoneEntry {
     /// Pool name.
     pub pool: String,
     /// Entry key (offset).
@@ -281,7 +282,7 @@ impl PodIndex {
         &mut self,
         podref: &str,
         gone: GonePod,
-        held: Vec<HeldEntry>,
+        entries: Vec<TombstoneEntry>,
         now: Instant,
     ) -> Tombstone {
         let t = Tombstone {
@@ -289,7 +290,7 @@ impl PodIndex {
             networks: gone.networks,
             seen_at: now,
             node: gone.node,
-            held,
+            entries,
             distrust: None,
             node_judged: false,
             grace_seconds: gone.grace_seconds,

@@ -12,7 +12,7 @@ use crate::ipam::fence::FENCED_PODREF_SUFFIX;
 use crate::ipam::pool::offset_of;
 use crate::ipam::{PoolEntry, pool_allocations};
 
-use super::pods::HeldEntry;
+use super::pods::TombstoneEntry;
 use crate::ipam::own_write::OWN_WRITE_ANNOTATION;
 
 /// A pool, parsed.
@@ -360,10 +360,10 @@ impl PoolIndex {
     }
 
     /// The allocations `podref` holds now.
-    pub fn held_by(&self, podref: &str) -> Vec<HeldEntry> {
+    pub fn entries_of(&self, podref: &str) -> Vec<TombstoneEntry> {
         self.slots(podref)
             .filter_map(|(pool, key)| {
-                Some(HeldEntry {
+                Some(TombstoneEntry {
                     pool: pool.to_owned(),
                     key: key.to_owned(),
                     id: self.entry(pool, key)?.id.clone(),

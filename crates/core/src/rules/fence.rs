@@ -330,7 +330,7 @@ pub struct Verdict {
     /// Why it lifts now, if it does.
     pub lift: Option<Lift>,
     /// A lift by the settle held because the agent still sees a sandbox.
-    pub held_by_agent: bool,
+    pub kept_by_agent: bool,
     /// Why reports present were rejected (logged and counted, never acted on).
     pub rejected: Vec<Rejected>,
 }
@@ -379,7 +379,7 @@ pub fn agent_says(identity: FenceIdentity<'_>, reports: &AgentReports<'_>) -> Ag
 
 /// [`lift`], where the node agent's reports also count ([`agent_says`]). Valid "gone" evidence
 /// lifts at once (after a timeout or the node's deletion or taint, which say so first); valid
-/// "still present" holds the settle (the returning kubelet is still stopping the pod), never
+/// "still present" keeps back the settle (the returning kubelet is still stopping the pod), never
 /// the operator's word (a deleted Node, the out-of-service taint, `--fence-timeout`, which
 /// lifts whatever the node does).
 pub fn lift_with_reports(
@@ -396,14 +396,14 @@ pub fn lift_with_reports(
         present,
         rejected,
     } = agent_says(identity, reports);
-    let (lift, held_by_agent) = match by_node {
+    let (lift, kept_by_agent) = match by_node {
         Some(Lift::NodeSettled) if present => (None, true),
         Some(Lift::NodeSettled) | None if gone => (Some(Lift::SandboxesGone), false),
         other => (other, false),
     };
     Verdict {
         lift,
-        held_by_agent,
+        kept_by_agent,
         rejected,
     }
 }
@@ -813,10 +813,10 @@ mod tests {
             lift_with_reports(fence, FENCE, &reports, node, at(o, s), &policy)
         };
         let v = held(Some(&ready), 40);
-        assert_eq!((v.lift, v.held_by_agent), (None, true), "settled, held");
+        assert_eq!((v.lift, v.kept_by_agent), (None, true), "settled, held");
         // The timeout is the operator's bound: it lifts whatever the node does.
         let v = held(Some(&node("Unknown", None)), 60);
-        assert_eq!((v.lift, v.held_by_agent), (Some(Lift::TimedOut), false));
+        assert_eq!((v.lift, v.kept_by_agent), (Some(Lift::TimedOut), false));
         assert_eq!(held(None, 40).lift, Some(Lift::NodeDeleted));
         let tainted = NodeReadiness {
             out_of_service: true,
@@ -841,7 +841,7 @@ mod tests {
                 at(o, 40),
                 &policy,
             );
-            (v.lift, v.held_by_agent)
+            (v.lift, v.kept_by_agent)
         };
         let listed = present().observed_at;
         assert_eq!(
@@ -869,7 +869,7 @@ mod tests {
         };
         let v = lift_with_reports(fence, FENCE, &stale, Some(&ready), at(o, 40), &policy);
         assert_eq!(
-            (v.lift, v.held_by_agent, v.rejected),
+            (v.lift, v.kept_by_agent, v.rejected),
             (Some(Lift::NodeSettled), false, vec![Rejected::OtherFence])
         );
     }

@@ -8,6 +8,7 @@
 //! Also the sweep's grace clock and blast-radius breaker, and when a cooling entry may end.
 //! Pure; imports `api` and `ipam`; imported by `index`, `release` and the programs.
 
+pub mod approvals;
 pub mod breaker;
 pub mod cooldown;
 pub mod fence;

@@ -4,7 +4,7 @@ use std::net::IpAddr;
 use std::time::Instant;
 
 use super::*;
-use crate::index::{Duplicate, Holder};
+use crate::index::{Duplicate, EntryOwner};
 use crate::rules::Decision;
 
 /// An index that knows `ns/net`, a whereabouts NAD.
@@ -310,8 +310,8 @@ fn a_look_at_20000_pods_is_cheap() {
     eprintln!("duplicates over 20001 live pods: {took:?} (this build's profile)");
 }
 
-fn holder(podref: &str, id: &str) -> Holder {
-    Holder {
+fn holder(podref: &str, id: &str) -> EntryOwner {
+    EntryOwner {
         podref: podref.into(),
         id: id.into(),
     }

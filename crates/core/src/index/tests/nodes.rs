@@ -134,7 +134,7 @@ fn deleted(node: Option<&str>, terminal: bool) -> crate::index::Tombstone {
         networks: None,
         seen_at: std::time::Instant::now(),
         node: node.map(Into::into),
-        held: Vec::new(),
+        entries: Vec::new(),
         distrust: None,
         node_judged: false,
         grace_seconds: Some(600),

@@ -117,20 +117,20 @@ fn a_deleted_pods_node_and_a_finished_pods_phase_come_from_the_pod_watch() {
 }
 
 #[test]
-fn a_tombstone_holds_what_the_podref_held_when_the_deletion_was_seen() {
+fn a_tombstone_keeps_the_entries_of_its_podref_when_the_deletion_was_seen() {
     let mut ix = Index::default();
     ix.upsert_pool(&pool(&[("10", "sb-a", "ns/a")]));
     let t = ix
         .delete_pod("ns/a", "uid-a", PodSeen::default(), Instant::now())
         .expect("a tombstone");
-    assert_eq!(t.held.len(), 1);
+    assert_eq!(t.entries.len(), 1);
     assert_eq!(
-        (t.held[0].key.as_str(), t.held[0].id.as_str()),
+        (t.entries[0].key.as_str(), t.entries[0].id.as_str()),
         ("10", "sb-a")
     );
     // The entry goes later: the tombstone still says what was held.
     ix.upsert_pool(&pool(&[]));
-    assert_eq!(ix.pods().tombstones("ns/a")[0].held, t.held);
+    assert_eq!(ix.pods().tombstones("ns/a")[0].entries, t.entries);
 }
 
 #[test]
