@@ -139,13 +139,13 @@ impl Index {
         now: Instant,
     ) -> Option<Tombstone> {
         let old = self.pods.upsert(podref, uid, seen, now)?;
-        Some(self.bury_live(podref, old, now))
+        Some(self.bury(podref, old.into(), now))
     }
 
-    /// Buries `live`, a pod gone as last known, with the entries of `podref` now.
-    fn bury_live(&mut self, podref: &str, live: LiveInfo, now: Instant) -> Tombstone {
+    /// Buries `gone` with the entries of `podref` now.
+    fn bury(&mut self, podref: &str, gone: pods::GonePod, now: Instant) -> Tombstone {
         let entries = self.pools.entries_of(podref);
-        self.pods.bury(podref, live.into(), entries, now)
+        self.pods.bury(podref, gone, entries, now)
     }
 
     /// Records a deleted pod (from its final state); returns the tombstone (a static pod's
@@ -159,14 +159,13 @@ impl Index {
     ) -> Option<Tombstone> {
         let known = self.pods.remove_live(podref, uid);
         let gone = self.pods.final_state(uid, known, seen);
-        let entries = self.pools.entries_of(podref);
-        Some(self.pods.bury(podref, gone, entries, now))
+        Some(self.bury(podref, gone, now))
     }
 
     /// A pod that vanished without a Delete event (watch gap): tombstone from what was known.
     pub fn vanish_pod(&mut self, podref: &str, uid: &str, now: Instant) -> Option<Tombstone> {
         let live = self.pods.remove_live(podref, uid)?;
-        Some(self.bury_live(podref, live, now))
+        Some(self.bury(podref, live.into(), now))
     }
 
     /// Records, on the tombstones of `podref` just made, why their node was not trusted then.
