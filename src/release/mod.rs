@@ -9,6 +9,7 @@
 //! imported by the programs (`controller`, `node`, `cli`), never the other way.
 
 pub mod budget;
+pub mod context;
 #[cfg(test)]
 mod fixtures;
 pub mod inventories;

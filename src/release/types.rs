@@ -52,6 +52,11 @@ pub enum EntryWrite {
     EndCooldown,
 }
 
+/// A release's outcome, as the writer answers it.
+pub type Outcome = Result<ReleaseOutcome, ReleaseError>;
+/// Where the writer answers one release.
+pub type Reply = tokio::sync::oneshot::Sender<Outcome>;
+
 /// What happened to a release.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReleaseOutcome {

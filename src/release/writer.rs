@@ -1,47 +1,44 @@
-//! The writer: what its three jobs share (the client, the budgets, the metrics, the ledger)
-//! and the handle that hands it work. Its jobs have a folder each: pool writes (`pools`:
-//! releases batched into one `test`-pinned JSON patch per pool), object writes (`objects`:
-//! fence records before their entries, reservation deletes after them, their re-checks and
-//! repairs) and reports (`reports`: Events, the audit trail, what a dry run reported). It asks
-//! what it needs to know, and tells what it wrote, only through its [`Ledger`].
+//! The writer: its settings, the tasks it starts, and the handle that hands it work. Its jobs
+//! are types of their own, a folder each, over what they share (`context`): pool writes
+//! (`pools::PoolWriter`: releases batched into one `test`-pinned JSON patch per pool), object
+//! writes (`objects::ObjectWriter`: fence records before their entries, reservation deletes
+//! after them, their re-checks and repairs) and reports (`reports`: Events, the audit trail,
+//! what a dry run reported). They ask what they need to know, and tell what they wrote, only
+//! through the [`Ledger`].
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use kube::Client;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
 use tokio::sync::{mpsc, oneshot};
 
 use super::budget::{Budgets, Paid, WriteKind};
+use super::context::WriteContext;
 use super::ledger::{FreshReads, Ledger};
-use super::objects::{ObjectDelete, PendingDeletes};
-use super::pools::PoolWrites;
-use super::pools::patch;
-use super::reports::DryRunReports;
+use super::objects::repair::Repaired;
+use super::objects::{ObjectDelete, ObjectWriter};
+use super::pools::schedule::MAX_BATCH;
+use super::pools::{PoolWriter, batcher, patch};
 use super::reports::events::Events;
-use super::types::ReservationDelete;
-use super::types::{ReleaseError, ReleaseOutcome, ReleaseRequest};
-use crate::api::{IPPool, ObjectId};
+use super::types::{Outcome, ReleaseError, ReleaseRequest, ReservationDelete};
+use crate::api::ObjectId;
+use crate::index::MissingReservation;
 use crate::telemetry::WriteMetrics;
 
-pub(super) type Outcome = Result<ReleaseOutcome, ReleaseError>;
-pub(super) type Reply = oneshot::Sender<Outcome>;
-
-/// Everything the writer needs.
+/// The writer's settings, before it is started ([`spawn`]).
 pub struct Writer {
-    pub(crate) client: Client,
-    pub(crate) namespace: String,
-    pub(crate) budgets: Budgets,
-    pub(crate) metrics: WriteMetrics,
-    pub(crate) events: Events,
-    /// `--dry-run`: reports, writes nothing.
-    pub(crate) dry_run: bool,
-    /// What it knows of the allocations, and where it tells what it wrote.
-    pub(crate) ledger: Arc<dyn Ledger>,
-    pub(crate) pools: PoolWrites,
-    pub(crate) pending_deletes: PendingDeletes,
-    pub(crate) dry_run_reports: DryRunReports,
+    client: Client,
+    namespace: String,
+    budgets: Budgets,
+    metrics: WriteMetrics,
+    events: Events,
+    dry_run: bool,
+    ledger: Arc<dyn Ledger>,
+    patch_interval: Duration,
+    cooldown: Duration,
+    read_by_get: bool,
 }
 
 impl Writer {
@@ -62,15 +59,15 @@ impl Writer {
             events,
             dry_run: false,
             ledger: Arc::new(FreshReads),
-            pools: PoolWrites::new(Duration::from_millis(200)),
-            pending_deletes: Default::default(),
-            dry_run_reports: Default::default(),
+            patch_interval: Duration::from_millis(200),
+            cooldown: Duration::ZERO,
+            read_by_get: false,
         }
     }
 
     /// Least time between two patches of one pool.
     pub fn patch_interval(mut self, interval: Duration) -> Writer {
-        self.pools.patch_interval = interval;
+        self.patch_interval = interval;
         self
     }
 
@@ -82,13 +79,13 @@ impl Writer {
 
     /// `--release-cooldown`: releases keep the address out of the pool this long (zero: off).
     pub fn cooldown(mut self, cooldown: Duration) -> Writer {
-        self.pools.cooldown = cooldown;
+        self.cooldown = cooldown;
         self
     }
 
     /// Reads pools with GET only: for a program whose RBAC grants no `list` on them.
-    pub fn pools_read_by_get(self) -> Writer {
-        self.pools.read_by_get();
+    pub fn pools_read_by_get(mut self) -> Writer {
+        self.read_by_get = true;
         self
     }
 
@@ -98,30 +95,70 @@ impl Writer {
         self
     }
 
-    pub(super) fn pools_api(&self) -> Api<IPPool> {
-        Api::namespaced(self.client.clone(), &self.namespace)
+    fn context(&self) -> WriteContext {
+        WriteContext {
+            client: self.client.clone(),
+            namespace: self.namespace.clone(),
+            budgets: self.budgets.clone(),
+            metrics: self.metrics.clone(),
+            events: self.events.clone(),
+            dry_run: self.dry_run,
+            ledger: self.ledger.clone(),
+            read_by_get: self.read_by_get.into(),
+        }
     }
+}
+
+/// Starts the batcher and the object deleter; they run until every handle is dropped.
+pub fn spawn(writer: Arc<Writer>) -> WriterHandle {
+    spawn_drained(writer).0
+}
+
+/// Like [`spawn`], with a task that ends once every handle is dropped and everything handed in
+/// is written: the patches, the deletes after them and the re-checks after those (see
+/// `objects::rechecks`). For a command that exits after its writes.
+pub fn spawn_drained(writer: Arc<Writer>) -> (WriterHandle, tokio::task::JoinHandle<()>) {
+    let cx = Arc::new(writer.context());
+    let objects = Arc::new(ObjectWriter::new(cx.clone()));
+    let pools = PoolWriter::new(
+        cx.clone(),
+        objects.clone(),
+        writer.patch_interval,
+        writer.cooldown,
+    );
+    let (tx, rx) = mpsc::channel::<(ReleaseRequest, super::types::Reply)>(4 * MAX_BATCH);
+    let (del_tx, del_rx) = mpsc::unbounded_channel();
+    let handle = WriterHandle {
+        tx,
+        deletes: del_tx.clone(),
+        cx,
+        objects: objects.clone(),
+    };
+    let drained = tokio::spawn(objects.delete_queued(del_rx));
+    tokio::spawn(batcher::batch(Arc::new(pools), rx, del_tx));
+    (handle, drained)
 }
 
 /// A handle to submit releases to the batching writer.
 #[derive(Clone)]
 pub struct WriterHandle {
-    pub(super) tx: mpsc::Sender<(ReleaseRequest, Reply)>,
-    pub(super) deletes: mpsc::UnboundedSender<ObjectDelete>,
-    pub(super) writer: Arc<Writer>,
+    tx: mpsc::Sender<(ReleaseRequest, super::types::Reply)>,
+    deletes: mpsc::UnboundedSender<ObjectDelete>,
+    cx: Arc<WriteContext>,
+    objects: Arc<ObjectWriter>,
 }
 
 impl WriterHandle {
     /// Whether it writes nothing (`--dry-run`).
     pub fn is_dry_run(&self) -> bool {
-        self.writer.dry_run
+        self.cx.dry_run
     }
 
     /// Queues reservations for deletion on their own budget, each guarded against a live
     /// allocation of its address (see `objects::reservation`; nothing under `--dry-run`). One
     /// queued or under way already is not queued again.
     pub fn delete_reservations(&self, reservations: Vec<ReservationDelete>) {
-        if self.writer.dry_run {
+        if self.cx.dry_run {
             return;
         }
         for d in reservations {
@@ -129,7 +166,7 @@ impl WriterHandle {
                 name: d.name.clone(),
                 uid: d.uid.clone(),
             };
-            if self.writer.pending_deletes.queue(id) {
+            if self.objects.pending.queue(id) {
                 // The receiver lives as long as any handle.
                 let _ = self.deletes.send(ObjectDelete::Reservation(d));
             }
@@ -139,12 +176,20 @@ impl WriterHandle {
     /// Queues left-over `IPFence` records for deletion with a uid precondition (nothing under
     /// `--dry-run`).
     pub fn delete_fence_records(&self, records: Vec<ObjectId>) {
-        if self.writer.dry_run {
+        if self.cx.dry_run {
             return;
         }
         for record in records {
             let _ = self.deletes.send(ObjectDelete::Fence(record));
         }
+    }
+
+    /// Creates the missing reservation `m`, guarded (see `objects::repair`).
+    pub async fn repair_reservation(
+        &self,
+        m: &MissingReservation,
+    ) -> Result<Repaired, kube::Error> {
+        self.objects.repair_reservation(m).await
     }
 
     /// Removes annotations `(name, value)` of `pool`, each pinned by a `test` of its value, as
@@ -154,13 +199,13 @@ impl WriterHandle {
         pool: &str,
         annotations: Vec<(String, String)>,
     ) -> Result<(), kube::Error> {
-        if self.writer.dry_run || annotations.is_empty() {
+        if self.cx.dry_run || annotations.is_empty() {
             return Ok(());
         }
         let patch = patch::typed(patch::annotations_patch(&annotations)).expect("a JSON patch");
-        let pools = self.writer.pools_api();
-        let metrics = &self.writer.metrics;
-        self.writer
+        let pools = self.cx.pools_api();
+        let metrics = &self.cx.metrics;
+        self.cx
             .budgets
             .send_counted(WriteKind::Pool, Paid::No, metrics, "patch", || {
                 let patch = Patch::<()>::Json(patch.clone());
@@ -197,17 +242,5 @@ impl WriterHandle {
     /// Releases `reqs` (batched with whatever else is pending) and returns each outcome.
     pub async fn release(&self, reqs: Vec<ReleaseRequest>) -> Vec<Outcome> {
         self.submit(reqs).await.await
-    }
-}
-
-pub use super::pools::batcher::{spawn, spawn_drained};
-
-pub(super) fn api_error(pool: &str, e: &kube::Error) -> ReleaseError {
-    if super::budget::is_not_leader(e) {
-        return ReleaseError::NotLeader;
-    }
-    ReleaseError::Api {
-        pool: pool.into(),
-        message: e.to_string(),
     }
 }

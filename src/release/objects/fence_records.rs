@@ -6,12 +6,13 @@ use std::collections::BTreeMap;
 use futures::StreamExt;
 use kube::api::{Api, PostParams};
 
+use super::ObjectWriter;
 use super::{ObjectDelete, RESERVATION_DELETERS};
 use crate::api::{IPFence, ObjectId};
 use crate::ipam::fence::{FenceRecord, fence_object_name, fence_spec};
 use crate::release::budget::WriteKind;
+use crate::release::context::api_error;
 use crate::release::types::{EntryWrite, ReleaseError, ReleaseRequest};
-use crate::release::writer::{Writer, api_error};
 
 /// A fence record as a fence's write found or made it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,7 +25,7 @@ pub struct FenceObjectWritten {
     pub created: bool,
 }
 
-impl Writer {
+impl ObjectWriter {
     /// Writes the `IPFence` record of each fence in `reqs` (`None` for other writes): its
     /// (name, uid), or why it could not be written.
     pub(in crate::release) async fn write_fence_records(
@@ -65,7 +66,7 @@ impl Writer {
         let e = &req.judged.entry;
         let name = fence_object_name(pool, &e.key);
         let spec = fence_spec(pool, &e.key, e.ip, &e.id, record);
-        let api: Api<IPFence> = Api::namespaced(self.client.clone(), &self.namespace);
+        let api: Api<IPFence> = Api::namespaced(self.cx.client.clone(), &self.cx.namespace);
         let refused = |err: &kube::Error| match err {
             e if crate::release::budget::is_not_leader(e) => ReleaseError::NotLeader,
             kube::Error::Api(s) if (400..500).contains(&s.code) => ReleaseError::Refused {
@@ -93,6 +94,7 @@ impl Writer {
                     });
                 }
                 Err(kube::Error::Api(s)) if s.code == 409 => self
+                    .cx
                     .budgets
                     .send(WriteKind::Reservation, || api.get_opt(&name))
                     .await

@@ -18,8 +18,8 @@ use kube::api::{Api, DeleteParams, Preconditions};
 use tokio::sync::mpsc;
 
 use super::budget::{Paid, WriteKind};
+use super::context::WriteContext;
 use super::types::{Deleted, ReservationDelete};
-use super::writer::Writer;
 use crate::api::{IPFence, ObjectId};
 
 /// Reservation deletes (and fence record writes) sent at once at most (the shared in-flight
@@ -33,6 +33,22 @@ pub enum ObjectDelete {
     Reservation(ReservationDelete),
     /// An `IPFence` record whose entry was released or is gone.
     Fence(ObjectId),
+}
+
+/// The object writes, and the reservation deletes queued or under way.
+pub struct ObjectWriter {
+    pub(crate) cx: Arc<WriteContext>,
+    pub(crate) pending: PendingDeletes,
+}
+
+impl ObjectWriter {
+    /// The object writes of `cx`, nothing queued yet.
+    pub(crate) fn new(cx: Arc<WriteContext>) -> Self {
+        ObjectWriter {
+            cx,
+            pending: PendingDeletes::default(),
+        }
+    }
 }
 
 /// Reservation deletes queued or under way: the sweep finds a reservation it queued again
@@ -64,7 +80,7 @@ pub(super) fn delete_only_uid(uid: String) -> DeleteParams {
     }
 }
 
-impl Writer {
+impl ObjectWriter {
     /// Sends one write of a reservation or fence record under their budget, counted as an API
     /// write of `verb`.
     pub(super) async fn send_object_write<T, F, Fut>(
@@ -76,8 +92,9 @@ impl Writer {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, kube::Error>>,
     {
-        let metrics = &self.metrics;
-        self.budgets
+        let metrics = &self.cx.metrics;
+        self.cx
+            .budgets
             .send_counted(WriteKind::Reservation, Paid::No, metrics, verb, write)
             .await
     }
@@ -90,14 +107,15 @@ impl Writer {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, kube::Error>>,
     {
-        let write = super::budget::counted(&self.metrics, "create", write);
-        self.budgets
+        let write = super::budget::counted(&self.cx.metrics, "create", write);
+        self.cx
+            .budgets
             .send_ungated(WriteKind::Reservation, write)
             .await
     }
 }
 
-impl Writer {
+impl ObjectWriter {
     /// Deletes queued objects, as many at once as the budgets allow; once every sender is gone,
     /// ends when the deletes and the re-checks after them are done.
     pub(super) async fn delete_queued(self: Arc<Self>, rx: mpsc::UnboundedReceiver<ObjectDelete>) {
@@ -115,7 +133,7 @@ impl Writer {
                                 name: d.name.clone(),
                                 uid: d.uid.clone(),
                             };
-                            w.pending_deletes.done(&id);
+                            w.pending.done(&id);
                             if done == Deleted::Deleted {
                                 let _ = rechecks.send(d);
                             }
@@ -136,7 +154,7 @@ impl Writer {
             return;
         };
         let params = delete_only_uid(uid);
-        let api: Api<IPFence> = Api::namespaced(self.client.clone(), &self.namespace);
+        let api: Api<IPFence> = Api::namespaced(self.cx.client.clone(), &self.cx.namespace);
         let result = self
             .send_object_write("delete", || api.delete(&name, &params))
             .await;
@@ -145,7 +163,7 @@ impl Writer {
             // Gone already, or replaced by a new record (uid changed): not ours.
             Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
             Err(e) => {
-                self.metrics.failed(Deleted::FAILED_LABEL);
+                self.cx.metrics.failed(Deleted::FAILED_LABEL);
                 tracing::warn!(record = %name, error = %e, "could not delete fence record");
             }
         }

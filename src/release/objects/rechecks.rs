@@ -22,12 +22,12 @@ use std::time::{Duration, Instant};
 use kube::api::{Api, PostParams};
 use tokio::sync::mpsc;
 
+use super::ObjectWriter;
 use crate::api::slim::PodView;
 use crate::api::{OverlappingRangeIPReservation, OverlappingRangeIPReservationSpec};
 use crate::ipam::network_status::network_status_of;
 use crate::release::ledger::Occupant;
 use crate::release::types::{Deleted, ReservationDelete};
-use crate::release::writer::Writer;
 
 /// When, after a delete, it is re-checked (from the delete). The first re-check comes soon:
 /// an allocation that raced the delete writes its pool entry a moment after it read the
@@ -59,7 +59,7 @@ const RECHECK_READ_TIMEOUT: Duration = Duration::from_secs(4);
 const RECHECK_RETRY: Duration = Duration::from_secs(1);
 const RECHECK_RETRIES: u32 = 600;
 
-impl Writer {
+impl ObjectWriter {
     /// Where a look at `d` reads: (pool, address). A delete after a release names both; an
     /// orphan's network and address are read back from its name, and looked for in every pool
     /// of that network the ledger knows whose range holds the address (its pool is not known:
@@ -68,13 +68,13 @@ impl Writer {
         if let (Some(ip), Some(pool)) = (d.ip, &d.pool) {
             return vec![(pool.clone(), ip)];
         }
-        self.ledger.reservation_pools(&d.name)
+        self.cx.ledger.reservation_pools(&d.name)
     }
 
     /// A pool's entries for a look, read fresh; `None` where it could not be read in time (the
     /// index may lag the very allocation looked for, so it does not stand in).
     async fn read_for_recheck(&self, pool: &str) -> Option<Vec<crate::ipam::PoolEntry>> {
-        match tokio::time::timeout(RECHECK_READ_TIMEOUT, self.read_pool(pool)).await {
+        match tokio::time::timeout(RECHECK_READ_TIMEOUT, self.cx.read_pool(pool)).await {
             Ok(Ok(Some(p))) => Some(
                 crate::ipam::pool_allocations(&p.spec)
                     .map(|a| a.entries)
@@ -102,7 +102,7 @@ impl Writer {
             return false;
         };
         let pod = crate::ipam::PodKey::lenient(&d.podref);
-        let api = Api::<PodView>::namespaced(self.client.clone(), &pod.namespace);
+        let api = Api::<PodView>::namespaced(self.cx.client.clone(), &pod.namespace);
         match tokio::time::timeout(RECHECK_READ_TIMEOUT, api.get_opt(&pod.name)).await {
             Ok(Ok(Some(p))) => network_status_of(p.metadata.annotations.as_ref())
                 .is_some_and(|n| n.iter().any(|a| a.ips.contains(&ip))),
@@ -172,7 +172,7 @@ impl Writer {
                 // Another pod's now: reported once; looking again cannot mend it.
                 Ok(Some(_)) => {
                     tracing::error!(reservation = %d.name, podref = %d.podref, "an allocation for the pod and address appeared while its reservation was deleted, and another pod's reservation now holds the address");
-                    self.metrics.failed(Deleted::FAILED_LABEL);
+                    self.cx.metrics.failed(Deleted::FAILED_LABEL);
                     Deleted::NotOurs
                 }
                 // Gone again or unreadable: the create is tried again.
@@ -180,12 +180,12 @@ impl Writer {
             },
             Ok(_) => {
                 tracing::warn!(reservation = %d.name, podref = %d.podref, "an allocation for the pod and address appeared while its reservation was deleted; reservation put back");
-                self.metrics.reservations_restored.inc();
+                self.cx.metrics.reservations_restored.inc();
                 Deleted::Restored
             }
             Err(e) => {
                 tracing::error!(reservation = %d.name, podref = %d.podref, error = %e, "an allocation for the pod and address appeared while its reservation was deleted, and it could not be put back");
-                self.metrics.failed(Deleted::FAILED_LABEL);
+                self.cx.metrics.failed(Deleted::FAILED_LABEL);
                 Deleted::Failed
             }
         }
@@ -237,7 +237,7 @@ fn next_step(
 
 /// Takes deleted reservations (with an address) and re-checks them at [`RECHECKS`]
 /// (see the module), every re-check due at once sharing its pool reads.
-impl Writer {
+impl ObjectWriter {
     /// Starts the re-checks (see [`rechecks`]) for this writer: send it each deleted reservation.
     /// The task ends once the sender is dropped and every re-check is done.
     pub(crate) fn spawn_rechecks(
@@ -251,7 +251,7 @@ impl Writer {
 }
 
 fn rechecks(
-    writer: Arc<Writer>,
+    writer: Arc<ObjectWriter>,
 ) -> (
     mpsc::UnboundedSender<ReservationDelete>,
     tokio::task::JoinHandle<()>,
@@ -259,7 +259,7 @@ fn rechecks(
     let (tx, mut rx) = mpsc::unbounded_channel::<ReservationDelete>();
     let task = tokio::spawn(async move {
         let api: Api<OverlappingRangeIPReservation> =
-            Api::namespaced(writer.client.clone(), &writer.namespace);
+            Api::namespaced(writer.cx.client.clone(), &writer.cx.namespace);
         let mut waiting: Vec<Recheck> = Vec::new();
         let mut open = true;
         while open || !waiting.is_empty() {
@@ -317,7 +317,7 @@ fn rechecks(
                             look.retries += 1;
                             if look.retries > RECHECK_RETRIES {
                                 tracing::error!(reservation = %look.d.name, podref = %look.d.podref, "gave up looking again after deleting a reservation: its pool could not be read or the reservation put back");
-                                writer.metrics.failed(Deleted::FAILED_LABEL);
+                                writer.cx.metrics.failed(Deleted::FAILED_LABEL);
                             } else {
                                 look.due = Instant::now() + RECHECK_RETRY;
                                 waiting.push(look);

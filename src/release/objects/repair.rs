@@ -4,10 +4,10 @@
 
 use kube::api::{Api, PostParams};
 
+use super::ObjectWriter;
 use crate::api::{OverlappingRangeIPReservation, OverlappingRangeIPReservationSpec};
 use crate::index::MissingReservation;
 use crate::release::budget::{Paid, WriteKind};
-use crate::release::writer::{Writer, WriterHandle};
 
 /// What became of a missing reservation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,14 +24,14 @@ pub enum Repaired {
     EntryGone,
 }
 
-impl Writer {
+impl ObjectWriter {
     /// Creates the missing reservation `m` once a fresh read confirms its entry (see the
     /// module). A refused create whose reservation is gone again is an error: tried again.
     pub(crate) async fn repair_reservation(
         &self,
         m: &MissingReservation,
     ) -> Result<Repaired, kube::Error> {
-        let pool = self.read_pool(&m.pool).await?;
+        let pool = self.cx.read_pool(&m.pool).await?;
         let still = pool
             .as_ref()
             .and_then(|p| p.spec.allocations.get(&m.entry.key))
@@ -39,11 +39,11 @@ impl Writer {
         if !still {
             return Ok(Repaired::EntryGone);
         }
-        if self.dry_run {
+        if self.cx.dry_run {
             return Ok(Repaired::DryRun);
         }
         let api: Api<OverlappingRangeIPReservation> =
-            Api::namespaced(self.client.clone(), &self.namespace);
+            Api::namespaced(self.cx.client.clone(), &self.cx.namespace);
         let r = OverlappingRangeIPReservation::new(
             &m.name,
             OverlappingRangeIPReservationSpec {
@@ -54,8 +54,9 @@ impl Writer {
             },
         );
         let params = PostParams::default();
-        let metrics = &self.metrics;
+        let metrics = &self.cx.metrics;
         let created = self
+            .cx
             .budgets
             .send_counted(WriteKind::Reservation, Paid::No, metrics, "create", || {
                 api.create(&params, &r)
@@ -76,15 +77,5 @@ impl Writer {
             },
             Err(e) => Err(e),
         }
-    }
-}
-
-impl WriterHandle {
-    /// Creates the missing reservation `m`, guarded (see the module).
-    pub async fn repair_reservation(
-        &self,
-        m: &MissingReservation,
-    ) -> Result<Repaired, kube::Error> {
-        self.writer.repair_reservation(m).await
     }
 }

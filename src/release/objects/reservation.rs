@@ -15,14 +15,14 @@ use std::net::IpAddr;
 
 use kube::api::Api;
 
+use super::ObjectWriter;
 use super::delete_only_uid;
 use crate::api::OverlappingRangeIPReservation;
 use crate::release::budget::WriteKind;
 use crate::release::ledger::Occupant;
 pub use crate::release::types::{Deleted, ReservationDelete};
-use crate::release::writer::Writer;
 
-impl Writer {
+impl ObjectWriter {
     /// A pool entry of `podref` holding `ip` now: from the ledger, else a fresh read of `pool`.
     async fn holder(&self, d: &ReservationDelete) -> Result<Option<Occupant>, kube::Error> {
         if let Some(uid) = &d.live_pod {
@@ -35,17 +35,17 @@ impl Writer {
             // lag: a pod of that name now may hold the address through this very reservation
             // (whereabouts keeps one that names the pod). A pod exists before its allocation,
             // so a fresh read of it now closes that window.
-            let exists = self.ledger.pod_known(&d.podref) || self.pod_exists(&d.podref).await?;
+            let exists = self.cx.ledger.pod_known(&d.podref) || self.pod_exists(&d.podref).await?;
             return Ok(exists.then(|| (String::new(), None)));
         };
-        if let Some(holder) = self.ledger.holder(&d.podref, ip) {
+        if let Some(holder) = self.cx.ledger.holder(&d.podref, ip) {
             return Ok(holder);
         }
         let Some(pool) = &d.pool else {
             return Ok(None);
         };
         // Reads go outside the write budgets (they bound writes; APF bounds both).
-        let current = self.read_pool(pool).await?;
+        let current = self.cx.read_pool(pool).await?;
         let Some(current) = current else {
             return Ok(None);
         };
@@ -70,7 +70,7 @@ impl Writer {
     ) -> Result<bool, kube::Error> {
         let key = crate::ipam::PodKey::lenient(&d.podref);
         let pods: Api<k8s_openapi::api::core::v1::Pod> =
-            Api::namespaced(self.client.clone(), &key.namespace);
+            Api::namespaced(self.cx.client.clone(), &key.namespace);
         let Some(pod) = pods.get_metadata_opt(&key.name).await? else {
             // Gone since: an orphan now, judged as one (with its own grace) by a later sweep.
             return Ok(true);
@@ -92,18 +92,19 @@ impl Writer {
             return Ok(true);
         }
         let own = readings.iter().any(|(_, ip)| {
-            self.ledger
+            self.cx
+                .ledger
                 .holder(&d.podref, *ip)
                 .is_some_and(|h| h.is_some())
         });
-        let targets = self.ledger.reservation_pools(&d.name);
+        let targets = self.cx.ledger.reservation_pools(&d.name);
         if own || targets.is_empty() {
             return Ok(true);
         }
         let mut read: HashMap<&str, Option<crate::api::IPPool>> = HashMap::new();
         for (pool, ip) in &targets {
             if !read.contains_key(pool.as_str()) {
-                read.insert(pool, self.read_pool(pool).await?);
+                read.insert(pool, self.cx.read_pool(pool).await?);
             }
             let held = read[pool.as_str()]
                 .as_ref()
@@ -119,17 +120,18 @@ impl Writer {
     async fn pod_exists(&self, podref: &str) -> Result<bool, kube::Error> {
         let pod = crate::ipam::PodKey::lenient(podref);
         let pods: Api<k8s_openapi::api::core::v1::Pod> =
-            Api::namespaced(self.client.clone(), &pod.namespace);
+            Api::namespaced(self.cx.client.clone(), &pod.namespace);
         Ok(pods.get_metadata_opt(&pod.name).await?.is_some())
     }
 
     /// Deletes one reservation unless a live allocation holds its address (see the module).
     pub(crate) async fn delete_reservation(&self, d: ReservationDelete) -> Deleted {
         let api: Api<OverlappingRangeIPReservation> =
-            Api::namespaced(self.client.clone(), &self.namespace);
+            Api::namespaced(self.cx.client.clone(), &self.cx.namespace);
         // Checked once admitted, right before the delete: a delete may wait long for its budget
         // (or a 429 pause), and the check must be as fresh as the delete.
         let result = self
+            .cx
             .budgets
             .send(WriteKind::Reservation, || {
                 let (api, d) = (api.clone(), d.clone());
@@ -141,10 +143,10 @@ impl Writer {
                     // touched; whereabouts never updates one in place.
                     let params = delete_only_uid(d.uid.clone());
                     // The checks took a moment: the gate again, right before the delete.
-                    if !self.budgets.open() {
+                    if !self.cx.budgets.open() {
                         return Err(crate::release::budget::not_leader());
                     }
-                    self.metrics.write("delete");
+                    self.cx.metrics.write("delete");
                     match api.delete(&d.name, &params).await {
                         Ok(_) => {
                             self.count_swept(&d);
@@ -162,12 +164,12 @@ impl Writer {
         match result {
             Ok(Deleted::Kept) => {
                 tracing::info!(reservation = %d.name, podref = %d.podref, "reservation kept: a live allocation of the pod holds its address");
-                self.metrics.reservations_kept.inc();
+                self.cx.metrics.reservations_kept.inc();
                 Deleted::Kept
             }
             Ok(done) => done,
             Err(e) => {
-                self.metrics.failed(Deleted::FAILED_LABEL);
+                self.cx.metrics.failed(Deleted::FAILED_LABEL);
                 tracing::warn!(reservation = %d.name, error = %e, "could not delete reservation");
                 Deleted::Failed
             }
@@ -182,7 +184,7 @@ impl Writer {
             (None, None) => "orphan",
             (None, Some(_)) => return,
         };
-        let swept = &self.metrics.reservations_swept;
+        let swept = &self.cx.metrics.reservations_swept;
         swept.get_or_create(&why.to_string().into()).inc();
     }
 }

@@ -1,57 +1,37 @@
 //! The batcher: one task that collects release requests per pool and starts each pool's patch
-//! when its [`PoolSchedule`] says it may.
+//! when its [`PoolSchedule`] says it may. At most one patch per pool is in flight, and a
+//! pool's patches are spaced by its interval; what arrives meanwhile for that pool goes out as
+//! the next patch, so a burst of deletions becomes a few large patches while a lone deletion
+//! goes out at once.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use super::schedule::{MAX_BATCH, PoolSchedule};
+use super::PoolWriter;
+use super::schedule::PoolSchedule;
 use crate::release::budget::Paid;
 use crate::release::objects::ObjectDelete;
 use crate::release::types::ReleaseRequest;
-use crate::release::writer::{Reply, Writer, WriterHandle};
-
-/// Starts the batcher and the reservation deleter; they run until every handle is dropped.
-/// At most one patch per pool is in flight, and a pool's patches are spaced by `spacing`;
-/// what arrives meanwhile for that pool goes out as the next patch, so a burst of deletions
-/// becomes a few large patches while a lone deletion goes out at once.
-pub fn spawn(writer: Arc<Writer>) -> WriterHandle {
-    spawn_drained(writer).0
-}
-
-/// Like [`spawn`], with a task that ends once every handle is dropped and everything handed in
-/// is written: the patches, the deletes after them and the looks after those (see
-/// `reservation`). For a command that exits after its writes.
-pub fn spawn_drained(writer: Arc<Writer>) -> (WriterHandle, tokio::task::JoinHandle<()>) {
-    let (tx, rx) = mpsc::channel::<(ReleaseRequest, Reply)>(4 * MAX_BATCH);
-    let (del_tx, del_rx) = mpsc::unbounded_channel();
-    let handle = WriterHandle {
-        tx,
-        deletes: del_tx.clone(),
-        writer: writer.clone(),
-    };
-    let drained = tokio::spawn(writer.clone().delete_queued(del_rx));
-    tokio::spawn(batch(writer, rx, del_tx));
-    (handle, drained)
-}
+use crate::release::types::Reply;
 
 /// The batcher: collects requests per pool and sends each pool's patch when its
 /// [`PoolSchedule`] says it may and its token of the pool rate is there. The token is reserved
 /// before the batch is formed, so what arrives while a pool waits for it goes in its next
 /// patch, not the one after, and a patch's time (which spaces its pool's patches) does not
 /// count the wait.
-async fn batch(
-    writer: Arc<Writer>,
+pub(crate) async fn batch(
+    writer: Arc<PoolWriter>,
     mut rx: mpsc::Receiver<(ReleaseRequest, Reply)>,
     deletes: mpsc::UnboundedSender<ObjectDelete>,
 ) {
-    let mut schedule = PoolSchedule::new(writer.pools.patch_interval);
+    let mut schedule = PoolSchedule::new(writer.patch_interval);
     // Each finished patch: its pool and how long it took.
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(String, Duration)>();
     let mut open = true;
     // A dry run writes nothing, so it reserves no budget (and its batches send nothing).
-    let (budgets, dry_run) = (&writer.budgets, writer.dry_run);
+    let (budgets, dry_run) = (&writer.cx.budgets, writer.cx.dry_run);
     let reserve = || match dry_run {
         true => Duration::ZERO,
         false => budgets.reserve_pool_token(),

@@ -5,16 +5,16 @@
 //! writes after it (see `ipam::fence` for why that order is crash-safe).
 //!
 //! Its pure parts: the schedule (`schedule`), the batch's shape (`batch`) and the patch
-//! builder (`patch`); `batcher` drives them, this file sends a batch and tells the ledger.
+//! builder (`patch`); `batcher` drives them; this file sends a batch and tells the ledger.
 
 pub mod batch;
 pub(super) mod batcher;
 pub mod cooling;
-mod fresh_pool;
 pub mod patch;
 pub mod schedule;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use kube::api::{Patch, PatchParams};
@@ -22,45 +22,52 @@ use kube::api::{Patch, PatchParams};
 use self::batch::{Answer, one_write_per_entry, settle_against, split};
 use self::cooling::cooled_entry;
 use super::budget::{Paid, WriteKind};
+use super::context::{WriteContext, api_error};
 use super::ledger::Written;
-use super::objects::ObjectDelete;
-use super::types::{EntryWrite, ReleaseError, ReleaseOutcome, ReleaseRequest, ReservationDelete};
-use super::writer::{Outcome, Reply, Writer, api_error};
+use super::objects::{ObjectDelete, ObjectWriter};
+use super::reports::dry_run::DryRunReports;
+use super::types::{
+    EntryWrite, Outcome, ReleaseError, ReleaseOutcome, ReleaseRequest, Reply, ReservationDelete,
+};
 use crate::api::ObjectId;
 
 /// Patches one batch may take while refused writes are split apart (each refusal costs a
 /// patch and a read); what is left then is retried later, with backoff.
 const MAX_PATCHES_PER_BATCH: usize = 64;
 
-/// The pool writes' own settings and state.
-pub struct PoolWrites {
+/// The pool writes: their settings, and what they hand on to the object writes and reports.
+pub struct PoolWriter {
+    pub(crate) cx: Arc<WriteContext>,
+    /// Fence records before their entries; reservation deletes after them.
+    pub(crate) objects: Arc<ObjectWriter>,
     /// Least time between two patches of one pool: what arrives meanwhile joins the next.
     pub(crate) patch_interval: Duration,
     /// `--release-cooldown`: how long a released address stays out of the pool (zero: off).
     pub(crate) cooldown: Duration,
-    /// Fresh pool reads are GETs, not LISTs by name (see `fresh_pool`): RBAC refused the list,
-    /// or the program is granted none.
-    read_by_get: AtomicBool,
+    dry_run_reports: DryRunReports,
     /// This run's identity in the signature of its writes of marked entries, and how many it
     /// signed (see `ipam::own_write`).
     run: String,
     signed: AtomicU64,
 }
 
-impl PoolWrites {
-    pub(super) fn new(patch_interval: Duration) -> Self {
-        PoolWrites {
+impl PoolWriter {
+    /// Pool writes of `cx`, handing fence records and deletes to `objects`.
+    pub(crate) fn new(
+        cx: Arc<WriteContext>,
+        objects: Arc<ObjectWriter>,
+        patch_interval: Duration,
+        cooldown: Duration,
+    ) -> Self {
+        PoolWriter {
+            cx,
+            objects,
             patch_interval,
-            cooldown: Duration::ZERO,
-            read_by_get: AtomicBool::new(false),
+            cooldown,
+            dry_run_reports: DryRunReports::default(),
             run: crate::ipam::own_write::run_id(std::process::id(), jiff::Timestamp::now()),
             signed: AtomicU64::new(0),
         }
-    }
-
-    /// From now on, fresh pool reads are GETs.
-    pub(super) fn read_by_get(&self) {
-        self.read_by_get.store(true, Ordering::Relaxed);
     }
 
     /// The signature of the next write of marked entries (see `ipam::own_write`).
@@ -70,7 +77,7 @@ impl PoolWrites {
     }
 }
 
-impl Writer {
+impl PoolWriter {
     /// Writes one batch and answers each request; returns the objects to delete after it
     /// (reservations of what was released, records of lifted fences). `paid`: whether its
     /// first patch's token was taken already.
@@ -80,14 +87,16 @@ impl Writer {
         items: Vec<(ReleaseRequest, Reply)>,
         paid: Paid,
     ) -> Vec<ObjectDelete> {
-        if self.dry_run {
-            self.report_dry_run(pool, items).await;
+        if self.cx.dry_run {
+            self.dry_run_reports
+                .report(&self.cx, self.cooldown, pool, items)
+                .await;
             return Vec::new();
         }
         let (mut reqs, replies) = one_write_per_entry(items);
-        super::types::set_cooldowns(&mut reqs, self.pools.cooldown, jiff::Timestamp::now());
+        super::types::set_cooldowns(&mut reqs, self.cooldown, jiff::Timestamp::now());
         // Fences: the record first. An entry whose record cannot be written is not touched.
-        let records = self.write_fence_records(pool, &reqs).await;
+        let records = self.objects.write_fence_records(pool, &reqs).await;
         let ready: Vec<usize> = (0..reqs.len())
             .filter(|&i| !matches!(records[i], Some(Err(_))))
             .collect();
@@ -181,13 +190,13 @@ impl Writer {
                     Some(object),
                     _,
                 ) if o.created => after.push(ObjectDelete::Fence(object.clone())),
-                (Err(e), ..) => self.metrics.failed(e.label()),
+                (Err(e), ..) => self.cx.metrics.failed(e.label()),
                 _ => {}
             }
             answers.push(outcome);
         }
         let writes: Vec<Written<'_>> = written.iter().map(|(_, w)| *w).collect();
-        let freed = self.ledger.wrote(&writes);
+        let freed = self.cx.ledger.wrote(&writes);
         for ((i, w), reservations) in written.iter().zip(freed) {
             after.extend(self.after_written(&reqs[*i], w, reservations));
         }
@@ -211,7 +220,7 @@ impl Writer {
             .collect();
         match written {
             Written::Fenced { record, .. } => {
-                self.metrics.fences.inc();
+                self.cx.metrics.fences.inc();
                 tracing::info!(pool = %j.pool, ip = %j.entry.ip, podref = %record.podref, node = %record.node, why = %record.why, "fenced");
                 return after;
             }
@@ -230,9 +239,10 @@ impl Writer {
         if let EntryWrite::Unfence(_, object) = &req.write {
             after.push(ObjectDelete::Fence(object.clone()));
         }
-        self.metrics.released(req.reason.as_str());
+        self.cx.metrics.released(req.reason.as_str());
         if let Some(at) = req.deleted_at {
-            self.metrics
+            self.cx
+                .metrics
                 .deletion_to_release_seconds
                 .observe(at.elapsed().as_secs_f64());
         }
@@ -271,7 +281,7 @@ impl Writer {
                 }
             };
             let paid = std::mem::replace(&mut paid, Paid::No);
-            let used = annotations.unwrap_or_else(|| self.ledger.has_annotations(pool));
+            let used = annotations.unwrap_or_else(|| self.cx.ledger.has_annotations(pool));
             let refusal = match self.patch(pool, &batch, used, paid).await {
                 Ok(()) => {
                     settle_all(&mut outcomes, Ok(ReleaseOutcome::Released));
@@ -288,8 +298,9 @@ impl Writer {
                 }
             };
             let current = match self
+                .cx
                 .budgets
-                .send(WriteKind::Pool, || self.read_pool(pool))
+                .send(WriteKind::Pool, || self.cx.read_pool(pool))
                 .await
             {
                 Ok(c) => c,
@@ -337,14 +348,18 @@ impl Writer {
         has_annotations: bool,
         paid: Paid,
     ) -> Result<(), kube::Error> {
-        let patch = patch::entries_patch(batch, has_annotations, &self.pools.signature());
+        let patch = patch::entries_patch(batch, has_annotations, &self.signature());
         let patch = patch::typed(patch).map_err(kube::Error::SerdeError)?;
-        let pools = self.pools_api();
-        self.metrics.pool_patch_entries.observe(batch.len() as f64);
-        self.budgets
-            .send_counted(WriteKind::Pool, paid, &self.metrics, "patch", || {
+        let pools = self.cx.pools_api();
+        self.cx
+            .metrics
+            .pool_patch_entries
+            .observe(batch.len() as f64);
+        self.cx
+            .budgets
+            .send_counted(WriteKind::Pool, paid, &self.cx.metrics, "patch", || {
                 let patch = Patch::<()>::Json(patch.clone());
-                let (pools, metrics) = (pools.clone(), self.metrics.clone());
+                let (pools, metrics) = (pools.clone(), self.cx.metrics.clone());
                 async move {
                     let started = Instant::now();
                     let result = pools.patch(pool, &PatchParams::default(), &patch).await;
