@@ -27,8 +27,12 @@ impl Ledger for IndexLock {
         self.read().expect("index lock").has_annotations(pool)
     }
 
-    fn may_hold(&self, pool: &str, key: &str, id: &str) -> bool {
-        self.read().expect("index lock").holds(pool, key, id)
+    fn may_hold(&self, allocations: &[(&str, &str, &str)]) -> Vec<bool> {
+        let index = self.read().expect("index lock");
+        allocations
+            .iter()
+            .map(|(pool, key, id)| index.holds(pool, key, id))
+            .collect()
     }
 
     fn wrote(&self, writes: &[Written<'_>]) -> Vec<Vec<ObjectId>> {

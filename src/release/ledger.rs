@@ -65,9 +65,9 @@ pub trait Ledger: Send + Sync {
     /// refused patch's fresh read).
     fn has_annotations(&self, pool: &str) -> bool;
 
-    /// Whether the allocation (`pool`, `key`, sandbox `id`) may still be there: false only
-    /// when it is known gone (a ledger that knows nothing says true).
-    fn may_hold(&self, pool: &str, key: &str, id: &str) -> bool;
+    /// For each allocation (`pool`, `key`, sandbox `id`), whether it may still be there: false
+    /// only when it is known gone (a ledger that knows nothing says true). One look for all.
+    fn may_hold(&self, allocations: &[(&str, &str, &str)]) -> Vec<bool>;
 
     /// Records what one batch wrote, in order, all at once; returns for each write the
     /// reservations it left to delete (those of the pod and address it freed).
@@ -96,8 +96,8 @@ impl Ledger for FreshReads {
         false
     }
 
-    fn may_hold(&self, _: &str, _: &str, _: &str) -> bool {
-        true
+    fn may_hold(&self, allocations: &[(&str, &str, &str)]) -> Vec<bool> {
+        vec![true; allocations.len()]
     }
 
     fn wrote(&self, writes: &[Written<'_>]) -> Vec<Vec<ObjectId>> {

@@ -56,7 +56,14 @@ impl DryRunReports {
     /// knows gone are forgotten, so a new one at the same key is reported.
     fn first(&self, cx: &WriteContext, pool: &str, key: &str, id: &str) -> bool {
         let mut reported = self.0.lock().expect("dry-run lock");
-        reported.retain(|r| cx.ledger.may_hold(&r.pool, &r.key, &r.id));
+        let allocations: Vec<(&str, &str, &str)> = reported
+            .iter()
+            .map(|r| (r.pool.as_str(), r.key.as_str(), r.id.as_str()))
+            .collect();
+        let held = cx.ledger.may_hold(&allocations);
+        // `retain` visits the unchanged set in the order `iter` did.
+        let mut held = held.into_iter();
+        reported.retain(|_| held.next().unwrap_or(true));
         reported.insert(Reported {
             pool: pool.to_owned(),
             key: key.to_owned(),
