@@ -104,10 +104,13 @@ impl Call {
     }
 
     /// `METHOD resource[/name]` after the namespace, for assertions and messages:
-    /// `PATCH ippools/p`, `GET ippools` (a list), `DELETE overlappingrangeipreservations/r`.
+    /// `PATCH ippools/p`, `GET ippools` (a list), `DELETE overlappingrangeipreservations/r`;
+    /// the whole path where there is no namespace (`GET /api/v1/pods`).
     pub fn what(&self) -> String {
-        let tail = self.path.split("/namespaces/").nth(1).unwrap_or(&self.path);
-        let tail = tail.split_once('/').map_or(tail, |(_, rest)| rest);
+        let tail = match self.path.split_once("/namespaces/") {
+            Some((_, rest)) => rest.split_once('/').map_or(rest, |(_, rest)| rest),
+            None => &self.path,
+        };
         format!("{} {tail}", self.method)
     }
 }

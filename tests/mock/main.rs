@@ -9,3 +9,4 @@ mod fixtures;
 mod pool;
 mod pool_writes;
 mod reservations;
+mod sweep;
