@@ -13,7 +13,7 @@ use ipreclaim::api::IPPool;
 use ipreclaim::controller::Ctx;
 use ipreclaim::controller::sweep::{SweepConfig, SweepReport, Sweeper};
 use ipreclaim::index::{APPROVE_HOLD_ANNOTATION, SharedIndex};
-use ipreclaim::release::events::HOLD_APPROVED;
+use ipreclaim::release::reports::events::HOLD_APPROVED;
 use ipreclaim::release::{BudgetConfig, Budgets, Events, Writer};
 use ipreclaim::rules::grace::Graces;
 use ipreclaim::telemetry::ControllerMetrics;
