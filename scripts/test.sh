@@ -12,7 +12,7 @@ bin=$("$root/scripts/setup.sh" | tail -n 1)
 export IPRECLAIM_BIN_DIR="$bin"
 took setup
 cargo fmt --all -- --check
-cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo clippy --workspace --all-targets --features ipreclaim/root-tests --locked -- -D warnings
 took lints
 # The image the real node's e2e tests run: the Dockerfile built with buildah on stand-in bases
 # made here, then checked as a scanner would (scripts/image-check.sh). The tests call the same
@@ -22,7 +22,9 @@ took image
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
-cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log" || status=$?
+# Every tier: without root in seconds and minutes, and (the feature) the root ones: the real
+# node's e2e scenarios, the node agent and the CRI source on a private containerd.
+cargo test --workspace --features ipreclaim/root-tests --locked --no-fail-fast 2>&1 | tee "$log" || status=$?
 took tests
 echo "test.sh: ${parts[*]}"
 # One closing line over every test binary and doc-test run.

@@ -1,5 +1,8 @@
 //! The test containerd itself, through k8s-cri over its unix socket.
 
+// The root tier: compiled empty without `--features root-tests` (see Cargo.toml).
+#![cfg(feature = "root-tests")]
+
 use std::net::IpAddr;
 
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;

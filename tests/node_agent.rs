@@ -2,6 +2,9 @@
 //! starts its own containerd and uses its own namespace (also its whereabouts namespace) and
 //! node name.
 
+// The root tier: compiled empty without `--features root-tests` (see Cargo.toml).
+#![cfg(feature = "root-tests")]
+
 mod support;
 
 use std::collections::BTreeMap;

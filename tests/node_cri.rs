@@ -1,5 +1,8 @@
 //! The CRI pod source driven by podlife's PLEG, against a real containerd.
 
+// The root tier: compiled empty without `--features root-tests` (see Cargo.toml).
+#![cfg(feature = "root-tests")]
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;

@@ -218,12 +218,12 @@ helm install ipreclaim "$root/charts/ipreclaim" --namespace ipreclaim --create-n
   --wait --timeout 300s
 kubectl -n ipreclaim get pods -o wide
 
-step "scenarios (cargo test --test e2e -- ::cluster $*)"
+step "scenarios (cargo test --features root-tests --test e2e -- ::cluster $*)"
 cd "$root"
 # IPRECLAIM_KIND(_CLUSTER): a scenario loads a test image with `kind load`.
 IPRECLAIM_E2E=kind IPRECLAIM_E2E_NAMESPACE=ipreclaim IPRECLAIM_E2E_POD_IMAGE=$pod_image \
   IPRECLAIM_KIND=$kind IPRECLAIM_KIND_CLUSTER=$cluster \
-  cargo test --locked --test e2e -- --test-threads=1 ::cluster "$@"
+  cargo test --locked --features root-tests --test e2e -- --test-threads=1 ::cluster "$@"
 
 step "Events"
 kubectl get events -A --field-selector reason=IPAddressGarbageCollected

@@ -23,4 +23,4 @@ bin=$("$root/scripts/setup.sh" | tail -n 1)
 export IPRECLAIM_BIN_DIR="$bin"
 cd "$root"
 IMAGE=localhost/ipreclaim/ipreclaim:e2e "$root/scripts/image.sh" amd64
-IPRECLAIM_E2E=node cargo test --locked --test e2e -- --test-threads=1 ::cluster node_only:: "$@"
+IPRECLAIM_E2E=node cargo test --locked --features root-tests --test e2e -- --test-threads=1 ::cluster node_only:: "$@"

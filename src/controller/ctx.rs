@@ -22,3 +22,26 @@ pub struct Ctx {
     /// Nodes' readiness (`None`: fencing is off).
     pub(crate) nodes: Option<Arc<RwLock<NodeIndex>>>,
 }
+
+impl Ctx {
+    /// What the tasks share, fencing off (no nodes' readiness): for a test that drives one
+    /// task (the sweep) against a mock apiserver. The controller builds its own with fencing.
+    pub fn new(
+        client: Client,
+        index: SharedIndex,
+        queue: Arc<WorkQueue<String>>,
+        writer: writer::WriterHandle,
+        events: Events,
+        metrics: ControllerMetrics,
+    ) -> Ctx {
+        Ctx {
+            client,
+            index,
+            queue,
+            writer,
+            events,
+            metrics,
+            nodes: None,
+        }
+    }
+}

@@ -12,6 +12,9 @@
 //! The node-only scenarios (`node_only::`) crash and reboot the node.
 //! Each scenario ends by checking the pools (only live pods hold addresses) and the Events.
 
+// The root tier: compiled empty without `--features root-tests` (see Cargo.toml).
+#![cfg(feature = "root-tests")]
+
 #[path = "../support/mod.rs"]
 mod support;
 
