@@ -67,7 +67,19 @@ cleanup() {
     if $local_mode; then dockerd_stop; fi
   fi
   if $keep; then
-    echo "kept: KUBECONFIG=$kubeconfig$($local_mode && echo " DOCKER_HOST=$DOCKER_HOST") (e2e/kind/run.sh again removes it)" >&2
+    # Only what the run got to start: a failure before the engine or the cluster keeps less.
+    local engine=""
+    if $local_mode && [[ -n ${DOCKER_HOST:-} ]]; then engine=" DOCKER_HOST=$DOCKER_HOST"; fi
+    if [[ -s $kubeconfig ]]; then
+      echo "kept: KUBECONFIG=$kubeconfig$engine (e2e/kind/run.sh again removes it)" >&2
+    else
+      rm -f "$kubeconfig"
+      if [[ -n $engine ]]; then
+        echo "kept: no cluster;$engine (e2e/kind/run.sh again removes it)" >&2
+      else
+        echo "kept: nothing (the run stopped before the cluster was created)" >&2
+      fi
+    fi
   else
     rm -f "$kubeconfig"
   fi
