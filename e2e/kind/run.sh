@@ -230,12 +230,14 @@ helm install ipreclaim "$root/charts/ipreclaim" --namespace ipreclaim --create-n
   --wait --timeout 300s
 kubectl -n ipreclaim get pods -o wide
 
-step "scenarios (cargo test --test e2e -- ::cluster $*)"
+step "scenarios (cargo test --workspace --test e2e -- ::cluster $*)"
 cd "$root"
-# IPRECLAIM_KIND(_CLUSTER): a scenario loads a test image with `kind load`.
+# IPRECLAIM_KIND(_CLUSTER): a scenario loads a test image with `kind load`. --workspace: the
+# features scripts/test.sh's `cargo test --workspace` built with (tokio's test-util among
+# them), so that after it (CI: .ci/run) the e2e binary is not compiled again.
 IPRECLAIM_E2E=kind IPRECLAIM_E2E_NAMESPACE=ipreclaim IPRECLAIM_E2E_POD_IMAGE=$pod_image \
   IPRECLAIM_KIND=$kind IPRECLAIM_KIND_CLUSTER=$cluster \
-  cargo test --locked --test e2e -- --test-threads=1 ::cluster "$@"
+  cargo test --workspace --locked --test e2e -- --test-threads=1 ::cluster "$@"
 
 step "Events"
 kubectl get events -A --field-selector reason=IPAddressGarbageCollected
