@@ -1216,26 +1216,17 @@ pub(crate) async fn both_workers_partitioned_and_returning_together_each_fence_l
     println!("{} done", at());
 }
 
-/// A scenario's teardown, once its checks are done: StatefulSets `sets` scaled to zero, their
-/// pods' deletion shortened to a grace of 1 s (the kubelet's minimum is 2 s), then waited
-/// gone. Their containers ignore SIGTERM, so each would otherwise take its whole grace (60 s,
-/// 150 s) to go: minutes of CI spent on nothing the scenario checks. Their kubelets still stop
+/// A scenario's teardown, once its checks are done: the pods of StatefulSets `sets` deleted
+/// with a grace of 1 s (the kubelet's minimum is 2 s), the sets scaled to zero right after,
+/// then the pods waited gone. Their containers ignore SIGTERM, so each would otherwise take its
+/// whole grace (60 s, 150 s) to go: minutes of CI spent on nothing the scenario checks. The
+/// delete comes first: a kubelet already stopping a pod with its whole grace (as after the
+/// scale-down's own delete) keeps to it. A set does not replace a pod that is still
+/// terminating, and the scale-down follows within milliseconds. Their kubelets still stop
 /// them with a CNI DEL as for any deletion, so nothing is left for the next scenario.
 async fn scale_to_zero_without_waiting_out_the_grace(c: &Cluster, sets: &[&str]) {
     let pods = Api::<Pod>::namespaced(c.client().clone(), c.ns());
     for set in sets {
-        c.ensure_statefulset_on(set, None)
-            .await
-            .patch(
-                set,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"replicas": 0}})),
-            )
-            .await
-            .unwrap();
-    }
-    for set in sets {
-        // Terminating with its whole grace by now: a shorter one replaces it.
         match pods
             .delete(
                 &format!("{set}-0"),
@@ -1248,6 +1239,18 @@ async fn scale_to_zero_without_waiting_out_the_grace(c: &Cluster, sets: &[&str])
             Err(e) => panic!("delete {set}-0 with a grace of 1 s: {e}"),
         }
     }
+    for set in sets {
+        c.ensure_statefulset_on(set, None)
+            .await
+            .patch(
+                set,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"replicas": 0}})),
+            )
+            .await
+            .unwrap();
+    }
+    let started = Instant::now();
     wait_long("the scaled-down pods gone", || async {
         let mut gone = true;
         for set in sets {
@@ -1256,6 +1259,10 @@ async fn scale_to_zero_without_waiting_out_the_grace(c: &Cluster, sets: &[&str])
         gone
     })
     .await;
+    println!(
+        "{sets:?} scaled down, their pods gone in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
 }
 
 /// Waits until the leader's gauges show `n` fences held, the oldest for 10 s or more.
