@@ -41,14 +41,18 @@ kind_local_build() {
   local patch=$kind_dir/kind-unprivileged.patch sum out src
   sum=$(sha256sum "$patch" | cut -c1-12)
   out=$kind_cache/bin/kind-$KIND_VERSION-unprivileged-$sum
+  # Called as $(kind_local_build), where errexit is off: each step returns on failure, so
+  # that run.sh stops here instead of going on with a kind binary that is not there.
   if [[ ! -x $out ]]; then
     echo "== kind $KIND_VERSION from its Go module, with kind-unprivileged.patch" >&2
+    mkdir -p "$kind_cache/bin" || return 1
     src=$(cd "$kind_cache" && go mod download -json "sigs.k8s.io/kind@$KIND_VERSION" | sed -n 's/.*"Dir": "\(.*\)",/\1/p')
-    rm -rf "$kind_cache/src-kind" && mkdir -p "$kind_cache/bin"
-    cp -r "$src" "$kind_cache/src-kind" && chmod -R u+w "$kind_cache/src-kind"
+    [[ -n $src && -d $src ]] || { echo "kind: go mod download sigs.k8s.io/kind@$KIND_VERSION failed" >&2; return 1; }
+    rm -rf "$kind_cache/src-kind"
+    cp -r "$src" "$kind_cache/src-kind" && chmod -R u+w "$kind_cache/src-kind" || return 1
     (cd "$kind_cache/src-kind" && patch -p1 --quiet <"$patch" &&
-      CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$out.tmp" .)
-    mv "$out.tmp" "$out"
+      CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$out.tmp" .) || return 1
+    mv "$out.tmp" "$out" || return 1
     rm -rf "$kind_cache/src-kind"
   fi
   echo "$out"

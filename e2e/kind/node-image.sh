@@ -36,6 +36,28 @@ done
 exec 8>"$cache/build.lock"
 flock 8
 
+# --- the Debian root filesystem (cached) ---------------------------------------------------
+# kind's base image list (images/base/Dockerfile) less the storage-test packages, with
+# containerd, runc and the CNI plugins from Debian instead of kind's own builds.
+packages=systemd,systemd-sysv,dbus,containerd,runc,containernetworking-plugins,iptables,nftables,iproute2,ethtool,conntrack,socat,util-linux,mount,kmod,libseccomp2,procps,ca-certificates,ebtables,pigz,jq
+base=$cache/rootfs-bookworm
+make_rootfs() {
+  [[ $(cat "$base.done" 2>/dev/null) != "$packages" ]] || return 0
+  say "debootstrap bookworm ($packages); a few minutes"
+  rm -rf "$base" "$base.tmp"
+  debootstrap --variant=minbase --include="$packages" bookworm "$base.tmp" http://deb.debian.org/debian \
+    >"$cache/debootstrap.log" 2>&1 || { tail -n 20 "$cache/debootstrap.log" >&2; return 1; }
+  rm -rf "$base.tmp"/var/cache/apt/archives/*.deb "$base.tmp"/var/lib/apt/lists/*
+  mv "$base.tmp" "$base"
+  echo "$packages" >"$base.done"
+}
+# In the background while the Go builds below take the CPU: debootstrap mostly downloads and
+# unpacks (on a fresh machine it overlaps them).
+make_rootfs &
+rootfs_pid=$!
+# An early exit below waits for it: no debootstrap left running on its own.
+trap 'wait "$rootfs_pid" 2>/dev/null || true' EXIT
+
 # --- binaries ------------------------------------------------------------------------------
 bin=$("$root/e2e/controlplane/build.sh" kind | tail -n 1)
 kv=$KUBERNETES_VERSION
@@ -55,20 +77,7 @@ if [[ ! -x $cache/pause-$pause_version ]]; then
   mv "$cache/pause-$pause_version.tmp" "$cache/pause-$pause_version"
 fi
 
-# --- the Debian root filesystem (cached) ---------------------------------------------------
-# kind's base image list (images/base/Dockerfile) less the storage-test packages, with
-# containerd, runc and the CNI plugins from Debian instead of kind's own builds.
-packages=systemd,systemd-sysv,dbus,containerd,runc,containernetworking-plugins,iptables,nftables,iproute2,ethtool,conntrack,socat,util-linux,mount,kmod,libseccomp2,procps,ca-certificates,ebtables,pigz,jq
-base=$cache/rootfs-bookworm
-if [[ $(cat "$base.done" 2>/dev/null) != "$packages" ]]; then
-  say "debootstrap bookworm ($packages); a few minutes"
-  rm -rf "$base" "$base.tmp"
-  debootstrap --variant=minbase --include="$packages" bookworm "$base.tmp" http://deb.debian.org/debian \
-    >"$cache/debootstrap.log" 2>&1 || { tail -n 20 "$cache/debootstrap.log" >&2; exit 1; }
-  rm -rf "$base.tmp"/var/cache/apt/archives/*.deb "$base.tmp"/var/lib/apt/lists/*
-  mv "$base.tmp" "$base"
-  echo "$packages" >"$base.done"
-fi
+wait "$rootfs_pid" || { say "debootstrap failed (log: $cache/debootstrap.log)"; exit 1; }
 
 # --- images (buildah, from scratch; saved as docker-archives) ------------------------------
 # A staging folder per image; the archive is rebuilt when the folder's content changes.

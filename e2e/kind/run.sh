@@ -67,7 +67,19 @@ cleanup() {
     if $local_mode; then dockerd_stop; fi
   fi
   if $keep; then
-    echo "kept: KUBECONFIG=$kubeconfig$($local_mode && echo " DOCKER_HOST=$DOCKER_HOST") (e2e/kind/run.sh again removes it)" >&2
+    # Only what the run got to start: a failure before the engine or the cluster keeps less.
+    local engine=""
+    if $local_mode && [[ -n ${DOCKER_HOST:-} ]]; then engine=" DOCKER_HOST=$DOCKER_HOST"; fi
+    if [[ -s $kubeconfig ]]; then
+      echo "kept: KUBECONFIG=$kubeconfig$engine (e2e/kind/run.sh again removes it)" >&2
+    else
+      rm -f "$kubeconfig"
+      if [[ -n $engine ]]; then
+        echo "kept: no cluster;$engine (e2e/kind/run.sh again removes it)" >&2
+      else
+        echo "kept: nothing (the run stopped before the cluster was created)" >&2
+      fi
+    fi
   else
     rm -f "$kubeconfig"
   fi
@@ -218,12 +230,14 @@ helm install ipreclaim "$root/charts/ipreclaim" --namespace ipreclaim --create-n
   --wait --timeout 300s
 kubectl -n ipreclaim get pods -o wide
 
-step "scenarios (cargo test --features root-tests --test e2e -- ::cluster $*)"
+step "scenarios (cargo test --workspace --features ipreclaim/root-tests --test e2e -- ::cluster $*)"
 cd "$root"
-# IPRECLAIM_KIND(_CLUSTER): a scenario loads a test image with `kind load`.
+# IPRECLAIM_KIND(_CLUSTER): a scenario loads a test image with `kind load`. --workspace: the
+# features scripts/test.sh's `cargo test --workspace` built with (tokio's test-util among
+# them), so that after it (CI: .ci/run) the e2e binary is not compiled again.
 IPRECLAIM_E2E=kind IPRECLAIM_E2E_NAMESPACE=ipreclaim IPRECLAIM_E2E_POD_IMAGE=$pod_image \
   IPRECLAIM_KIND=$kind IPRECLAIM_KIND_CLUSTER=$cluster \
-  cargo test --locked --features root-tests --test e2e -- --test-threads=1 ::cluster "$@"
+  cargo test --workspace --locked --features ipreclaim/root-tests --test e2e -- --test-threads=1 ::cluster "$@"
 
 step "Events"
 kubectl get events -A --field-selector reason=IPAddressGarbageCollected

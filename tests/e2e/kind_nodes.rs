@@ -808,9 +808,7 @@ pub(crate) async fn a_returning_workers_agent_reports_the_fenced_pod_present_unt
     }
     expect_clean_releases(&c).await;
     // Nothing slow left for the next scenario.
-    for set in ["web", "db"] {
-        c.scale_statefulset_named(set, 0).await;
-    }
+    scale_to_zero_without_waiting_out_the_grace(&c, &["web", "db"]).await;
     println!("{} done", at());
 }
 
@@ -1212,10 +1210,36 @@ pub(crate) async fn both_workers_partitioned_and_returning_together_each_fence_l
         fence_records(&c).await
     );
     expect_clean_releases(&c).await;
-    // Nothing slow left for the next scenario: the replacements ignore SIGTERM too, so each
-    // takes its whole grace to go (late-0's is longer than the usual wait).
-    let pods = Api::<Pod>::namespaced(client.clone(), c.ns());
-    for (set, _, _) in sets {
+    // Nothing slow left for the next scenario (the replacements ignore SIGTERM too).
+    scale_to_zero_without_waiting_out_the_grace(&c, &["early", "late"]).await;
+    controller.restore(&client).await;
+    println!("{} done", at());
+}
+
+/// A scenario's teardown, once its checks are done: the pods of StatefulSets `sets` deleted
+/// with a grace of 1 s (the kubelet's minimum is 2 s), the sets scaled to zero right after,
+/// then the pods waited gone. Their containers ignore SIGTERM, so each would otherwise take its
+/// whole grace (60 s, 150 s) to go: minutes of CI spent on nothing the scenario checks. The
+/// delete comes first: a kubelet already stopping a pod with its whole grace (as after the
+/// scale-down's own delete) keeps to it. A set does not replace a pod that is still
+/// terminating, and the scale-down follows within milliseconds. Their kubelets still stop
+/// them with a CNI DEL as for any deletion, so nothing is left for the next scenario.
+async fn scale_to_zero_without_waiting_out_the_grace(c: &Cluster, sets: &[&str]) {
+    let pods = Api::<Pod>::namespaced(c.client().clone(), c.ns());
+    for set in sets {
+        match pods
+            .delete(
+                &format!("{set}-0"),
+                &DeleteParams::default().grace_period(1),
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => panic!("delete {set}-0 with a grace of 1 s: {e}"),
+        }
+    }
+    for set in sets {
         c.ensure_statefulset_on(set, None)
             .await
             .patch(
@@ -1226,21 +1250,19 @@ pub(crate) async fn both_workers_partitioned_and_returning_together_each_fence_l
             .await
             .unwrap();
     }
-    wait_for_within(
-        "the replacements gone",
-        Duration::from_secs(LATE_GRACE as u64 + 120),
-        Duration::from_secs(1),
-        || async {
-            let mut gone = true;
-            for (set, _, _) in sets {
-                gone &= pods.get_opt(&format!("{set}-0")).await.unwrap().is_none();
-            }
-            gone
-        },
-    )
+    let started = Instant::now();
+    wait_long("the scaled-down pods gone", || async {
+        let mut gone = true;
+        for set in sets {
+            gone &= pods.get_opt(&format!("{set}-0")).await.unwrap().is_none();
+        }
+        gone
+    })
     .await;
-    controller.restore(&client).await;
-    println!("{} done", at());
+    println!(
+        "{sets:?} scaled down, their pods gone in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
 }
 
 /// Waits until the leader's gauges show `n` fences held, the oldest for 10 s or more.
