@@ -134,7 +134,7 @@ fn replacement_lists(st: &Index, record: &FenceRecord, ip: std::net::IpAddr) -> 
         a.ips.contains(&ip) && (record.network.is_empty() || *a.name == record.network)
     };
     st.pods().live(&record.podref).is_some_and(|live| {
-        live.uid != record.uid
+        !live.uid.is(&record.uid)
             && live
                 .networks
                 .as_deref()

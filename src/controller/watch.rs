@@ -29,8 +29,10 @@ use crate::watch_retry::retrying;
 /// Marks a watch synced (first InitDone) for readiness.
 pub type Synced = watch::Sender<bool>;
 
-/// Pools per page: a pool of 5,000 entries is about 1.5 MB of text with its managedFields.
-const POOL_PAGE: u32 = 4;
+/// Pools per page: a pool of 5,000 entries is about 1.5 MB of text with its managedFields, and
+/// as much again while it is read (the pod and reservation lists are read at the same time:
+/// the start's peak is their pages' sum).
+const POOL_PAGE: u32 = 1;
 /// Nodes per page of the Node list: a Node's status (its images, above all) is tens of KB of
 /// text, read whole before it is stripped.
 const NODE_PAGE: u32 = 50;

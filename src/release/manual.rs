@@ -288,7 +288,7 @@ impl PodReading {
     /// The live pod of `podref` in the listing.
     pub fn listed(index: &Index, podref: &str) -> Option<PodReading> {
         index.pods().live(podref).map(|l| PodReading {
-            uid: l.uid.clone(),
+            uid: l.uid.to_string(),
             terminal: l.terminal,
             networks: l.networks.as_deref().map(<[NetworkAttachment]>::to_vec),
         })
@@ -423,7 +423,7 @@ fn plan_releases(
             let uid = index
                 .pods()
                 .live(&entry.podref)
-                .map(|l| l.uid.clone())
+                .map(|l| l.uid.to_string())
                 .unwrap_or_default();
             let pod = PodRef::from_podref(&entry.podref, uid);
             let listed_by = listed_by(index, &pool, entry.ip);

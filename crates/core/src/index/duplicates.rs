@@ -214,7 +214,11 @@ impl Index {
                     .iter()
                     .map(|p| DuplicatePod {
                         podref: p.to_string(),
-                        uid: self.pods.live(p).map(|l| l.uid.clone()).unwrap_or_default(),
+                        uid: self
+                            .pods
+                            .live(p)
+                            .map(|l| l.uid.to_string())
+                            .unwrap_or_default(),
                     })
                     .collect();
                 Some(Duplicate {

@@ -12,9 +12,8 @@ use crate::rules::{
 impl Index {
     /// Judges every allocation of `podref`.
     pub fn judge_podref(&self, podref: &str, config: &ReclaimConfig) -> Vec<Judged> {
-        let slots = self.pools.slots(podref);
-        let mut out = Vec::with_capacity(slots.len());
-        for (pool, key) in slots {
+        let mut out = Vec::new();
+        for (pool, key) in self.pools.slots(podref) {
             if let Some(entry) = self.pools.entry(pool, key) {
                 out.push(self.judge(pool, entry, config));
             }
@@ -74,9 +73,10 @@ impl Index {
                     .any(|h| h.pool == pool && h.key == entry.key && h.id != entry.id),
             })
             .collect();
+        let live_uid = live.map(|l| l.uid.to_string());
         let knowledge = PodKnowledge {
-            live: live.map(|l| LivePod {
-                uid: &l.uid,
+            live: live.zip(live_uid.as_deref()).map(|(l, uid)| LivePod {
+                uid,
                 phase: if l.terminal {
                     PodPhase::Succeeded
                 } else {
@@ -106,7 +106,7 @@ impl Index {
                 .map(|t| (t.uid.clone(), t.node.clone()))
                 .unwrap_or_default(),
             _ => live
-                .map(|l| (l.uid.clone(), l.node.clone()))
+                .map(|l| (l.uid.to_string(), l.node.clone()))
                 .unwrap_or_default(),
         };
         Judged {

@@ -25,6 +25,7 @@ pub mod relist;
 pub mod reservations;
 #[cfg(test)]
 pub(crate) mod tests;
+pub mod uid;
 
 use std::net::IpAddr;
 use std::time::Instant;

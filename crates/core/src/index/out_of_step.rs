@@ -71,7 +71,7 @@ impl Index {
                     }
                 }
                 (pools_read > 0).then(|| LeftBehind {
-                    pod_uid: live.uid.clone(),
+                    pod_uid: live.uid.to_string(),
                     reservation: r,
                 })
             })
@@ -128,7 +128,7 @@ impl Index {
                         pool: name.clone(),
                         entry: e.clone(),
                         name: reservation,
-                        listed_by: (listed == Some(true)).then(|| live.uid.clone()),
+                        listed_by: (listed == Some(true)).then(|| live.uid.to_string()),
                     });
                 }
             }

@@ -6,6 +6,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::uid::Uid;
 use crate::ipam::{NetworkAttachment, parse_network_status};
 
 /// Tombstones kept per podref at most (the newest).
@@ -14,8 +15,8 @@ pub const TOMBSTONES_PER_PODREF: usize = 16;
 /// A live pod, stripped.
 #[derive(Debug, Clone)]
 pub struct LiveInfo {
-    /// Uid.
-    pub uid: String,
+    /// Uid (a UUID in its 16 bytes).
+    pub uid: Uid,
     /// Secondary networks, `None` when the annotation is missing or malformed.
     pub networks: Option<Arc<[NetworkAttachment]>>,
     /// Why the annotation, present, cannot be read.
@@ -116,7 +117,7 @@ pub struct GonePod {
 impl From<LiveInfo> for GonePod {
     fn from(l: LiveInfo) -> Self {
         GonePod {
-            uid: l.uid,
+            uid: l.uid.to_string(),
             networks: l.networks,
             node: l.node,
             grace_seconds: Some(i64::from(l.grace_seconds)),
@@ -223,12 +224,12 @@ impl PodIndex {
         now: Instant,
     ) -> Option<LiveInfo> {
         let (networks, malformed_status) = self.networks_of(seen.annotations);
-        if let Some(old) = self.live.get(podref).filter(|l| l.uid == uid) {
+        if let Some(old) = self.live.get(podref).filter(|l| l.uid.is(uid)) {
             let dropped = dropped_addresses(old, networks.as_deref());
             self.listed_until(podref, dropped, now);
         }
         let info = LiveInfo {
-            uid: uid.to_owned(),
+            uid: Uid::of(uid),
             networks,
             malformed_status,
             node: self.node_name(seen.node),
@@ -246,7 +247,7 @@ impl PodIndex {
                 return None;
             }
         };
-        (old.uid != uid).then_some(old)
+        (!old.uid.is(uid)).then_some(old)
     }
 
     /// An address the same pod listed and lists no more was listed until now: the leak grace
@@ -267,7 +268,7 @@ impl PodIndex {
 
     /// Removes the live pod `uid` of `podref` (deleted or vanished), returning it.
     pub fn remove_live(&mut self, podref: &str, uid: &str) -> Option<LiveInfo> {
-        self.live.get(podref).filter(|l| l.uid == uid)?;
+        self.live.get(podref).filter(|l| l.uid.is(uid))?;
         self.listing_changes += 1;
         self.live.remove(podref)
     }
@@ -433,7 +434,7 @@ impl PodIndex {
             .iter()
             .map(|(p, l)| PodUid {
                 podref: p.to_string(),
-                uid: l.uid.clone(),
+                uid: l.uid.to_string(),
             })
             .collect()
     }
@@ -478,7 +479,7 @@ impl PodIndex {
             .filter_map(|(p, l)| {
                 Some(MalformedStatus {
                     podref: p.to_string(),
-                    uid: l.uid.clone(),
+                    uid: l.uid.to_string(),
                     error: l.malformed_status.as_deref()?.to_owned(),
                 })
             })

@@ -1,6 +1,7 @@
 //! Pools with their parsed allocations, and the podref -> allocation index.
 
 use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasher, RandomState};
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -181,11 +182,44 @@ impl Slot {
 }
 
 /// An allocation's place as the podref index keeps it: the pool's name is shared by all its
-/// slots (one copy per pool, not per allocation).
+/// slots (one copy per pool, not per allocation), the key kept inline.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct SlotRef {
     pool: Arc<str>,
-    key: Box<str>,
+    key: EntryKey,
+}
+
+/// Most bytes of a key kept inline: a decimal offset of up to 22 digits (any IPv4 range, an
+/// IPv6 one of up to 2^73 addresses); a longer one is boxed.
+const INLINE_KEY: usize = 22;
+
+/// An entry's key (decimal offset) without a heap copy of its own (100,000 copies of a few
+/// digits are 100,000 allocations of 32 bytes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum EntryKey {
+    Inline(u8, [u8; INLINE_KEY]),
+    Boxed(Box<str>),
+}
+
+impl EntryKey {
+    fn new(key: &str) -> EntryKey {
+        if key.len() > INLINE_KEY {
+            return EntryKey::Boxed(key.into());
+        }
+        let mut bytes = [0; INLINE_KEY];
+        bytes[..key.len()].copy_from_slice(key.as_bytes());
+        EntryKey::Inline(key.len() as u8, bytes)
+    }
+
+    fn as_str(&self) -> &str {
+        match self {
+            // Copied whole from a `str` at a char boundary (its end).
+            EntryKey::Inline(len, bytes) => {
+                std::str::from_utf8(&bytes[..usize::from(*len)]).unwrap_or_default()
+            }
+            EntryKey::Boxed(key) => key,
+        }
+    }
 }
 
 /// The slots of one podref: a pod has one allocation or a few, so the first is kept inline
@@ -217,7 +251,7 @@ impl Slots {
 
     /// Removes the slot of `pool` and `key`; whether none is left.
     fn remove(&mut self, pool: &str, key: &str) -> bool {
-        let is = |s: &SlotRef| (&*s.pool, &*s.key) == (pool, key);
+        let is = |s: &SlotRef| (&*s.pool, s.key.as_str()) == (pool, key);
         match self {
             Slots::One(s) => is(s),
             Slots::Many(v) => {
@@ -232,14 +266,22 @@ impl Slots {
 #[derive(Debug, Default)]
 pub struct PoolIndex {
     pools: HashMap<String, PoolInfo>,
-    /// The slots of each podref's allocations.
-    by_podref: HashMap<Box<str>, Slots>,
+    /// The slots of each podref's allocations, by a hash of the podref: each entry names its
+    /// podref already, so the index keeps no second copy of it (100,000 strings). Podrefs
+    /// whose hashes collide share a list; a lookup keeps the slots whose entry names it.
+    by_podref: HashMap<u64, Slots>,
+    /// The hash of `by_podref` (seeded per process, like a `HashMap`'s).
+    hasher: RandomState,
     /// The pools were listed once (a pool unknown since is gone, and its fence records left
     /// over).
     listed: bool,
 }
 
 impl PoolIndex {
+    fn podref_hash(&self, podref: &str) -> u64 {
+        self.hasher.hash_one(podref)
+    }
+
     /// Replaces a pool's parsed contents and its podref index.
     pub fn upsert(&mut self, info: PoolInfo) {
         self.remove(&info.name);
@@ -247,13 +289,13 @@ impl PoolIndex {
         for e in info.entries.values() {
             let slot = SlotRef {
                 pool: pool.clone(),
-                key: e.key.as_str().into(),
+                key: EntryKey::new(&e.key),
             };
-            match self.by_podref.get_mut(e.podref.as_str()) {
+            let hash = self.podref_hash(&e.podref);
+            match self.by_podref.get_mut(&hash) {
                 Some(slots) => slots.add(slot),
                 None => {
-                    self.by_podref
-                        .insert(e.podref.as_str().into(), Slots::One(slot));
+                    self.by_podref.insert(hash, Slots::One(slot));
                 }
             }
         }
@@ -270,10 +312,11 @@ impl PoolIndex {
     }
 
     fn unindex(&mut self, podref: &str, pool: &str, key: &str) {
-        if let Some(slots) = self.by_podref.get_mut(podref)
+        let hash = self.podref_hash(podref);
+        if let Some(slots) = self.by_podref.get_mut(&hash)
             && slots.remove(pool, key)
         {
-            self.by_podref.remove(podref);
+            self.by_podref.remove(&hash);
         }
     }
 
@@ -344,19 +387,31 @@ impl PoolIndex {
     }
 
     /// The slots of `podref`'s allocations: pool and key.
-    pub fn slots(&self, podref: &str) -> impl ExactSizeIterator<Item = (&str, &str)> {
-        let slots = self.by_podref.get(podref).map_or(&[][..], Slots::as_slice);
-        slots.iter().map(|s| (&*s.pool, &*s.key))
+    pub fn slots<'a>(&'a self, podref: &'a str) -> impl Iterator<Item = (&'a str, &'a str)> + 'a {
+        let slots = self
+            .by_podref
+            .get(&self.podref_hash(podref))
+            .map_or(&[][..], Slots::as_slice);
+        slots
+            .iter()
+            .map(|s| (&*s.pool, s.key.as_str()))
+            .filter(move |(pool, key)| self.entry(pool, key).is_some_and(|e| e.podref == podref))
     }
 
     /// Whether `podref` holds any allocation.
     pub fn has_allocations(&self, podref: &str) -> bool {
-        self.by_podref.contains_key(podref)
+        self.slots(podref).next().is_some()
     }
 
     /// Podrefs that have allocations.
     pub fn allocated_podrefs(&self) -> Vec<String> {
-        self.by_podref.keys().map(|p| p.to_string()).collect()
+        let podrefs: std::collections::BTreeSet<&str> = self
+            .by_podref
+            .values()
+            .flat_map(Slots::as_slice)
+            .filter_map(|s| Some(self.entry(&s.pool, s.key.as_str())?.podref.as_str()))
+            .collect();
+        podrefs.into_iter().map(str::to_owned).collect()
     }
 
     /// The allocations `podref` holds now.
@@ -437,5 +492,21 @@ impl SeenMarks {
             signature: pool.own_write.clone(),
             entries: fenced.chain(cooling).collect(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_reads_back_as_stored_inline_or_boxed() {
+        let long = "1".repeat(INLINE_KEY + 1);
+        for key in ["0", "12345", "010", &"9".repeat(INLINE_KEY), &long] {
+            assert_eq!(EntryKey::new(key).as_str(), key);
+        }
+        assert!(matches!(EntryKey::new(&long), EntryKey::Boxed(_)));
+        assert!(matches!(EntryKey::new("12345"), EntryKey::Inline(..)));
+        assert_ne!(EntryKey::new("1"), EntryKey::new("10"));
     }
 }

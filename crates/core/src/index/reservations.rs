@@ -4,14 +4,16 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 
+use super::uid::Uid;
 use crate::api::{ObjectId, OverlappingRangeIPReservation};
 use crate::ipam::{reservation_name, reservation_prefixes};
 
-/// A reservation, stripped (boxed strings: a third smaller than `String`s, 100,000 times).
+/// A reservation, stripped (a boxed string: a third smaller than a `String`, and the uid in
+/// its 16 bytes: 100,000 times).
 #[derive(Debug, Clone)]
 pub struct ReservationInfo {
     /// Its uid (for the delete precondition).
-    pub uid: Box<str>,
+    pub uid: Uid,
     /// The podref it names.
     pub podref: Box<str>,
 }
@@ -50,7 +52,7 @@ impl ReservationIndex {
     pub fn upsert(&mut self, r: &OverlappingRangeIPReservation) {
         let Some(name) = &r.metadata.name else { return };
         let info = ReservationInfo {
-            uid: r.metadata.uid.as_deref().unwrap_or_default().into(),
+            uid: Uid::of(r.metadata.uid.as_deref().unwrap_or_default()),
             podref: r.spec.podref.as_str().into(),
         };
         if self.by_name.insert(name.as_str().into(), info).is_none() {

@@ -131,7 +131,7 @@ pub fn parse_network_status(
         .into_iter()
         .filter(|e| !e.default)
         .map(|e| {
-            let ips = e
+            let mut ips = e
                 .ips
                 .0
                 .iter()
@@ -145,7 +145,10 @@ pub fn parse_network_status(
                         ))
                     })
                 })
-                .collect::<Result<_, _>>()?;
+                .collect::<Result<Vec<_>, _>>()?;
+            // Collected from a filter, a Vec of one address is allocated for four: kept
+            // exact (the controller keeps every pod's list; 100,000 of them).
+            ips.shrink_to_fit();
             Ok(NetworkAttachment {
                 name: e.name.into(),
                 interface: e.interface.filter(|i| !i.is_empty()).map(Into::into),
