@@ -54,14 +54,14 @@ const RECHECK_BATCH: Duration = Duration::from_millis(50);
 /// Above 3 s: a consistent read served from the watch cache waits that long for a lagging cache
 /// before it reads etcd, and must get there.
 const RECHECK_READ_TIMEOUT: Duration = Duration::from_secs(4);
-/// A look that could not be made is tried again this much later, this many times (ten
+/// A re-check that could not be made is tried again this much later, this many times (ten
 /// minutes), then reported as failed.
 const RECHECK_RETRY: Duration = Duration::from_secs(1);
 const RECHECK_RETRIES: u32 = 600;
 
 impl ObjectWriter {
-    /// Where a look at `d` reads: (pool, address). A delete after a release names both; an
-    /// orphan's network and address are read back from its name, and looked for in every pool
+    /// Where a re-check of `d` reads: (pool, address). A delete after a release names both; an
+    /// orphan's network and address are read back from its name, and sought in every pool
     /// of that network the ledger knows whose range holds the address (its pool is not known:
     /// overlapping ranges share the reservation).
     fn recheck_targets(&self, d: &ReservationDelete) -> Vec<(String, IpAddr)> {
@@ -71,8 +71,8 @@ impl ObjectWriter {
         self.cx.ledger.reservation_pools(&d.name)
     }
 
-    /// A pool's entries for a look, read fresh; `None` where it could not be read in time (the
-    /// index may lag the very allocation looked for, so it does not stand in).
+    /// A pool's entries for a re-check, read fresh; `None` where it could not be read in time (the
+    /// index may lag the very allocation sought, so it does not stand in).
     async fn read_for_recheck(&self, pool: &str) -> Option<Vec<crate::ipam::PoolEntry>> {
         match tokio::time::timeout(RECHECK_READ_TIMEOUT, self.cx.read_pool(pool)).await {
             Ok(Ok(Some(p))) => Some(
@@ -116,11 +116,11 @@ impl ObjectWriter {
     }
 
     /// Who holds each delete's address now, from one fresh read per pool for all of them;
-    /// `None` where a pool to look in could not be read and no holder was found.
-    async fn holders_now(&self, looks: &[ReservationDelete]) -> Vec<Option<Option<Occupant>>> {
+    /// `None` where a pool to read could not be read and no occupant was found.
+    async fn occupants_now(&self, rechecks: &[ReservationDelete]) -> Vec<Option<Option<Occupant>>> {
         let mut read: HashMap<String, Option<Vec<crate::ipam::PoolEntry>>> = HashMap::new();
-        let mut holders = Vec::with_capacity(looks.len());
-        for d in looks {
+        let mut holders = Vec::with_capacity(rechecks.len());
+        for d in rechecks {
             let (mut found, mut unknown) = (None, false);
             for (pool, ip) in self.recheck_targets(d) {
                 if !read.contains_key(&pool) {
@@ -169,7 +169,7 @@ impl ObjectWriter {
             // Already back (someone put it back first): fine when it names this pod.
             Err(kube::Error::Api(s)) if s.code == 409 => match api.get_opt(&d.name).await {
                 Ok(Some(r)) if r.spec.podref == d.podref => Deleted::Restored,
-                // Another pod's now: reported once; looking again cannot mend it.
+                // Another pod's now: reported once; re-checking cannot mend it.
                 Ok(Some(_)) => {
                     tracing::error!(reservation = %d.name, podref = %d.podref, "an allocation for the pod and address appeared while its reservation was deleted, and another pod's reservation now holds the address");
                     self.cx.metrics.failed(Deleted::FAILED_LABEL);
@@ -282,53 +282,53 @@ fn rechecks(
                         waiting.drain(..).partition(|l| l.due <= now + RECHECK_BATCH);
                     waiting = rest;
                     let deletes: Vec<ReservationDelete> = due.iter().map(|l| l.d.clone()).collect();
-                    let holders = writer.holders_now(&deletes).await;
-                    for (mut look, holder) in due.into_iter().zip(holders) {
+                    let holders = writer.occupants_now(&deletes).await;
+                    for (mut recheck, holder) in due.into_iter().zip(holders) {
                         // Not known (the pool could not be read) is not a "no".
                         // The pod read fresh only where it decides: an entry new to this item.
                         let listed = match &holder {
-                            Some(Some(h)) if look.found.as_ref() != Some(h) => {
-                                writer.pod_lists(&look.d).await
+                            Some(Some(h)) if recheck.found.as_ref() != Some(h) => {
+                                writer.pod_lists(&recheck.d).await
                             }
                             _ => false,
                         };
-                        let retry = match (next_step(look.found.as_ref(), &holder, listed), holder) {
+                        let retry = match (next_step(recheck.found.as_ref(), &holder, listed), holder) {
                             (Next::Restore, Some(Some((id, ifname)))) => {
                                 // Put back, or another pod's now (reported): done.
-                                let r = writer.restore(&api, &look.d, id, ifname).await;
+                                let r = writer.restore(&api, &recheck.d, id, ifname).await;
                                 if r != Deleted::Failed {
                                     continue;
                                 }
                                 true
                             }
                             (Next::Confirm, Some(Some(h))) => {
-                                look.found = Some(h);
-                                look.due = Instant::now() + RESTORE_CONFIRM;
-                                waiting.push(look);
+                                recheck.found = Some(h);
+                                recheck.due = Instant::now() + RESTORE_CONFIRM;
+                                waiting.push(recheck);
                                 continue;
                             }
                             (Next::Retry, _) => true,
                             _ => {
-                                look.found = None;
+                                recheck.found = None;
                                 false
                             }
                         };
                         if retry {
-                            look.retries += 1;
-                            if look.retries > RECHECK_RETRIES {
-                                tracing::error!(reservation = %look.d.name, podref = %look.d.podref, "gave up looking again after deleting a reservation: its pool could not be read or the reservation put back");
+                            recheck.retries += 1;
+                            if recheck.retries > RECHECK_RETRIES {
+                                tracing::error!(reservation = %recheck.d.name, podref = %recheck.d.podref, "gave up looking again after deleting a reservation: its pool could not be read or the reservation put back");
                                 writer.cx.metrics.failed(Deleted::FAILED_LABEL);
                             } else {
-                                look.due = Instant::now() + RECHECK_RETRY;
-                                waiting.push(look);
+                                recheck.due = Instant::now() + RECHECK_RETRY;
+                                waiting.push(recheck);
                             }
-                        } else if let Some(wait) = RECHECKS.get(look.step + 1) {
-                            let since = RECHECKS[look.step];
+                        } else if let Some(wait) = RECHECKS.get(recheck.step + 1) {
+                            let since = RECHECKS[recheck.step];
                             waiting.push(Recheck {
-                                due: look.due + wait.saturating_sub(since),
-                                step: look.step + 1,
+                                due: recheck.due + wait.saturating_sub(since),
+                                step: recheck.step + 1,
                                 retries: 0,
-                                d: look.d,
+                                d: recheck.d,
                                 found: None,
                             });
                         }
