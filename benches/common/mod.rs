@@ -14,7 +14,7 @@ use kube::api::{Api, PostParams};
 use testenv::ControlPlane;
 
 #[path = "../../tests/support/mod.rs"]
-mod support;
+pub mod support;
 
 /// The pool every benchmark uses.
 pub const POOL: &str = "198.18.0.0-16";

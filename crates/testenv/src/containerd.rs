@@ -13,9 +13,10 @@ use anyhow::{Context, Result, bail};
 use hyper_util::rt::TokioIo;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
-    LinuxPodSandboxConfig, ListPodSandboxRequest, PodSandboxConfig, PodSandboxMetadata,
-    PodSandboxStatusRequest, PodSandboxStatusResponse, RemovePodSandboxRequest,
-    RunPodSandboxRequest, StopPodSandboxRequest, VersionRequest,
+    ContainerConfig, ContainerMetadata, CreateContainerRequest, ImageSpec, LinuxPodSandboxConfig,
+    ListPodSandboxRequest, PodSandboxConfig, PodSandboxMetadata, PodSandboxStatusRequest,
+    PodSandboxStatusResponse, RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest,
+    StopPodSandboxRequest, VersionRequest,
 };
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -363,6 +364,46 @@ impl Containerd {
             })?
             .into_inner()
             .pod_sandbox_id;
+        Ok(id)
+    }
+
+    /// Creates and starts container `name` of the [`SANDBOX_IMAGE`] in sandbox `sandbox_id`,
+    /// which [`run_sandbox`](Self::run_sandbox) made for `namespace/pod` with `uid`; returns
+    /// the container's id.
+    pub async fn run_container(
+        &self,
+        sandbox_id: &str,
+        name: &str,
+        (pod, uid, namespace): (&str, &str, &str),
+    ) -> Result<String> {
+        let mut client = self.client().await?;
+        let id = client
+            .create_container(CreateContainerRequest {
+                pod_sandbox_id: sandbox_id.into(),
+                config: Some(ContainerConfig {
+                    metadata: Some(ContainerMetadata {
+                        name: name.into(),
+                        attempt: 0,
+                    }),
+                    image: Some(ImageSpec {
+                        image: SANDBOX_IMAGE.into(),
+                        ..Default::default()
+                    }),
+                    log_path: format!("{name}.log"),
+                    ..Default::default()
+                }),
+                sandbox_config: Some(self.sandbox_config(pod, uid, namespace)),
+            })
+            .await
+            .with_context(|| format!("CreateContainer {name} in {sandbox_id}"))?
+            .into_inner()
+            .container_id;
+        client
+            .start_container(StartContainerRequest {
+                container_id: id.clone(),
+            })
+            .await
+            .with_context(|| format!("StartContainer {name} in {sandbox_id}"))?;
         Ok(id)
     }
 
