@@ -7,6 +7,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use crate::telemetry::logging::TIMELINE;
+
 /// Most requests in one pool patch (a larger backlog goes in the next).
 pub const MAX_BATCH: usize = 1000;
 /// A pool's patches take at most this share of the time: the next patch waits
@@ -111,7 +113,12 @@ impl<T> PoolSchedule<T> {
         let mut out = Vec::with_capacity(ready.len());
         for pool in ready {
             let entry = self.token_at.entry(pool.clone());
-            if *entry.or_insert_with(|| now + reserve()) > now {
+            let token_at = *entry.or_insert_with(|| {
+                let wait = reserve();
+                tracing::trace!(target: TIMELINE, %pool, wait_us = wait.as_micros() as u64, "token reserved");
+                now + wait
+            });
+            if token_at > now {
                 continue;
             }
             self.token_at.remove(&pool);
