@@ -80,9 +80,9 @@ pub(crate) async fn batch(
     }
 }
 
-/// Queues `item` for its pool.
+/// Queues `item` for its pool, arrived now.
 fn queue(schedule: &mut PoolSchedule<(ReleaseRequest, Reply)>, item: (ReleaseRequest, Reply)) {
     let pool = item.0.judged.pool.clone();
     tracing::trace!(target: TIMELINE, %pool, podref = item.0.podref(), "queued");
-    schedule.push(pool, item);
+    schedule.arrived(pool, item, Instant::now());
 }

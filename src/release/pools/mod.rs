@@ -12,6 +12,8 @@ pub(super) mod batcher;
 pub mod cooling;
 pub mod patch;
 pub mod schedule;
+#[cfg(test)]
+mod sim;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
