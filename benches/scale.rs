@@ -15,16 +15,19 @@
 //!
 //! `cargo bench --bench scale [-- --pods N --whereabouts-pods W --trickle M --rate R
 //! --footprint F --forged H --phases whereabouts,mass,restart,steady,footprint,hostile --steady-keepers K,...
-//! --controller-arg FLAG...]` (defaults: 2000, 100, 1000, 50, 20000, all phases, 64,300,600,
+//! --controller-arg FLAG... --timeline]` (defaults: 2000, 100, 1000, 50, 20000, all phases, 64,300,600,
 //! ipreclaim's default flags). Each phase has 4 pools of its own (the footprint one per 5,000 pods); live pods ("keepers") in
 //! them: W in the side-by-side, N/10 in the mass delete, 1.2 N in the restart (more than it
 //! deletes: the sweep's breaker holds a pool it would free more than half of), K per pool in
 //! each steady run; the pool patch's cost at the apiserver grows with the pool. Pods are the
 //! size of a Deployment's (two containers with env, probes, resources), not bare; those to be
 //! deleted are Failed first, as their kubelet leaves a pod it stopped before deleting it.
+//! `--timeline`: the steady phase also splits each release's latency by stage, from the
+//! controller's trace events (see `benches/timeline`).
 //! `SCALE_WRAP="heaptrack -o /tmp/ht/c"` runs the controller under the given program.
 
 mod common;
+mod timeline;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
@@ -65,6 +68,9 @@ struct Options {
     steady_keepers: Vec<usize>,
     /// Flags added to ipreclaim's defaults.
     controller_args: Vec<String>,
+    /// The steady and mass phases split each release's latency by stage (the controller's
+    /// `ipreclaim::timeline` trace events).
+    timeline: bool,
 }
 
 fn options() -> anyhow::Result<Options> {
@@ -80,6 +86,7 @@ fn options() -> anyhow::Result<Options> {
             .to_vec(),
         steady_keepers: vec![64, 300, 600],
         controller_args: Vec::new(),
+        timeline: false,
     };
     // `--flag=value` as well as `--flag value`.
     let args: Vec<String> = std::env::args()
@@ -109,6 +116,11 @@ fn options() -> anyhow::Result<Options> {
                     .collect::<Result<_, _>>()?
             }
             "--controller-arg" => o.controller_args.push(value()?.clone()),
+            "--timeline" => {
+                o.timeline = true;
+                i += 1;
+                continue;
+            }
             // cargo bench passes --bench.
             _ => {
                 i += 1;
@@ -220,6 +232,8 @@ struct Bench {
     /// Next free offset per pool.
     next_offset: HashMap<usize, usize>,
     rounds: usize,
+    /// The controller logs its `ipreclaim::timeline` trace events as JSON (`--timeline`).
+    timeline: bool,
 }
 
 /// A process and how to read its CPU time and memory. Killed when dropped still running (a
@@ -337,6 +351,7 @@ impl Bench {
             in_use: Vec::new(),
             next_offset: HashMap::new(),
             rounds: 0,
+            timeline: false,
         };
         bench.watch();
         Ok(bench)
@@ -613,8 +628,15 @@ impl Bench {
                 &format!("--metrics-addr={addr}"),
             ])
             .args(extra)
+            .args(self.timeline.then_some("--log-format=json"))
             .env("KUBECONFIG", self.cp.kubeconfig_path())
-            .env("RUST_LOG", "warn")
+            .env(
+                "RUST_LOG",
+                match self.timeline {
+                    true => "warn,ipreclaim::timeline=trace",
+                    false => "warn",
+                },
+            )
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()?;
@@ -1034,6 +1056,25 @@ async fn steady_with(
             .unzip()
     };
     let after = writes(addr).await;
+    if bench.timeline {
+        let anchor = timeline::Anchor::now();
+        let t = bench.tracker.lock().unwrap();
+        let traced: Vec<timeline::Victim> = victims
+            .iter()
+            .map(|a| timeline::Victim {
+                podref: format!("{}/{}", bench.ns, a.pod),
+                pool: pool_name(a.pool),
+                returned: anchor.secs(returned[&a.key()]),
+                gone: anchor.secs(t.entries[&a.key()].1.expect("gone")),
+            })
+            .collect();
+        let log = bench
+            .cp
+            .dir()
+            .join(format!("ipreclaim-{}.log", addr.port()));
+        let rows = timeline::stages(&log, &anchor, &traced);
+        timeline::print("steady timeline", &rows, victims.len());
+    }
     println!(
         "steady: apiserver requests meanwhile (all clients): {}",
         grown(&requests_before, &apiserver_requests(&bench.client).await)
@@ -1218,6 +1259,7 @@ async fn main() -> anyhow::Result<()> {
 async fn run() -> anyhow::Result<()> {
     let o = options()?;
     let mut bench = Bench::start().await?;
+    bench.timeline = o.timeline;
     if !o.controller_args.is_empty() {
         println!("ipreclaim flags: defaults but {:?}", o.controller_args);
     }

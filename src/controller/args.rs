@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::flags::{parse_duration, parse_ratio};
-use crate::release::BudgetConfig;
+use crate::release::{BudgetConfig, DEFAULT_POOL_WRITE_BURST, DEFAULT_POOL_WRITE_QPS};
 use crate::telemetry::LogFormat;
 
 /// Flags of `ipreclaim controller` (each also read from the environment variable shown).
@@ -78,10 +78,10 @@ pub struct ControllerArgs {
     #[arg(long, env = "IPRECLAIM_MAX_RETRIES", default_value_t = 5)]
     pub max_retries: u32,
     /// Pool patches per second (each patch releases everything pending for its pool).
-    #[arg(long, env = "IPRECLAIM_POOL_WRITE_QPS", default_value_t = 20.0)]
+    #[arg(long, env = "IPRECLAIM_POOL_WRITE_QPS", default_value_t = DEFAULT_POOL_WRITE_QPS)]
     pub pool_write_qps: f64,
     /// Pool patch burst.
-    #[arg(long, env = "IPRECLAIM_POOL_WRITE_BURST", default_value_t = 40)]
+    #[arg(long, env = "IPRECLAIM_POOL_WRITE_BURST", default_value_t = DEFAULT_POOL_WRITE_BURST)]
     pub pool_write_burst: u32,
     /// Least time between two patches of one pool (longer for a pool whose patches take
     /// long: four times what they take, averaged, up to 1s); releases arriving meanwhile join

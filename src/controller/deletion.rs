@@ -19,6 +19,7 @@ use crate::index::Index;
 use crate::ipam::PodKey;
 use crate::release::{EntryWrite, ReleaseError, ReleaseOutcome, ReleaseRequest};
 use crate::rules::{PodRef, ReclaimConfig};
+use crate::telemetry::logging::TIMELINE;
 
 /// An item a replica could not write because it does not lead waits this long before a worker
 /// (which waits for leadership) takes it again.
@@ -128,6 +129,7 @@ impl Worker {
                 self.ctx.queue.done(&podref);
                 return;
             }
+            tracing::trace!(target: TIMELINE, %podref, "worker took");
             let processed = self.process(&podref).await;
             self.finish(&podref, processed).await;
         }
@@ -246,6 +248,7 @@ impl Worker {
                 .clear_tombstones(podref, started);
             return Ok(Processed::Done);
         }
+        tracing::trace!(target: TIMELINE, %podref, "to the writer");
         let outcomes = self.ctx.writer.submit(releases.clone()).await;
         let (me, podref) = (self.clone_for_finish(), podref.to_owned());
         tokio::spawn(async move {

@@ -24,6 +24,7 @@ use crate::index::relist::{Kind, Relist, Step};
 use crate::index::{Index, NodeIndex, SharedIndex};
 use crate::paged::POD_PAGE;
 use crate::telemetry::ControllerMetrics;
+use crate::telemetry::logging::TIMELINE;
 use crate::watch_retry::retrying;
 
 /// Marks a watch synced (first InitDone) for readiness.
@@ -104,6 +105,7 @@ pub async fn pods(
         }
         if *leader.borrow() {
             for b in applied.effects {
+                tracing::trace!(target: TIMELINE, podref = %b.podref, "deletion seen");
                 queue.add(b.podref);
             }
         }

@@ -41,6 +41,13 @@ pub enum WriteKind {
     Event = 2,
 }
 
+/// `--pool-write-qps`'s default: 4 pools patched at the default 100 ms interval use 40 a
+/// second, so a steady stream of deletions waits for its pool's spacing, not for a token (at 20
+/// a second, 4 busy pools got a token every 200 ms each; see `pools::sim`).
+pub const DEFAULT_POOL_WRITE_QPS: f64 = 50.0;
+/// `--pool-write-burst`'s default.
+pub const DEFAULT_POOL_WRITE_BURST: u32 = 100;
+
 /// The limits, as the flags give them (a qps of 0: no limit).
 #[derive(Debug, Clone, Copy)]
 pub struct BudgetConfig {

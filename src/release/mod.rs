@@ -21,7 +21,9 @@ pub mod reports;
 pub mod types;
 pub mod writer;
 
-pub use budget::{BudgetConfig, Budgets, WriteKind};
+pub use budget::{
+    BudgetConfig, Budgets, DEFAULT_POOL_WRITE_BURST, DEFAULT_POOL_WRITE_QPS, WriteKind,
+};
 pub use reports::events::Events;
 pub use types::{EntryWrite, Judged, PodRef, ReleaseError, ReleaseOutcome, ReleaseRequest};
 pub use writer::{Writer, WriterHandle};

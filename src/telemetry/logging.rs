@@ -29,6 +29,11 @@ pub enum LogFormat {
 /// The level when neither `RUST_LOG` nor `--log-level` says otherwise.
 pub const DEFAULT_LEVEL: &str = "info";
 
+/// The target of the deletion path's trace events (deletion seen, worker took it, handed to the
+/// writer, queued for its pool, token reserved, batch formed, patch sent and returned): with
+/// `RUST_LOG=ipreclaim::timeline=trace` the scale bench splits a release's latency by stage.
+pub const TIMELINE: &str = "ipreclaim::timeline";
+
 const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
 
 /// Checks a `--log-level` value: a level (`error`, `warn`, `info`, `debug`, `trace`, `off`) or

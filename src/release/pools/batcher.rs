@@ -15,6 +15,7 @@ use crate::release::budget::Paid;
 use crate::release::objects::ObjectDelete;
 use crate::release::types::ReleaseRequest;
 use crate::release::types::Reply;
+use crate::telemetry::logging::TIMELINE;
 
 /// The batcher: collects requests per pool and sends each pool's patch when its
 /// [`PoolSchedule`] says it may and its token of the pool rate is there. The token is reserved
@@ -39,6 +40,13 @@ pub(crate) async fn batch(
     loop {
         let now = Instant::now();
         for (pool, items) in schedule.ready_within(now, reserve) {
+            if tracing::enabled!(target: TIMELINE, tracing::Level::TRACE) {
+                let podrefs: Vec<&str> = items
+                    .iter()
+                    .map(|i: &(ReleaseRequest, Reply)| i.0.podref())
+                    .collect();
+                tracing::trace!(target: TIMELINE, %pool, n = items.len(), podrefs = podrefs.join(","), "batch formed");
+            }
             let (w, done, res) = (writer.clone(), done_tx.clone(), deletes.clone());
             tokio::spawn(async move {
                 let started = Instant::now();
@@ -55,16 +63,26 @@ pub(crate) async fn batch(
         tokio::select! {
             item = rx.recv(), if open => match item {
                 Some(item) => {
-                    schedule.push(item.0.judged.pool.clone(), item);
+                    queue(&mut schedule, item);
                     // Let whatever else is already queued join this batch.
                     while let Ok(item) = rx.try_recv() {
-                        schedule.push(item.0.judged.pool.clone(), item);
+                        queue(&mut schedule, item);
                     }
                 }
                 None => open = false,
             },
-            Some((pool, took)) = done_rx.recv() => schedule.finished(&pool, took, Instant::now()),
+            Some((pool, took)) = done_rx.recv() => {
+                tracing::trace!(target: TIMELINE, %pool, took_us = took.as_micros() as u64, "pool finished");
+                schedule.finished(&pool, took, Instant::now())
+            }
             () = wake => {}
         }
     }
+}
+
+/// Queues `item` for its pool, arrived now.
+fn queue(schedule: &mut PoolSchedule<(ReleaseRequest, Reply)>, item: (ReleaseRequest, Reply)) {
+    let pool = item.0.judged.pool.clone();
+    tracing::trace!(target: TIMELINE, %pool, podref = item.0.podref(), "queued");
+    schedule.arrived(pool, item, Instant::now());
 }

@@ -12,6 +12,8 @@ pub(super) mod batcher;
 pub mod cooling;
 pub mod patch;
 pub mod schedule;
+#[cfg(test)]
+mod sim;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,6 +32,7 @@ use super::types::{
     EntryWrite, Outcome, ReleaseError, ReleaseOutcome, ReleaseRequest, Reply, ReservationDelete,
 };
 use crate::api::ObjectId;
+use crate::telemetry::logging::TIMELINE;
 
 /// Patches one batch may take while refused writes are split apart (each refusal costs a
 /// patch and a read); what is left then is retried later, with backoff.
@@ -362,7 +365,9 @@ impl PoolWriter {
                 let (pools, metrics) = (pools.clone(), self.cx.metrics.clone());
                 async move {
                     let started = Instant::now();
+                    tracing::trace!(target: TIMELINE, %pool, "patch sent");
                     let result = pools.patch(pool, &PatchParams::default(), &patch).await;
+                    tracing::trace!(target: TIMELINE, %pool, "patch returned");
                     metrics
                         .pool_patch_seconds
                         .observe(started.elapsed().as_secs_f64());

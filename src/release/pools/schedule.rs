@@ -7,6 +7,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use crate::telemetry::logging::TIMELINE;
+
 /// Most requests in one pool patch (a larger backlog goes in the next).
 pub const MAX_BATCH: usize = 1000;
 /// A pool's patches take at most this share of the time: the next patch waits
@@ -21,6 +23,14 @@ const PATCH_DUTY: u32 = 4;
 pub const MAX_SPACING: Duration = Duration::from_secs(1);
 /// A pool's patch time is forgotten after this long without a patch.
 const COST_MEMORY: Duration = Duration::from_secs(300);
+/// A burst: at least this many requests pending for a pool, arriving on average at most
+/// [`BURST_GAP`] apart (50 a second for one pool; a steady 50 deletions a second over 4 pools
+/// is 12.5). A pool in a burst waits for [`MAX_SPACING`] from its last patch's start, so a
+/// mass deletion leaves in fewer, larger patches, unless its arrivals pause for [`BURST_QUIET`]
+/// (the burst's end goes at once).
+const BURST_MIN: usize = 16;
+const BURST_GAP: Duration = Duration::from_millis(20);
+const BURST_QUIET: Duration = Duration::from_millis(100);
 
 /// How long after a patch's start the next patch of its pool may go: `interval`, or
 /// `PATCH_DUTY` times the pool's estimated patch time if longer (up to `MAX_SPACING`).
@@ -50,6 +60,9 @@ pub struct PoolSchedule<T> {
     cost: HashMap<String, (Duration, Instant)>,
     /// When each due pool's reserved write token may be used.
     token_at: HashMap<String, Instant>,
+    /// When the oldest and the newest of each pool's pending requests arrived (only requests
+    /// queued with [`arrived`](Self::arrived)).
+    arrivals: HashMap<String, (Instant, Instant)>,
 }
 
 impl<T> PoolSchedule<T> {
@@ -62,6 +75,7 @@ impl<T> PoolSchedule<T> {
             last_sent: HashMap::new(),
             cost: HashMap::new(),
             token_at: HashMap::new(),
+            arrivals: HashMap::new(),
         }
     }
 
@@ -70,11 +84,31 @@ impl<T> PoolSchedule<T> {
         self.pending.entry(pool).or_default().push(item);
     }
 
+    /// Queues a request for `pool` that arrived at `now`: how fast a pool's requests arrive
+    /// tells a burst (see [`BURST_MIN`]).
+    pub fn arrived(&mut self, pool: String, item: T, now: Instant) {
+        let span = self.arrivals.entry(pool.clone()).or_insert((now, now));
+        span.1 = span.1.max(now);
+        self.push(pool, item);
+    }
+
     /// When `pool` may be patched again (`None`: now).
     fn due(&self, pool: &str) -> Option<Instant> {
         let estimate = self.cost.get(pool).map(|c| c.0);
         let last = self.last_sent.get(pool)?;
-        Some(*last + spacing(self.interval, estimate))
+        let due = *last + spacing(self.interval, estimate);
+        match self.burst(pool) {
+            Some(newest) => Some(due.max((*last + MAX_SPACING).min(newest + BURST_QUIET))),
+            None => Some(due),
+        }
+    }
+
+    /// When `pool`'s newest request arrived, if its pending requests are a burst.
+    fn burst(&self, pool: &str) -> Option<Instant> {
+        let n = self.pending.get(pool).map_or(0, Vec::len);
+        let (oldest, newest) = *self.arrivals.get(pool)?;
+        let gaps = u32::try_from(n.saturating_sub(1)).unwrap_or(u32::MAX);
+        (n >= BURST_MIN && newest - oldest <= BURST_GAP * gaps).then_some(newest)
     }
 
     /// The pools with requests that may be patched now, due longest first (those never
@@ -111,13 +145,22 @@ impl<T> PoolSchedule<T> {
         let mut out = Vec::with_capacity(ready.len());
         for pool in ready {
             let entry = self.token_at.entry(pool.clone());
-            if *entry.or_insert_with(|| now + reserve()) > now {
+            let token_at = *entry.or_insert_with(|| {
+                let wait = reserve();
+                tracing::trace!(target: TIMELINE, %pool, wait_us = wait.as_micros() as u64, "token reserved");
+                now + wait
+            });
+            if token_at > now {
                 continue;
             }
             self.token_at.remove(&pool);
             let Some(mut items) = self.pending.remove(&pool) else {
                 continue;
             };
+            // What is left of a backlog keeps its arrival times (its oldest is older still).
+            if items.len() <= MAX_BATCH {
+                self.arrivals.remove(&pool);
+            }
             if items.len() > MAX_BATCH {
                 self.pending
                     .insert(pool.clone(), items.split_off(MAX_BATCH));
@@ -277,5 +320,51 @@ mod tests {
         let later = t0 + COST_MEMORY + MS(2000);
         s.push("p".into(), 3);
         assert_eq!(s.ready(later).len(), 1);
+    }
+
+    #[test]
+    fn a_burst_waits_for_the_longest_spacing_and_goes_when_its_arrivals_pause() {
+        let t0 = Instant::now();
+        let mut s = PoolSchedule::new(MS(100));
+        s.arrived("p".into(), 0, t0);
+        assert_eq!(s.ready(t0).len(), 1, "a lone request goes at once");
+        s.finished("p", MS(10), t0 + MS(10));
+        // 20 requests 5 ms apart: a burst. Its spacing (100 ms) has passed, yet it waits.
+        for i in 1..=20 {
+            s.arrived("p".into(), i, t0 + MS(5 * i as u64));
+        }
+        assert!(s.ready(t0 + MS(150)).is_empty());
+        // Until its arrivals pause for BURST_QUIET...
+        assert_eq!(s.next_wake(t0 + MS(150)), Some(t0 + MS(100) + BURST_QUIET));
+        assert_eq!(s.ready(t0 + MS(200))[0].1.len(), 20);
+        s.finished("p", MS(10), t0 + MS(210));
+        // ...or until MAX_SPACING from its last patch's start, however long it lasts.
+        let mut t = t0 + MS(200);
+        while t < t0 + MS(200) + MAX_SPACING {
+            t += MS(5);
+            s.arrived("p".into(), 0, t);
+            let batch = s.ready(t);
+            assert!(
+                batch.is_empty() || t >= t0 + MS(200) + MAX_SPACING,
+                "sent at {:?}",
+                t - t0
+            );
+        }
+        assert_eq!(s.next_wake(t), None, "sent at the longest spacing");
+    }
+
+    #[test]
+    fn a_steady_trickle_is_not_held_however_long_its_backlog() {
+        let t0 = Instant::now();
+        let mut s = PoolSchedule::new(MS(100));
+        s.arrived("p".into(), 0, t0);
+        s.ready(t0);
+        // 20 requests 80 ms apart while a slow patch is in flight: a backlog, not a burst.
+        for i in 1..=20 {
+            s.arrived("p".into(), i, t0 + MS(80 * i as u64));
+        }
+        s.finished("p", MS(1600), t0 + MS(1600));
+        // Spaced by 4 x 1.6 s, capped at 1 s: due at once, as before.
+        assert_eq!(s.ready(t0 + MS(1600))[0].1.len(), 20);
     }
 }
