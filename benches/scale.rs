@@ -8,13 +8,15 @@
 //! - N pods deleted at once (64 deletes in flight): when each pool entry and reservation went;
 //! - N pods deleted while the controller was down: released after it is ready;
 //! - M deletions at R/s: deletion-to-release latency, in pools of three sizes;
-//! - the controller's memory with F pods, and again after a restart that lists them all;
+//! - the controller's memory with F pods, and again after S restarts (default 1) that list them
+//!   all, each with its time to ready and the CPU seconds the controller and the control plane
+//!   spent on it; then the apiserver's part alone: the same pod pages read and dropped;
 //! - hostile: the steady phase again beside `--forged` pods (default 400) whose network-status
 //!   a tenant forged (large, many-attachment, many-IP, shared-address), with the controller's
 //!   memory against the chart's limit (not in the default phases).
 //!
 //! `cargo bench --bench scale [-- --pods N --whereabouts-pods W --trickle M --rate R
-//! --footprint F --forged H --phases whereabouts,mass,restart,steady,footprint,hostile --steady-keepers K,...
+//! --footprint F --restarts S --forged H --phases whereabouts,mass,restart,steady,footprint,hostile --steady-keepers K,...
 //! --controller-arg FLAG... --timeline]` (defaults: 2000, 100, 1000, 50, 20000, all phases, 64,300,600,
 //! ipreclaim's default flags). Each phase has 4 pools of its own (the footprint one per 5,000 pods); live pods ("keepers") in
 //! them: W in the side-by-side, N/10 in the mass delete, 1.2 N in the restart (more than it
@@ -63,6 +65,8 @@ struct Options {
     footprint: usize,
     /// Forged pods in the hostile phase.
     forged: usize,
+    /// Restarts of the controller in the footprint phase (each a fresh list of them all).
+    restarts: usize,
     phases: Vec<String>,
     /// Live pods per pool in the steady phase, one run each.
     steady_keepers: Vec<usize>,
@@ -81,6 +85,7 @@ fn options() -> anyhow::Result<Options> {
         rate: 50.0,
         footprint: 20_000,
         forged: 400,
+        restarts: 1,
         phases: ["whereabouts", "mass", "restart", "steady", "footprint"]
             .map(String::from)
             .to_vec(),
@@ -108,6 +113,7 @@ fn options() -> anyhow::Result<Options> {
             "--rate" => o.rate = value()?.parse()?,
             "--footprint" => o.footprint = value()?.parse()?,
             "--forged" => o.forged = value()?.parse()?,
+            "--restarts" => o.restarts = value()?.parse()?,
             "--phases" => o.phases = value()?.split(',').map(String::from).collect(),
             "--steady-keepers" => {
                 o.steady_keepers = value()?
@@ -1226,9 +1232,24 @@ async fn footprint(bench: &mut Bench, o: &Options) -> anyhow::Result<()> {
     ipreclaim.stop();
 
     // A restart reads all of it in its first lists, a page at a time.
+    for _ in 0..o.restarts {
+        restart_with_all(bench, o).await?;
+    }
+    list_alone(bench).await
+}
+
+/// One start of the controller with every pod in place: ready, first sweep, RSS, and the CPU
+/// seconds the controller and the control plane spent until it was ready (2 shared cores: the
+/// two compete, so each's share says whose time the start is).
+async fn restart_with_all(bench: &Bench, o: &Options) -> anyhow::Result<()> {
+    let plane_before = control_plane_cpu(&bench.cp);
     let started = Instant::now();
     let (ipreclaim, addr) = bench.start_ipreclaim(&o.controller_args).await?;
     let ready = started.elapsed();
+    let (own_cpu, plane_cpu) = (
+        ipreclaim.cpu_seconds(),
+        control_plane_cpu(&bench.cp) - plane_before,
+    );
     let sweeps = |text: &str| common::metric(text, "ipreclaim_sweep_duration_seconds_count");
     while sweeps(&common::metrics_text(addr).await) < 1.0 {
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -1236,13 +1257,82 @@ async fn footprint(bench: &mut Bench, o: &Options) -> anyhow::Result<()> {
     let first_sweep = started.elapsed();
     next_sweep(addr).await;
     println!(
-        "footprint: restarted with them all in place: ready in {:.1}s, first sweep done {:.1}s after the start, RSS {:.1} MiB after the next sweep (peak {:.1} MiB)",
+        "footprint: restarted with them all in place: ready in {:.1}s (CPU until then: controller {own_cpu:.1}s, control plane {plane_cpu:.1}s), first sweep done {:.1}s after the start, RSS {:.1} MiB after the next sweep (peak {:.1} MiB)",
         ready.as_secs_f64(),
         first_sweep.as_secs_f64(),
         ipreclaim.rss_mib(),
         ipreclaim.peak_rss_mib(),
     );
     ipreclaim.stop();
+    Ok(())
+}
+
+/// The apiserver's part of a restart's pod list, without the controller: every pod page read
+/// whole and dropped (pages of the controller's size and larger), and the streaming list (a
+/// watch with `sendInitialEvents`) read to its end-of-list bookmark. Nothing is parsed.
+async fn list_alone(bench: &Bench) -> anyhow::Result<()> {
+    for limit in [ipreclaim::paged::POD_PAGE, 500, 2000] {
+        let plane_before = control_plane_cpu(&bench.cp);
+        let started = Instant::now();
+        let (mut pages, mut bytes) = (0, 0);
+        let mut token = String::new();
+        loop {
+            let mut url = format!("/api/v1/pods?limit={limit}");
+            if !token.is_empty() {
+                url += &format!("&continue={token}");
+            }
+            let text = bench
+                .client
+                .request_text(http::Request::get(url).body(Vec::new())?)
+                .await?;
+            pages += 1;
+            bytes += text.len();
+            // The token is in the list's metadata, before the items; base64, no escapes.
+            token = text
+                .split_once(r#""continue":""#)
+                .and_then(|(_, rest)| rest.split_once('"'))
+                .map(|(t, _)| t.to_string())
+                .unwrap_or_default();
+            if token.is_empty() {
+                break;
+            }
+        }
+        println!(
+            "footprint: the pod list alone in pages of {limit}: {:.1}s for {pages} pages, {:.0} MB (control plane CPU {:.1}s)",
+            started.elapsed().as_secs_f64(),
+            bytes as f64 / 1e6,
+            control_plane_cpu(&bench.cp) - plane_before,
+        );
+    }
+    let plane_before = control_plane_cpu(&bench.cp);
+    let started = Instant::now();
+    let url = "/api/v1/pods?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true";
+    let stream = bench
+        .client
+        .request_stream(http::Request::get(url).body(Vec::new())?)
+        .await;
+    match stream {
+        Err(e) => println!("footprint: no streaming list: {e}"),
+        Ok(body) => {
+            use futures::AsyncBufReadExt;
+            let mut lines = body.lines();
+            let (mut events, mut bytes) = (0usize, 0usize);
+            while let Some(line) = lines.next().await {
+                let line = line?;
+                events += 1;
+                bytes += line.len();
+                if line.contains("k8s.io/initial-events-end") {
+                    break;
+                }
+            }
+            println!(
+                "footprint: the pod list alone as a streaming list: {:.1}s for {events} events, {:.0} MB (control plane CPU {:.1}s)",
+                started.elapsed().as_secs_f64(),
+                bytes as f64 / 1e6,
+                control_plane_cpu(&bench.cp) - plane_before,
+            );
+        }
+    }
     Ok(())
 }
 

@@ -11,7 +11,7 @@ impl Ledger for IndexLock {
     fn holder(&self, podref: &str, ip: IpAddr) -> Option<Option<Occupant>> {
         let index = self.read().expect("index lock");
         let holder = index.pools().holder(podref, ip);
-        Some(holder.map(|e| (e.id.clone(), e.ifname.clone())))
+        Some(holder.map(|e| (e.id.clone(), e.ifname.as_deref().map(str::to_owned))))
     }
 
     fn pod_known(&self, podref: &str) -> bool {

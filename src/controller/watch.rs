@@ -49,19 +49,35 @@ fn step<K>(event: Event<K>) -> Step<K> {
     }
 }
 
-/// Feeds a watch's steps to `apply`, and marks it synced at its first complete list.
+/// Feeds a watch's steps to `apply`, and marks it synced at its first complete list. Each
+/// complete list is logged with its wall time and the part of it spent in `apply` (the rest
+/// is the apiserver, the transfer and the parse, which the watcher does before it yields).
 async fn feed<K, S, F>(name: &'static str, stream: S, synced: Synced, mut apply: F)
 where
     S: Stream<Item = Result<Event<K>, watcher::Error>>,
     F: FnMut(Step<K>),
 {
     futures::pin_mut!(stream);
+    let mut listing: Option<ListTiming> = None;
     while let Some(item) = stream.next().await {
         match item {
             Ok(event) => {
-                let done = matches!(event, Event::InitDone);
-                apply(step(event));
+                let (begin, done) = (
+                    matches!(event, Event::Init),
+                    matches!(event, Event::InitDone),
+                );
+                let step = step(event);
+                let applying = Instant::now();
+                apply(step);
+                if begin {
+                    listing = Some(ListTiming::new(applying));
+                } else if let Some(t) = &mut listing {
+                    t.applied(applying.elapsed());
+                }
                 if done {
+                    if let Some(t) = listing.take() {
+                        t.log(name);
+                    }
                     synced.send_replace(true);
                 }
             }
@@ -69,6 +85,36 @@ where
             // and passes none on; a stream that did would be logged here.
             Err(e) => tracing::warn!(watch = name, error = %e, "watch error"),
         }
+    }
+}
+
+/// Where a complete list's time went: all of it, and the part spent applying its objects.
+struct ListTiming {
+    began: Instant,
+    objects: u64,
+    applying: std::time::Duration,
+}
+
+impl ListTiming {
+    fn new(began: Instant) -> ListTiming {
+        ListTiming {
+            began,
+            objects: 0,
+            applying: std::time::Duration::ZERO,
+        }
+    }
+
+    fn applied(&mut self, took: std::time::Duration) {
+        self.objects += 1;
+        self.applying += took;
+    }
+
+    fn log(&self, name: &str) {
+        let seconds = self.began.elapsed().as_secs_f64();
+        // The InitDone step counts as applied but is not an object.
+        let objects = self.objects.saturating_sub(1);
+        let applying = self.applying.as_secs_f64();
+        tracing::info!(watch = name, objects, seconds, applying, "listed");
     }
 }
 

@@ -133,7 +133,7 @@ impl ObjectWriter {
                 };
                 let holder = entries.iter().find(|e| e.podref == d.podref && e.ip == ip);
                 if let Some(e) = holder {
-                    found = Some((e.id.clone(), e.ifname.clone()));
+                    found = Some((e.id.clone(), e.ifname.as_deref().map(str::to_owned)));
                     break;
                 }
             }

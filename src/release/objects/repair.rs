@@ -49,7 +49,7 @@ impl ObjectWriter {
             OverlappingRangeIPReservationSpec {
                 containerid: Some(m.entry.id.clone()),
                 podref: m.entry.podref.clone(),
-                ifname: m.entry.ifname.clone(),
+                ifname: m.entry.ifname.as_deref().map(str::to_owned),
                 ipamclaimref: None,
             },
         );

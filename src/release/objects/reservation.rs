@@ -55,7 +55,7 @@ impl ObjectWriter {
         Ok(entries
             .into_iter()
             .find(|e| e.podref == d.podref && e.ip == ip)
-            .map(|e| (e.id, e.ifname)))
+            .map(|e| (e.id, e.ifname.as_deref().map(str::to_owned))))
     }
 
     /// Whether a reservation the sweep found left behind for the live pod `uid` of its name

@@ -100,7 +100,7 @@ impl AuditRecord {
             address: j.entry.ip,
             network: j.network.clone(),
             sandbox: j.entry.id.clone(),
-            interface: j.entry.ifname.clone(),
+            interface: j.entry.ifname.as_deref().map(str::to_owned),
             reason: req.reason.as_str(),
             evidence: String::new(),
             cooldown_until,
@@ -166,7 +166,7 @@ impl AuditRecord {
             address: j.entry.ip,
             network: j.network.clone(),
             sandbox: j.entry.id.clone(),
-            interface: j.entry.ifname.clone(),
+            interface: j.entry.ifname.as_deref().map(str::to_owned),
             reason: Reason::CooldownEnded.as_str(),
             evidence: format!(
                 "the release cooldown until {when} is over; the address is back in the pool"

@@ -48,7 +48,9 @@ pub use pods::{
     LiveInfo, MalformedStatus, PodIndex, PodSeen, PodUid, TOMBSTONES_PER_PODREF, Tombstone,
     TombstoneEntry,
 };
-pub use pools::{APPROVE_HOLD_ANNOTATION, CoolingEntry, MarkedKind, PoolIndex, PoolInfo, Slot};
+pub use pools::{
+    APPROVE_HOLD_ANNOTATION, CoolingEntry, Entries, MarkedKind, PoolIndex, PoolInfo, Slot,
+};
 pub use reservations::{NamedReservation, ReservationIndex};
 
 /// How full a pool is.
