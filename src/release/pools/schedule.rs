@@ -186,7 +186,10 @@ impl<T> PoolSchedule<T> {
         self.pending
             .keys()
             .filter(|p| !self.in_flight.contains(*p))
-            .filter_map(|p| self.token_at.get(p).copied().or_else(|| self.due(p)))
+            .filter_map(|p| match (self.token_at.get(p).copied(), self.due(p)) {
+                (Some(t), Some(d)) => Some(t.max(d)),
+                (t, d) => t.or(d),
+            })
             .filter(|t| *t > now)
             .min()
     }
@@ -366,5 +369,36 @@ mod tests {
         s.finished("p", MS(1600), t0 + MS(1600));
         // Spaced by 4 x 1.6 s, capped at 1 s: due at once, as before.
         assert_eq!(s.ready(t0 + MS(1600))[0].1.len(), 20);
+    }
+
+    #[test]
+    fn a_pool_holding_a_token_that_turns_into_a_burst_is_still_woken() {
+        let t0 = Instant::now();
+        let mut s = PoolSchedule::new(MS(100));
+        s.arrived("p".into(), 0, t0);
+        assert_eq!(s.ready(t0).len(), 1);
+        s.finished("p", MS(10), t0 + MS(10));
+        // 5 requests while spaced: not a burst.
+        for i in 0..5u64 {
+            s.arrived("p".into(), 1, t0 + MS(20 + 10 * i));
+        }
+        // Due at 100 ms; the pool rate makes it wait 50 ms for its token.
+        assert!(s.ready_within(t0 + MS(100), || MS(50)).is_empty());
+        assert_eq!(s.next_wake(t0 + MS(100)), Some(t0 + MS(150)));
+        // 11 more while it waits for the token: 16 pending, now a burst (due 140 + 100 ms).
+        for i in 0..11u64 {
+            s.arrived("p".into(), 2, t0 + MS(105 + 3 * i));
+        }
+        // The batcher wakes at the token's time: not sent (the burst holds it)...
+        assert!(
+            s.ready_within(t0 + MS(150), || panic!("reserved twice"))
+                .is_empty()
+        );
+        // ...and nothing will wake it again: the batcher sleeps until another request comes.
+        assert_eq!(
+            s.next_wake(t0 + MS(150)),
+            Some(t0 + MS(235)),
+            "stuck: no wake"
+        );
     }
 }

@@ -83,6 +83,12 @@ pub fn run(s: &Scenario) -> Run {
         clock.step(then - now);
         now = then;
     }
+    // Nothing is left behind: a request never sent would wait for a wake that never comes.
+    assert_eq!(
+        waits.len(),
+        s.count,
+        "requests left pending with nothing to wake them"
+    );
     waits.sort();
     Run {
         waits,
@@ -175,5 +181,28 @@ mod tests {
         // The last arrivals wait for the pause that ends the burst and the patch in flight.
         assert!(r.tail <= MS(250), "{:?}", r.tail);
         assert!(r.wait(1.0) <= Duration::from_secs(1), "{:?}", r.wait(1.0));
+    }
+
+    #[test]
+    fn every_deletion_leaves_whatever_the_budget_pools_rate_and_patch_time() {
+        // `run` fails if a request is left pending (a pool the batcher would never wake).
+        for (qps, burst) in [(50.0, 100), (20.0, 40), (5.0, 1)] {
+            for pools in [1, 4, 8, 16] {
+                for rate in [400.0, 1000.0, 3000.0] {
+                    for patch in [MS(5), MS(10), MS(30)] {
+                        let s = Scenario {
+                            pools,
+                            count: 6000,
+                            rate,
+                            patch,
+                            interval: MS(100),
+                            qps,
+                            burst,
+                        };
+                        run(&s);
+                    }
+                }
+            }
+        }
     }
 }
