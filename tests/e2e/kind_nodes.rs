@@ -63,38 +63,37 @@ fn control_plane_container() -> String {
     format!("{cluster}-control-plane")
 }
 
-/// The packet filter rules that cut a node off from the control plane at `control_plane`:
-/// every TCP segment from the control plane, to the node itself (INPUT: the kubelet, the
-/// host-network pods) or to its pods (FORWARD), answered with a reset. The reset closes the
-/// apiserver's side of each connection, so nothing the apiserver writes while the node is
-/// away (a watch event) waits in the frozen node's socket buffers to be read on its return:
-/// a paused container's kernel still receives, and a kubelet that read the force-deletion's
-/// zero grace from such a buffer stopped the pod at once (the kubelet's minimum) instead of
-/// with its own copy. The returning kubelet finds its connections reset, and re-lists.
+/// The packet filter rule that cuts a node's own processes (its kubelet; host-network pods)
+/// off from the control plane at `control_plane`: every TCP segment from the control plane to
+/// the node's address answered with a reset. The reset closes the apiserver's side of each
+/// connection, so nothing the apiserver writes while the node is away (a watch event) waits
+/// in the frozen node's socket buffers to be read on its return: a paused container's kernel
+/// still receives, and a kubelet that read the force-deletion's zero grace from such a buffer
+/// stopped the pod at once (the kubelet's minimum) instead of with its own copy. The returning
+/// kubelet finds its connections reset, and re-lists. The pods' own connections (FORWARD) are
+/// left alone: a pod's client that is never told its connection is gone hears nothing until
+/// its read timeout (the node agent's, kube's default, is 295 s).
 fn partition_rules(control_plane: &str) -> Vec<Vec<String>> {
-    ["INPUT", "FORWARD"]
+    vec![
+        [
+            "INPUT",
+            "-s",
+            control_plane,
+            "-p",
+            "tcp",
+            "-m",
+            "comment",
+            "--comment",
+            "ipreclaim-e2e-partition",
+            "-j",
+            "REJECT",
+            "--reject-with",
+            "tcp-reset",
+        ]
         .iter()
-        .map(|chain| {
-            [
-                chain,
-                "-s",
-                control_plane,
-                "-p",
-                "tcp",
-                "-m",
-                "comment",
-                "--comment",
-                "ipreclaim-e2e-partition",
-                "-j",
-                "REJECT",
-                "--reject-with",
-                "tcp-reset",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect()
-        })
-        .collect()
+        .map(|s| s.to_string())
+        .collect(),
+    ]
 }
 
 /// `iptables -w OP RULE` (this machine's) in the network namespace of the process `pid` (a
@@ -148,8 +147,8 @@ fn reconnect(node: &str) -> bool {
 }
 
 /// A kind node's container paused (its kubelet, containerd and pods frozen, as a hung or
-/// partitioned machine) and cut off from the control plane ([`partition_rules`]); reconnected
-/// and unpaused when dropped, so a failed check leaves the cluster whole.
+/// partitioned machine) and its kubelet cut off from the control plane ([`partition_rules`]);
+/// reconnected and unpaused when dropped, so a failed check leaves the cluster whole.
 struct Paused(String);
 
 impl Paused {
