@@ -68,11 +68,17 @@ else
   kind=kind
 fi
 
+# The scenarios' test binary. Not quite what scripts/test.sh's `cargo test --workspace` built:
+# with --test e2e alone cargo builds ipreclaim and testenv again (about 2 minutes), so
+# --prepare builds it too.
+scenarios=(cargo test --workspace --locked --features ipreclaim/root-tests --test e2e)
 if $prepare; then
   if $local_mode; then
     step "node image and the suite's images from sources (node-image.sh; cached)"
     "$here/node-image.sh" >/dev/null
   fi
+  step "the scenarios' test binary (${scenarios[*]} --no-run)"
+  (cd "$root" && "${scenarios[@]}" --no-run)
   step finished
   echo "e2e/kind/run.sh --prepare: done in $(( ($(date +%s) - start) / 60 )) min $(( ($(date +%s) - start) % 60 )) s" >&2
   exit 0
@@ -259,14 +265,14 @@ helm install ipreclaim "$root/charts/ipreclaim" --namespace ipreclaim --create-n
   --wait --timeout 300s
 kubectl -n ipreclaim get pods -o wide
 
-step "scenarios (cargo test --workspace --features ipreclaim/root-tests --test e2e -- ::cluster $*)"
+step "scenarios (${scenarios[*]} -- ::cluster $*)"
 cd "$root"
 # IPRECLAIM_KIND(_CLUSTER): a scenario loads a test image with `kind load`. --workspace: the
-# features scripts/test.sh's `cargo test --workspace` built with (tokio's test-util among
-# them), so that after it (CI: .ci/run) the e2e binary is not compiled again.
+# features scripts/test.sh's `cargo test --workspace` builds with (tokio's test-util among
+# them); the binary itself is built by --prepare (scripts/test.sh --kind: beside the tests).
 IPRECLAIM_E2E=kind IPRECLAIM_E2E_NAMESPACE=ipreclaim IPRECLAIM_E2E_POD_IMAGE=$pod_image \
   IPRECLAIM_KIND=$kind IPRECLAIM_KIND_CLUSTER=$cluster \
-  cargo test --workspace --locked --features ipreclaim/root-tests --test e2e -- --test-threads=1 ::cluster "$@"
+  "${scenarios[@]}" -- --test-threads=1 ::cluster "$@"
 
 step "Events"
 kubectl get events -A --field-selector reason=IPAddressGarbageCollected
