@@ -2,9 +2,16 @@
 # The whole test suite: setup (packages, Go-built control plane and node), formatting, lints,
 # ipreclaim's image from the Dockerfile, tests (including the end-to-end scenarios on a real
 # node, which run that image: needs root). Prints the minutes each part took.
+#   --kind   then the kind suite too (e2e/kind/run.sh; CI: .ci/run): what it builds of its own
+#            (kind, the node image) is built in the background while the tests run (they
+#            mostly wait on apiservers), its cluster and scenarios run after them. It runs
+#            even when the tests failed; either failing fails the run.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+kind=false
+if [[ ${1:-} == --kind ]]; then kind=true; shift; fi
+if [[ $# -ne 0 ]]; then echo "usage: $0 [--kind]" >&2; exit 2; fi
 parts=()
 t=$(date +%s)
 took() { parts+=("$1 $(( ($(date +%s) - t + 30) / 60 )) min"); echo "test.sh: ${parts[-1]}" >&2; t=$(date +%s); }
@@ -20,13 +27,51 @@ took lints
 IMAGE=localhost/ipreclaim/ipreclaim:e2e "$root/scripts/image.sh" amd64
 took image
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+kind_log=$(mktemp)
+prepare_pid=""
+# shellcheck disable=SC2317  # called by the EXIT trap
+cleanup() {
+  # The background preparation does not outlive the run (its own traps clean up after it).
+  if [[ -n $prepare_pid ]] && kill -0 "$prepare_pid" 2>/dev/null; then
+    kill "$prepare_pid" 2>/dev/null || true
+    wait "$prepare_pid" 2>/dev/null || true
+  fi
+  rm -f "$log" "$kind_log"
+}
+trap cleanup EXIT
 status=0
 # Every tier: without root in seconds and minutes, and (the feature) the root ones: the real
-# node's e2e scenarios, the node agent and the CRI source on a private containerd.
-cargo test --workspace --features ipreclaim/root-tests --locked --no-fail-fast 2>&1 | tee "$log" || status=$?
+# node's e2e scenarios, the node agent and the CRI source on a private containerd. Compiled
+# first, so that the kind suite's preparation takes the CPU only while the tests run.
+cargo test --workspace --features ipreclaim/root-tests --locked --no-run 2>&1 | tee "$log" || status=$?
+took "tests built"
+if $kind; then
+  echo "test.sh: the kind suite's preparation in the background (log: $kind_log)" >&2
+  "$root/e2e/kind/run.sh" --prepare >"$kind_log" 2>&1 &
+  prepare_pid=$!
+fi
+if ((status == 0)); then
+  cargo test --workspace --features ipreclaim/root-tests --locked --no-fail-fast 2>&1 | tee "$log" || status=$?
+fi
 took tests
+kind_status=0
+if $kind; then
+  prepared=0
+  wait "$prepare_pid" || prepared=$?
+  prepare_pid=""
+  echo "test.sh: the kind suite's preparation (exit $prepared):" >&2
+  cat "$kind_log" >&2
+  took "kind preparation (after the tests)"
+  if ((prepared == 0)); then
+    "$root/e2e/kind/run.sh" || kind_status=$?
+  else
+    kind_status=$prepared
+  fi
+  took "kind suite"
+fi
 echo "test.sh: ${parts[*]}"
 # One closing line over every test binary and doc-test run.
 awk '/^test result:/ { p += $4; f += $6 } END { printf "cargo test: %d passed, %d failed\n", p, f }' "$log"
-exit "$status"
+if $kind; then echo "e2e/kind/run.sh: exit $kind_status"; fi
+if ((status != 0)); then exit "$status"; fi
+exit "$kind_status"

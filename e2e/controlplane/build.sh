@@ -194,7 +194,9 @@ case $what in
   *) log "usage: $0 [all|controlplane|node|kind|kubernetes|etcd|helm]"; exit 2 ;;
 esac
 # Unversioned links so tools find the pinned build.
-link() { [[ -x "$bin/$2" ]] && ln -sf "$2" "$bin/$1"; return 0; }
+# A link already right is left alone: the kind suite's builds run this beside the tests
+# (scripts/test.sh --kind), and `ln -sf` removes the link before it makes it again.
+link() { [[ -x "$bin/$2" && $(readlink "$bin/$1") != "$2" ]] && ln -sf "$2" "$bin/$1"; return 0; }
 for n in kube-apiserver kubectl kubelet kube-controller-manager kube-scheduler kube-proxy kubeadm; do link "$n" "$n-$KUBERNETES_VERSION"; done
 link etcd "etcd-$ETCD_VERSION"
 link helm "helm-$HELM_VERSION"

@@ -19,6 +19,9 @@
 #     from scripts/image.sh (the Dockerfile with buildah). The engine, its containers, networks
 #     and bridges are removed at exit, after a failure too, and a killed run's at the next start.
 # Usage: e2e/kind/run.sh [--keep] [more cargo test filters]   (--keep leaves the cluster up)
+#        e2e/kind/run.sh --prepare   only what the run builds of its own (kind, and here the node
+#                                    image): no engine, no cluster; scripts/test.sh --kind runs
+#                                    it in the background while the tests run
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -27,7 +30,14 @@ root=$(cd "$here/../.." && pwd)
 source "$here/versions.env"
 cluster=ipreclaim-e2e
 keep=false
-if [[ "${1:-}" == "--keep" ]]; then keep=true; shift; fi
+prepare=false
+while [[ ${1:-} == --keep || ${1:-} == --prepare ]]; do
+  case $1 in
+    --keep) keep=true ;;
+    --prepare) prepare=true ;;
+  esac
+  shift
+done
 
 start=$(date +%s)
 step_start=$start
@@ -56,6 +66,22 @@ else
   need docker "install Docker"
   command -v kind >/dev/null || go install "sigs.k8s.io/kind@$KIND_VERSION"
   kind=kind
+fi
+
+# The scenarios' test binary. Not quite what scripts/test.sh's `cargo test --workspace` built:
+# with --test e2e alone cargo builds ipreclaim and testenv again (about 2 minutes), so
+# --prepare builds it too.
+scenarios=(cargo test --workspace --locked --features ipreclaim/root-tests --test e2e)
+if $prepare; then
+  if $local_mode; then
+    step "node image and the suite's images from sources (node-image.sh; cached)"
+    "$here/node-image.sh" >/dev/null
+  fi
+  step "the scenarios' test binary (${scenarios[*]} --no-run)"
+  (cd "$root" && "${scenarios[@]}" --no-run)
+  step finished
+  echo "e2e/kind/run.sh --prepare: done in $(( ($(date +%s) - start) / 60 )) min $(( ($(date +%s) - start) % 60 )) s" >&2
+  exit 0
 fi
 
 kubeconfig=$(mktemp)
@@ -176,6 +202,15 @@ fi
 # The manifests name moving tags (snapshot-thick, latest): pin them to the release's image.
 kubectl apply -f "$multus/multus-daemonset-thick.yml"
 kubectl -n kube-system set image daemonset/kube-multus-ds "kube-multus=$multus_image" "install-multus-binary=$multus_image"
+# Multus thick runs every delegate plugin (whereabouts, macvlan) in its daemon's container,
+# which the manifest limits to 100m of CPU and 50Mi: on a busy 2-core machine the whereabouts
+# processes of a node's CNI calls then share a tenth of a core, their 1 s Lease with the
+# apiserver lapses, and ADDs and DELs time out and pile up ("client rate limiter Wait
+# returned an error: context deadline exceeded"; seen on a worker right after its return,
+# where the kubelet's stops and the replacements' starts come together). The requests kept,
+# no CPU limit, memory up to 1Gi.
+kubectl -n kube-system patch daemonset kube-multus-ds --type=json \
+  -p '[{"op":"replace","path":"/spec/template/spec/containers/0/resources","value":{"requests":{"cpu":"100m","memory":"50Mi"},"limits":{"memory":"1Gi"}}}]'
 # whereabouts as its v0.9 install has it: the CRDs, the DaemonSet (CNI install, token watcher
 # and ip-control-loop) and the reconciler Deployment.
 kubectl apply -f "$wa/whereabouts.cni.cncf.io_ippools.yaml" \
@@ -230,14 +265,14 @@ helm install ipreclaim "$root/charts/ipreclaim" --namespace ipreclaim --create-n
   --wait --timeout 300s
 kubectl -n ipreclaim get pods -o wide
 
-step "scenarios (cargo test --workspace --features ipreclaim/root-tests --test e2e -- ::cluster $*)"
+step "scenarios (${scenarios[*]} -- ::cluster $*)"
 cd "$root"
 # IPRECLAIM_KIND(_CLUSTER): a scenario loads a test image with `kind load`. --workspace: the
-# features scripts/test.sh's `cargo test --workspace` built with (tokio's test-util among
-# them), so that after it (CI: .ci/run) the e2e binary is not compiled again.
+# features scripts/test.sh's `cargo test --workspace` builds with (tokio's test-util among
+# them); the binary itself is built by --prepare (scripts/test.sh --kind: beside the tests).
 IPRECLAIM_E2E=kind IPRECLAIM_E2E_NAMESPACE=ipreclaim IPRECLAIM_E2E_POD_IMAGE=$pod_image \
   IPRECLAIM_KIND=$kind IPRECLAIM_KIND_CLUSTER=$cluster \
-  cargo test --workspace --locked --features ipreclaim/root-tests --test e2e -- --test-threads=1 ::cluster "$@"
+  "${scenarios[@]}" -- --test-threads=1 ::cluster "$@"
 
 step "Events"
 kubectl get events -A --field-selector reason=IPAddressGarbageCollected

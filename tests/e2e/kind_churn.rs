@@ -11,7 +11,10 @@
 //!
 //! A monitor reads the pool, the reservations and the pods every 500 ms: each live pod's entry
 //! (and a real pod's reservation) must be there at every read; each deleted pod's entry and
-//! reservation must be gone within [`FREED_WITHIN`] of its deletion.
+//! reservation must be gone once the churn has stopped, within a deadline derived from the
+//! controller's configuration ([`liveness_deadline`]). Safety is strict (no live pod's address
+//! freed at any look); how long each release took is printed, not asserted: on a loaded
+//! machine a hand-over can take longer than any fixed bound, and that is not a leak.
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -21,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use ipreclaim::api::OverlappingRangeIPReservation;
 use ipreclaim::ipam::NETWORKS_ANNOTATION;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node as NodeObject, Pod};
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -31,10 +35,36 @@ use crate::fencing::lease_holder;
 use crate::local::allocate_as_cni;
 use crate::{NETWORK, Platform, expect_clean_releases, pool_entries, wait_pool_matches_live_pods};
 
-/// A deleted pod's entry and reservation must be gone this long after it left the API: the
-/// chart's leak grace and sweep in `run.sh` (5 s each) and a leader hand-over (the Lease's
-/// 15 s), with room for the shared machine.
-const FREED_WITHIN: Duration = Duration::from_secs(90);
+/// How long, once the churn has stopped, every deleted pod's entry and reservation may take
+/// to be gone: ten times what one release needs by the controller's own flags (read from its
+/// Deployment: a leak grace, a sweep, and a leader hand-over at worst, the Lease's duration).
+/// With `run.sh`'s chart values (5 s, 5 s, 15 s) 250 s; a passing run waits only until the
+/// last is freed. A liveness deadline: generous, so that a loaded machine does not fail it,
+/// and still finite, so that a leak (e.g. `controller.dryRun=true`) fails.
+async fn liveness_deadline(client: &Client) -> Duration {
+    let deployment = Api::<Deployment>::namespaced(client.clone(), RELEASE_NS)
+        .get("ipreclaim-controller")
+        .await
+        .unwrap();
+    let args: Vec<String> = deployment
+        .spec
+        .and_then(|s| s.template.spec)
+        .and_then(|s| s.containers.into_iter().next())
+        .and_then(|c| c.args)
+        .unwrap_or_default();
+    let flag = |name: &str| -> Duration {
+        // The last one counts (the chart's extraArgs come last).
+        let value = args
+            .iter()
+            .rev()
+            .find_map(|a| a.strip_prefix(&format!("--{name}=")))
+            .unwrap_or_else(|| panic!("the controller's --{name} in {args:?}"));
+        humantime::parse_duration(value)
+            .unwrap_or_else(|e| panic!("the controller's --{name}={value}: {e}"))
+    };
+    let grace = flag("leak-grace").max(flag("missing-pod-grace"));
+    10 * (grace + flag("sweep-interval") + flag("lease-duration"))
+}
 /// Real and ghost pods alive at once.
 const LIVE: usize = 4;
 
@@ -362,8 +392,9 @@ pub(crate) async fn a_drain_and_a_controller_rollout_while_deletions_flow_leak_n
             .is_empty()
     })
     .await;
-    // Every deleted pod freed, or FREED_WITHIN past for the last.
-    let deadline = Instant::now() + FREED_WITHIN;
+    // Every deleted pod freed, or the liveness deadline past.
+    let freed_within = liveness_deadline(c.client()).await;
+    let deadline = Instant::now() + freed_within;
     while Instant::now() < deadline
         && ledger
             .lock()
@@ -413,7 +444,7 @@ pub(crate) async fn a_drain_and_a_controller_rollout_while_deletions_flow_leak_n
     let leaked: Vec<String> = ledger
         .pods
         .iter()
-        .filter(|(_, t)| latency(t).is_none_or(|d| d > FREED_WITHIN))
+        .filter(|(_, t)| latency(t).is_none())
         .map(|(n, t)| {
             format!(
                 "{n} {} ({}; freed {:?} after its deletion)",
@@ -425,7 +456,7 @@ pub(crate) async fn a_drain_and_a_controller_rollout_while_deletions_flow_leak_n
         .collect();
     assert!(
         leaked.is_empty(),
-        "leaked (not freed within {FREED_WITHIN:?} of the pod's deletion): {leaked:?}"
+        "leaked (not freed {freed_within:?} after the churn stopped): {leaked:?}"
     );
     assert!(
         !ghosts.is_empty() && real.len() >= 3,

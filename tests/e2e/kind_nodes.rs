@@ -47,8 +47,108 @@ fn docker(args: &[&str]) {
     );
 }
 
+/// `docker inspect -f FORMAT container`, or `None` (no panic: also called from a drop).
+fn inspect(container: &str, format: &str) -> Option<String> {
+    let out = Command::new("docker")
+        .args(["inspect", "-f", format, container])
+        .output()
+        .ok()?;
+    let value = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    (out.status.success() && !value.is_empty()).then_some(value)
+}
+
+/// The control-plane node container of `e2e/kind/run.sh`'s kind cluster.
+fn control_plane_container() -> String {
+    let cluster = std::env::var("IPRECLAIM_KIND_CLUSTER").unwrap_or("ipreclaim-e2e".into());
+    format!("{cluster}-control-plane")
+}
+
+/// The packet filter rule that cuts a node's own processes (its kubelet; host-network pods)
+/// off from the control plane at `control_plane`: every TCP segment from the control plane to
+/// the node's address answered with a reset. The reset closes the apiserver's side of each
+/// connection, so nothing the apiserver writes while the node is away (a watch event) waits
+/// in the frozen node's socket buffers to be read on its return: a paused container's kernel
+/// still receives, and a kubelet that read the force-deletion's zero grace from such a buffer
+/// stopped the pod at once (the kubelet's minimum) instead of with its own copy. The returning
+/// kubelet finds its connections reset, and re-lists. The pods' own connections (FORWARD) are
+/// left alone: a pod's client that is never told its connection is gone hears nothing until
+/// its read timeout (the node agent's, kube's default, is 295 s).
+fn partition_rules(control_plane: &str) -> Vec<Vec<String>> {
+    vec![
+        [
+            "INPUT",
+            "-s",
+            control_plane,
+            "-p",
+            "tcp",
+            "-m",
+            "comment",
+            "--comment",
+            "ipreclaim-e2e-partition",
+            "-j",
+            "REJECT",
+            "--reject-with",
+            "tcp-reset",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
+    ]
+}
+
+/// `iptables -w OP RULE` (this machine's) in the network namespace of the process `pid` (a
+/// node container's), which a paused node's own tools cannot change; whether it succeeded.
+fn netns_iptables(pid: &str, op: &str, rule: &[String]) -> Result<(), String> {
+    let out = Command::new("nsenter")
+        .args(["-t", pid, "-n", "iptables", "-w", op])
+        .args(rule)
+        .output()
+        .map_err(|e| format!("nsenter: {e}"))?;
+    match out.status.success() {
+        true => Ok(()),
+        false => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
+    }
+}
+
+/// The node container `node`'s pid and the control plane's address, or `None`.
+fn partition_ends(node: &str) -> Option<(String, String)> {
+    let pid = inspect(node, "{{.State.Pid}}").filter(|p| p != "0")?;
+    let control_plane = inspect(
+        &control_plane_container(),
+        "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
+    )?;
+    Some((pid, control_plane))
+}
+
+/// Node `node` cut off from the control plane ([`partition_rules`]).
+fn cut_off(node: &str) {
+    let (pid, control_plane) = partition_ends(node)
+        .unwrap_or_else(|| panic!("{node}'s pid and the control plane's address"));
+    for rule in partition_rules(&control_plane) {
+        if let Err(e) = netns_iptables(&pid, "-I", &rule) {
+            panic!("iptables -I {rule:?} in {node}: {e}");
+        }
+    }
+}
+
+/// The cut of [`cut_off`] undone, every copy of its rules (a rule a killed run left goes
+/// too); whether there was one. Never panics (also called from a drop).
+fn reconnect(node: &str) -> bool {
+    let Some((pid, control_plane)) = partition_ends(node) else {
+        return false;
+    };
+    let mut removed = false;
+    for rule in partition_rules(&control_plane) {
+        while netns_iptables(&pid, "-D", &rule).is_ok() {
+            removed = true;
+        }
+    }
+    removed
+}
+
 /// A kind node's container paused (its kubelet, containerd and pods frozen, as a hung or
-/// partitioned machine); unpaused when dropped, so a failed check leaves the cluster whole.
+/// partitioned machine) and its kubelet cut off from the control plane ([`partition_rules`]);
+/// reconnected and unpaused when dropped, so a failed check leaves the cluster whole.
 struct Paused(String);
 
 impl Paused {
@@ -65,8 +165,13 @@ impl Paused {
         nodes: &[&str],
         leader: &str,
     ) -> Vec<Paused> {
-        // The guards first: a pause that fails half way is undone.
+        // The guards first: a pause or cut that fails half way is undone.
         let paused: Vec<Paused> = nodes.iter().map(|n| Paused(n.to_string())).collect();
+        for node in nodes {
+            // A killed run's cut first: one copy only, removed whole on return.
+            reconnect(node);
+            cut_off(node);
+        }
         docker(&[&["pause"], nodes].concat());
         for node in nodes {
             wait_for_within(
@@ -87,9 +192,12 @@ impl Paused {
         paused
     }
 
-    /// Unpauses every node of `paused` at once (one `docker unpause`).
+    /// Reconnects and unpauses every node of `paused` at once (one `docker unpause`).
     fn unpause_together(paused: Vec<Paused>) {
         let nodes: Vec<&str> = paused.iter().map(|p| p.0.as_str()).collect();
+        for node in &nodes {
+            assert!(reconnect(node), "{node} was cut off from the control plane");
+        }
         let out = Command::new("docker")
             .args([&["unpause"], nodes.as_slice()].concat())
             .output()
@@ -106,6 +214,7 @@ impl Paused {
 
 impl Drop for Paused {
     fn drop(&mut self) {
+        reconnect(&self.0);
         let _ = Command::new("docker")
             .args(["unpause", &self.0])
             .stdout(std::process::Stdio::null())
@@ -719,7 +828,7 @@ pub(crate) async fn a_returning_workers_agent_reports_the_fenced_pod_present_unt
         at(),
         paused_at.elapsed().as_secs_f64()
     );
-    drop(paused);
+    Paused::unpause_together(vec![paused]);
     let back = Instant::now();
     let limit = Duration::from_secs(GRACE as u64 + 240);
     let watched: Vec<Lost> = lost
