@@ -11,12 +11,7 @@ use std::time::Duration;
 use testenv::procs::ChildGuard;
 
 fn rss_kib(pid: u32) -> anyhow::Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .ok_or_else(|| anyhow::anyhow!("no VmRSS for pid {pid}"))
+    common::status_kib(pid, "VmRSS:").ok_or_else(|| anyhow::anyhow!("no VmRSS for pid {pid}"))
 }
 
 async fn cached_pods(addr: &str) -> f64 {

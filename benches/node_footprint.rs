@@ -43,28 +43,7 @@ fn args() -> (usize, usize, u64) {
 
 /// A `/proc/PID/status` field in KiB.
 fn status_kib(pid: u32, field: &str) -> anyhow::Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .ok_or_else(|| anyhow::anyhow!("no {field} for pid {pid}"))
-}
-
-/// The process's user plus system CPU time.
-fn cpu_time(pid: u32) -> anyhow::Result<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // Fields after the command name (which may hold spaces) start at the state, field 3.
-    let rest = stat
-        .rsplit_once(") ")
-        .ok_or_else(|| anyhow::anyhow!("unreadable /proc/{pid}/stat"))?
-        .1;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 (1-based, counting from the pid).
-    let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
-    // SAFETY: sysconf reads a constant of the running system.
-    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
-    Ok(Duration::from_secs_f64(ticks as f64 / per_second as f64))
+    common::status_kib(pid, field).ok_or_else(|| anyhow::anyhow!("no {field} for pid {pid}"))
 }
 
 /// The agent's relist count and the seconds they took, from its /metrics.
@@ -189,10 +168,10 @@ async fn main() -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let (count0, sum0) = relists(addr).await;
-    let (cpu0, wall0) = (cpu_time(pid)?, Instant::now());
+    let (cpu0, wall0) = (common::cpu_seconds_of(pid), Instant::now());
     tokio::time::sleep(Duration::from_secs(seconds)).await;
     let (count1, sum1) = relists(addr).await;
-    let (cpu, wall) = (cpu_time(pid)? - cpu0, wall0.elapsed());
+    let (cpu, wall) = (common::cpu_seconds_of(pid) - cpu0, wall0.elapsed());
     let (rss, peak) = (status_kib(pid, "VmRSS:")?, status_kib(pid, "VmHWM:")?);
     let (anon, file) = (status_kib(pid, "RssAnon:")?, status_kib(pid, "RssFile:")?);
     let threads = status_kib(pid, "Threads:")?;
@@ -206,10 +185,10 @@ async fn main() -> anyhow::Result<()> {
     );
     println!(
         "node agent: {:.2}% of a core over {:.0}s ({:.0} ms CPU), {relisted:.0} relists, {:.2} ms CPU per relist (the agent's whole work over the window / relists), relist wall time mean {:.2} ms",
-        cpu.as_secs_f64() / wall.as_secs_f64() * 100.0,
+        cpu / wall.as_secs_f64() * 100.0,
         wall.as_secs_f64(),
-        cpu.as_secs_f64() * 1000.0,
-        cpu.as_secs_f64() * 1000.0 / relisted.max(1.0),
+        cpu * 1000.0,
+        cpu * 1000.0 / relisted.max(1.0),
         (sum1 - sum0) * 1000.0 / relisted.max(1.0),
     );
     drop(agent);

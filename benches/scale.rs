@@ -251,14 +251,7 @@ struct Proc {
 
 impl Proc {
     fn status_kib(&self, field: &str) -> u64 {
-        std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find_map(|l| l.strip_prefix(field))
-                    .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            })
-            .unwrap_or(0)
+        common::status_kib(self.child.id(), field).unwrap_or(0)
     }
     fn rss_mib(&self) -> f64 {
         self.status_kib("VmRSS:") as f64 / 1024.0
@@ -268,7 +261,7 @@ impl Proc {
     }
     /// User + system CPU seconds so far.
     fn cpu_seconds(&self) -> f64 {
-        cpu_seconds_of(self.child.id())
+        common::cpu_seconds_of(self.child.id())
     }
     fn stop(mut self) {
         // SIGTERM first: a clean shutdown, as a rollout does.
@@ -890,21 +883,10 @@ fn control_plane_cpu(cp: &ControlPlane) -> f64 {
         };
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         if String::from_utf8_lossy(&cmdline).contains(&dir) {
-            total += cpu_seconds_of(pid);
+            total += common::cpu_seconds_of(pid);
         }
     }
     total
-}
-
-/// User + system CPU seconds of process `pid` so far.
-fn cpu_seconds_of(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which may hold spaces) start at ") ".
-    let rest = stat.rsplit_once(") ").map_or("", |(_, r)| r);
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    // utime and stime are fields 14 and 15 of the line, 11 and 12 after the state field.
-    (ticks(11) + ticks(12)) / 100.0
 }
 
 /// whereabouts' ip-control-loop, then ipreclaim, on the same `w` pods; prints the ratio.

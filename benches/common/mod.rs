@@ -146,3 +146,26 @@ pub fn quantile(samples: &mut [f64], q: f64) -> f64 {
     let i = ((samples.len() - 1) as f64 * q).round() as usize;
     samples[i]
 }
+
+/// A field of `/proc/PID/status` (`"VmRSS:"`, `"VmHWM:"`, ...) in KiB; `None` when the process
+/// or the field is gone.
+pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+}
+
+/// User + system CPU seconds of process `pid` so far (0 when it is gone).
+pub fn cpu_seconds_of(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces) start at ") ".
+    let rest = stat.rsplit_once(") ").map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // SAFETY: sysconf reads a constant of the running system.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    // utime and stime are fields 14 and 15 of the line, 11 and 12 after the state field.
+    (ticks(11) + ticks(12)) / per_second
+}
