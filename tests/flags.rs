@@ -89,3 +89,27 @@ fn a_repeated_flag_takes_its_last_value() {
         );
     }
 }
+
+/// `--fence-watch-timeout` takes whole seconds from 1 s to 1 h, and says so otherwise (0 would
+/// turn the watcher's idle check off; the apiserver takes whole seconds).
+#[test]
+fn the_fence_watch_timeout_is_whole_seconds_from_one_to_an_hour() {
+    let parse = |v: &str| {
+        Cli::<NodeAgentArgs>::try_parse_from(["node-agent", "--node-name=a", v])
+            .map(|c| c.args.fence_watch_timeout)
+            .map_err(|e| e.to_string())
+    };
+    let secs = std::time::Duration::from_secs;
+    assert_eq!(parse("--fence-watch-timeout=1s"), Ok(secs(1)));
+    assert_eq!(parse("--fence-watch-timeout=1h"), Ok(secs(3600)));
+    assert_eq!(parse("--node-name=a").unwrap(), secs(40), "the default");
+    for (bad, says) in [
+        ("0s", "between 1s and 1h"),
+        ("2h", "between 1s and 1h"),
+        ("1500ms", "whole number of seconds"),
+        ("soon", "use e.g."),
+    ] {
+        let e = parse(&format!("--fence-watch-timeout={bad}")).unwrap_err();
+        assert!(e.contains(says), "{bad}: {e}");
+    }
+}

@@ -626,6 +626,39 @@ async fn the_nodes_live_sandboxes_are_written_to_its_inventory(mut env: NodeEnv)
     env.stop().await;
 }
 
+/// A fence written while the agent's watch connection was lost without a word (the apiserver's
+/// end gone, nothing sent to the agent: a node frozen while its connections were reset, a
+/// partition across an apiserver restart) reaches the agent within its --fence-watch-timeout
+/// and is reported. kube's own idle check (290 s) would let a returning node's settle lift
+/// the fence first.
+#[tokio::test]
+async fn a_fence_written_while_the_agents_watch_was_silently_lost_is_reported() {
+    let mut env = NodeEnv::new("node-evidence-silenced").await;
+    let uid = format!("{}-web-0", env.ns);
+    let sb = env.run_sandbox("web-0", &uid).await;
+    let proxy = FaultProxy::start(env.client.clone(), 11).await.unwrap();
+    let through = ControlPlane::shared().client_through_faults(&proxy).await;
+    env.start_as(through, &["--fence-watch-timeout=3s"]).await;
+    // A first fence, of a pod with no sandbox here, reported gone: the watch delivers.
+    let node = env.node.clone();
+    env.fence("gone-0", &format!("{}-gone-0", env.ns), "sb-gone", &node)
+        .await;
+    wait_for("the first fence reported", || async {
+        env.report_of("gone-0").await.is_some()
+    })
+    .await;
+    let watches = || proxy.requests().get("watch ipfences").copied().unwrap_or(0);
+    let before = watches();
+    proxy.silence_watches();
+    env.fence("web-0", &uid, &sb, &node).await;
+    wait_for("web-0's still-present report", || async {
+        env.status_of("web-0").await.sandboxes_present.is_some()
+    })
+    .await;
+    assert!(watches() > before, "the silent watch was made again");
+    env.stop().await;
+}
+
 /// A report carries its fence object's uid as a precondition: one made for an earlier fence
 /// of the same name (deleted and written again since) is refused by the apiserver and lands
 /// nowhere.

@@ -6,6 +6,19 @@ use std::time::Duration;
 use crate::flags::{parse_duration, parse_ratio};
 use crate::telemetry::LogFormat;
 
+/// A watch timeout: whole seconds from 1 s to 1 h (the apiserver takes seconds; 0 would turn
+/// the watcher's idle check off).
+fn parse_watch_timeout(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < Duration::from_secs(1) || d > Duration::from_secs(3600) {
+        return Err(format!("{s:?} is not between 1s and 1h"));
+    }
+    if d.subsec_nanos() != 0 {
+        return Err(format!("{s:?} is not a whole number of seconds"));
+    }
+    Ok(d)
+}
+
 /// Flags of `ipreclaim node-agent` (each also read from the environment variable shown).
 #[derive(Debug, Clone, clap::Args)]
 #[command(args_override_self = true)] // a repeated flag takes its last value (the chart's extraArgs)
@@ -35,6 +48,13 @@ pub struct NodeAgentArgs {
     /// Time between CRI relists.
     #[arg(long, env = "IPRECLAIM_RELIST_PERIOD", default_value = "1s", value_parser = parse_duration)]
     pub relist_period: Duration,
+    /// Longest the watch of this node's IPFences may stay silent before it is made again (the
+    /// apiserver ends it then, and a watch whose connection died unnoticed, after a node
+    /// freeze or a partition across an apiserver restart, is noticed 5 s later). Keep it
+    /// under the controller's --fence-settle: a returning node's "still present" report must
+    /// land before the settle lifts its fences. Whole seconds, 1s to 1h.
+    #[arg(long, env = "IPRECLAIM_FENCE_WATCH_TIMEOUT", default_value = "40s", value_parser = parse_watch_timeout)]
+    pub fence_watch_timeout: Duration,
     /// Without a successful relist for this long, /healthz fails.
     #[arg(long, env = "IPRECLAIM_RELIST_THRESHOLD", default_value = "3m", value_parser = parse_duration)]
     pub relist_threshold: Duration,

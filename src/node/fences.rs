@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use futures::StreamExt;
 use kube::api::{Api, Patch, PatchParams};
@@ -46,12 +47,20 @@ fn fence_of(f: &Lenient<IPFence>) -> Option<Fence> {
     })
 }
 
-/// Watches the fences labelled for `node` in `namespace`. A re-list replaces the map only
-/// once complete.
-pub fn watch(client: Client, namespace: &str, node: &str) -> (Fences, tokio::task::JoinHandle<()>) {
+/// Watches the fences labelled for `node` in `namespace`, each watch request ended by the
+/// apiserver after `timeout` (and dropped by the watcher if silent 5 s longer: a returning
+/// node's fences, written while it was away, must reach the agent before the settle). A
+/// re-list replaces the map only once complete.
+pub fn watch(
+    client: Client,
+    namespace: &str,
+    node: &str,
+    timeout: Duration,
+) -> (Fences, tokio::task::JoinHandle<()>) {
     let api = Api::<Lenient<IPFence>>::namespaced(client.clone(), namespace);
     let selector = format!("{NODE_LABEL}={}", node_label_value(node));
-    let config = watcher::Config::default().labels(&selector);
+    let secs = u32::try_from(timeout.as_secs()).unwrap_or(u32::MAX).max(1);
+    let config = watcher::Config::default().labels(&selector).timeout(secs);
     let stream = crate::watch_retry::retrying(client, watcher::watcher(api, config));
     let fences = Fences::default();
     let map = fences.clone();

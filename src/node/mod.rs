@@ -601,8 +601,12 @@ pub async fn run(
     tracing::info!(%metrics_addr, node = %args.node_name, cri = %args.cri_endpoint, dry_run = args.dry_run, "node agent starting");
 
     let (pods, watch_task) = watch_node_pods(client.clone(), &args.node_name);
-    let (fence_map, fence_task) =
-        fences::watch(client.clone(), &args.whereabouts_namespace, &args.node_name);
+    let (fence_map, fence_task) = fences::watch(
+        client.clone(),
+        &args.whereabouts_namespace,
+        &args.node_name,
+        args.fence_watch_timeout,
+    );
     let budgets = Budgets::new(NODE_BUDGETS, clock.clone(), writes.clone());
     let releaser = Arc::new(releaser(
         &client, runtime, &args, &budgets, writes, &metrics,

@@ -2,7 +2,7 @@
 //! apiserver, for the chaos suite. The client speaks plain HTTP to it; it forwards each request
 //! with an admin client of its own over TLS. Rules chosen per verb and resource delay, hold or
 //! refuse requests (409/422/429 with Retry-After/5xx) and delay watch events; watch streams can
-//! be cut, and the whole replica partitioned (every request and open stream stops until healed),
+//! be cut or silenced, and the whole replica partitioned (every request and open stream stops until healed),
 //! also by a rule right after a matching write was answered (a leader lost between two writes).
 //! Every request and every injected fault is counted, and every write forwarded is logged with
 //! its time so a test can tell which replica wrote when.
@@ -110,6 +110,8 @@ pub struct FaultProxy {
     open: Arc<watch::Sender<bool>>,
     /// Bumped to end every open watch stream.
     watch_cuts: watch::Sender<u64>,
+    /// Bumped to silence every open watch stream for good.
+    watch_silences: watch::Sender<u64>,
     /// Bumped to let held requests go.
     releases: watch::Sender<u64>,
     task: tokio::task::JoinHandle<()>,
@@ -129,6 +131,7 @@ impl FaultProxy {
         }));
         let open = Arc::new(watch::channel(true).0);
         let (watch_cuts, _) = watch::channel(0u64);
+        let (watch_silences, _) = watch::channel(0u64);
         let (releases, _) = watch::channel(0u64);
         let shared = Shared {
             upstream,
@@ -136,6 +139,7 @@ impl FaultProxy {
             open: open.subscribe(),
             cutter: open.clone(),
             watch_cuts: watch_cuts.subscribe(),
+            watch_silences: watch_silences.subscribe(),
             releases: releases.subscribe(),
         };
         let task = tokio::spawn(async move {
@@ -157,6 +161,7 @@ impl FaultProxy {
             state,
             open,
             watch_cuts,
+            watch_silences,
             releases,
             task,
         })
@@ -186,6 +191,14 @@ impl FaultProxy {
     /// Ends every open watch stream now (the client sees the stream close and watches again).
     pub fn cut_watches(&self) {
         self.watch_cuts.send_modify(|n| *n += 1);
+    }
+
+    /// Every open watch stream stops delivering and is never ended: the apiserver's end of its
+    /// connection is gone but no close reached the client (a node frozen while the apiserver
+    /// reset the connection, a partition across an apiserver restart). Watches opened later
+    /// are not affected.
+    pub fn silence_watches(&self) {
+        self.watch_silences.send_modify(|n| *n += 1);
     }
 
     /// Partitions: no request is answered and no open stream delivers until
@@ -234,6 +247,7 @@ struct Shared {
     /// Partitions the proxy after a [`Action::CutAfter`] write.
     cutter: Arc<watch::Sender<bool>>,
     watch_cuts: watch::Receiver<u64>,
+    watch_silences: watch::Receiver<u64>,
     releases: watch::Receiver<u64>,
 }
 
@@ -344,7 +358,8 @@ impl Shared {
     }
 
     /// The answer's body, chunk by chunk: held while partitioned, ended by a watch cut (watches
-    /// only) or when a partition heals, each chunk delivered `delay` after it arrived.
+    /// only) or when a partition heals, silent for good after a watch silence (watches only),
+    /// each chunk delivered `delay` after it arrived.
     fn stream_body(
         &self,
         body: kube::client::Body,
@@ -354,6 +369,7 @@ impl Shared {
         enum Next {
             Frame(Option<Result<Frame<Bytes>, kube::Error>>),
             Cut,
+            Silenced,
             Partitioned,
         }
         let source = match delay {
@@ -367,16 +383,21 @@ impl Shared {
         let open = self.open.clone();
         let mut cuts = self.watch_cuts.clone();
         cuts.mark_unchanged();
-        let frames = futures::stream::unfold(Some((source, open, cuts)), move |st| async move {
-            let (mut source, mut open, mut cuts) = st?;
+        let mut silences = self.watch_silences.clone();
+        silences.mark_unchanged();
+        let watches = (cuts, silences);
+        let frames = futures::stream::unfold(Some((source, open, watches)), move |st| async move {
+            let (mut source, mut open, (mut cuts, mut silences)) = st?;
             let next = tokio::select! {
                 f = source.next() => Next::Frame(f),
                 _ = cuts.changed(), if is_watch => Next::Cut,
+                _ = silences.changed(), if is_watch => Next::Silenced,
                 _ = open.wait_for(|o| !*o) => Next::Partitioned,
             };
             let frame = match next {
                 Next::Frame(f) => f?,
                 Next::Cut => return None,
+                Next::Silenced => return futures::future::pending().await,
                 Next::Partitioned => {
                     let _ = open.wait_for(|o| *o).await;
                     return None;
@@ -388,7 +409,7 @@ impl Shared {
                 return None;
             }
             let frame = frame.map_err(|e| std::io::Error::other(e.to_string()));
-            Some((frame, Some((source, open, cuts))))
+            Some((frame, Some((source, open, (cuts, silences)))))
         });
         BodyExt::boxed_unsync(StreamBody::new(frames))
     }
