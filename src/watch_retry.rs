@@ -1,10 +1,11 @@
 //! Retrying a watch: exponential backoff for errors the apiserver answered (a 403 or a 500 is
 //! not fixed by asking again soon), and, when it could not be reached at all, a retry as soon as
 //! it answers again (a cheap `/version` probe) instead of sleeping out a backoff that grew
-//! during the outage. The delay grows until the watch makes progress (a re-list completes or
-//! events flow), never merely because a re-list began.
+//! during the outage. The delay grows until the watch makes progress (a re-list completes,
+//! events flow, or it goes on without an error for a while), never merely because a re-list
+//! began.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
 use kube::Client;
@@ -18,6 +19,9 @@ const MAX_DELAY: Duration = Duration::from_secs(30);
 const JITTER: f64 = 0.5;
 /// How often an unreachable apiserver is probed.
 const PROBE_EVERY: Duration = Duration::from_millis(250);
+/// A watch that went this long without an error made progress, though a quiet watch yields
+/// nothing (longer than any delay: an apiserver that keeps refusing fails more often).
+const QUIET_IS_PROGRESS: Duration = Duration::from_secs(120);
 
 /// How to wait after an error before asking again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,9 +80,11 @@ enum Wait {
 }
 
 /// The retry policy, without I/O: fed what the watch yields, it says how long to wait.
-/// Only progress (a completed re-list, or events flowing) resets the delay: the watcher yields
-/// `Init` before every re-list, and a delay reset by that would re-list a refusing apiserver
-/// five times a second forever.
+/// Only progress (a completed re-list, events flowing, or [`QUIET_IS_PROGRESS`] without an
+/// error) resets the delay: the watcher yields `Init` before every re-list, and a delay reset
+/// by that would re-list a refusing apiserver five times a second forever. A quiet watch (no
+/// fences, say) yields nothing for days: without the last rule, its next outage would start
+/// from the delay and the spent probe of an earlier one.
 #[derive(Debug, Default)]
 struct Policy {
     delay: Duration,
@@ -91,18 +97,29 @@ struct Policy {
     /// waits its whole delay (an apiserver that answers probes but not the watch is not
     /// hammered either).
     resumed_early: bool,
+    /// When the last error was seen.
+    last_error: Option<Instant>,
 }
 
 impl Policy {
-    /// Records what the watch yielded.
-    fn saw<K>(&mut self, item: &Result<Event<K>, watcher::Error>) {
+    /// Records what the watch yielded at `now`.
+    fn saw<K>(&mut self, item: &Result<Event<K>, watcher::Error>, now: Instant) {
         match item {
             Ok(Event::InitDone | Event::Apply(_) | Event::Delete(_)) => {
                 *self = Policy::default();
             }
             // A re-list begins or goes on: no sign yet that it will complete.
             Ok(Event::Init | Event::InitApply(_)) => {}
-            Err(e) => self.pending = Some(classify(e)),
+            Err(e) => {
+                let quiet = self
+                    .last_error
+                    .is_some_and(|t| now.saturating_duration_since(t) >= QUIET_IS_PROGRESS);
+                if quiet {
+                    *self = Policy::default();
+                }
+                self.last_error = Some(now);
+                self.pending = Some(classify(e));
+            }
         }
     }
 
@@ -158,7 +175,7 @@ where
                     }
                 }
                 let item = inner.next().await?;
-                policy.saw(&item);
+                policy.saw(&item, Instant::now());
                 if log.saw(&item, std::time::Instant::now()) {
                     return Some((item, (inner, client, policy, log)));
                 }
@@ -298,6 +315,11 @@ mod tests {
         )))
     }
 
+    /// For tests whose errors come moments apart.
+    fn now() -> Instant {
+        Instant::now()
+    }
+
     fn sleeps(w: Wait) -> Duration {
         match w {
             Wait::Now => Duration::ZERO,
@@ -312,8 +334,8 @@ mod tests {
         for _ in 0..8 {
             waits.push(sleeps(p.next(0.0)));
             // What kube's watcher yields per attempt: Init, then the failed list.
-            p.saw(&Ok(Event::<()>::Init));
-            p.saw(&refused());
+            p.saw(&Ok(Event::<()>::Init), now());
+            p.saw(&refused(), now());
         }
         let ms = |n| Duration::from_millis(n);
         assert_eq!(
@@ -331,10 +353,10 @@ mod tests {
         );
         // A completed re-list is progress: the next error starts from the minimum again.
         p.next(0.0);
-        p.saw(&Ok(Event::<()>::Init));
-        p.saw(&Ok(Event::InitApply(())));
-        p.saw(&Ok(Event::<()>::InitDone));
-        p.saw(&refused());
+        p.saw(&Ok(Event::<()>::Init), now());
+        p.saw(&Ok(Event::InitApply(())), now());
+        p.saw(&Ok(Event::<()>::InitDone), now());
+        p.saw(&refused(), now());
         assert_eq!(p.next(0.0), Wait::Sleep(MIN_DELAY));
     }
 
@@ -342,11 +364,11 @@ mod tests {
     fn events_flowing_reset_the_delay_and_jitter_only_lengthens_it() {
         let mut p = Policy::default();
         for _ in 0..4 {
-            p.saw(&refused());
+            p.saw(&refused(), now());
             p.next(0.0);
         }
-        p.saw(&Ok(Event::Apply(())));
-        p.saw(&refused());
+        p.saw(&Ok(Event::Apply(())), now());
+        p.saw(&refused(), now());
         assert_eq!(
             p.next(0.99),
             Wait::Sleep(MIN_DELAY.mul_f64(1.0 + JITTER * 0.99))
@@ -356,16 +378,38 @@ mod tests {
     #[test]
     fn an_outage_ends_early_once_then_waits_its_delay_until_progress() {
         let mut p = Policy::default();
-        p.saw(&unreachable());
+        p.saw(&unreachable(), now());
         assert_eq!(p.next(0.0), Wait::UntilReachable(MIN_DELAY));
         p.resumed();
         // The probe answered but the watch still cannot get through: no second early end.
-        p.saw(&Ok(Event::<()>::Init));
-        p.saw(&unreachable());
+        p.saw(&Ok(Event::<()>::Init), now());
+        p.saw(&unreachable(), now());
         assert_eq!(p.next(0.0), Wait::Sleep(MIN_DELAY * 2));
-        p.saw(&Ok(Event::<()>::InitDone));
-        p.saw(&unreachable());
+        p.saw(&Ok(Event::<()>::InitDone), now());
+        p.saw(&unreachable(), now());
         assert_eq!(p.next(0.0), Wait::UntilReachable(MIN_DELAY));
+    }
+
+    #[test]
+    fn a_watch_quiet_for_a_while_after_errors_starts_its_next_outage_afresh() {
+        let t0 = Instant::now();
+        let mut p = Policy::default();
+        // An outage: its probe spent, its delay grown.
+        p.saw(&unreachable(), t0);
+        p.next(0.0);
+        p.resumed();
+        p.saw(&unreachable(), t0 + Duration::from_secs(1));
+        assert_eq!(p.next(0.0), Wait::Sleep(MIN_DELAY * 2));
+        // The watch is made again and yields nothing (no fences) for a long time: the next
+        // error is a new outage, probed from the start.
+        p.saw(
+            &unreachable(),
+            t0 + Duration::from_secs(1) + QUIET_IS_PROGRESS,
+        );
+        assert_eq!(p.next(0.0), Wait::UntilReachable(MIN_DELAY));
+        // Errors closer together still back off.
+        p.saw(&refused(), t0 + Duration::from_secs(2) + QUIET_IS_PROGRESS);
+        assert_eq!(p.next(0.0), Wait::Sleep(MIN_DELAY * 2));
     }
 
     #[test]
@@ -408,10 +452,10 @@ mod tests {
             ))
         };
         let mut p = Policy::default();
-        p.saw(&gone());
+        p.saw(&gone(), now());
         assert_eq!(p.next(0.0), Wait::Now);
-        p.saw(&Ok(Event::<()>::Init));
-        p.saw(&gone());
+        p.saw(&Ok(Event::<()>::Init), now());
+        p.saw(&gone(), now());
         assert_eq!(p.next(0.0), Wait::Sleep(MIN_DELAY));
     }
 }

@@ -5,14 +5,18 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use crate::api::ObjectId;
+use crate::api::lenient::Lenient;
+use crate::api::{IPFence, ObjectId};
 use crate::index::{FenceObject, FencedEntry, Index, NodeIndex, PendingFence, Slot};
 use crate::ipam::PoolEntry;
 use crate::ipam::fence::FenceRecord;
 use crate::lifts::FenceBook;
 use crate::release::reports::events::Lifted;
 use crate::release::{EntryWrite, ReleaseOutcome, ReleaseRequest};
-use crate::rules::fence::{FencePolicy, Lift, Moment, NodeReadiness, Rejected};
+use crate::rules::fence::{
+    AgentReport, AgentReports, FenceIdentity, FencePolicy, Lift, Moment, NodeReadiness, Rejected,
+    agent_says,
+};
 use crate::rules::{Decision, Judged, PodRef, Reason};
 use crate::seen::Seen;
 
@@ -84,6 +88,8 @@ pub struct Lifter {
     pub(crate) backoff: podlife::backoff::Backoff<Slot>,
     /// The apiserver's clock, which `--fence-timeout` counts on (set with a timeout).
     pub(crate) server_clock: Option<Arc<super::server_clock::ServerClock>>,
+    /// The fence objects, read fresh before a lift on the settle.
+    pub(crate) fences: kube::Api<Lenient<IPFence>>,
 }
 
 /// First and longest wait before a failed fence write (lift or completion) is tried again.
@@ -187,6 +193,7 @@ impl Lifter {
         let mut writes = lifts.lifted;
         writes.extend(complete);
         let writes = self.confirm_nodes(writes, &lifts.by_node).await;
+        let writes = self.confirm_agent_silent(writes, &lifts.by_node).await;
         self.write(writes, &lifts.by_agent, now.mono).await;
         waiting.set(i64::from(!timeouts));
         self.backoff.gc();
@@ -364,6 +371,65 @@ impl Lifter {
             holds
         });
         writes
+    }
+
+    /// Lifts on the settle go only if a fresh read of their fence object holds no "still
+    /// present" from the node agent: the fence watch may have missed it (a connection lost
+    /// without a word is noticed only by kube's idle check, after 290 s). A fence that cannot
+    /// be read keeps its lift for the next pass; one deleted since holds no report.
+    async fn confirm_agent_silent(
+        &self,
+        writes: Vec<ReleaseRequest>,
+        by_node: &HashMap<Slot, (String, Lift)>,
+    ) -> Vec<ReleaseRequest> {
+        use futures::StreamExt;
+        let settled = |r: &ReleaseRequest| {
+            let slot = Slot::new(&r.judged.pool, &r.judged.entry.key);
+            matches!(by_node.get(&slot), Some((_, Lift::NodeSettled)))
+        };
+        let checked = futures::stream::iter(writes)
+            .map(|r| async move {
+                let EntryWrite::Unfence(record, object) = &r.write else {
+                    return Some(r);
+                };
+                if !settled(&r) {
+                    return Some(r);
+                }
+                let ip = r.judged.entry.ip;
+                let read = match self.fences.get_opt(&object.name).await {
+                    Ok(read) => read,
+                    Err(e) => {
+                        tracing::warn!(%ip, podref = %record.podref, fence = %object.name, error = %e, "the fence to lift on the settle could not be read; the lift waits");
+                        return None;
+                    }
+                };
+                let status = match read {
+                    None => return Some(r),
+                    Some(Lenient::Valid(f)) => f.status.unwrap_or_default(),
+                    Some(Lenient::Invalid { error, .. }) => {
+                        tracing::warn!(%ip, podref = %record.podref, fence = %object.name, %error, "the fence to lift on the settle cannot be read; the lift waits");
+                        return None;
+                    }
+                };
+                let identity = FenceIdentity {
+                    node: &record.node,
+                    pod_uid: &record.uid,
+                    fence_uid: &object.uid,
+                };
+                let reports = AgentReports {
+                    gone: status.sandboxes_gone.as_ref().map(AgentReport::from),
+                    present: status.sandboxes_present.as_ref().map(AgentReport::from),
+                };
+                if agent_says(identity, &reports).present {
+                    tracing::info!(%ip, podref = %record.podref, node = %record.node, fence_uid = %object.uid, "fence held: a fresh read shows the node agent there still sees a sandbox of the deleted pod (the fence watch had not)");
+                    return None;
+                }
+                Some(r)
+            })
+            .buffer_unordered(LIFT_READS)
+            .collect::<Vec<_>>()
+            .await;
+        checked.into_iter().flatten().collect()
     }
 
     /// A lift is a release no deletion just triggered: the fenced podref is read fresh first

@@ -229,6 +229,7 @@ fn spawn_lifting(
             clock.clone(),
         ),
         server_clock: server_clock.clone(),
+        fences: kube::Api::namespaced(ctx.client.clone(), &args.whereabouts_namespace),
     };
     let mut cooler = cooldown::Cooler {
         ctx: ctx.clone(),

@@ -48,11 +48,12 @@ pub struct NodeAgentArgs {
     /// Time between CRI relists.
     #[arg(long, env = "IPRECLAIM_RELIST_PERIOD", default_value = "1s", value_parser = parse_duration)]
     pub relist_period: Duration,
-    /// Longest the watch of this node's IPFences may stay silent before it is made again (the
-    /// apiserver ends it then, and a watch whose connection died unnoticed, after a node
-    /// freeze or a partition across an apiserver restart, is noticed 5 s later). Keep it
-    /// under the controller's --fence-settle: a returning node's "still present" report must
-    /// land before the settle lifts its fences. Whole seconds, 1s to 1h.
+    /// The apiserver ends each watch of this node's IPFences after this or a little less
+    /// (drawn from its last quarter), so a watch whose connection died without a word (a node
+    /// freeze, a partition across an apiserver restart) is made again at most this plus 5 s
+    /// after its last word. This plus 5 s and a few relists must stay under the controller's
+    /// --fence-settle: a returning node's "still present" must land before the settle lifts
+    /// its fences. Whole seconds, 1s to 1h.
     #[arg(long, env = "IPRECLAIM_FENCE_WATCH_TIMEOUT", default_value = "40s", value_parser = parse_watch_timeout)]
     pub fence_watch_timeout: Duration,
     /// Without a successful relist for this long, /healthz fails.

@@ -266,7 +266,11 @@ impl Evidence {
         self.tracker.sync_known(&desired);
         let tracker = &self.tracker;
         self.from.retain(|pod, _| tracker.state(pod).is_some());
-        reports.sort_by(|a, b| a.name.cmp(&b.name));
+        // Every "still present" first: it holds a settle lift, a "gone" only lifts sooner.
+        reports.sort_by(|a, b| {
+            let gone = |r: &Report| r.kind == ReportKind::Gone;
+            (gone(a), &a.name).cmp(&(gone(b), &b.name))
+        });
         reports
     }
 
@@ -503,6 +507,35 @@ mod tests {
         };
         e.set_fences([said], 0);
         assert!(e.listed(&listing(2, &["p3"], &[])).is_empty());
+    }
+
+    #[test]
+    fn every_still_present_report_goes_before_any_gone() {
+        // A returning node with many fences: the ones whose sandbox runs hold a settle lift
+        // and must not queue behind those that only lift sooner.
+        let mut e = Evidence::new("node-a");
+        e.set_fences(
+            [
+                fence("a", "gone-a"),
+                fence("b", "run-b"),
+                fence("c", "gone-c"),
+            ],
+            0,
+        );
+        e.listed(&listing(1, &["run-b"], &[]));
+        let reports = e.listed(&listing(2, &["run-b"], &[]));
+        let kinds: Vec<(ReportKind, &str)> = reports
+            .iter()
+            .map(|r| (r.kind, r.fence_uid.as_str()))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                (ReportKind::Present, "b"),
+                (ReportKind::Gone, "a"),
+                (ReportKind::Gone, "c")
+            ]
+        );
     }
 
     #[test]

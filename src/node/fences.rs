@@ -48,9 +48,9 @@ fn fence_of(f: &Lenient<IPFence>) -> Option<Fence> {
 }
 
 /// Watches the fences labelled for `node` in `namespace`, each watch request ended by the
-/// apiserver after `timeout` (and dropped by the watcher if silent 5 s longer: a returning
-/// node's fences, written while it was away, must reach the agent before the settle). A
-/// re-list replaces the map only once complete.
+/// apiserver after `timeout` or a little less (and dropped by the watcher if silent 5 s
+/// longer: a returning node's fences, written while it was away, must reach the agent before
+/// the settle). A re-list replaces the map only once complete.
 pub fn watch(
     client: Client,
     namespace: &str,
@@ -59,7 +59,7 @@ pub fn watch(
 ) -> (Fences, tokio::task::JoinHandle<()>) {
     let api = Api::<Lenient<IPFence>>::namespaced(client.clone(), namespace);
     let selector = format!("{NODE_LABEL}={}", node_label_value(node));
-    let secs = u32::try_from(timeout.as_secs()).unwrap_or(u32::MAX).max(1);
+    let secs = spread(timeout.as_secs(), rand::random::<f64>());
     let config = watcher::Config::default().labels(&selector).timeout(secs);
     let stream = crate::watch_retry::retrying(client, watcher::watcher(api, config));
     let fences = Fences::default();
@@ -99,6 +99,16 @@ pub fn watch(
         }
     });
     (fences, task)
+}
+
+/// A watch timeout of `secs` seconds drawn from its last quarter by `r` in [0, 1): the agents of
+/// a zone that came back with the apiserver do not all watch again in the same second, every
+/// `secs`, for good.
+fn spread(secs: u64, r: f64) -> u32 {
+    let low = (secs - secs / 4).max(1);
+    let secs = secs.max(low);
+    let picked = low + ((secs - low) as f64 * r.clamp(0.0, 1.0)).round() as u64;
+    u32::try_from(picked).unwrap_or(u32::MAX)
 }
 
 /// Writes reports into fences' status.
@@ -167,5 +177,20 @@ impl FenceReporter {
             .await
             .map(|_| ())
             .map_err(|e| NodeError::Report(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::spread;
+
+    #[test]
+    fn a_watch_timeout_is_spread_over_its_last_quarter_and_never_zero() {
+        assert_eq!(spread(40, 0.0), 30);
+        assert_eq!(spread(40, 0.999), 40);
+        assert!((30..=40).contains(&spread(40, 0.5)));
+        assert_eq!(spread(1, 0.0), 1);
+        assert_eq!(spread(1, 0.99), 1);
+        assert_eq!(spread(3600, 0.0), 2700);
     }
 }

@@ -809,6 +809,43 @@ async fn the_node_agents_still_present_report_holds_a_fence_past_the_settle() {
     env.finish(&node).await;
 }
 
+/// The controller's fence watch dies without a word (its connection lost, the apiserver's end
+/// gone: a silenced stream), and the node agent's "still present" lands after that, so the
+/// index never shows it. A lift on the settle reads the fence fresh first and holds. (Before,
+/// the settle lifted it on the stale index while the kubelet was still stopping the pod; kube's
+/// idle check notices such a watch only after 290 s.) The agent's "gone" then lets it lift.
+#[tokio::test]
+async fn a_still_present_report_a_dead_fence_watch_missed_still_holds_the_settle() {
+    let mut env = Env::new("ctl-fence-present-unseen").await;
+    let node = env.fence_node("Unknown").await;
+    let proxy = FaultProxy::start(env.client.clone(), 8).await.unwrap();
+    env.through = Some(ControlPlane::shared().client_through_faults(&proxy).await);
+    let uid = env.fenced_web_0(&node, &["--fence-settle=1s"]).await;
+    env.assert_web_0_fenced(&node).await;
+    proxy.silence_watches(Some("ipfences"));
+    wait_for("the fence watch silenced", || async {
+        proxy.silenced() >= 1
+    })
+    .await;
+    let (name, report) = env.agent_report("192.0.2.0-24", "10", &node, &uid).await;
+    env.report(
+        &name,
+        serde_json::json!({"sandboxesPresent": report.clone()}),
+    )
+    .await;
+    env.set_ready(&node, "True").await;
+    // Passes past the settle read the fence fresh, find the agent's word and keep it.
+    let reads = || proxy.requests().get("get ipfences").copied().unwrap_or(0);
+    wait_for("two lifts held on a fresh read of the fence", || async {
+        reads() >= 2
+    })
+    .await;
+    env.assert_web_0_fenced(&node).await;
+    env.report_gone(&name, report).await;
+    env.wait_web_0_released(&uid).await;
+    env.finish(&node).await;
+}
+
 /// A node that was NotReady is Ready again, and a pod deletion is seen moments later (a watch
 /// re-list after a gap finds deletions made while the node was away): its kubelet may still be
 /// stopping that pod, so the deletion is fenced as one from a node that is not Ready, and

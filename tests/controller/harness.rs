@@ -29,6 +29,9 @@ pub struct Env {
     pub chart: Option<Client>,
     pub metrics: SocketAddr,
     pub program: Option<Program>,
+    /// The controller's client for [`start`](Self::start) without the chart, when not the
+    /// admin `client` (one through a fault proxy).
+    pub through: Option<Client>,
 }
 
 impl Env {
@@ -64,6 +67,7 @@ impl Env {
             chart: None,
             metrics: "127.0.0.1:0".parse().unwrap(),
             program: None,
+            through: None,
         }
     }
 
@@ -81,7 +85,7 @@ impl Env {
                 self.start_as(sa, &flags).await;
             }
             None => {
-                let client = self.client.clone();
+                let client = self.through.clone().unwrap_or_else(|| self.client.clone());
                 self.start_as(client, extra).await;
             }
         }

@@ -100,6 +100,15 @@ struct State {
     /// Faults injected, by "action verb resource".
     injected: BTreeMap<String, u64>,
     writes: Vec<Write>,
+    /// Watch streams silenced.
+    silenced: u64,
+}
+
+/// A request to silence open watch streams: the `round`th, of `resource` (all: `None`).
+#[derive(Debug, Clone, Default)]
+struct Silence {
+    round: u64,
+    resource: Option<String>,
 }
 
 /// A running fault proxy; it stops when dropped.
@@ -110,8 +119,8 @@ pub struct FaultProxy {
     open: Arc<watch::Sender<bool>>,
     /// Bumped to end every open watch stream.
     watch_cuts: watch::Sender<u64>,
-    /// Bumped to silence every open watch stream for good.
-    watch_silences: watch::Sender<u64>,
+    /// Bumped to silence open watch streams (of one resource, or all) for good.
+    watch_silences: watch::Sender<Silence>,
     /// Bumped to let held requests go.
     releases: watch::Sender<u64>,
     task: tokio::task::JoinHandle<()>,
@@ -128,10 +137,11 @@ impl FaultProxy {
             requests: BTreeMap::new(),
             injected: BTreeMap::new(),
             writes: Vec::new(),
+            silenced: 0,
         }));
         let open = Arc::new(watch::channel(true).0);
         let (watch_cuts, _) = watch::channel(0u64);
-        let (watch_silences, _) = watch::channel(0u64);
+        let (watch_silences, _) = watch::channel(Silence::default());
         let (releases, _) = watch::channel(0u64);
         let shared = Shared {
             upstream,
@@ -193,12 +203,20 @@ impl FaultProxy {
         self.watch_cuts.send_modify(|n| *n += 1);
     }
 
-    /// Every open watch stream stops delivering and is never ended: the apiserver's end of its
-    /// connection is gone but no close reached the client (a node frozen while the apiserver
-    /// reset the connection, a partition across an apiserver restart). Watches opened later
-    /// are not affected.
-    pub fn silence_watches(&self) {
-        self.watch_silences.send_modify(|n| *n += 1);
+    /// Every open watch stream of `resource` (all: `None`) stops delivering and is never ended:
+    /// the apiserver's end of its connection is gone but no close reached the client (a node
+    /// frozen while the apiserver reset the connection, a partition across an apiserver
+    /// restart). Watches opened later are not affected.
+    pub fn silence_watches(&self, resource: Option<&str>) {
+        self.watch_silences.send_modify(|s| {
+            s.round += 1;
+            s.resource = resource.map(str::to_owned);
+        });
+    }
+
+    /// Watch streams silenced so far.
+    pub fn silenced(&self) -> u64 {
+        self.state.lock().unwrap().silenced
     }
 
     /// Partitions: no request is answered and no open stream delivers until
@@ -247,7 +265,7 @@ struct Shared {
     /// Partitions the proxy after a [`Action::CutAfter`] write.
     cutter: Arc<watch::Sender<bool>>,
     watch_cuts: watch::Receiver<u64>,
-    watch_silences: watch::Receiver<u64>,
+    watch_silences: watch::Receiver<Silence>,
     releases: watch::Receiver<u64>,
 }
 
@@ -326,7 +344,8 @@ impl Shared {
             Some(Action::DelayEvents(d)) => Some(d),
             _ => None,
         };
-        let body = self.stream_body(body, verb == "watch", event_delay);
+        let watch = (verb == "watch").then_some(resource.as_str());
+        let body = self.stream_body(body, watch, event_delay);
         Response::from_parts(parts, body)
     }
 
@@ -357,15 +376,19 @@ impl Shared {
         Some(rule.action)
     }
 
-    /// The answer's body, chunk by chunk: held while partitioned, ended by a watch cut (watches
-    /// only) or when a partition heals, silent for good after a watch silence (watches only),
-    /// each chunk delivered `delay` after it arrived.
+    /// The answer's body, chunk by chunk: held while partitioned, ended by a watch cut or when a
+    /// partition heals, silent for good after a silence of its resource (`watch`: the watched
+    /// resource; cuts and silences are for watches only), each chunk delivered `delay` after it
+    /// arrived.
     fn stream_body(
         &self,
         body: kube::client::Body,
-        is_watch: bool,
+        watch: Option<&str>,
         delay: Option<Duration>,
     ) -> ProxyBody {
+        let is_watch = watch.is_some();
+        let watched = watch.map(str::to_owned);
+        let state = self.state.clone();
         enum Next {
             Frame(Option<Result<Frame<Bytes>, kube::Error>>),
             Cut,
@@ -386,30 +409,45 @@ impl Shared {
         let mut silences = self.watch_silences.clone();
         silences.mark_unchanged();
         let watches = (cuts, silences);
-        let frames = futures::stream::unfold(Some((source, open, watches)), move |st| async move {
-            let (mut source, mut open, (mut cuts, mut silences)) = st?;
-            let next = tokio::select! {
-                f = source.next() => Next::Frame(f),
-                _ = cuts.changed(), if is_watch => Next::Cut,
-                _ = silences.changed(), if is_watch => Next::Silenced,
-                _ = open.wait_for(|o| !*o) => Next::Partitioned,
-            };
-            let frame = match next {
-                Next::Frame(f) => f?,
-                Next::Cut => return None,
-                Next::Silenced => return futures::future::pending().await,
-                Next::Partitioned => {
+        let frames = futures::stream::unfold(Some((source, open, watches)), move |st| {
+            let (watched, state) = (watched.clone(), state.clone());
+            async move {
+                let (mut source, mut open, (mut cuts, mut silences)) = st?;
+                let next = loop {
+                    tokio::select! {
+                        f = source.next() => break Next::Frame(f),
+                        _ = cuts.changed(), if is_watch => break Next::Cut,
+                        changed = silences.changed(), if is_watch => {
+                            // The proxy is gone: the stream ends as with a cut.
+                            if changed.is_err() {
+                                break Next::Cut;
+                            }
+                            let target = silences.borrow_and_update().resource.clone();
+                            if target.is_none() || target == watched {
+                                state.lock().unwrap().silenced += 1;
+                                break Next::Silenced;
+                            }
+                        }
+                        _ = open.wait_for(|o| !*o) => break Next::Partitioned,
+                    }
+                };
+                let frame = match next {
+                    Next::Frame(f) => f?,
+                    Next::Cut => return None,
+                    Next::Silenced => return futures::future::pending().await,
+                    Next::Partitioned => {
+                        let _ = open.wait_for(|o| *o).await;
+                        return None;
+                    }
+                };
+                // Cut while this chunk was on its way: it is lost with the stream.
+                if !*open.borrow() {
                     let _ = open.wait_for(|o| *o).await;
                     return None;
                 }
-            };
-            // Cut while this chunk was on its way: it is lost with the stream.
-            if !*open.borrow() {
-                let _ = open.wait_for(|o| *o).await;
-                return None;
+                let frame = frame.map_err(|e| std::io::Error::other(e.to_string()));
+                Some((frame, Some((source, open, (cuts, silences)))))
             }
-            let frame = frame.map_err(|e| std::io::Error::other(e.to_string()));
-            Some((frame, Some((source, open, (cuts, silences)))))
         });
         BodyExt::boxed_unsync(StreamBody::new(frames))
     }
