@@ -18,7 +18,7 @@ use crate::rules::fence::{
     agent_says,
 };
 use crate::rules::{Decision, Judged, PodRef, Reason};
-use crate::seen::Seen;
+use crate::seen::{Once, Seen};
 
 /// How often fences are checked for lifting.
 pub const LIFT_EVERY: Duration = Duration::from_secs(1);
@@ -90,6 +90,8 @@ pub struct Lifter {
     pub(crate) server_clock: Option<Arc<super::server_clock::ServerClock>>,
     /// The fence objects, read fresh before a lift on the settle.
     pub(crate) fences: kube::Api<Lenient<IPFence>>,
+    /// Fences (object uid) whose settle lift a fresh read holds on the agent's word: said once.
+    pub(crate) held_on_read: Once<String>,
 }
 
 /// First and longest wait before a failed fence write (lift or completion) is tried again.
@@ -148,7 +150,7 @@ fn replacement_lists(st: &Index, record: &FenceRecord, ip: std::net::IpAddr) -> 
     })
 }
 
-/// Reads fenced podrefs at most this many at a time before their lifts.
+/// Reads fenced podrefs (and fence objects) at most this many at a time before their lifts.
 const LIFT_READS: usize = 16;
 
 impl Lifter {
@@ -177,27 +179,30 @@ impl Lifter {
             }
         };
         let lifts = self.lifts(&found, leader, now, timeouts);
-        self.ctx.metrics.fenced_addresses.set(lifts.staying);
-        let kept_by_agent = lifts.kept_by_agent;
-        self.ctx
-            .metrics
-            .fences_held_by_node_agent
-            .set(kept_by_agent);
         let oldest = lifts.oldest.as_secs() as i64;
         self.ctx.metrics.oldest_fence_seconds.set(oldest);
         let (complete, stale) = self.due_records(&found, now.mono);
-        if !leader {
-            waiting.set(i64::from(!timeouts));
-            return;
+        // Lifts a fresh read of their fence held: they stay, on the agent's word.
+        let mut held = 0;
+        if leader {
+            let mut writes = lifts.lifted;
+            writes.extend(complete);
+            let writes = self.not_in_backoff(writes, now.mono);
+            let writes = self.confirm_nodes(writes, &lifts.by_node).await;
+            let (writes, h) = self.confirm_agent_silent(writes, &lifts.by_node).await;
+            held = h as i64;
+            self.write(writes, &lifts.by_agent).await;
         }
-        let mut writes = lifts.lifted;
-        writes.extend(complete);
-        let writes = self.confirm_nodes(writes, &lifts.by_node).await;
-        let writes = self.confirm_agent_silent(writes, &lifts.by_node).await;
-        self.write(writes, &lifts.by_agent, now.mono).await;
+        self.ctx.metrics.fenced_addresses.set(lifts.staying + held);
+        self.ctx
+            .metrics
+            .fences_held_by_node_agent
+            .set(lifts.kept_by_agent + held);
         waiting.set(i64::from(!timeouts));
-        self.backoff.gc();
-        self.clean(stale);
+        if leader {
+            self.backoff.gc();
+            self.clean(stale);
+        }
     }
 
     /// Which fences lift now (on the leader), how many stay, and the oldest's age; `timeouts`:
@@ -278,10 +283,17 @@ impl Lifter {
             .inc();
     }
 
-    /// Writes lifts and completions not in backoff, reports them, and backs off what failed.
-    async fn write(&self, mut writes: Vec<ReleaseRequest>, by_agent: &HashSet<Slot>, now: Instant) {
+    /// Lifts and completions whose entry's last write failed wait for its backoff (before any
+    /// read is spent on them).
+    fn not_in_backoff(&self, mut writes: Vec<ReleaseRequest>, now: Instant) -> Vec<ReleaseRequest> {
         let key = |r: &ReleaseRequest| Slot::new(&r.judged.pool, &r.judged.entry.key);
         writes.retain(|r| !self.backoff.is_in_backoff_since(&key(r), now));
+        writes
+    }
+
+    /// Writes lifts and completions, reports them, and backs off what failed.
+    async fn write(&self, writes: Vec<ReleaseRequest>, by_agent: &HashSet<Slot>) {
+        let key = |r: &ReleaseRequest| Slot::new(&r.judged.pool, &r.judged.entry.key);
         let writes = self.confirm_lifts(writes).await;
         if writes.is_empty() {
             return;
@@ -375,63 +387,90 @@ impl Lifter {
 
     /// Lifts on the settle go only if a fresh read of their fence object holds no "still
     /// present" from the node agent: the fence watch may have missed it (a connection lost
-    /// without a word is noticed only by kube's idle check, after 290 s). A fence that cannot
-    /// be read keeps its lift for the next pass; one deleted since holds no report.
+    /// without a word is noticed only by the watch's idle check). A fence that cannot be read,
+    /// or was replaced by another object since the index read it (a report on the new one is
+    /// not bound to this fence), keeps its lift for the next pass; one deleted since holds no
+    /// report. Returns the lifts that go and how many the agent's word held.
     async fn confirm_agent_silent(
-        &self,
+        &mut self,
         writes: Vec<ReleaseRequest>,
         by_node: &HashMap<Slot, (String, Lift)>,
-    ) -> Vec<ReleaseRequest> {
+    ) -> (Vec<ReleaseRequest>, usize) {
         use futures::StreamExt;
         let settled = |r: &ReleaseRequest| {
             let slot = Slot::new(&r.judged.pool, &r.judged.entry.key);
             matches!(by_node.get(&slot), Some((_, Lift::NodeSettled)))
         };
+        let this = &*self;
         let checked = futures::stream::iter(writes)
             .map(|r| async move {
                 let EntryWrite::Unfence(record, object) = &r.write else {
-                    return Some(r);
+                    return Some(Ok(r));
                 };
                 if !settled(&r) {
-                    return Some(r);
+                    return Some(Ok(r));
                 }
-                let ip = r.judged.entry.ip;
-                let read = match self.fences.get_opt(&object.name).await {
-                    Ok(read) => read,
-                    Err(e) => {
-                        tracing::warn!(%ip, podref = %record.podref, fence = %object.name, error = %e, "the fence to lift on the settle could not be read; the lift waits");
-                        return None;
-                    }
-                };
-                let status = match read {
-                    None => return Some(r),
-                    Some(Lenient::Valid(f)) => f.status.unwrap_or_default(),
-                    Some(Lenient::Invalid { error, .. }) => {
-                        tracing::warn!(%ip, podref = %record.podref, fence = %object.name, %error, "the fence to lift on the settle cannot be read; the lift waits");
-                        return None;
-                    }
-                };
-                let identity = FenceIdentity {
-                    node: &record.node,
-                    pod_uid: &record.uid,
-                    fence_uid: &object.uid,
-                };
-                let reports = AgentReports {
-                    gone: status.sandboxes_gone.as_ref().map(AgentReport::from),
-                    present: status.sandboxes_present.as_ref().map(AgentReport::from),
-                };
-                if agent_says(identity, &reports).present {
-                    tracing::info!(%ip, podref = %record.podref, node = %record.node, fence_uid = %object.uid, "fence held: a fresh read shows the node agent there still sees a sandbox of the deleted pod (the fence watch had not)");
-                    return None;
-                }
-                Some(r)
+                let silent = this.agent_silent(record, object, r.judged.entry.ip).await?;
+                let uid = object.uid.clone();
+                Some(if silent { Ok(r) } else { Err(uid) })
             })
             .buffer_unordered(LIFT_READS)
             .collect::<Vec<_>>()
             .await;
-        checked.into_iter().flatten().collect()
+        let (mut go, mut held) = (Vec::new(), Vec::new());
+        for c in checked.into_iter().flatten() {
+            match c {
+                Ok(r) => go.push(r),
+                Err(uid) => held.push(uid),
+            }
+        }
+        for uid in &held {
+            if self.held_on_read.first(uid.clone()) {
+                tracing::info!(fence_uid = %uid, "fence held: a fresh read shows the node agent on its node still sees a sandbox of the deleted pod (the fence watch had not shown it)");
+            }
+        }
+        self.held_on_read.keep_only(|uid| held.contains(uid));
+        (go, held.len())
     }
 
+    /// Whether the fence `object` of `record` (address `ip`), read fresh, holds no valid "still
+    /// present" (`None`: it cannot tell now; the lift waits).
+    async fn agent_silent(
+        &self,
+        record: &FenceRecord,
+        object: &ObjectId,
+        ip: std::net::IpAddr,
+    ) -> Option<bool> {
+        let read = match self.fences.get_opt(&object.name).await {
+            Ok(read) => read,
+            Err(e) => {
+                tracing::warn!(%ip, podref = %record.podref, fence = %object.name, error = %e, "the fence to lift on the settle could not be read; the lift waits");
+                return None;
+            }
+        };
+        let status = match read {
+            None => return Some(true),
+            Some(Lenient::Valid(f)) if f.metadata.uid.as_deref() != Some(object.uid.as_str()) => {
+                tracing::info!(%ip, podref = %record.podref, fence = %object.name, "the fence to lift on the settle is another object now; the lift waits for the fence watch");
+                return None;
+            }
+            Some(Lenient::Valid(f)) => f.status.unwrap_or_default(),
+            Some(Lenient::Invalid { error, .. }) => {
+                tracing::warn!(%ip, podref = %record.podref, fence = %object.name, %error, "the fence to lift on the settle cannot be read; the lift waits");
+                return None;
+            }
+        };
+        let identity = FenceIdentity {
+            node: &record.node,
+            pod_uid: &record.uid,
+            fence_uid: &object.uid,
+        };
+        let reports = AgentReports {
+            gone: status.sandboxes_gone.as_ref().map(AgentReport::from),
+            present: status.sandboxes_present.as_ref().map(AgentReport::from),
+        };
+        Some(!agent_says(identity, &reports).present)
+    }
     /// A lift is a release no deletion just triggered: the fenced podref is read fresh first
     /// (the pod cache may lag), and a lift whose address a replacement lists is dropped. A
     /// lift whose pod cannot be read waits for the next pass.

@@ -211,10 +211,16 @@ pub async fn reservations(client: Client, namespace: String, index: SharedIndex,
     into_index::<Reservations>("reservations", client, api, config, index, synced).await;
 }
 
+/// Each watch request of the fence records ends after this many seconds (kube's default is
+/// 290): a watch whose connection died without a word is made again at most 5 s later, so the
+/// node agents' reports (a "gone" lifts at once) are not missed for minutes. A handful of
+/// replicas make it: the cost is nothing.
+const FENCE_WATCH_SECS: u32 = 60;
+
 /// Watches the fence records (`IPFence`) in the whereabouts namespace.
 pub async fn fences(client: Client, namespace: String, index: SharedIndex, synced: Synced) {
     let api = Api::<Lenient<IPFence>>::namespaced(client.clone(), &namespace);
-    let config = watcher::Config::default();
+    let config = watcher::Config::default().timeout(FENCE_WATCH_SECS);
     into_index::<Fences>("ipfences", client, api, config, index, synced).await;
 }
 

@@ -99,10 +99,37 @@ enum Progress {
 enum Present {
     /// Not written (nor due: no counting listing has listed a sandbox of the pod).
     No,
-    /// Being written.
-    InFlight,
+    /// Being written (after `failures` failed writes).
+    InFlight { failures: u32 },
     /// Written, or the object already says so.
     Written,
+    /// Failed `failures` times: due again from listing `from` (a refusal that lasts is not
+    /// asked again every relist).
+    Failed { from: u64, failures: u32 },
+}
+
+impl Present {
+    /// Whether it is to be written at listing `n` (its pod's sandbox listed).
+    fn due(self, n: u64) -> bool {
+        match self {
+            Present::No => true,
+            Present::Failed { from, .. } => n >= from,
+            Present::InFlight { .. } | Present::Written => false,
+        }
+    }
+
+    /// Failed writes so far.
+    fn failures(self) -> u32 {
+        match self {
+            Present::InFlight { failures } | Present::Failed { failures, .. } => failures,
+            Present::No | Present::Written => 0,
+        }
+    }
+}
+
+/// Listings to wait after the `failures`th failed report (doubling, up to the longest).
+fn retry_after(failures: u32) -> u64 {
+    2u64.saturating_pow(failures.min(6)).min(MAX_RETRY_LISTINGS)
 }
 
 #[derive(Debug)]
@@ -187,7 +214,9 @@ impl Evidence {
                 // yet costs one more write).
                 w.progress = Progress::Waiting { from, failures: 0 };
             }
-            if f.present_reported && w.present == Present::No {
+            if f.present_reported
+                && !matches!(w.present, Present::InFlight { .. } | Present::Written)
+            {
                 w.present = Present::Written;
             }
         }
@@ -247,13 +276,15 @@ impl Evidence {
             };
             // "Gone" waits for a "present" in flight: written after it, it would be overwritten.
             if absent
-                && w.present != Present::InFlight
+                && !matches!(w.present, Present::InFlight { .. })
                 && self.tracker.state(&f.pod_uid) == Some(PodState::Finished)
             {
                 w.progress = Progress::InFlight { failures };
                 reports.push(report(ReportKind::Gone));
-            } else if listed && w.present == Present::No {
-                w.present = Present::InFlight;
+            } else if listed && w.present.due(l.number) {
+                w.present = Present::InFlight {
+                    failures: w.present.failures(),
+                };
                 reports.push(report(ReportKind::Present));
             }
         }
@@ -282,7 +313,14 @@ impl Evidence {
             return;
         };
         if kind == ReportKind::Present {
-            w.present = if ok { Present::Written } else { Present::No };
+            let failures = w.present.failures();
+            w.present = match ok {
+                true => Present::Written,
+                false => Present::Failed {
+                    from: listings + retry_after(failures),
+                    failures: failures + 1,
+                },
+            };
             return;
         }
         let failures = match w.progress {
@@ -292,9 +330,8 @@ impl Evidence {
         w.progress = if ok {
             Progress::Done
         } else {
-            let delay = 2u64.saturating_pow(failures.min(6)).min(MAX_RETRY_LISTINGS);
             Progress::Waiting {
-                from: listings + delay,
+                from: listings + retry_after(failures),
                 failures: failures + 1,
             }
         };
@@ -493,12 +530,19 @@ mod tests {
         assert!(e.listed(&listing(3, &[], &[])).is_empty());
         e.reported("f1", ReportKind::Present, true, 3);
         assert_eq!(names(&e.listed(&listing(4, &[], &[]))), ["f1"]);
-        // A failed "present" is written again while the pod is listed.
+        // A failed "present" is written again while the pod is listed, after a delay that
+        // doubles (a refusal that lasts is not asked again every relist).
         let mut e = Evidence::new("node-a");
         e.set_fences([fence("f2", "p2")], 0);
         assert_eq!(present(&e.listed(&listing(2, &["p2"], &[]))), ["f2"]);
         e.reported("f2", ReportKind::Present, false, 2);
         assert_eq!(present(&e.listed(&listing(3, &[], &["p2"]))), ["f2"]);
+        e.reported("f2", ReportKind::Present, false, 3);
+        assert!(
+            e.listed(&listing(4, &[], &["p2"])).is_empty(),
+            "waits 2 listings"
+        );
+        assert_eq!(present(&e.listed(&listing(5, &[], &["p2"]))), ["f2"]);
         // The object already says so (an agent restart): not written again.
         let mut e = Evidence::new("node-a");
         let said = Fence {

@@ -18,6 +18,9 @@ use super::evidence::{Fence, Report, ReportKind};
 use crate::api::IPFence;
 use crate::api::lenient::Lenient;
 use crate::ipam::fence::{NODE_LABEL, node_label_value};
+use crate::release::{BudgetConfig, Budgets, WriteKind};
+use crate::telemetry::WriteMetrics;
+use podlife::clock::SharedClock;
 
 /// This node's fences by object name, as last listed.
 pub type Fences = Arc<Mutex<HashMap<String, Fence>>>;
@@ -121,24 +124,39 @@ pub struct FenceReporter {
     pub node: String,
     /// Log what would be written instead.
     pub dry_run: bool,
-    /// The agent's write budgets (a report counts as a reservation-sized write; a zone's
-    /// fences may all be reported at once).
-    pub budgets: crate::release::Budgets,
+    /// Its write budgets (a report counts as a reservation-kind write).
+    pub budgets: Budgets,
 }
 
+/// The fence reports' own budgets, apart from the releases'. A returning node may have had
+/// every pod it ran force-deleted and fenced (the kubelet's default is 110 pods), and each
+/// "still present" must land before the settle (60 s by default) lifts its fence: the burst
+/// covers them all (the releases' 5 a second would take 20 s), the rate bounds what a report
+/// refused again and again costs.
+pub const REPORT_BUDGETS: BudgetConfig = BudgetConfig {
+    pool_qps: 1.0,
+    pool_burst: 1,
+    reservation_qps: 10.0,
+    reservation_burst: 110,
+    write_qps: 10.0,
+    write_burst: 110,
+    max_in_flight: 4,
+};
+
 impl FenceReporter {
-    /// The writer of this node's fence reports.
+    /// The writer of this node's fence reports, with its own [`REPORT_BUDGETS`].
     pub fn for_agent(
         client: &Client,
         args: &NodeAgentArgs,
-        budgets: &crate::release::Budgets,
+        clock: SharedClock,
+        writes: WriteMetrics,
     ) -> Self {
         FenceReporter {
             client: client.clone(),
             namespace: args.whereabouts_namespace.clone(),
             node: args.node_name.clone(),
             dry_run: args.dry_run,
-            budgets: budgets.clone(),
+            budgets: Budgets::new(REPORT_BUDGETS, clock, writes),
         }
     }
 
@@ -171,7 +189,7 @@ impl FenceReporter {
         let api = Api::<IPFence>::namespaced(self.client.clone(), &self.namespace);
         let (params, patch) = (PatchParams::default(), Patch::<()>::Json(ops));
         self.budgets
-            .send(crate::release::WriteKind::Reservation, || {
+            .send(WriteKind::Reservation, || {
                 api.patch_status(&r.name, &params, &patch)
             })
             .await
@@ -182,7 +200,32 @@ impl FenceReporter {
 
 #[cfg(test)]
 mod tests {
-    use super::spread;
+    use super::*;
+    use podlife::clock::FakeClock;
+
+    /// A returning node whose 110 pods (the kubelet's default) were all fenced gets every
+    /// report out without waiting for a token: on a clock that never moves, 110 report writes
+    /// through the budgets the reporter is built with all go (the releases' 5 a second would
+    /// make the last wait 20 s, past the settle).
+    #[tokio::test]
+    async fn a_full_nodes_fence_reports_wait_for_no_token() {
+        let clock = FakeClock::starting_at(std::time::Instant::now());
+        let mut registry = prometheus_client::registry::Registry::default();
+        let budgets = Budgets::new(REPORT_BUDGETS, clock, WriteMetrics::new(&mut registry));
+        let all = async {
+            for _ in 0..110 {
+                budgets
+                    .send(WriteKind::Reservation, || async {
+                        Ok::<_, kube::Error>(())
+                    })
+                    .await
+                    .unwrap();
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), all)
+            .await
+            .expect("a report waited for a token");
+    }
 
     #[test]
     fn a_watch_timeout_is_spread_over_its_last_quarter_and_never_zero() {

@@ -76,19 +76,6 @@ const NODE_BUDGETS: BudgetConfig = BudgetConfig {
     write_burst: 20,
     max_in_flight: 2,
 };
-/// The fence reports' own budget (they are reservation-kind writes). A returning node may
-/// have had every pod it ran force-deleted and fenced (the kubelet's default is 110 pods),
-/// and each "still present" must land before the settle (60 s by default) lifts its fence:
-/// the releases' budget above would take 20 s for them.
-const REPORT_BUDGETS: BudgetConfig = BudgetConfig {
-    pool_qps: 5.0,
-    pool_burst: 10,
-    reservation_qps: 50.0,
-    reservation_burst: 110,
-    write_qps: 50.0,
-    write_burst: 110,
-    max_in_flight: 4,
-};
 /// A pod whose status call fails is retried on the next relist, then less often, up to this.
 const INSPECT_BACKOFF_MAX: Duration = Duration::from_secs(60);
 /// A dead sandbox's release that failed is retried after at least a second (or a relist
@@ -621,7 +608,7 @@ pub async fn run(
         args.fence_watch_timeout,
     );
     let budgets = Budgets::new(NODE_BUDGETS, clock.clone(), writes.clone());
-    let report_budgets = Budgets::new(REPORT_BUDGETS, clock.clone(), writes.clone());
+    let reporter = fences::FenceReporter::for_agent(&client, &args, clock.clone(), writes.clone());
     let releaser = Arc::new(releaser(
         &client, runtime, &args, &budgets, writes, &metrics,
     ));
@@ -657,11 +644,7 @@ pub async fn run(
         pleg: handle.clone(),
         fences: fence_map,
         evidence: evidence::Evidence::new(&args.node_name),
-        reporter: Arc::new(fences::FenceReporter::for_agent(
-            &client,
-            &args,
-            &report_budgets,
-        )),
+        reporter: Arc::new(reporter),
         evidence_listing: 0,
         identity: RuntimeIdentity::new(args.pod_uid.as_deref()),
         inventory,
@@ -687,41 +670,4 @@ pub async fn run(
     inventory_task.abort();
     server.abort();
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use podlife::clock::FakeClock;
-    use podlife::throttle::TokenBucket;
-
-    /// A returning node whose 110 pods (the kubelet's default) were all fenced gets every
-    /// report out without waiting for a token (the releases' budget would spread them over
-    /// 20 s, past the settle).
-    #[test]
-    fn a_full_nodes_fence_reports_wait_for_no_token() {
-        let clock = FakeClock::starting_at(std::time::Instant::now());
-        let kinds = TokenBucket::new(
-            REPORT_BUDGETS.reservation_qps,
-            REPORT_BUDGETS.reservation_burst,
-            clock.clone(),
-        );
-        let all = TokenBucket::new(
-            REPORT_BUDGETS.write_qps,
-            REPORT_BUDGETS.write_burst,
-            clock.clone(),
-        );
-        let waits: Vec<Duration> = (0..110)
-            .map(|_| kinds.reserve().max(all.reserve()))
-            .collect();
-        assert!(waits.iter().all(|w| w.is_zero()), "{waits:?}");
-        // The releases' budget, for comparison: the last report would wait 20 s.
-        let releases = TokenBucket::new(
-            NODE_BUDGETS.reservation_qps,
-            NODE_BUDGETS.reservation_burst,
-            clock,
-        );
-        let last = (0..110).map(|_| releases.reserve()).max().unwrap();
-        assert!(last >= Duration::from_secs(19), "{last:?}");
-    }
 }

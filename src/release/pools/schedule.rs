@@ -24,16 +24,16 @@ pub const MAX_SPACING: Duration = Duration::from_secs(1);
 /// A pool's patch time is forgotten after this long without a patch.
 const COST_MEMORY: Duration = Duration::from_secs(300);
 /// A burst: at least this many requests pending for a pool, arriving on average at most
-/// [`BURST_GAP`] apart (50 a second for one pool; a steady 50 deletions a second over 4 pools
-/// is 12.5). A pool in a burst waits for [`BURST_SPACING`] from its last patch's start, so a
+/// [`BURST_GAP`] apart (40 a second for one pool; a steady 50 deletions a second over 4 pools
+/// is 12.5), and fewer than a full patch ([`MAX_BATCH`]: a backlog goes at once). A pool in a burst waits for [`BURST_SPACING`] from its last patch's start, so a
 /// mass deletion leaves in fewer, larger patches, unless its arrivals pause for [`BURST_QUIET`]
 /// (the burst's end goes at once).
 const BURST_MIN: usize = 16;
-const BURST_GAP: Duration = Duration::from_millis(20);
+const BURST_GAP: Duration = Duration::from_millis(25);
 const BURST_QUIET: Duration = Duration::from_millis(100);
-/// A burst's patches carry at least what arrives at [`BURST_GAP`] in this long (75 entries):
-/// a mass deletion slowed to the burst rate by a busy apiserver costs under 0.02 patches per
-/// address (at 1 s, 0.022 in the scale bench, where 2,000 deletes took 10 s).
+/// A burst's patches carry at least what arrives at [`BURST_GAP`] in this long (60 entries): a
+/// mass deletion slowed towards the burst rate by a busy apiserver costs under 0.02 patches per
+/// address (with 1 s, 0.022 in the scale bench, where 2,000 deletes took 10 s on 2 cores).
 pub const BURST_SPACING: Duration = Duration::from_millis(1500);
 
 /// How long after a patch's start the next patch of its pool may go: `interval`, or
@@ -112,7 +112,8 @@ impl<T> PoolSchedule<T> {
         let n = self.pending.get(pool).map_or(0, Vec::len);
         let (oldest, newest) = *self.arrivals.get(pool)?;
         let gaps = u32::try_from(n.saturating_sub(1)).unwrap_or(u32::MAX);
-        (n >= BURST_MIN && newest - oldest <= BURST_GAP * gaps).then_some(newest)
+        let arriving_fast = newest - oldest <= BURST_GAP * gaps;
+        ((BURST_MIN..MAX_BATCH).contains(&n) && arriving_fast).then_some(newest)
     }
 
     /// The pools with requests that may be patched now, due longest first (those never
@@ -358,6 +359,22 @@ mod tests {
             );
         }
         assert_eq!(s.next_wake(t), None, "sent at the longest spacing");
+    }
+
+    #[test]
+    fn a_backlog_of_a_full_patch_is_no_burst_and_goes_at_its_spacing() {
+        let t0 = Instant::now();
+        let mut s = PoolSchedule::new(MS(100));
+        s.arrived("p".into(), 0, t0);
+        s.ready(t0);
+        s.finished("p", MS(10), t0 + MS(10));
+        // A re-list's tombstones: more than a patch holds, all at once.
+        for i in 0..MAX_BATCH + 5 {
+            s.arrived("p".into(), i, t0 + MS(20));
+        }
+        // Due at its spacing (100 ms), not a burst's: a full patch waits for nothing more.
+        let batch = s.ready(t0 + MS(100));
+        assert_eq!(batch[0].1.len(), MAX_BATCH);
     }
 
     #[test]
