@@ -783,13 +783,7 @@ async fn a_fence_waits_the_deleted_pods_grace_period_after_its_node_is_ready_aga
 async fn the_node_agents_still_present_report_holds_a_fence_past_the_settle() {
     let flags = ["--fence-settle=1s"];
     let (mut env, node, uid) = Env::with_web_0_seen_fenced("ctl-fence-present", &flags).await;
-    let (name, report) = env.agent_report("192.0.2.0-24", "10", &node, &uid).await;
-    env.report(
-        &name,
-        serde_json::json!({"sandboxesPresent": report.clone()}),
-    )
-    .await;
-    env.set_ready(&node, "True").await;
+    let (name, report) = env.web_0_present_then_ready(&node, &uid).await;
     // A pass judged the settle over and held the fence on the agent's word.
     env.wait_metric("ipreclaim_fences_held_by_node_agent 1")
         .await;
@@ -827,13 +821,7 @@ async fn a_still_present_report_a_dead_fence_watch_missed_still_holds_the_settle
         proxy.silenced() >= 1
     })
     .await;
-    let (name, report) = env.agent_report("192.0.2.0-24", "10", &node, &uid).await;
-    env.report(
-        &name,
-        serde_json::json!({"sandboxesPresent": report.clone()}),
-    )
-    .await;
-    env.set_ready(&node, "True").await;
+    let (name, report) = env.web_0_present_then_ready(&node, &uid).await;
     // Passes past the settle read the fence fresh, find the agent's word and keep it.
     let reads = || proxy.requests().get("get ipfences").copied().unwrap_or(0);
     wait_for("two lifts held on a fresh read of the fence", || async {

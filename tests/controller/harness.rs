@@ -602,6 +602,20 @@ impl Env {
         (name, report)
     }
 
+    /// The node agent on `node` reports web-0's (`uid`) sandbox still present on its fence, then
+    /// `node` is Ready again: the fence's name and the report.
+    pub async fn web_0_present_then_ready(
+        &self,
+        node: &str,
+        uid: &str,
+    ) -> (String, serde_json::Value) {
+        let (name, report) = self.agent_report("192.0.2.0-24", "10", node, uid).await;
+        let present = serde_json::json!({"sandboxesPresent": report.clone()});
+        self.report(&name, present).await;
+        self.set_ready(node, "True").await;
+        (name, report)
+    }
+
     /// Writes `gone` as the node agent's report into fence `name`'s status.
     pub async fn report_gone(&self, name: &str, gone: serde_json::Value) {
         self.report(
