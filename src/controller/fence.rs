@@ -471,6 +471,7 @@ impl Lifter {
         };
         Some(!agent_says(identity, &reports).present)
     }
+
     /// A lift is a release no deletion just triggered: the fenced podref is read fresh first
     /// (the pod cache may lag), and a lift whose address a replacement lists is dropped. A
     /// lift whose pod cannot be read waits for the next pass.
