@@ -806,8 +806,9 @@ async fn the_node_agents_still_present_report_holds_a_fence_past_the_settle() {
 /// The controller's fence watch dies without a word (its connection lost, the apiserver's end
 /// gone: a silenced stream), and the node agent's "still present" lands after that, so the
 /// index never shows it. A lift on the settle reads the fence fresh first and holds. (Before,
-/// the settle lifted it on the stale index while the kubelet was still stopping the pod; kube's
-/// idle check notices such a watch only after 290 s.) The agent's "gone" then lets it lift.
+/// the settle lifted it on the stale index while the kubelet was still stopping the pod; the
+/// watch's idle check notices such a watch only a minute or more later.) The agent's "gone"
+/// then lets it lift.
 #[tokio::test]
 async fn a_still_present_report_a_dead_fence_watch_missed_still_holds_the_settle() {
     let mut env = Env::new("ctl-fence-present-unseen").await;

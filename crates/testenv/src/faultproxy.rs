@@ -2,8 +2,9 @@
 //! apiserver, for the chaos suite. The client speaks plain HTTP to it; it forwards each request
 //! with an admin client of its own over TLS. Rules chosen per verb and resource delay, hold or
 //! refuse requests (409/422/429 with Retry-After/5xx) and delay watch events; watch streams can
-//! be cut or silenced, and the whole replica partitioned (every request and open stream stops until healed),
-//! also by a rule right after a matching write was answered (a leader lost between two writes).
+//! be cut or silenced for good (a half-open connection), and the whole replica partitioned
+//! (every request and open stream stops until healed), also by a rule right after a matching
+//! write was answered (a leader lost between two writes).
 //! Every request and every injected fault is counted, and every write forwarded is logged with
 //! its time so a test can tell which replica wrote when.
 

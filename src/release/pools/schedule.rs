@@ -25,9 +25,10 @@ pub const MAX_SPACING: Duration = Duration::from_secs(1);
 const COST_MEMORY: Duration = Duration::from_secs(300);
 /// A burst: at least this many requests pending for a pool, arriving on average at most
 /// [`BURST_GAP`] apart (40 a second for one pool; a steady 50 deletions a second over 4 pools
-/// is 12.5), and fewer than a full patch ([`MAX_BATCH`]: a backlog goes at once). A pool in a burst waits for [`BURST_SPACING`] from its last patch's start, so a
-/// mass deletion leaves in fewer, larger patches, unless its arrivals pause for [`BURST_QUIET`]
-/// (the burst's end goes at once).
+/// is 12.5), and fewer than a full patch ([`MAX_BATCH`]: a backlog goes at once). A pool in a
+/// burst waits for [`BURST_SPACING`] from its last patch's start, so a mass deletion leaves in
+/// fewer, larger patches, unless its arrivals pause for [`BURST_QUIET`] (the burst's end goes
+/// at once).
 const BURST_MIN: usize = 16;
 const BURST_GAP: Duration = Duration::from_millis(25);
 const BURST_QUIET: Duration = Duration::from_millis(100);
