@@ -14,8 +14,7 @@ use crate::lifts::FenceBook;
 use crate::release::reports::events::Lifted;
 use crate::release::{EntryWrite, ReleaseOutcome, ReleaseRequest};
 use crate::rules::fence::{
-    AgentReport, AgentReports, FenceIdentity, FencePolicy, Lift, Moment, NodeReadiness, Rejected,
-    agent_says,
+    AgentReports, FenceIdentity, FencePolicy, Lift, Moment, NodeReadiness, Rejected, agent_says,
 };
 use crate::rules::{Decision, Judged, PodRef, Reason};
 use crate::seen::{Once, Seen};
@@ -465,11 +464,7 @@ impl Lifter {
             pod_uid: &record.uid,
             fence_uid: &object.uid,
         };
-        let reports = AgentReports {
-            gone: status.sandboxes_gone.as_ref().map(AgentReport::from),
-            present: status.sandboxes_present.as_ref().map(AgentReport::from),
-        };
-        Some(!agent_says(identity, &reports).present)
+        Some(!agent_says(identity, &AgentReports::from(&status)).present)
     }
 
     /// A lift is a release no deletion just triggered: the fenced podref is read fresh first

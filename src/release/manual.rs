@@ -13,8 +13,7 @@ use crate::index::{CoolingEntry, FencedEntry, Index, PodUid, UnrecordedMark};
 use crate::ipam::fence::{FENCED_PODREF_SUFFIX, FenceRecord};
 use crate::ipam::{NetworkAttachment, PodKey, PoolEntry};
 use crate::rules::fence::{
-    AgentReport, AgentReports, FencePolicy, agent_says, distrust, is_deleted_before_stopped,
-    is_unseen_deletion,
+    AgentReports, FencePolicy, agent_says, distrust, is_deleted_before_stopped, is_unseen_deletion,
 };
 use crate::rules::{
     Allocation, Decision, Judged, KeepReason, LivePod, PodKnowledge, PodPhase, PodRef, PoolContext,
@@ -484,11 +483,7 @@ fn says(d: Decision) -> String {
 /// Whether the node agent's reports on a fence count, as the controller reads them: (gone,
 /// still present).
 fn agent_reports(f: &FencedEntry) -> (bool, bool) {
-    let reports = AgentReports {
-        gone: f.evidence.sandboxes_gone.as_ref().map(AgentReport::from),
-        present: f.evidence.sandboxes_present.as_ref().map(AgentReport::from),
-    };
-    let says = agent_says(f.identity(), &reports);
+    let says = agent_says(f.identity(), &AgentReports::from(&f.evidence));
     (says.gone, says.present)
 }
 

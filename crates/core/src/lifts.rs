@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use crate::index::{FencedEntry, NodeIndex, Slot};
 use crate::rules::fence::{
-    AgentReport, AgentReports, FenceClock, FencePolicy, Lift, Moment, NodeReadiness, Rejected,
-    lift_with_reports,
+    AgentReports, FenceClock, FencePolicy, Lift, Moment, NodeReadiness, Rejected, lift_with_reports,
 };
 use crate::seen::{Once, Seen};
 
@@ -157,10 +156,7 @@ impl FenceBook {
     ) -> (Option<Lift>, Noted) {
         let identity = f.identity();
         let fence_uid = identity.fence_uid;
-        let reports = AgentReports {
-            gone: f.evidence.sandboxes_gone.as_ref().map(AgentReport::from),
-            present: f.evidence.sandboxes_present.as_ref().map(AgentReport::from),
-        };
+        let reports = AgentReports::from(&f.evidence);
         let verdict = lift_with_reports(fence, identity, &reports, node, now, policy);
         let mut noted = Noted::default();
         for why in verdict.rejected {

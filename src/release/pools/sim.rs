@@ -202,9 +202,9 @@ mod tests {
     fn a_mass_deletion_as_slow_as_the_apiservers_deletes_still_costs_under_a_fiftieth_patch_per_address()
      {
         // The scale bench's mass phase on 2 cores: 2,000 deletions take 10 s (200/s, 50/s
-        // per pool: bursts, but only just), patches of 400 ms (spaced by the 1 s cap). Each
-        // pool's patch carries what a spacing brings: at 1 s, 50 entries, 0.02 patches per
-        // address before the tail.
+        // per pool: a burst), patches of 400 ms (their own spacing capped at 1 s). Each pool's
+        // patch carries what a spacing brings: at 1 s, 50 entries, 0.02 patches per address
+        // before the tail.
         let r = run(&mass_at_200());
         let per_address = r.patches as f64 / 2000.0;
         assert!(per_address <= 0.017, "{} patches, {per_address}", r.patches);

@@ -267,6 +267,16 @@ pub struct AgentReports<'a> {
     pub present: Option<AgentReport<'a>>,
 }
 
+impl<'a> From<&'a crate::api::IPFenceStatus> for AgentReports<'a> {
+    /// The reports an `IPFence`'s status holds.
+    fn from(s: &'a crate::api::IPFenceStatus) -> Self {
+        AgentReports {
+            gone: s.sandboxes_gone.as_ref().map(AgentReport::from),
+            present: s.sandboxes_present.as_ref().map(AgentReport::from),
+        }
+    }
+}
+
 /// Why a report does not count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Rejected {
