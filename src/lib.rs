@@ -10,6 +10,7 @@ pub mod controller;
 pub mod flags;
 pub mod node;
 pub mod paged;
+pub mod protobuf_lists;
 pub mod release;
 pub mod scan;
 pub mod telemetry;

@@ -6,10 +6,14 @@ use std::future::Future;
 
 use kube::api::{ListParams, ObjectList};
 
-/// Pods per page of a list of whole pods (the controller's watch and `scan`): a page is read as
-/// one piece of text before it is stripped (a Deployment's pod is about 6 KB: 100 of them are
-/// 0.6 MB, 500 would be 3 MB).
-pub const POD_PAGE: u32 = 100;
+/// Pods per page of a list of whole pods (the controller's watch and `scan`, in protobuf: see
+/// `protobuf_lists`): a page is read whole before it is stripped. A pod in protobuf is about a
+/// third of its JSON (a Deployment's is 6 KB in JSON), so a page is about 0.5 MB; one of pods
+/// whose tenants filled their 256 KiB of annotations is 64 MB, what 100 such pods cost in JSON
+/// (read, then copied once by kube). Each page costs the apiserver a walk of its cache's list:
+/// at 100,000 pods, pages of 100 took it twice as long as pages of 2,000 (docs/development.md,
+/// Benches).
+pub const POD_PAGE: u32 = 250;
 
 /// Calls `each` on every item of a list fetched `limit` items at a time by `fetch`.
 pub async fn for_each_listed<T, F, Fut>(

@@ -260,7 +260,7 @@ async fn list_pods(
     wall: jiff::Timestamp,
 ) -> anyhow::Result<BTreeMap<String, i64>> {
     let mut created: BTreeMap<String, i64> = BTreeMap::new();
-    let pods = Api::<PodView>::all(client);
+    let pods = Api::<PodView>::all(crate::protobuf_lists::pod_list_client(client));
     let now = std::time::Instant::now();
     let mut relist = Relist::<Pods>::default();
     relist.step(index, Step::Begin, now);

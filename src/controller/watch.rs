@@ -131,7 +131,7 @@ pub async fn pods(
     nodes: Option<Arc<RwLock<NodeIndex>>>,
     synced: Synced,
 ) {
-    let api = Api::<PodView>::all(client.clone());
+    let api = Api::<PodView>::all(crate::protobuf_lists::pod_list_client(client.clone()));
     let config = watcher::Config::default().page_size(POD_PAGE);
     relisted::<Pods, _>("pods", client, api, config, synced, |relist, step| {
         let mut ix = index.write().expect("index lock");

@@ -18,6 +18,7 @@ mod manual;
 mod observability;
 mod other_writers;
 mod outages;
+mod pod_lists;
 mod reservations;
 mod sweep;
 mod unseen;

@@ -32,6 +32,8 @@ pub struct Call {
     /// The path without the query.
     pub path: String,
     pub query: String,
+    /// The Accept header, if any.
+    pub accept: Option<String>,
     /// The body as JSON (`Null` when empty).
     pub body: Value,
     reply: SendResponse<Response<Body>>,
@@ -68,6 +70,10 @@ impl Apiserver {
     async fn next_or_none(&mut self) -> Option<Call> {
         let (request, reply) = self.handle.next_request().await?;
         let (parts, body) = request.into_parts();
+        let accept = parts
+            .headers
+            .get(http::header::ACCEPT)
+            .map(|a| a.to_str().expect("an ASCII Accept").to_owned());
         let bytes = body.collect().await.expect("request body").to_bytes();
         let body = match bytes.is_empty() {
             true => Value::Null,
@@ -77,6 +83,7 @@ impl Apiserver {
             method: parts.method,
             path: parts.uri.path().to_owned(),
             query: parts.uri.query().unwrap_or_default().to_owned(),
+            accept,
             body,
             reply,
         })
@@ -86,10 +93,19 @@ impl Apiserver {
 impl Call {
     /// Answers with `status` and `body`.
     pub fn respond(self, status: u16, body: &Value) {
+        self.respond_bytes(
+            status,
+            "application/json",
+            serde_json::to_vec(body).expect("JSON"),
+        );
+    }
+
+    /// Answers with `status` and `body` in `content_type`.
+    pub fn respond_bytes(self, status: u16, content_type: &str, body: Vec<u8>) {
         let response = Response::builder()
             .status(status)
-            .header("content-type", "application/json")
-            .body(Body::from(serde_json::to_vec(body).expect("JSON")))
+            .header("content-type", content_type)
+            .body(Body::from(body))
             .expect("a response");
         self.reply.send_response(response);
     }

@@ -6,6 +6,7 @@
 
 mod apiserver;
 mod fixtures;
+mod pod_lists;
 mod pool;
 mod pool_writes;
 mod reservations;

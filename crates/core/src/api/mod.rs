@@ -5,6 +5,7 @@
 //! (`tests/layers.rs` holds the layering).
 
 pub mod lenient;
+pub mod protobuf;
 pub mod slim;
 
 use std::collections::BTreeMap;

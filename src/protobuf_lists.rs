@@ -1,0 +1,168 @@
+//! A client whose pod lists come in protobuf, read into the JSON [`PodView`] reads
+//! (`ipreclaim_core::api::protobuf`): the apiserver encodes a page at a third of the cost of
+//! JSON, and only the fields a `PodView` keeps are read from it. Everything else the client
+//! sends (watches, gets, other kinds) goes as it came. Only for readers of `PodView`: the
+//! lists' items carry nothing else.
+//!
+//! A response that is not protobuf (an apiserver or proxy that answered in JSON) is passed on
+//! as it is; one that cannot be read is asked again in JSON, with a warning: a start is never
+//! lost to this path.
+//!
+//! [`PodView`]: ipreclaim_core::api::slim::PodView
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+
+use futures::future::BoxFuture;
+use http::{HeaderValue, Request, Response, header};
+use ipreclaim_core::api::protobuf::{PROTOBUF, pod_list_as_json};
+use kube::client::Body;
+
+/// What a pod list asks for: protobuf, or JSON from a server that has no protobuf.
+const ACCEPT_PROTOBUF: &str = "application/vnd.kubernetes.protobuf, application/json";
+const JSON: &str = "application/json";
+
+/// `client`, with its pod lists read in protobuf. It shares `client`'s connections.
+pub fn pod_list_client(client: kube::Client) -> kube::Client {
+    let namespace = client.default_namespace().to_owned();
+    kube::Client::new(
+        ProtobufPodLists {
+            client,
+            warned: Arc::default(),
+        },
+        namespace,
+    )
+}
+
+/// Marks a response read from protobuf (in its extensions), for tests and traces to tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadFromProtobuf;
+
+#[derive(Clone)]
+struct ProtobufPodLists {
+    client: kube::Client,
+    /// Whether a page that could not be read was reported (once per process: the next ones go
+    /// to debug).
+    warned: Arc<AtomicBool>,
+}
+
+impl tower::Service<Request<Body>> for ProtobufPodLists {
+    type Response = Response<Body>;
+    type Error = kube::Error;
+    type Future = BoxFuture<'static, Result<Response<Body>, kube::Error>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), kube::Error>> {
+        // The inner client has its own buffer and waits for readiness itself.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move { this.send(request).await })
+    }
+}
+
+impl ProtobufPodLists {
+    async fn send(&self, request: Request<Body>) -> Result<Response<Body>, kube::Error> {
+        if !is_pod_list(&request) {
+            return self.client.send(request).await;
+        }
+        // A list has no body: the request is made again with another Accept when needed.
+        let (parts, _) = request.into_parts();
+        let ask = |accept: &'static str| {
+            let mut request = Request::new(Body::from(Vec::new()));
+            *request.method_mut() = parts.method.clone();
+            *request.uri_mut() = parts.uri.clone();
+            *request.version_mut() = parts.version;
+            *request.headers_mut() = parts.headers.clone();
+            request
+                .headers_mut()
+                .insert(header::ACCEPT, HeaderValue::from_static(accept));
+            request
+        };
+        let response = self.client.send(ask(ACCEPT_PROTOBUF)).await?;
+        let is_protobuf = response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|t| t.to_str().ok())
+            .is_some_and(|t| t.starts_with(PROTOBUF));
+        if !is_protobuf {
+            return Ok(response);
+        }
+        let (mut head, body) = response.into_parts();
+        let bytes = body.collect_bytes().await?;
+        match pod_list_as_json(&bytes) {
+            Ok(json) => {
+                head.headers
+                    .insert(header::CONTENT_TYPE, HeaderValue::from_static(JSON));
+                head.headers.remove(header::CONTENT_LENGTH);
+                head.extensions.insert(ReadFromProtobuf);
+                Ok(Response::from_parts(head, Body::from(json)))
+            }
+            Err(e) => {
+                let uri = parts.uri.to_string();
+                if self.warned.swap(true, Ordering::Relaxed) {
+                    tracing::debug!(error = %e, uri, "a pod list in protobuf could not be read; asking again in JSON");
+                } else {
+                    tracing::warn!(error = %e, uri, "a pod list in protobuf could not be read; asking again in JSON (reported once: the next ones are logged at debug)");
+                }
+                self.client.send(ask(JSON)).await
+            }
+        }
+    }
+}
+
+/// A GET of the pods of the cluster or of one namespace, not a watch.
+fn is_pod_list<B>(request: &Request<B>) -> bool {
+    if request.method() != http::Method::GET {
+        return false;
+    }
+    let uri = request.uri();
+    let is_watch = uri.query().is_some_and(|q| {
+        // As the apiserver parses it (Go's strconv.ParseBool).
+        q.split('&').any(|p| {
+            p.strip_prefix("watch=")
+                .is_some_and(|v| matches!(v, "1" | "t" | "T" | "true" | "TRUE" | "True"))
+        })
+    });
+    let segments: Vec<&str> = uri.path().trim_end_matches('/').split('/').collect();
+    let pods = match segments.as_slice() {
+        ["", "api", "v1", "pods"] => true,
+        ["", "api", "v1", "namespaces", ns, "pods"] => !ns.is_empty(),
+        _ => false,
+    };
+    pods && !is_watch
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn get(uri: &str) -> Request<()> {
+        Request::get(uri).body(()).unwrap()
+    }
+
+    #[test]
+    fn only_pod_lists_are_asked_in_protobuf() {
+        assert!(is_pod_list(&get("/api/v1/pods?limit=500")));
+        assert!(is_pod_list(&get(
+            "/api/v1/namespaces/ns/pods?limit=500&continue=x"
+        )));
+        assert!(is_pod_list(&get("/api/v1/pods")));
+        assert!(!is_pod_list(&get(
+            "/api/v1/pods?watch=true&resourceVersion=5"
+        )));
+        assert!(!is_pod_list(&get("/api/v1/pods?resourceVersion=5&watch=1")));
+        assert!(!is_pod_list(&get("/api/v1/namespaces/ns/pods/web-0")));
+        assert!(!is_pod_list(&get("/api/v1/nodes?limit=500")));
+        assert!(!is_pod_list(&get(
+            "/apis/whereabouts.cni.cncf.io/v1alpha1/ippools"
+        )));
+        assert!(!is_pod_list(&get("/api/v1/namespaces//pods")));
+        let delete = Request::delete("/api/v1/namespaces/ns/pods")
+            .body(())
+            .unwrap();
+        assert!(!is_pod_list(&delete));
+    }
+}
