@@ -1251,9 +1251,15 @@ async fn restart_with_all(bench: &Bench, o: &Options) -> anyhow::Result<()> {
 
 /// The apiserver's part of a restart's pod list, without the controller: every pod page read
 /// whole and dropped (pages of the controller's size and larger), and the streaming list (a
-/// watch with `sendInitialEvents`) read to its end-of-list bookmark. Nothing is parsed.
+/// watch with `sendInitialEvents`) read to its end-of-list bookmark; in JSON (nothing is
+/// parsed) and in protobuf (read into the controller's stripped JSON, as its watch does).
 async fn list_alone(bench: &Bench) -> anyhow::Result<()> {
-    for limit in [ipreclaim::paged::POD_PAGE, 500, 2000] {
+    let protobuf = ipreclaim::protobuf_lists::pod_list_client(bench.client.clone());
+    let encodings = [("JSON", &bench.client), ("protobuf", &protobuf)];
+    for (limit, (encoding, client)) in [ipreclaim::paged::POD_PAGE, 500, 2000]
+        .into_iter()
+        .flat_map(|l| encodings.map(|e| (l, e)))
+    {
         let plane_before = control_plane_cpu(&bench.cp);
         let started = Instant::now();
         let (mut pages, mut bytes) = (0, 0);
@@ -1263,8 +1269,7 @@ async fn list_alone(bench: &Bench) -> anyhow::Result<()> {
             if !token.is_empty() {
                 url += &format!("&continue={token}");
             }
-            let text = bench
-                .client
+            let text = client
                 .request_text(http::Request::get(url).body(Vec::new())?)
                 .await?;
             pages += 1;
@@ -1280,7 +1285,7 @@ async fn list_alone(bench: &Bench) -> anyhow::Result<()> {
             }
         }
         println!(
-            "footprint: the pod list alone in pages of {limit}: {:.1}s for {pages} pages, {:.0} MB (control plane CPU {:.1}s)",
+            "footprint: the pod list alone in {encoding} pages of {limit}: {:.1}s for {pages} pages, {:.0} MB of JSON read (control plane CPU {:.1}s)",
             started.elapsed().as_secs_f64(),
             bytes as f64 / 1e6,
             control_plane_cpu(&bench.cp) - plane_before,

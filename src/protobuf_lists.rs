@@ -42,8 +42,8 @@ pub struct ReadFromProtobuf;
 #[derive(Clone)]
 struct ProtobufPodLists {
     client: kube::Client,
-    /// Whether a page that could not be read was reported (once per process: the next ones go
-    /// to debug).
+    /// Whether a page that could not be read was reported (once per client, that is per watch
+    /// or scan: the next ones go to debug).
     warned: Arc<AtomicBool>,
 }
 
@@ -76,6 +76,7 @@ impl ProtobufPodLists {
             *request.uri_mut() = parts.uri.clone();
             *request.version_mut() = parts.version;
             *request.headers_mut() = parts.headers.clone();
+            *request.extensions_mut() = parts.extensions.clone();
             request
                 .headers_mut()
                 .insert(header::ACCEPT, HeaderValue::from_static(accept));
@@ -113,9 +114,18 @@ impl ProtobufPodLists {
     }
 }
 
-/// A GET of the pods of the cluster or of one namespace, not a watch.
+/// A GET of the pods of the cluster or of one namespace, not a watch, asking for JSON (kube's
+/// lists send no Accept; a request that asks for something else, metadata only or a Table,
+/// gets what it asked for).
 fn is_pod_list<B>(request: &Request<B>) -> bool {
     if request.method() != http::Method::GET {
+        return false;
+    }
+    let asks_json = request
+        .headers()
+        .get(header::ACCEPT)
+        .is_none_or(|a| a.as_bytes() == JSON.as_bytes());
+    if !asks_json {
         return false;
     }
     let uri = request.uri();
@@ -164,5 +174,18 @@ mod tests {
             .body(())
             .unwrap();
         assert!(!is_pod_list(&delete));
+        let json = Request::get("/api/v1/pods")
+            .header("accept", JSON)
+            .body(())
+            .unwrap();
+        assert!(is_pod_list(&json));
+        let metadata = Request::get("/api/v1/pods")
+            .header(
+                "accept",
+                "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1",
+            )
+            .body(())
+            .unwrap();
+        assert!(!is_pod_list(&metadata));
     }
 }

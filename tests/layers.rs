@@ -1,6 +1,6 @@
 //! Modules only import downwards. In the pure core crate (`crates/core`): the resource types
 //! (`api`), the clock and `seen` < the whereabouts domain (`ipam`) < test fixtures < the
-//! decisions (`rules`) < `index` < which fences lift (`lifts`). In `ipreclaim`, over the core: the flags < `telemetry` < listing pages
+//! decisions (`rules`) < `index` < which fences lift (`lifts`). In `ipreclaim`, over the core: the flags < `telemetry` < listing pages (and pod pages in protobuf)
 //! and the watch retry < `release` < the programs (`controller`, `node`) < `scan`, and the
 //! programs not from each other. The core depends on no async runtime and no API client (its
 //! manifest names neither); `podlife` knows nothing of Kubernetes.
@@ -22,7 +22,7 @@ const CORE_LAYERS: &[&[&str]] = &[
 const LAYERS: &[&[&str]] = &[
     &["flags"],
     &["telemetry"],
-    &["paged", "watch_retry"],
+    &["paged", "protobuf_lists", "watch_retry"],
     &["release"],
     &["controller", "node"],
     &["scan"],

@@ -174,7 +174,20 @@ async fn an_error_in_protobuf_reads_as_the_error_in_json() {
         }
     };
     let in_json = error(Api::namespaced(client.clone(), &ns)).await;
-    let in_protobuf = error(Api::namespaced(pod_list_client(client), &ns)).await;
+    let in_protobuf = error(Api::namespaced(pod_list_client(client.clone()), &ns)).await;
     assert_eq!(in_json.0, 400, "{in_json:?}");
     assert_eq!(in_protobuf, in_json);
+
+    // The refusal came in protobuf and was read from it, not asked again in JSON.
+    let page = Request::get(format!(
+        "/api/v1/namespaces/{ns}/pods?limit=1&continue=not-a-token"
+    ))
+    .body(Body::from(Vec::new()))
+    .unwrap();
+    let response = pod_list_client(client).send(page).await.expect("an answer");
+    assert_eq!(response.status(), 400);
+    assert_eq!(
+        response.extensions().get::<ReadFromProtobuf>(),
+        Some(&ReadFromProtobuf)
+    );
 }

@@ -3,8 +3,9 @@
 //! The apiserver encodes a page of pods in protobuf at a third of its JSON's cost, and the
 //! page is a third of the bytes (issue 36: most of a start at 100,000 pods is the apiserver's
 //! JSON). Only the fields [`PodView`] reads are taken from each pod, and of its annotations
-//! only [`KEPT_POD_ANNOTATIONS`] (whole: `PodView` cuts them as it does from JSON); the rest is
-//! skipped unread. A whole pod is never decoded, so a tenant's large annotations cost nothing.
+//! only [`KEPT_POD_ANNOTATIONS`], each cut to its most as `PodView` cuts it from JSON; the rest
+//! is skipped unread. A whole pod is never decoded: what a page costs past its bytes is what
+//! the reader keeps.
 //! The output is JSON of the same shape a JSON list has, for the same reader: one reading of
 //! pods, whichever encoding the page came in.
 //!
@@ -123,9 +124,50 @@ impl<'a> Iterator for Fields<'a> {
     }
 }
 
-/// A string field's text: as the apiserver's JSON would write it (invalid UTF-8 replaced).
+/// A string field's text as the apiserver's JSON writes it: each byte that is not part of
+/// valid UTF-8 becomes one U+FFFD, as Go's encoder does (Rust's `from_utf8_lossy` would write
+/// one for a whole broken sequence).
 fn text(bytes: &[u8]) -> Cow<'_, str> {
-    String::from_utf8_lossy(bytes)
+    let mut rest = match std::str::from_utf8(bytes) {
+        Ok(valid) => return Cow::Borrowed(valid),
+        Err(_) => bytes,
+    };
+    let mut out = String::with_capacity(bytes.len() + 2);
+    loop {
+        match std::str::from_utf8(rest) {
+            Ok(valid) => {
+                out.push_str(valid);
+                return Cow::Owned(out);
+            }
+            Err(e) => {
+                let (valid, after) = rest.split_at(e.valid_up_to());
+                // Valid by `valid_up_to`.
+                out.push_str(std::str::from_utf8(valid).unwrap_or_default());
+                out.push(char::REPLACEMENT_CHARACTER);
+                rest = &after[1..];
+            }
+        }
+    }
+}
+
+/// A kept annotation's value, cut as [`PodView`](super::slim::PodView) cuts it (at the first
+/// character boundary from `most` bytes): the page's JSON never carries more of a tenant's
+/// annotation than the reader keeps (escaped, a value of quotes would be twice its size).
+fn cut(value: Cow<'_, str>, most: usize) -> Cow<'_, str> {
+    if value.len() <= most {
+        return value;
+    }
+    let mut end = most;
+    while !value.is_char_boundary(end) {
+        end += 1;
+    }
+    match value {
+        Cow::Borrowed(v) => Cow::Borrowed(&v[..end]),
+        Cow::Owned(mut v) => {
+            v.truncate(end);
+            Cow::Owned(v)
+        }
+    }
 }
 
 /// A string field that JSON omits when empty.
@@ -323,11 +365,12 @@ fn meta(message: &[u8]) -> Result<Meta<'_>, ProtobufError> {
                         _ => {}
                     }
                 }
-                if let Some((kept, _)) = KEPT_POD_ANNOTATIONS
+                if let Some((kept, most)) = KEPT_POD_ANNOTATIONS
                     .iter()
                     .find(|(k, _)| k.as_bytes() == key)
                 {
-                    meta.annotations.insert(Cow::Borrowed(*kept), text(value));
+                    meta.annotations
+                        .insert(Cow::Borrowed(*kept), cut(text(value), *most));
                 }
             }
             _ => {}

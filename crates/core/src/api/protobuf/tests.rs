@@ -192,19 +192,49 @@ fn a_long_network_status_is_cut_as_from_json() {
 }
 
 #[test]
-fn invalid_utf8_is_replaced_as_the_apiservers_json_does() {
+fn invalid_utf8_is_replaced_byte_by_byte_as_the_apiservers_json_does() {
+    // Go's encoder writes one U+FFFD per byte that is not valid UTF-8: a 4-byte sequence cut
+    // after 3 is 3 of them (from_utf8_lossy would write one).
+    let value = b"[\xff,\xf0\x90\x80,\xc3\xa9]";
     let list = read(&wire_list(
+        &[wire_pod("p", &[(NETWORK_STATUS_ANNOTATION, value)], "", "")],
+        "",
+        None,
+    ));
+    let kept = list.items[0].metadata.annotations.as_ref().unwrap();
+    assert_eq!(
+        kept[NETWORK_STATUS_ANNOTATION],
+        "[\u{fffd},\u{fffd}\u{fffd}\u{fffd},\u{e9}]"
+    );
+}
+
+#[test]
+fn a_kept_annotation_costs_the_page_no_more_than_the_reader_keeps() {
+    // 250 KiB of quotes: escaped whole, 500 KiB of JSON for one pod.
+    let quotes = vec![b'"'; 250 * 1024];
+    let body = wire_list(
         &[wire_pod(
             "p",
-            &[(NETWORK_STATUS_ANNOTATION, b"[\xff]")],
+            &[(NETWORK_STATUS_ANNOTATION, &quotes)],
             "",
             "",
         )],
         "",
         None,
-    ));
+    );
+    let json = pod_list_as_json(&body).unwrap();
+    assert!(
+        json.len() < 2 * (MAX_NETWORK_STATUS_BYTES + 1) + 1024,
+        "{} bytes of JSON for a kept value cut at {}",
+        json.len(),
+        MAX_NETWORK_STATUS_BYTES + 1
+    );
+    let list: ObjectList<PodView> = serde_json::from_slice(&json).unwrap();
     let kept = list.items[0].metadata.annotations.as_ref().unwrap();
-    assert_eq!(kept[NETWORK_STATUS_ANNOTATION], "[\u{fffd}]");
+    assert_eq!(
+        kept[NETWORK_STATUS_ANNOTATION].len(),
+        MAX_NETWORK_STATUS_BYTES + 1
+    );
 }
 
 #[test]
