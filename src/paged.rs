@@ -11,8 +11,8 @@ use kube::api::{ListParams, ObjectList};
 /// third of its JSON (a Deployment's is 6 KB in JSON), so a page is about 0.5 MB; one of pods
 /// whose tenants filled their 256 KiB of annotations is 64 MB, what 100 such pods cost in JSON
 /// (read, then copied once by kube). Each page costs the apiserver a walk of its cache's list:
-/// at 100,000 pods, pages of 100 took it twice as long as pages of 2,000 (docs/development.md,
-/// Benches).
+/// at 100,000 pods, pages of 100 took it two to three times as long as pages of 2,000
+/// (docs/development.md, Benches).
 pub const POD_PAGE: u32 = 250;
 
 /// Calls `each` on every item of a list fetched `limit` items at a time by `fetch`.
