@@ -1,5 +1,5 @@
 //! A client whose pod lists come in protobuf, read into the JSON [`PodView`] reads
-//! (`ipreclaim_core::api::protobuf`): the apiserver serves a page in half to three quarters
+//! (`ipreclaim_core::api::protobuf`): the apiserver serves a page in half to four fifths
 //! of its JSON's time, and only the fields a `PodView` keeps are read from it. Everything else the client
 //! sends (watches, gets, other kinds) goes as it came. Only for readers of `PodView`: the
 //! lists' items carry nothing else.

@@ -1,6 +1,6 @@
 //! Pod lists in the apiserver's protobuf encoding, read into the text [`PodView`] reads.
 //!
-//! The apiserver serves a page of pods in protobuf in half to three quarters of its JSON's
+//! The apiserver serves a page of pods in protobuf in half to four fifths of its JSON's
 //! time, and the page is a third of the bytes (issue 36: most of a start at 100,000 pods is
 //! the apiserver's list). Only the fields [`PodView`] reads are taken from each pod, and of its annotations
 //! only [`KEPT_POD_ANNOTATIONS`], each cut to its most as `PodView` cuts it from JSON; the rest
