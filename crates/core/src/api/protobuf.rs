@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::Serialize;
 
-use super::slim::KEPT_POD_ANNOTATIONS;
+use super::slim::{KEPT_POD_ANNOTATIONS, cut_to};
 
 /// The media type a protobuf response is in.
 pub const PROTOBUF: &str = "application/vnd.kubernetes.protobuf";
@@ -128,42 +128,28 @@ impl<'a> Iterator for Fields<'a> {
 /// valid UTF-8 becomes one U+FFFD, as Go's encoder does (Rust's `from_utf8_lossy` would write
 /// one for a whole broken sequence).
 fn text(bytes: &[u8]) -> Cow<'_, str> {
-    let mut rest = match std::str::from_utf8(bytes) {
-        Ok(valid) => return Cow::Borrowed(valid),
-        Err(_) => bytes,
-    };
-    let mut out = String::with_capacity(bytes.len() + 2);
-    loop {
-        match std::str::from_utf8(rest) {
-            Ok(valid) => {
-                out.push_str(valid);
-                return Cow::Owned(out);
-            }
-            Err(e) => {
-                let (valid, after) = rest.split_at(e.valid_up_to());
-                // Valid by `valid_up_to`.
-                out.push_str(std::str::from_utf8(valid).unwrap_or_default());
-                out.push(char::REPLACEMENT_CHARACTER);
-                rest = &after[1..];
-            }
-        }
+    if let Ok(valid) = std::str::from_utf8(bytes) {
+        return Cow::Borrowed(valid);
     }
+    let mut out = String::with_capacity(bytes.len() + 2);
+    for chunk in bytes.utf8_chunks() {
+        out.push_str(chunk.valid());
+        out.extend(std::iter::repeat_n(
+            char::REPLACEMENT_CHARACTER,
+            chunk.invalid().len(),
+        ));
+    }
+    Cow::Owned(out)
 }
 
-/// A kept annotation's value, cut as [`PodView`](super::slim::PodView) cuts it (at the first
-/// character boundary from `most` bytes): the page's JSON never carries more of a tenant's
-/// annotation than the reader keeps (escaped, a value of quotes would be twice its size).
+/// A kept annotation's value, cut as [`PodView`](super::slim::PodView) cuts it: the page's
+/// JSON never carries more of a tenant's annotation than the reader keeps (escaped, a value of
+/// quotes would be twice its size).
 fn cut(value: Cow<'_, str>, most: usize) -> Cow<'_, str> {
-    if value.len() <= most {
-        return value;
-    }
-    let mut end = most;
-    while !value.is_char_boundary(end) {
-        end += 1;
-    }
     match value {
-        Cow::Borrowed(v) => Cow::Borrowed(&v[..end]),
+        Cow::Borrowed(v) => Cow::Borrowed(cut_to(v, most)),
         Cow::Owned(mut v) => {
+            let end = cut_to(&v, most).len();
             v.truncate(end);
             Cow::Owned(v)
         }
@@ -173,20 +159,6 @@ fn cut(value: Cow<'_, str>, most: usize) -> Cow<'_, str> {
 /// A string field that JSON omits when empty.
 fn non_empty(bytes: &[u8]) -> Option<Cow<'_, str>> {
     (!bytes.is_empty()).then(|| text(bytes))
-}
-
-fn bytes_of(value: Value<'_>) -> Option<&[u8]> {
-    match value {
-        Value::Bytes(b) => Some(b),
-        _ => None,
-    }
-}
-
-fn varint_of(value: Value<'_>) -> Option<u64> {
-    match value {
-        Value::Varint(v) => Some(v),
-        _ => None,
-    }
 }
 
 /// The kind and raw bytes of the apiserver's envelope (`runtime.Unknown`).
@@ -281,14 +253,14 @@ struct List<'a> {
 /// A pod, as much as `PodView` reads.
 #[derive(Serialize, Default)]
 struct Pod<'a> {
-    metadata: Meta<'a>,
-    spec: Spec<'a>,
-    status: Status<'a>,
+    metadata: PodMeta<'a>,
+    spec: PodSpec<'a>,
+    status: PodStatus<'a>,
 }
 
 #[derive(Serialize, Default)]
 #[serde(rename_all = "camelCase")]
-struct Meta<'a> {
+struct PodMeta<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     name: Option<Cow<'a, str>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -305,7 +277,7 @@ struct Meta<'a> {
 
 #[derive(Serialize, Default)]
 #[serde(rename_all = "camelCase")]
-struct Spec<'a> {
+struct PodSpec<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     node_name: Option<Cow<'a, str>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -313,7 +285,7 @@ struct Spec<'a> {
 }
 
 #[derive(Serialize, Default)]
-struct Status<'a> {
+struct PodStatus<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     phase: Option<Cow<'a, str>>,
 }
@@ -347,8 +319,8 @@ fn pod(message: &[u8]) -> Result<Pod<'_>, ProtobufError> {
     Ok(pod)
 }
 
-fn meta(message: &[u8]) -> Result<Meta<'_>, ProtobufError> {
-    let mut meta = Meta::default();
+fn meta(message: &[u8]) -> Result<PodMeta<'_>, ProtobufError> {
+    let mut meta = PodMeta::default();
     for field in Fields::of(message) {
         match field? {
             (1, Value::Bytes(b)) => meta.name = non_empty(b),
@@ -397,7 +369,7 @@ fn time(message: &[u8]) -> Result<Option<Time>, ProtobufError> {
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct StatusJson<'a> {
+struct ApiStatus<'a> {
     api_version: &'static str,
     kind: &'static str,
     metadata: ListMeta<'a>,
@@ -440,7 +412,7 @@ struct Cause<'a> {
 }
 
 fn status(raw: &[u8]) -> Result<Vec<u8>, ProtobufError> {
-    let mut status = StatusJson {
+    let mut status = ApiStatus {
         api_version: "v1",
         kind: "Status",
         metadata: ListMeta::default(),
@@ -451,15 +423,14 @@ fn status(raw: &[u8]) -> Result<Vec<u8>, ProtobufError> {
         code: 0,
     };
     for field in Fields::of(raw) {
-        let (tag, value) = field?;
-        match (tag, bytes_of(value), varint_of(value)) {
-            (1, Some(m), _) => status.metadata = list_meta(m)?,
-            (2, Some(s), _) => status.status = non_empty(s),
-            (3, Some(m), _) => status.message = non_empty(m),
-            (4, Some(r), _) => status.reason = non_empty(r),
-            (5, Some(d), _) => status.details = Some(details(d)?),
+        match field? {
+            (1, Value::Bytes(m)) => status.metadata = list_meta(m)?,
+            (2, Value::Bytes(s)) => status.status = non_empty(s),
+            (3, Value::Bytes(m)) => status.message = non_empty(m),
+            (4, Value::Bytes(r)) => status.reason = non_empty(r),
+            (5, Value::Bytes(d)) => status.details = Some(details(d)?),
             // An int32: a negative one is ten bytes of sign.
-            (6, _, Some(c)) => status.code = i64::from(c as i32),
+            (6, Value::Varint(c)) => status.code = i64::from(c as i32),
             _ => {}
         }
     }

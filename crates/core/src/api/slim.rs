@@ -170,12 +170,18 @@ impl Visitor<'_> for Cut {
         f.write_str("an annotation value")
     }
     fn visit_str<E>(self, text: &str) -> Result<CutText, E> {
-        let mut end = text.len().min(self.0);
-        while !text.is_char_boundary(end) {
-            end += 1;
-        }
-        Ok(CutText(text[..end].to_owned()))
+        Ok(CutText(cut_to(text, self.0).to_owned()))
     }
+}
+
+/// `text` cut to at most `most` bytes, at the first character boundary from there (a kept
+/// annotation's cut, whichever encoding it was read from).
+pub(crate) fn cut_to(text: &str, most: usize) -> &str {
+    let mut end = text.len().min(most);
+    while !text.is_char_boundary(end) {
+        end += 1;
+    }
+    &text[..end]
 }
 
 #[derive(Deserialize, Default)]
