@@ -60,8 +60,11 @@ FROM chef AS build
 COPY --from=planner /src/recipe.json recipe.json
 RUN cargo chef cook --release --locked --target "$(cat /rust-target)" --recipe-path recipe.json --bin ipreclaim
 COPY . .
+# The target directory goes in the same step: a layer cache (buildah --layers, a CI machine that
+# keeps its store) would otherwise keep a copy of the build's artifacts for every commit.
 RUN cargo auditable build --release --locked --target "$(cat /rust-target)" --bin ipreclaim \
- && cp "target/$(cat /rust-target)/release/ipreclaim" /usr/local/bin/ipreclaim
+ && cp "target/$(cat /rust-target)/release/ipreclaim" /usr/local/bin/ipreclaim \
+ && rm -rf target
 
 # --- runtime --------------------------------------------------------------------------------
 FROM ${RUNTIME_BASE}

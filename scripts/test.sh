@@ -14,7 +14,16 @@ if [[ ${1:-} == --kind ]]; then kind=true; shift; fi
 if [[ $# -ne 0 ]]; then echo "usage: $0 [--kind]" >&2; exit 2; fi
 parts=()
 t=$(date +%s)
-took() { parts+=("$1 $(( ($(date +%s) - t + 30) / 60 )) min"); echo "test.sh: ${parts[-1]}" >&2; t=$(date +%s); }
+# Each part's minutes, and the disk left after it: a run that fills the disk says where.
+free_gib() { df -BG --output=avail "$root" | tail -n 1 | tr -dc 0-9; }
+took() {
+  parts+=("$1 $(( ($(date +%s) - t + 30) / 60 )) min")
+  echo "test.sh: ${parts[-1]} (disk free: $(free_gib) GiB)" >&2
+  t=$(date +%s)
+}
+if (( $(free_gib) < 40 )); then
+  echo "test.sh: warning: $(free_gib) GiB free on $root; a whole run from a fresh machine takes about 36 (docs/development.md)" >&2
+fi
 bin=$("$root/scripts/setup.sh" | tail -n 1)
 export IPRECLAIM_BIN_DIR="$bin"
 took setup
