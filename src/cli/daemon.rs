@@ -74,7 +74,7 @@ where
 
 pub fn controller(cmd: ControllerCmd) -> ExitCode {
     init_logging_at(cmd.args.log_format, &cmd.log.log_level);
-    ipreclaim::controller::limit_malloc_arenas();
+    ipreclaim::controller::tune_malloc();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build();

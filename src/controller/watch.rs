@@ -34,6 +34,10 @@ pub type Synced = watch::Sender<bool>;
 /// as much again while it is read (the pod and reservation lists are read at the same time:
 /// the start's peak is their pages' sum).
 const POOL_PAGE: u32 = 1;
+/// Reservations per page: one is under 1 KB of text, and each page costs the apiserver a walk
+/// of its cache's whole list (kube's default of 500 made 200 walks of 100,000 at 100,000
+/// reservations, beside the pods' pages).
+const RESERVATION_PAGE: u32 = 2000;
 /// Nodes per page of the Node list: a Node's status (its images, above all) is tens of KB of
 /// text, read whole before it is stripped.
 const NODE_PAGE: u32 = 50;
@@ -207,7 +211,7 @@ pub async fn pools(client: Client, namespace: String, index: SharedIndex, synced
 /// Watches reservations in the whereabouts namespace.
 pub async fn reservations(client: Client, namespace: String, index: SharedIndex, synced: Synced) {
     let api = Api::<Lenient<OverlappingRangeIPReservation>>::namespaced(client.clone(), &namespace);
-    let config = watcher::Config::default();
+    let config = watcher::Config::default().page_size(RESERVATION_PAGE);
     into_index::<Reservations>("reservations", client, api, config, index, synced).await;
 }
 
