@@ -21,8 +21,9 @@ took() {
   echo "test.sh: ${parts[-1]} (disk free: $(free_gib) GiB)" >&2
   t=$(date +%s)
 }
-if (( $(free_gib) < 40 )); then
-  echo "test.sh: warning: $(free_gib) GiB free on $root; a whole run from a fresh machine takes about 36 (docs/development.md)" >&2
+free=$(free_gib)
+if (( ${free:-0} < 40 )); then
+  echo "test.sh: warning: ${free:-?} GiB free on $root; a whole run from a fresh machine takes about 32 (docs/development.md)" >&2
 fi
 bin=$("$root/scripts/setup.sh" | tail -n 1)
 export IPRECLAIM_BIN_DIR="$bin"
