@@ -268,7 +268,11 @@ revision=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 created=$(git log -1 --format=%cI 2>/dev/null || date -u +%Y-%m-%dT%H:%M:%SZ)
 say "bases ready in $(minutes "$start")"
 # One build at a time (the runtime base's name points at the stand-in of the arch being built).
-exec 9>"$cache/build.lock"
+# The lock is the machine's, not the cache's: buildah's store is one per machine, and the removal
+# of earlier builds' layers below must not take those of a build running from another cache.
+lock=/run/lock/ipreclaim-image.lock
+[[ -d /run/lock ]] || lock=$cache/build.lock
+exec 9>"$lock"
 flock 9
 for arch in $arches; do
   buildah tag "$(runtime_image "$arch")" "$runtime_base"

@@ -21,7 +21,7 @@ took() {
   echo "test.sh: ${parts[-1]} (disk free: $(free_gib) GiB)" >&2
   t=$(date +%s)
 }
-free=$(free_gib)
+free=$(free_gib || true)
 if (( ${free:-0} < 40 )); then
   echo "test.sh: warning: ${free:-?} GiB free on $root; a whole run from a fresh machine takes about 32 (docs/development.md)" >&2
 fi
