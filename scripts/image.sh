@@ -321,16 +321,19 @@ done
 # images built on the stand-in bases (their label), newest first so that a child goes before
 # its parent.
 kept=$(sed -nE 's/^--> (Using cache )?([0-9a-f]{11})[0-9a-f]*$/\2/p' "$cache"/build-*.log | sort -u)
-removed=0
-# A log this script cannot read (another buildah's format) names nothing: then nothing goes.
-[[ -n $kept ]] || say "no layer named in the build logs: earlier builds' layers kept"
-[[ -n $kept ]] && while IFS='|' read -r _ id name; do
-  [[ $name == "<none>" ]] || continue
-  id=${id#sha256:}
-  grep -qx "${id:0:11}" <<<"$kept" && continue
-  [[ -n $(buildah inspect --type image --format '{{index .OCIv1.Config.Labels "io.ipreclaim.stand-in"}}' "$id" 2>/dev/null) ]] ||
-    continue
-  buildah rmi "$id" >/dev/null 2>&1 && removed=$((removed + 1))
-done < <(buildah images --all --noheading --no-trunc --format '{{.CreatedAtRaw}}|{{.ID}}|{{.Name}}' | sort -r)
-((removed == 0)) || say "removed $removed layers of earlier builds"
+if [[ -z $kept ]]; then
+  # A log this script cannot read (another buildah's format) names nothing: then nothing goes.
+  say "no layer named in the build logs: earlier builds' layers kept"
+else
+  removed=0
+  while IFS='|' read -r _ id name; do
+    [[ $name == "<none>" ]] || continue
+    id=${id#sha256:}
+    grep -qx "${id:0:11}" <<<"$kept" && continue
+    [[ -n $(buildah inspect --type image --format '{{index .OCIv1.Config.Labels "io.ipreclaim.stand-in"}}' "$id" 2>/dev/null) ]] ||
+      continue
+    buildah rmi "$id" >/dev/null 2>&1 && removed=$((removed + 1))
+  done < <(buildah images --all --noheading --no-trunc --format '{{.CreatedAtRaw}}|{{.ID}}|{{.Name}}' | sort -r)
+  ((removed == 0)) || say "removed $removed layers of earlier builds"
+fi
 say "done in $(minutes "$start")"
