@@ -1039,7 +1039,7 @@ async fn dry_run_reports_a_dead_sandbox_and_writes_nothing() {
     );
     assert_eq!(env.keys().await, ["30"], "dry-run writes nothing");
     assert_eq!(env.reservations().await, ["192.0.2.30"]);
-    let events = env.events("IPAddressGarbageCollectionDryRun").await;
+    let events = env.wait_events("IPAddressGarbageCollectionDryRun").await;
     assert_eq!(events.len(), 1, "{events:?}");
     assert!(
         events[0].1.contains("192.0.2.30") && events[0].1.contains("SandboxGone"),

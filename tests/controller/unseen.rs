@@ -115,9 +115,7 @@ async fn a_pod_no_replica_saw_deleted_is_fenced_to_the_node_whose_agent_listed_i
         (Some(down.as_str()), Some(web.as_str()))
     );
     assert_eq!(env.reservation_names().await, ["192.0.2.10"]);
-    let released = env.events("IPAddressGarbageCollected").await;
-    assert_eq!(released.len(), 1, "db-0 alone released: {released:?}");
-    assert_eq!(released[0].0, "db-0");
+    env.wait_released_once(&["db-0"]).await;
     env.wait_metric("ipreclaim_sandbox_inventories_unreadable 0")
         .await;
 
@@ -231,8 +229,7 @@ async fn a_live_pods_own_leak_listed_for_that_pod_is_released_not_fenced() {
 
     env.start(&[]).await;
     env.wait_keys(POOL, &["10", "11"]).await;
-    let released = env.events("IPAddressGarbageCollected").await;
-    assert_eq!(released.len(), 1, "{released:?}");
+    env.wait_released_once(&["web-0"]).await;
     assert!(env.events(FENCED).await.is_empty());
     finish(env, &node, &healthy).await;
 }
