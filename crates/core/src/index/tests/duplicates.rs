@@ -4,7 +4,7 @@ use std::net::IpAddr;
 use std::time::Instant;
 
 use super::*;
-use crate::index::{Duplicate, EntryOwner};
+use crate::index::{Duplicate, EntryOwner, Shared};
 use crate::rules::Decision;
 
 /// An index that knows `ns/net`, a whereabouts NAD.
@@ -287,6 +287,42 @@ fn listings_copied_out_are_looked_at_after_the_index_moved_on() {
     let d = ix.resolve(&shared.addresses);
     assert_eq!(d[0].pods[1].uid, "uid-b");
     assert!(ix.duplicates().found.is_empty());
+}
+
+/// Addresses whose hashes collide are told apart: with every address hashed alike, the look
+/// finds what it finds with a real hash, neither a duplicate more (one address on two
+/// networks, twice on one pod, two addresses) nor one less.
+#[test]
+fn addresses_whose_hashes_collide_are_still_told_apart() {
+    let mut ix = Index::default();
+    for n in ["net", "other", "twice"] {
+        ix.upsert_nad(&nad(n, r#""range":"192.0.2.0/24""#));
+    }
+    listing(&mut ix, "a", &on("ns/net", &["192.0.2.10", "192.0.2.11"]));
+    listing(&mut ix, "b", &on("ns/other", &["192.0.2.10"]));
+    listing(&mut ix, "c", &on("net", &["192.0.2.11", "192.0.2.12"]));
+    listing(&mut ix, "e", &on("ns/net", &["192.0.2.10"]));
+    let twice = serde_json::json!([
+        {"name": "ns/twice", "interface": "net1", "ips": ["198.18.0.1"]},
+        {"name": "ns/twice", "interface": "net2", "ips": ["198.18.0.1"]},
+    ]);
+    listing(&mut ix, "d", &twice.to_string());
+    let listings = ix.listings();
+    let by = |shared: Shared| -> Vec<(String, IpAddr, Vec<String>)> {
+        let addresses = shared.addresses.into_iter();
+        addresses
+            .map(|((n, ip), pods)| (n, ip, pods.iter().map(|p| p.to_string()).collect()))
+            .collect()
+    };
+    let colliding = by(listings.shared_by(|_, _| 7));
+    assert_eq!(
+        colliding,
+        [
+            net_dup("192.0.2.10", &["ns/a", "ns/e"]),
+            net_dup("192.0.2.11", &["ns/a", "ns/c"]),
+        ]
+    );
+    assert_eq!(colliding, by(listings.shared()));
 }
 
 /// The cost of a look at 20,000 pods (the controller looks once a second): printed, not
