@@ -97,7 +97,7 @@ pub(crate) fn plan_fences(
             let its = t
                 .entries
                 .iter()
-                .any(|h| (&h.pool, &h.key, &h.id) == (&j.pool, &e.key, &e.id));
+                .any(|h| (&*h.pool, &*h.key, &*h.id) == (&*j.pool, &*e.key, &*e.id));
             let listed = match t.networks.as_deref() {
                 Some(n) => n.iter().any(|a| a.ips.contains(&e.ip)),
                 // Without its network-status, only while no pod of the name lives.
@@ -223,7 +223,7 @@ mod tests {
             .into_iter()
             .map(|r| {
                 let fence = matches!(r.write, EntryWrite::Fence(_));
-                (r.judged.entry.key, r.judged.pod.uid, fence)
+                (r.judged.entry.key.to_string(), r.judged.pod.uid, fence)
             })
             .collect()
     }

@@ -120,7 +120,12 @@ impl ReservationSightings {
             .into_iter()
             .map(|m| {
                 let e = &m.entry;
-                let key = (m.pool.clone(), e.key.clone(), e.id.clone(), m.name.clone());
+                let key = (
+                    m.pool.clone(),
+                    e.key.to_string(),
+                    e.id.clone(),
+                    m.name.clone(),
+                );
                 (key.clone(), (key, m))
             })
             .collect();

@@ -95,7 +95,7 @@ fn test_network_ips(pod: &Pod, network: &str) -> BTreeSet<String> {
         .unwrap_or_default()
         .into_iter()
         .filter(|n| *n.name == *network)
-        .flat_map(|n| n.ips)
+        .flat_map(|n| n.ips.to_vec())
         .map(|ip| ip.to_string())
         .collect()
 }

@@ -80,7 +80,7 @@ pub fn request(key: usize, id: &str, podref: &str, write: EntryWrite) -> Release
         judged: Judged {
             pool: POOL.into(),
             entry: PoolEntry {
-                key: key.to_string(),
+                key: key.to_string().into(),
                 offset: key as u128,
                 ip: ip(key),
                 id: id.into(),

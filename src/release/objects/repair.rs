@@ -34,7 +34,7 @@ impl ObjectWriter {
         let pool = self.cx.read_pool(&m.pool).await?;
         let still = pool
             .as_ref()
-            .and_then(|p| p.spec.allocations.get(&m.entry.key))
+            .and_then(|p| p.spec.allocations.get(m.entry.key.as_str()))
             .is_some_and(|a| a.id == m.entry.id && a.podref == m.entry.podref);
         if !still {
             return Ok(Repaired::EntryGone);

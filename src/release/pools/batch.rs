@@ -25,7 +25,7 @@ pub fn one_write_per_entry<R>(
     let mut by_key: HashMap<String, usize> = HashMap::with_capacity(items.len());
     let mut replies = Vec::with_capacity(items.len());
     for (req, reply) in items {
-        let answer = match by_key.get(&req.judged.entry.key) {
+        let answer = match by_key.get(req.judged.entry.key.as_str()) {
             Some(&i) => {
                 let same = reqs[i].judged.entry.id == req.judged.entry.id
                     && reqs[i].judged.entry.podref == req.judged.entry.podref;
@@ -41,7 +41,7 @@ pub fn one_write_per_entry<R>(
                 }
             }
             None => {
-                by_key.insert(req.judged.entry.key.clone(), reqs.len());
+                by_key.insert(req.judged.entry.key.to_string(), reqs.len());
                 reqs.push(req);
                 Answer::By(reqs.len() - 1)
             }
@@ -93,7 +93,7 @@ pub fn settle_against(
     let mut still = Vec::with_capacity(group.len());
     for &i in group {
         let e = &reqs[i].judged.entry;
-        match allocations.get(&e.key) {
+        match allocations.get(e.key.as_str()) {
             None => outcomes[i] = Some(Ok(ReleaseOutcome::AlreadyGone)),
             Some(a) if a.id == e.id && a.podref == e.podref => still.push(i),
             Some(a) if a.id == e.id && fenced_as(&reqs[i].write, &a.podref) => {

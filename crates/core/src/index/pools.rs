@@ -9,6 +9,7 @@ use ipnet::IpNet;
 
 use crate::api::IPPool;
 use crate::ipam::cooldown::{BadCooldown, cooldown_until, cooled_pod, is_cooling};
+use crate::ipam::entry_key::EntryKey;
 use crate::ipam::fence::FENCED_PODREF_SUFFIX;
 use crate::ipam::pool::offset_of;
 use crate::ipam::{PoolEntry, pool_allocations};
@@ -81,11 +82,11 @@ impl PoolInfo {
         let (cooling, entries): (Vec<_>, Vec<_>) =
             entries.into_iter().partition(|e| is_cooling(&e.podref));
         let marked: BTreeMap<String, PoolEntry> =
-            marked.into_iter().map(|e| (e.key.clone(), e)).collect();
+            marked.into_iter().map(|e| (e.key.to_string(), e)).collect();
         let entries = Entries::new(entries);
         let cooling: BTreeMap<String, CoolingEntry> = cooling
             .into_iter()
-            .map(|e| (e.key.clone(), CoolingEntry::of(e)))
+            .map(|e| (e.key.to_string(), CoolingEntry::of(e)))
             .collect();
         let mut problems = problems;
         problems.extend(cooling.values().filter_map(|c| {
@@ -259,39 +260,6 @@ impl Slot {
 struct SlotRef {
     pool: Arc<str>,
     key: EntryKey,
-}
-
-/// Most bytes of a key kept inline: a decimal offset of up to 22 digits (any IPv4 range, an
-/// IPv6 one of up to 2^73 addresses); a longer one is boxed.
-const INLINE_KEY: usize = 22;
-
-/// An entry's key (decimal offset) without a heap copy of its own (100,000 copies of a few
-/// digits are 100,000 allocations of 32 bytes).
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum EntryKey {
-    Inline(u8, [u8; INLINE_KEY]),
-    Boxed(Box<str>),
-}
-
-impl EntryKey {
-    fn new(key: &str) -> EntryKey {
-        if key.len() > INLINE_KEY {
-            return EntryKey::Boxed(key.into());
-        }
-        let mut bytes = [0; INLINE_KEY];
-        bytes[..key.len()].copy_from_slice(key.as_bytes());
-        EntryKey::Inline(key.len() as u8, bytes)
-    }
-
-    fn as_str(&self) -> &str {
-        match self {
-            // Copied whole from a `str` at a char boundary (its end).
-            EntryKey::Inline(len, bytes) => {
-                std::str::from_utf8(&bytes[..usize::from(*len)]).unwrap_or_default()
-            }
-            EntryKey::Boxed(key) => key,
-        }
-    }
 }
 
 /// The slots of one podref: a pod has one allocation or a few, so the first is kept inline
@@ -571,20 +539,9 @@ impl SeenMarks {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_key_reads_back_as_stored_inline_or_boxed() {
-        let long = "1".repeat(INLINE_KEY + 1);
-        for key in ["0", "12345", "010", &"9".repeat(INLINE_KEY), &long] {
-            assert_eq!(EntryKey::new(key).as_str(), key);
-        }
-        assert!(matches!(EntryKey::new(&long), EntryKey::Boxed(_)));
-        assert!(matches!(EntryKey::new("12345"), EntryKey::Inline(..)));
-        assert_ne!(EntryKey::new("1"), EntryKey::new("10"));
-    }
-
     fn entry(key: &str, id: &str) -> PoolEntry {
         PoolEntry {
-            key: key.to_owned(),
+            key: key.into(),
             offset: 0,
             ip: "192.0.2.1".parse().unwrap(),
             id: id.to_owned(),
@@ -622,7 +579,7 @@ mod tests {
     #[test]
     fn a_removed_entry_is_gone_and_the_others_stay_found() {
         let mut entries = Entries::new((1..=20).map(|i| entry(&i.to_string(), "s")).collect());
-        assert_eq!(entries.remove("13").map(|e| e.key), Some("13".to_owned()));
+        assert_eq!(entries.remove("13").map(|e| e.key), Some("13".into()));
         assert_eq!(entries.remove("13"), None);
         assert!(!entries.contains_key("13"));
         for i in (1..=20).filter(|i| *i != 13) {

@@ -4,9 +4,11 @@
 //! Pure (no runtime, no client). Imports only `api`; `reclaim`, `index` and everything above
 //! import it.
 
+pub mod attachment_ips;
 pub mod capacity;
 pub mod config;
 pub mod cooldown;
+pub mod entry_key;
 pub mod fence;
 pub mod inventory;
 pub mod naming;

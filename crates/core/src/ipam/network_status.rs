@@ -8,6 +8,8 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde::de::{Deserializer, SeqAccess, Visitor};
 
+use super::attachment_ips::AttachmentIps;
+
 pub use crate::api::slim::{MAX_NETWORK_STATUS_BYTES, NETWORK_STATUS_ANNOTATION};
 
 /// One secondary network attachment of a pod.
@@ -18,8 +20,8 @@ pub struct NetworkAttachment {
     pub name: Arc<str>,
     /// Interface inside the pod (shared likewise).
     pub interface: Option<Arc<str>>,
-    /// Addresses of that interface.
-    pub ips: Vec<IpAddr>,
+    /// Addresses of that interface (one inline).
+    pub ips: AttachmentIps,
 }
 
 /// Most attachments (the cluster network's included) one annotation may list.
@@ -131,7 +133,7 @@ pub fn parse_network_status(
         .into_iter()
         .filter(|e| !e.default)
         .map(|e| {
-            let mut ips = e
+            let ips = e
                 .ips
                 .0
                 .iter()
@@ -146,13 +148,10 @@ pub fn parse_network_status(
                     })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            // Collected from a filter, a Vec of one address is allocated for four: kept
-            // exact (the controller keeps every pod's list; 100,000 of them).
-            ips.shrink_to_fit();
             Ok(NetworkAttachment {
                 name: e.name.into(),
                 interface: e.interface.filter(|i| !i.is_empty()).map(Into::into),
-                ips,
+                ips: ips.into(),
             })
         })
         .collect()

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 
+use super::entry_key::EntryKey;
 use crate::api::IPPoolSpec;
 
 /// Number of addresses in `net`, or `None` for an IPv6 /0 (2^128 does not fit in a u128).
@@ -44,8 +45,8 @@ pub fn offset_of(net: &IpNet, ip: IpAddr) -> Option<u128> {
 /// One allocation of a pool, with its address.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolEntry {
-    /// The map key as stored (decimal offset).
-    pub key: String,
+    /// The map key as stored (decimal offset), inline.
+    pub key: EntryKey,
     /// The offset it parses to.
     pub offset: u128,
     /// network(range) + offset.
@@ -188,7 +189,7 @@ pub fn pool_allocations(spec: &IPPoolSpec) -> Result<PoolAllocations, BadPoolRan
             continue;
         };
         entries.push(PoolEntry {
-            key: key.clone(),
+            key: key.into(),
             offset,
             ip,
             id: alloc.id.clone(),

@@ -77,7 +77,7 @@ impl GraceClock {
             *tally.counts.entry(c.reason.as_str()).or_default() += 1;
             let key = CandidateKey {
                 pool: c.judged.pool.clone(),
-                key: c.judged.entry.key.clone(),
+                key: c.judged.entry.key.to_string(),
                 id: c.judged.entry.id.clone(),
             };
             let key = (key, c.reason);

@@ -45,7 +45,7 @@ fn fence_records_and_entries_are_joined_whichever_comes_first() {
         let pending: Vec<String> = ix
             .pending_fences()
             .into_iter()
-            .map(|p| p.entry.key)
+            .map(|p| p.entry.key.to_string())
             .collect();
         assert_eq!(pending, ["6"]);
         let judged = ix.judge_all(&ReclaimConfig::default());

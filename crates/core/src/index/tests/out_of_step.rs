@@ -120,7 +120,7 @@ fn a_live_entry_misses_its_reservation_only_where_its_network_reserves_addresses
     let missing: Vec<(String, String, String, Option<String>)> = ix
         .missing_reservations()
         .into_iter()
-        .map(|m| (m.pool, m.entry.key, m.name, m.listed_by))
+        .map(|m| (m.pool, m.entry.key.to_string(), m.name, m.listed_by))
         .collect();
     // a lists its address (its ADD has returned); pending has no network-status yet.
     let want = [
