@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: setup (packages, Go-built control plane and node), formatting, lints,
 # ipreclaim's image from the Dockerfile, tests (including the end-to-end scenarios on a real
-# node, which run that image: needs root). Prints the minutes each part took.
+# node, which run that image: needs root; the root tiers run in a lane of their own beside the
+# others). Prints the minutes each part took.
 #   --kind   then the kind suite too (e2e/kind/run.sh; CI: .ci/run): what it builds of its own
 #            (kind, the node image) is built in the background while the tests run (they
 #            mostly wait on apiservers), its cluster and scenarios run after them. It runs
@@ -37,16 +38,20 @@ took lints
 IMAGE=localhost/ipreclaim/ipreclaim:e2e "$root/scripts/image.sh" amd64
 took image
 log=$(mktemp)
+root_log=$(mktemp)
 kind_log=$(mktemp)
 prepare_pid=""
+root_pid=""
 # shellcheck disable=SC2317  # called by the EXIT trap
 cleanup() {
-  # The background preparation does not outlive the run (its own traps clean up after it).
-  if [[ -n $prepare_pid ]] && kill -0 "$prepare_pid" 2>/dev/null; then
-    kill "$prepare_pid" 2>/dev/null || true
-    wait "$prepare_pid" 2>/dev/null || true
-  fi
-  rm -f "$log" "$kind_log"
+  # Nothing in the background outlives the run (their own traps clean up after them).
+  for pid in $prepare_pid $root_pid; do
+    if kill -0 "$pid" 2>/dev/null; then
+      kill "$pid" 2>/dev/null || true
+      wait "$pid" 2>/dev/null || true
+    fi
+  done
+  rm -f "$log" "$root_log" "$kind_log"
 }
 trap cleanup EXIT
 status=0
@@ -61,7 +66,33 @@ if $kind; then
   prepare_pid=$!
 fi
 if ((status == 0)); then
-  cargo test --workspace --features ipreclaim/root-tests --locked --no-fail-fast 2>&1 | tee "$log" || status=$?
+  # Two lanes, side by side. The root tiers (one real node per machine) run one binary after
+  # the other in their own lane, beside the rest: they mostly wait on their node, and the e2e
+  # binary alone takes about 15 minutes. Every test target is in one lane (tests/project.rs
+  # checks the root list against the binaries the feature gates).
+  root_tests=(e2e node_agent node_cri containerd)
+  other_tests=()
+  for f in tests/*.rs tests/*/main.rs crates/*/tests/*.rs; do
+    name=${f%/main.rs}
+    name=${name%.rs}
+    name=${name##*/}
+    [[ " ${root_tests[*]} " == *" $name "* ]] || other_tests+=(--test "$name")
+  done
+  cargo_test=(cargo test --workspace --features ipreclaim/root-tests --locked --no-fail-fast)
+  echo "test.sh: the root tiers (${root_tests[*]}) in a lane of their own (log: $root_log)" >&2
+  "${cargo_test[@]}" "${root_tests[@]/#/--test=}" >"$root_log" 2>&1 &
+  root_pid=$!
+  lane_started=$(date +%s)
+  "${cargo_test[@]}" --lib --bins "${other_tests[@]}" 2>&1 | tee "$log" || status=$?
+  "${cargo_test[@]}" --doc 2>&1 | tee -a "$log" || status=$?
+  echo "test.sh: the other tiers took $(( ($(date +%s) - lane_started + 30) / 60 )) min; waiting for the root lane" >&2
+  rooted=0
+  wait "$root_pid" || rooted=$?
+  root_pid=""
+  echo "test.sh: the root lane (exit $rooted):" >&2
+  cat "$root_log"
+  cat "$root_log" >>"$log"
+  if ((rooted != 0 && status == 0)); then status=$rooted; fi
 fi
 took tests
 kind_status=0

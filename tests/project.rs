@@ -415,3 +415,34 @@ fn every_relative_link_in_the_docs_resolves() {
         problems.join("\n")
     );
 }
+
+/// `scripts/test.sh` runs the root tiers in a lane of their own, beside the rest: its list
+/// must name exactly the test binaries the `root-tests` feature gates, or a root test would
+/// run beside the real node's (or one named there would not exist).
+#[test]
+fn the_test_scripts_root_lane_names_the_binaries_the_root_feature_gates() {
+    let script = read("scripts/test.sh");
+    let listed: BTreeSet<String> = field(&script, "  root_tests=(")
+        .trim_end_matches(')')
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    let mut gated = BTreeSet::new();
+    for entry in std::fs::read_dir(root().join("tests")).unwrap() {
+        let path = entry.unwrap().path();
+        let (name, main) = if path.is_dir() {
+            (path.file_name(), path.join("main.rs"))
+        } else {
+            (path.file_stem(), path.clone())
+        };
+        let name = name.unwrap().to_string_lossy().into_owned();
+        let Ok(text) = std::fs::read_to_string(&main) else {
+            continue;
+        };
+        if text.contains("#![cfg(feature = \"root-tests\")]") {
+            gated.insert(name);
+        }
+    }
+    assert!(!gated.is_empty(), "no test binary is gated by root-tests");
+    assert_eq!(listed, gated, "scripts/test.sh's root_tests");
+}
