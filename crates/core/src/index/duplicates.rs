@@ -97,10 +97,10 @@ pub struct Shared {
 
 impl Listings {
     /// The addresses two or more pods list. Each listed address becomes a hash of (network,
-    /// address) beside its pod's position, 16 bytes, sorted so that equal hashes are
-    /// neighbours; only a run of equal hashes is read again, exactly. A map keyed by the
-    /// addresses themselves took about 57 bytes each: 7.5 MB at 100,000 pods on top of the
-    /// index, at every look.
+    /// address) beside its place (pod, attachment, address), 16 bytes, sorted so that equal
+    /// hashes are neighbours; a run of equal hashes is told apart exactly by reading its
+    /// members' addresses again (each its own, once). A map keyed by the addresses themselves
+    /// took about 57 bytes each: 7.5 MB at 100,000 pods on top of the index, at every look.
     pub fn shared(&self) -> Shared {
         let hasher = RandomState::new();
         self.shared_by(|network, ip| hasher.hash_one((network, ip)))
@@ -108,29 +108,20 @@ impl Listings {
 
     /// [`shared`](Self::shared) with the hash given (a test makes every address collide).
     pub(super) fn shared_by(&self, hash: impl Fn(&str, IpAddr) -> u64) -> Shared {
-        let mut keys: Vec<(u64, usize)> = Vec::with_capacity(self.pods.len());
-        for (i, (podref, networks)) in self.pods.iter().enumerate() {
-            for (network, ip) in listed(podref, networks) {
-                keys.push((hash(&network, ip), i));
+        let mut keys: Vec<(u64, Place)> = Vec::with_capacity(self.pods.len());
+        for (pod, (podref, networks)) in self.pods.iter().enumerate() {
+            for (place, network, ip) in listed(pod, podref, networks) {
+                keys.push((hash(&network, ip), place));
             }
         }
         keys.sort_unstable();
         let mut shared: BTreeMap<(String, IpAddr), BTreeSet<Arc<str>>> = BTreeMap::new();
         for run in keys.chunk_by(|a, b| a.0 == b.0).filter(|r| r.len() > 1) {
-            let mut pods: Vec<usize> = run.iter().map(|&(_, i)| i).collect();
-            pods.dedup();
-            if pods.len() < 2 {
-                continue;
-            }
-            // Which addresses of the run's pods have its hash, and who lists each.
             let mut by_address: BTreeMap<(Cow<'_, str>, IpAddr), BTreeSet<&Arc<str>>> =
                 BTreeMap::new();
-            for i in pods {
-                let (podref, networks) = &self.pods[i];
-                for (network, ip) in listed(podref, networks) {
-                    if hash(&network, ip) == run[0].0 {
-                        by_address.entry((network, ip)).or_default().insert(podref);
-                    }
+            for &(_, place) in run {
+                if let Some((podref, network, ip)) = self.at(place) {
+                    by_address.entry((network, ip)).or_default().insert(podref);
                 }
             }
             for ((network, ip), podrefs) in by_address {
@@ -150,19 +141,45 @@ impl Listings {
             unreadable: self.unreadable,
         }
     }
+
+    /// The podref, network and canonical address at `place`.
+    fn at(&self, place: Place) -> Option<(&Arc<str>, Cow<'_, str>, IpAddr)> {
+        let (podref, networks) = self.pods.get(usize::try_from(place.pod).ok()?)?;
+        let n = networks.get(usize::from(place.attachment))?;
+        let ip = n.ips.get(usize::from(place.ip))?;
+        let network = qualified_network(&n.name, PodKey::namespace_of(podref));
+        Some((podref, network, ip.to_canonical()))
+    }
 }
 
-/// What one pod lists: (network, canonical address) for each address of each network.
+/// Where a listed address is: its pod's position in the listings, its attachment's and its
+/// own (both bounded by the network-status caps, far under `u16`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Place {
+    pod: u32,
+    attachment: u16,
+    ip: u16,
+}
+
+/// What the pod at position `pod` lists: each address's place, network and canonical form (a
+/// place that does not fit is left out: more pods than `u32` counts cannot be listed).
 fn listed<'a>(
+    pod: usize,
     podref: &'a str,
     networks: &'a [NetworkAttachment],
-) -> impl Iterator<Item = (Cow<'a, str>, IpAddr)> {
+) -> impl Iterator<Item = (Place, Cow<'a, str>, IpAddr)> {
     let namespace = PodKey::namespace_of(podref);
-    networks.iter().flat_map(move |n| {
+    let pod = u32::try_from(pod).ok();
+    networks.iter().enumerate().flat_map(move |(a, n)| {
         let network = qualified_network(&n.name, namespace);
-        n.ips
-            .iter()
-            .map(move |ip| (network.clone(), ip.to_canonical()))
+        n.ips.iter().enumerate().filter_map(move |(i, ip)| {
+            let place = Place {
+                pod: pod?,
+                attachment: u16::try_from(a).ok()?,
+                ip: u16::try_from(i).ok()?,
+            };
+            Some((place, network.clone(), ip.to_canonical()))
+        })
     })
 }
 

@@ -6,9 +6,13 @@ use std::fmt;
 use std::net::IpAddr;
 use std::ops::Deref;
 
-/// The addresses of one attachment, in their order; reads as a slice.
+/// The addresses of one attachment, in their order; reads as a slice (made only from a list,
+/// so one address is always kept inline and equality is the slices').
 #[derive(Clone, PartialEq, Eq)]
-pub enum AttachmentIps {
+pub struct AttachmentIps(Repr);
+
+#[derive(Clone, PartialEq, Eq)]
+enum Repr {
     /// Exactly one.
     One(IpAddr),
     /// None, or two or more.
@@ -18,16 +22,21 @@ pub enum AttachmentIps {
 impl AttachmentIps {
     /// The addresses as a slice.
     pub fn as_slice(&self) -> &[IpAddr] {
-        match self {
-            AttachmentIps::One(ip) => std::slice::from_ref(ip),
-            AttachmentIps::Many(ips) => ips,
+        match &self.0 {
+            Repr::One(ip) => std::slice::from_ref(ip),
+            Repr::Many(ips) => ips,
         }
+    }
+
+    /// Whether they are kept inline (one address).
+    pub fn is_inline(&self) -> bool {
+        matches!(self.0, Repr::One(_))
     }
 }
 
 impl Default for AttachmentIps {
     fn default() -> AttachmentIps {
-        AttachmentIps::Many(Box::default())
+        AttachmentIps(Repr::Many(Box::default()))
     }
 }
 
@@ -40,10 +49,10 @@ impl Deref for AttachmentIps {
 
 impl From<Vec<IpAddr>> for AttachmentIps {
     fn from(ips: Vec<IpAddr>) -> AttachmentIps {
-        match ips.as_slice() {
-            [one] => AttachmentIps::One(*one),
-            _ => AttachmentIps::Many(ips.into_boxed_slice()),
-        }
+        AttachmentIps(match ips.as_slice() {
+            [one] => Repr::One(*one),
+            _ => Repr::Many(ips.into_boxed_slice()),
+        })
     }
 }
 
@@ -78,7 +87,7 @@ mod tests {
         for n in 0..4 {
             let got = AttachmentIps::from(ips(n));
             assert_eq!(got.as_slice(), ips(n).as_slice());
-            assert_eq!(matches!(got, AttachmentIps::One(_)), n == 1);
+            assert_eq!(got.is_inline(), n == 1);
         }
         let collected: AttachmentIps = ips(2).into_iter().collect();
         assert_eq!(collected, AttachmentIps::from(ips(2)));
