@@ -44,13 +44,16 @@ prepare_pid=""
 root_pid=""
 # shellcheck disable=SC2317  # called by the EXIT trap
 cleanup() {
-  # Nothing in the background outlives the run (their own traps clean up after them).
-  for pid in $prepare_pid $root_pid; do
-    if kill -0 "$pid" 2>/dev/null; then
-      kill "$pid" 2>/dev/null || true
-      wait "$pid" 2>/dev/null || true
-    fi
-  done
+  # Nothing in the background outlives the run (their own traps clean up after them): the
+  # root lane is a process group of its own (its test binary, not only cargo, must stop).
+  if [[ -n $root_pid ]] && kill -0 "$root_pid" 2>/dev/null; then
+    kill -- -"$root_pid" 2>/dev/null || true
+    wait "$root_pid" 2>/dev/null || true
+  fi
+  if [[ -n $prepare_pid ]] && kill -0 "$prepare_pid" 2>/dev/null; then
+    kill "$prepare_pid" 2>/dev/null || true
+    wait "$prepare_pid" 2>/dev/null || true
+  fi
   rm -f "$log" "$root_log" "$kind_log"
 }
 trap cleanup EXIT
@@ -58,7 +61,28 @@ status=0
 # Every tier: without root in seconds and minutes, and (the feature) the root ones: the real
 # node's e2e scenarios, the node agent and the CRI source on a private containerd. Compiled
 # first, so that the kind suite's preparation takes the CPU only while the tests run.
-cargo test --workspace --features ipreclaim/root-tests --locked --no-run 2>&1 | tee "$log" || status=$?
+# The tests run in two lanes side by side. The root tiers (one real node per machine) run one
+# binary after the other in their own lane, beside the rest: they mostly wait on their node,
+# and the e2e binary alone takes about 15 minutes. Every test target is in one lane
+# (tests/project.rs checks the root list against the binaries the feature gates, and that
+# these globs find every test target cargo knows).
+root_tests=(e2e node_agent node_cri containerd)
+other_tests=()
+shopt -s nullglob
+for f in tests/*.rs tests/*/main.rs crates/*/tests/*.rs crates/*/tests/*/main.rs; do
+  name=${f%/main.rs}
+  name=${name%.rs}
+  name=${name##*/}
+  [[ " ${root_tests[*]} " == *" $name "* ]] || other_tests+=(--test "$name")
+done
+shopt -u nullglob
+cargo_test=(cargo test --workspace --features ipreclaim/root-tests --locked --no-fail-fast)
+root_lane=("${cargo_test[@]}" "${root_tests[@]/#/--test=}")
+other_lane=("${cargo_test[@]}" --lib --bins "${other_tests[@]}")
+# Everything (examples too), then each lane's selection: a lane never compiles while the
+# other runs tests (nothing is left to build after the first).
+{ cargo test --workspace --features ipreclaim/root-tests --locked --no-run &&
+  "${root_lane[@]}" --no-run && "${other_lane[@]}" --no-run; } 2>&1 | tee "$log" || status=$?
 took "tests built"
 if $kind; then
   echo "test.sh: the kind suite's preparation in the background (log: $kind_log)" >&2
@@ -66,24 +90,13 @@ if $kind; then
   prepare_pid=$!
 fi
 if ((status == 0)); then
-  # Two lanes, side by side. The root tiers (one real node per machine) run one binary after
-  # the other in their own lane, beside the rest: they mostly wait on their node, and the e2e
-  # binary alone takes about 15 minutes. Every test target is in one lane (tests/project.rs
-  # checks the root list against the binaries the feature gates).
-  root_tests=(e2e node_agent node_cri containerd)
-  other_tests=()
-  for f in tests/*.rs tests/*/main.rs crates/*/tests/*.rs; do
-    name=${f%/main.rs}
-    name=${name%.rs}
-    name=${name##*/}
-    [[ " ${root_tests[*]} " == *" $name "* ]] || other_tests+=(--test "$name")
-  done
-  cargo_test=(cargo test --workspace --features ipreclaim/root-tests --locked --no-fail-fast)
   echo "test.sh: the root tiers (${root_tests[*]}) in a lane of their own (log: $root_log)" >&2
-  "${cargo_test[@]}" "${root_tests[@]/#/--test=}" >"$root_log" 2>&1 &
+  set -m # a process group of its own, for the cleanup to stop
+  "${root_lane[@]}" >"$root_log" 2>&1 &
   root_pid=$!
+  set +m
   lane_started=$(date +%s)
-  "${cargo_test[@]}" --lib --bins "${other_tests[@]}" 2>&1 | tee "$log" || status=$?
+  "${other_lane[@]}" 2>&1 | tee "$log" || status=$?
   "${cargo_test[@]}" --doc 2>&1 | tee -a "$log" || status=$?
   echo "test.sh: the other tiers took $(( ($(date +%s) - lane_started + 30) / 60 )) min; waiting for the root lane" >&2
   rooted=0

@@ -422,7 +422,7 @@ fn every_relative_link_in_the_docs_resolves() {
 #[test]
 fn the_test_scripts_root_lane_names_the_binaries_the_root_feature_gates() {
     let script = read("scripts/test.sh");
-    let listed: BTreeSet<String> = field(&script, "  root_tests=(")
+    let listed: BTreeSet<String> = field(&script, "root_tests=(")
         .trim_end_matches(')')
         .split_whitespace()
         .map(str::to_string)
@@ -439,10 +439,73 @@ fn the_test_scripts_root_lane_names_the_binaries_the_root_feature_gates() {
         let Ok(text) = std::fs::read_to_string(&main) else {
             continue;
         };
-        if text.contains("#![cfg(feature = \"root-tests\")]") {
+        if text
+            .lines()
+            .any(|l| l.trim() == r#"#![cfg(feature = "root-tests")]"#)
+        {
             gated.insert(name);
         }
     }
     assert!(!gated.is_empty(), "no test binary is gated by root-tests");
     assert_eq!(listed, gated, "scripts/test.sh's root_tests");
+}
+
+/// The other lane is every test target `scripts/test.sh`'s globs find (`tests/*.rs`,
+/// `tests/*/main.rs`, and the same under `crates/*/`): each target cargo knows must be one
+/// of them, or it would run in neither lane.
+#[test]
+fn the_test_scripts_globs_find_every_test_target_cargo_knows() {
+    let script = read("scripts/test.sh");
+    let globs =
+        "for f in tests/*.rs tests/*/main.rs crates/*/tests/*.rs crates/*/tests/*/main.rs; do";
+    assert!(
+        script.contains(globs),
+        "scripts/test.sh lists its tests otherwise"
+    );
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args([
+            "metadata",
+            "--no-deps",
+            "--format-version",
+            "1",
+            "--offline",
+        ])
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let metadata: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut tests = Vec::new();
+    for package in metadata["packages"].as_array().unwrap() {
+        for target in package["targets"].as_array().unwrap() {
+            if target["kind"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|k| k == "test")
+            {
+                let path = Path::new(target["src_path"].as_str().unwrap());
+                tests.push(path.strip_prefix(root()).unwrap().to_path_buf());
+            }
+        }
+    }
+    assert!(tests.len() > 10, "{tests:?}");
+    for path in tests {
+        let parts: Vec<&str> = path.iter().map(|p| p.to_str().unwrap()).collect();
+        let in_tests = match parts.as_slice() {
+            ["crates", _, rest @ ..] => rest,
+            rest => rest,
+        };
+        let found = match in_tests {
+            ["tests", file] => file.ends_with(".rs"),
+            ["tests", _, "main.rs"] => true,
+            _ => false,
+        };
+        assert!(found, "{} is in neither of test.sh's lanes", path.display());
+    }
 }
