@@ -32,6 +32,7 @@ mod common;
 mod timeline;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -243,7 +244,9 @@ struct Bench {
 }
 
 /// A process and how to read its CPU time and memory. Killed when dropped still running (a
-/// phase that fails leaves no controller behind).
+/// phase that fails leaves no controller behind). It leads a process group of its own, which
+/// is signalled whole: under `SCALE_WRAP` the controller is the wrapper's child, and a stop
+/// that reached only the wrapper left it running, taking the CPU of the next measurements.
 struct Proc {
     child: Child,
     name: &'static str,
@@ -263,11 +266,18 @@ impl Proc {
     fn cpu_seconds(&self) -> f64 {
         common::cpu_seconds_of(self.child.id())
     }
+    /// Sends `signal` to its process group.
+    fn signal_group(&self, signal: i32) {
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            // SAFETY: kill(2) on a process group this bench made; no memory is involved.
+            unsafe {
+                libc::kill(-pid, signal);
+            }
+        }
+    }
     fn stop(mut self) {
         // SIGTERM first: a clean shutdown, as a rollout does.
-        let _ = Command::new("kill")
-            .arg(self.child.id().to_string())
-            .status();
+        self.signal_group(libc::SIGTERM);
         let deadline = Instant::now() + Duration::from_secs(3);
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {
@@ -275,7 +285,7 @@ impl Proc {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        let _ = self.child.kill();
+        self.signal_group(libc::SIGKILL);
         let _ = self.child.wait();
         eprintln!("{} did not stop on SIGTERM; killed", self.name);
     }
@@ -284,7 +294,7 @@ impl Proc {
 impl Drop for Proc {
     fn drop(&mut self) {
         if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
+            self.signal_group(libc::SIGKILL);
             let _ = self.child.wait();
         }
     }
@@ -638,6 +648,7 @@ impl Bench {
             )
             .stdout(Stdio::null())
             .stderr(log)
+            .process_group(0)
             .spawn()?;
         let mut proc = Proc {
             child,
@@ -685,6 +696,7 @@ impl Bench {
             .env("WHEREABOUTS_NAMESPACE", &self.ns)
             .stdout(log.try_clone()?)
             .stderr(log)
+            .process_group(0)
             .spawn()
             .context("chroot (run the bench as root)")?;
         let mut proc = Proc {
