@@ -14,6 +14,14 @@ use kube::api::{ListParams, ObjectList};
 /// at 100,000 pods, pages of 100 took it two to three times as long as pages of 2,000
 /// (docs/development.md, Benches).
 pub const POD_PAGE: u32 = 250;
+/// Pools per page: a pool of 5,000 entries is about 1.5 MB of text with its managedFields, and
+/// as much again while it is read (the controller reads the pod and reservation lists at the
+/// same time: the start's peak is their pages' sum).
+pub const POOL_PAGE: u32 = 1;
+/// Reservations per page: one is under 1 KB of text, and each page costs the apiserver a walk
+/// of its cache's whole list (kube's default of 500 made 200 walks of 100,000 at 100,000
+/// reservations, beside the pods' pages).
+pub const RESERVATION_PAGE: u32 = 2000;
 
 /// Calls `each` on every item of a list fetched `limit` items at a time by `fetch`.
 pub async fn for_each_listed<T, F, Fut>(

@@ -11,6 +11,7 @@ use anyhow::Context;
 use kube::Client;
 use kube::api::{Api, ListParams};
 use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 use crate::api::lenient::Lenient;
 use crate::api::slim::PodView;
@@ -19,8 +20,7 @@ use crate::index::Index;
 use crate::index::kinds::{Fences, Nads, Pods, Pools, Reservations};
 use crate::index::relist::{Kind, Relist, Step};
 use crate::ipam::PodKey;
-use crate::paged::POD_PAGE;
-use crate::paged::for_each_listed;
+use crate::paged::{POD_PAGE, POOL_PAGE, RESERVATION_PAGE, for_each_listed};
 use crate::rules::{Decision, ReclaimConfig};
 
 pub use age::human_duration;
@@ -176,6 +176,37 @@ fn listed<K: Kind<Store = Index>>(index: &mut Index, objects: impl IntoIterator<
     relist.step(index, Step::Done, now);
 }
 
+/// Lists `api` into `index` a page of `limit` at a time (pools and reservations: a page is
+/// handled and dropped before the next is read), each object shown to `inspect` first.
+async fn list_paged<K>(
+    index: &mut Index,
+    api: Api<K::Object>,
+    limit: u32,
+    mut inspect: impl FnMut(&K::Object),
+) -> Result<(), kube::Error>
+where
+    K: Kind<Store = Index>,
+    K::Object: Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let now = std::time::Instant::now();
+    let mut relist = Relist::<K>::default();
+    relist.step(index, Step::Begin, now);
+    for_each_listed(
+        limit,
+        |page| {
+            let api = api.clone();
+            async move { api.list(&page).await }
+        },
+        |o| {
+            inspect(&o);
+            relist.step(index, Step::Listed(o), now);
+        },
+    )
+    .await?;
+    relist.step(index, Step::Done, now);
+    Ok(())
+}
+
 /// The index the manual commands (`unfence`, `release`) write from: pools, fence records,
 /// reservations, NADs and then pods of the cluster now, by the controller's own rules. Unlike
 /// `scan`, a kind that cannot be listed fails it (a write must not rest on a partial view).
@@ -211,14 +242,14 @@ async fn index_of(
     strict: bool,
 ) -> anyhow::Result<(Index, BTreeMap<String, i64>)> {
     let mut index = Index::default();
-    let pools = Api::<Lenient<IPPool>>::namespaced(client.clone(), namespace)
-        .list(&ListParams::default())
-        .await
-        .with_context(|| format!("list IPPools in {namespace}"))?;
-    for (name, error) in pools.iter().filter_map(invalid) {
-        tracing::warn!(pool = %name, %error, "IPPool skipped: it does not fit the schema");
-    }
-    listed::<Pools>(&mut index, pools);
+    let pools = Api::<Lenient<IPPool>>::namespaced(client.clone(), namespace);
+    list_paged::<Pools>(&mut index, pools, POOL_PAGE, |p| {
+        if let Some((name, error)) = invalid(p) {
+            tracing::warn!(pool = %name, %error, "IPPool skipped: it does not fit the schema");
+        }
+    })
+    .await
+    .with_context(|| format!("list IPPools in {namespace}"))?;
     // Fence records: without them fenced entries show as unrecorded, pending ones as leaks.
     match Api::<Lenient<IPFence>>::namespaced(client.clone(), namespace)
         .list(&ListParams::default())
@@ -234,11 +265,10 @@ async fn index_of(
     }
     if strict {
         let reservations =
-            Api::<Lenient<OverlappingRangeIPReservation>>::namespaced(client.clone(), namespace)
-                .list(&ListParams::default())
-                .await
-                .with_context(|| format!("list OverlappingRangeIPReservations in {namespace}"))?;
-        listed::<Reservations>(&mut index, reservations);
+            Api::<Lenient<OverlappingRangeIPReservation>>::namespaced(client.clone(), namespace);
+        list_paged::<Reservations>(&mut index, reservations, RESERVATION_PAGE, |_| {})
+            .await
+            .with_context(|| format!("list OverlappingRangeIPReservations in {namespace}"))?;
     }
     match Api::<Lenient<NetworkAttachmentDefinition>>::all(client.clone())
         .list(&ListParams::default())

@@ -22,7 +22,7 @@ use crate::index::kinds::{Fences, Nads, Nodes, Pods, Pools, Reservations};
 use crate::index::nodes::Transition;
 use crate::index::relist::{Kind, Relist, Step};
 use crate::index::{Index, NodeIndex, SharedIndex};
-use crate::paged::POD_PAGE;
+use crate::paged::{POD_PAGE, POOL_PAGE, RESERVATION_PAGE};
 use crate::telemetry::ControllerMetrics;
 use crate::telemetry::logging::TIMELINE;
 use crate::watch_retry::retrying;
@@ -30,14 +30,6 @@ use crate::watch_retry::retrying;
 /// Marks a watch synced (first InitDone) for readiness.
 pub type Synced = watch::Sender<bool>;
 
-/// Pools per page: a pool of 5,000 entries is about 1.5 MB of text with its managedFields, and
-/// as much again while it is read (the pod and reservation lists are read at the same time:
-/// the start's peak is their pages' sum).
-const POOL_PAGE: u32 = 1;
-/// Reservations per page: one is under 1 KB of text, and each page costs the apiserver a walk
-/// of its cache's whole list (kube's default of 500 made 200 walks of 100,000 at 100,000
-/// reservations, beside the pods' pages).
-const RESERVATION_PAGE: u32 = 2000;
 /// Nodes per page of the Node list: a Node's status (its images, above all) is tens of KB of
 /// text, read whole before it is stripped.
 const NODE_PAGE: u32 = 50;
