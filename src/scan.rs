@@ -176,8 +176,8 @@ fn listed<K: Kind<Store = Index>>(index: &mut Index, objects: impl IntoIterator<
     relist.step(index, Step::Done, now);
 }
 
-/// Lists `api` into `index` a page of `limit` at a time (pools and reservations: a page is
-/// handled and dropped before the next is read), each object shown to `inspect` first.
+/// Lists `api` into `index` a page of `limit` at a time (a page is handled and dropped before
+/// the next is read), each object shown to `inspect` first.
 async fn list_paged<K>(
     index: &mut Index,
     api: Api<K::Object>,
@@ -291,29 +291,16 @@ async fn list_pods(
 ) -> anyhow::Result<BTreeMap<String, i64>> {
     let mut created: BTreeMap<String, i64> = BTreeMap::new();
     let pods = Api::<PodView>::all(crate::protobuf_lists::pod_list_client(client));
-    let now = std::time::Instant::now();
-    let mut relist = Relist::<Pods>::default();
-    relist.step(index, Step::Begin, now);
     // Paged: a page of full pods is read, stripped and dropped before the next.
-    for_each_listed(
-        POD_PAGE,
-        |page| {
-            let pods = pods.clone();
-            async move { pods.list(&page).await }
-        },
-        |p| {
-            if let (Some(pod), Some(t)) =
-                (PodKey::of_meta(&p.metadata), &p.metadata.creation_timestamp)
-            {
-                let age = wall.duration_since(t.0).as_secs();
-                created.insert(pod.podref(), age);
-            }
-            relist.step(index, Step::Listed(p), now);
-        },
-    )
+    list_paged::<Pods>(index, pods, POD_PAGE, |p| {
+        if let (Some(pod), Some(t)) = (PodKey::of_meta(&p.metadata), &p.metadata.creation_timestamp)
+        {
+            let age = wall.duration_since(t.0).as_secs();
+            created.insert(pod.podref(), age);
+        }
+    })
     .await
     .context("list pods")?;
-    relist.step(index, Step::Done, now);
     Ok(created)
 }
 
