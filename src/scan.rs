@@ -177,7 +177,9 @@ fn listed<K: Kind<Store = Index>>(index: &mut Index, objects: impl IntoIterator<
 }
 
 /// Lists `api` into `index` a page of `limit` at a time (a page is handled and dropped before
-/// the next is read), each object shown to `inspect` first.
+/// the next is read), each object shown to `inspect` first. A failed page leaves part of the
+/// kind in `index`: for the kinds whose failure fails the command (pools, pods, reservations
+/// when strict); the ones a scan does without are read whole by [`listed`].
 async fn list_paged<K>(
     index: &mut Index,
     api: Api<K::Object>,

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::ipam::cooldown::{cooldown_id, cooling_podref};
+use crate::ipam::entry_key::EntryKey;
 use crate::ipam::fence::fenced_podref;
 
 use crate::api::IPAllocation;
@@ -22,7 +23,7 @@ pub fn one_write_per_entry<R>(
     items: Vec<(ReleaseRequest, R)>,
 ) -> (Vec<ReleaseRequest>, Vec<(Answer, R)>) {
     let mut reqs: Vec<ReleaseRequest> = Vec::with_capacity(items.len());
-    let mut by_key: HashMap<String, usize> = HashMap::with_capacity(items.len());
+    let mut by_key: HashMap<EntryKey, usize> = HashMap::with_capacity(items.len());
     let mut replies = Vec::with_capacity(items.len());
     for (req, reply) in items {
         let answer = match by_key.get(req.judged.entry.key.as_str()) {
@@ -41,7 +42,7 @@ pub fn one_write_per_entry<R>(
                 }
             }
             None => {
-                by_key.insert(req.judged.entry.key.to_string(), reqs.len());
+                by_key.insert(req.judged.entry.key.clone(), reqs.len());
                 reqs.push(req);
                 Answer::By(reqs.len() - 1)
             }
