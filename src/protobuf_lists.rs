@@ -1,6 +1,7 @@
 //! A client whose pod lists come in protobuf, read into the JSON [`PodView`] reads
 //! (`ipreclaim_core::api::protobuf`): the apiserver serves a page in half to four fifths
-//! of its JSON's time, and only the fields a `PodView` keeps are read from it. Everything else the client
+//! of its JSON's time, and only the fields a `PodView` keeps are read from it, pod by pod as
+//! the page arrives (a page is never held whole in protobuf). Everything else the client
 //! sends (watches, gets, other kinds) goes as it came. Only for readers of `PodView`: the
 //! lists' items carry nothing else.
 //!
@@ -16,7 +17,8 @@ use std::task::{Context, Poll};
 
 use futures::future::BoxFuture;
 use http::{HeaderValue, Request, Response, header};
-use ipreclaim_core::api::protobuf::{PROTOBUF, pod_list_as_json};
+use http_body_util::BodyExt;
+use ipreclaim_core::api::protobuf::{PROTOBUF, PodListReader, ProtobufError};
 use kube::client::Body;
 
 /// What a pod list asks for: protobuf, or JSON from a server that has no protobuf.
@@ -92,8 +94,7 @@ impl ProtobufPodLists {
             return Ok(response);
         }
         let (mut head, body) = response.into_parts();
-        let bytes = body.collect_bytes().await?;
-        match pod_list_as_json(&bytes) {
+        match read_as_it_arrives(body).await? {
             Ok(json) => {
                 head.headers
                     .insert(header::CONTENT_TYPE, HeaderValue::from_static(JSON));
@@ -112,6 +113,20 @@ impl ProtobufPodLists {
             }
         }
     }
+}
+
+/// A protobuf pod list's body read frame by frame into its JSON: a transport error fails the
+/// request, one in the bytes is the reader's.
+async fn read_as_it_arrives(mut body: Body) -> Result<Result<Vec<u8>, ProtobufError>, kube::Error> {
+    let mut reader = PodListReader::default();
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame?.into_data()
+            && let Err(e) = reader.push(&data)
+        {
+            return Ok(Err(e));
+        }
+    }
+    Ok(reader.finish())
 }
 
 /// A GET of the pods of the cluster or of one namespace, not a watch, asking for JSON (kube's

@@ -219,9 +219,10 @@ async fn pool_nearly_full_fires_and_resolves_and_every_dashboard_query_runs() {
     .await;
     // The alert resolves above half free (8 of 14), maybe on a scrape taken before the last
     // releases reached the metric: the free count reaches 14 by a later scrape.
-    wait_for("Prometheus to scrape the emptied pool's 14 free addresses", || async {
-        value_of(&prom, &free).await == Some(14.0)
-    })
+    wait_for(
+        "Prometheus to scrape the emptied pool's 14 free addresses",
+        || async { value_of(&prom, &free).await == Some(14.0) },
+    )
     .await;
 
     // Every dashboard query runs; where every metric it reads is in Prometheus, it returns

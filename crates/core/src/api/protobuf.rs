@@ -161,41 +161,11 @@ fn non_empty(bytes: &[u8]) -> Option<Cow<'_, str>> {
     (!bytes.is_empty()).then(|| text(bytes))
 }
 
-/// The kind and raw bytes of the apiserver's envelope (`runtime.Unknown`).
-fn envelope(body: &[u8]) -> Result<(Cow<'_, str>, &[u8]), ProtobufError> {
-    let message = body.strip_prefix(MAGIC).ok_or(ProtobufError::NoMagic)?;
-    let (mut kind, mut raw, mut encoding) = (Cow::Borrowed(""), &[][..], Cow::Borrowed(""));
-    for field in Fields::of(message) {
-        match field? {
-            (1, Value::Bytes(type_meta)) => {
-                for f in Fields::of(type_meta) {
-                    if let (2, Value::Bytes(k)) = f? {
-                        kind = text(k);
-                    }
-                }
-            }
-            (2, Value::Bytes(r)) => raw = r,
-            (3, Value::Bytes(e)) => encoding = text(e),
-            _ => {}
-        }
-    }
-    if !encoding.is_empty() {
-        return Err(ProtobufError::Unexpected(format!(
-            "{kind} encoded {encoding}"
-        )));
-    }
-    Ok((kind, raw))
-}
-
 /// A response body in protobuf as the JSON a JSON response would have been, for what
 /// [`PodView`](super::slim::PodView) and kube's `Status` read: a `PodList` or a `Status`.
+/// Read as it arrives with [`PodListReader`].
 pub fn pod_list_as_json(body: &[u8]) -> Result<Vec<u8>, ProtobufError> {
-    let (kind, raw) = envelope(body)?;
-    match &*kind {
-        "PodList" => pod_list(raw),
-        "Status" => status(raw),
-        other => Err(ProtobufError::Unexpected(other.to_owned())),
-    }
+    reader::read_whole(body)
 }
 
 #[derive(Serialize, Default)]
@@ -220,34 +190,6 @@ fn list_meta(message: &[u8]) -> Result<ListMeta<'_>, ProtobufError> {
         }
     }
     Ok(meta)
-}
-
-fn pod_list(raw: &[u8]) -> Result<Vec<u8>, ProtobufError> {
-    let mut meta = ListMeta::default();
-    let mut items = Vec::new();
-    for field in Fields::of(raw) {
-        match field? {
-            (1, Value::Bytes(m)) => meta = list_meta(m)?,
-            (2, Value::Bytes(pod_bytes)) => items.push(pod(pod_bytes)?),
-            _ => {}
-        }
-    }
-    let list = List {
-        api_version: "v1",
-        kind: "PodList",
-        metadata: meta,
-        items,
-    };
-    Ok(serde_json::to_vec(&list).expect("a list of strings and numbers serialises"))
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct List<'a> {
-    api_version: &'static str,
-    kind: &'static str,
-    metadata: ListMeta<'a>,
-    items: Vec<Pod<'a>>,
 }
 
 /// A pod, as much as `PodView` reads.
@@ -463,6 +405,9 @@ fn details(message: &[u8]) -> Result<Details<'_>, ProtobufError> {
     }
     Ok(details)
 }
+
+mod reader;
+pub use reader::{MAX_FIELD, PodListReader};
 
 #[cfg(test)]
 mod tests;

@@ -335,7 +335,131 @@ fn a_timestamp_out_of_range_is_refused() {
     );
 }
 
+/// A list of pods of two sizes, three with a long network-status.
+fn mixed_list() -> Vec<u8> {
+    let long = vec![b'x'; 3000];
+    let pods: Vec<Vec<u8>> = (0..6)
+        .map(|i| {
+            let status: &[u8] = if i % 2 == 0 {
+                &long
+            } else {
+                br#"[{"ips":["192.0.2.1"]}]"#
+            };
+            wire_pod(
+                &format!("p-{i}"),
+                &[(NETWORK_STATUS_ANNOTATION, status)],
+                "Running",
+                "n",
+            )
+        })
+        .collect();
+    wire_list(&pods, "next", Some(4))
+}
+
+/// `body` pushed `chunk` bytes at a time; the most bytes the reader held unread.
+fn read_in_chunks(body: &[u8], chunk: usize) -> (Result<Vec<u8>, ProtobufError>, usize) {
+    let mut reader = PodListReader::default();
+    let mut most = 0;
+    for part in body.chunks(chunk) {
+        if let Err(e) = reader.push(part) {
+            return (Err(e), most);
+        }
+        most = most.max(reader.buffered());
+    }
+    (reader.finish(), most)
+}
+
+#[test]
+fn a_list_read_as_it_arrives_holds_one_pod_at_most() {
+    let body = mixed_list();
+    let whole = pod_list_as_json(&body).unwrap();
+    let largest_pod = wire_pod(
+        "p-2",
+        &[(NETWORK_STATUS_ANNOTATION, &[b'x'; 3000])],
+        "Running",
+        "n",
+    )
+    .len();
+    for chunk in [1, 7, 64, 1000] {
+        let (json, most) = read_in_chunks(&body, chunk);
+        assert_eq!(json.unwrap(), whole, "in chunks of {chunk}");
+        // A pod's bytes and its header, and what came with its last chunk.
+        assert!(
+            most < largest_pod + 8 + chunk,
+            "held {most} bytes in chunks of {chunk}"
+        );
+    }
+    let list: ObjectList<PodView> = serde_json::from_slice(&whole).unwrap();
+    assert_eq!(list.items.len(), 6);
+    assert_eq!(list.metadata.continue_.as_deref(), Some("next"));
+    assert_eq!(list.metadata.remaining_item_count, Some(4));
+    assert!(
+        body.len() > 3 * largest_pod,
+        "the page is larger than what was held"
+    );
+}
+
+#[test]
+fn a_list_whose_kind_comes_after_it_or_that_ends_early_is_refused() {
+    let raw = message(&[bytes_field(2, &wire_pod("p", &[], "", ""))]);
+    let mut late_kind = MAGIC.to_vec();
+    late_kind.extend(message(&[
+        bytes_field(2, &raw),
+        bytes_field(1, &message(&[bytes_field(2, b"PodList")])),
+    ]));
+    assert!(matches!(
+        pod_list_as_json(&late_kind),
+        Err(ProtobufError::Unexpected(_))
+    ));
+    let body = mixed_list();
+    // The magic alone has no kind.
+    assert_eq!(
+        read_in_chunks(&body[..4], 16).0,
+        Err(ProtobufError::Unexpected(String::new()))
+    );
+    for end in [2, 30, body.len() / 2, body.len() - 1] {
+        let (json, _) = read_in_chunks(&body[..end], 16);
+        let expected = if end < 4 {
+            ProtobufError::NoMagic
+        } else {
+            ProtobufError::Malformed(0)
+        };
+        assert_eq!(
+            std::mem::discriminant(&json.unwrap_err()),
+            std::mem::discriminant(&expected),
+            "cut at {end}"
+        );
+    }
+    // A pod said to be larger than any the reader takes whole is refused at its header.
+    let mut huge = MAGIC.to_vec();
+    huge.extend(bytes_field(1, &message(&[bytes_field(2, b"PodList")])));
+    varint(2 << 3 | 2, &mut huge);
+    varint(u64::MAX >> 1, &mut huge);
+    varint(2 << 3 | 2, &mut huge);
+    varint((MAX_FIELD + 1) as u64, &mut huge);
+    let mut reader = PodListReader::default();
+    assert!(matches!(
+        reader.push(&huge),
+        Err(ProtobufError::Malformed(_))
+    ));
+}
+
 proptest! {
+    /// A list cut anywhere into parts reads as it reads whole.
+    #[test]
+    fn a_list_in_any_parts_reads_as_whole(cuts in proptest::collection::vec(any::<prop::sample::Index>(), 0..12)) {
+        let body = mixed_list();
+        let mut at: Vec<usize> = cuts.iter().map(|i| i.index(body.len())).collect();
+        at.sort();
+        let mut reader = PodListReader::default();
+        let mut from = 0;
+        for to in at.into_iter().chain([body.len()]) {
+            reader.push(&body[from..to]).unwrap();
+            from = to;
+        }
+        prop_assert_eq!(reader.finish().unwrap(), pod_list_as_json(&body).unwrap());
+    }
+
     /// Any bytes after the magic: an error or a list, never a panic.
     #[test]
     fn any_bytes_read_without_a_panic(tail in proptest::collection::vec(any::<u8>(), 0..512)) {
