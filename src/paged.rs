@@ -7,13 +7,14 @@ use std::future::Future;
 use kube::api::{ListParams, ObjectList};
 
 /// Pods per page of a list of whole pods (the controller's watch and `scan`, in protobuf: see
-/// `protobuf_lists`): a page is read whole before it is stripped. A pod in protobuf is about a
-/// third of its JSON (a Deployment's is 6 KB in JSON), so a page is about 0.5 MB; one of pods
-/// whose tenants filled their 256 KiB of annotations is 64 MB, what 100 such pods cost in JSON
-/// (read, then copied once by kube). Each page costs the apiserver a walk of its cache's list:
-/// at 100,000 pods, pages of 100 took it two to three times as long as pages of 2,000
-/// (docs/development.md, Benches).
-pub const POD_PAGE: u32 = 250;
+/// `protobuf_lists`). A page is read pod by pod as it arrives, so what it costs is the JSON
+/// each pod keeps (a Deployment's pod about 1 KB; one whose tenant filled its network-status
+/// 32 KiB, escaped up to twice that for its newlines): about 0.5 MB a page, 32 MB for a page of
+/// such pods, less than one page of 250 such pods cost when it was read whole (64 MB in
+/// protobuf, and their JSON). Each page costs the apiserver a walk of its cache's list: at
+/// 100,000 pods, pages of 250 took it twice as long as pages of 500 (docs/development.md,
+/// Benches).
+pub const POD_PAGE: u32 = 500;
 /// Pools per page: a pool of 5,000 entries is about 1.5 MB of text with its managedFields, and
 /// as much again while it is read (the controller reads the pod and reservation lists at the
 /// same time: the start's peak is their pages' sum).

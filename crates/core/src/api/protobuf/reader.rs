@@ -111,10 +111,7 @@ fn header(bytes: &[u8], at: usize) -> Result<Option<Header>, ProtobufError> {
         5 => HeaderValue::Fixed(4),
         2 => match varint(&bytes[n..]).map_err(malformed)? {
             Some((len, m)) => {
-                let len = usize::try_from(len)
-                    .ok()
-                    .filter(|l| *l <= MAX_FIELD)
-                    .ok_or(ProtobufError::Malformed(at))?;
+                let len = usize::try_from(len).map_err(|_| ProtobufError::Malformed(at))?;
                 return Ok(Some(Header {
                     tag: key >> 3,
                     value: HeaderValue::Bytes(len),
@@ -236,6 +233,10 @@ impl PodListReader {
                     return Err(ProtobufError::Malformed(at));
                 }
                 _ => {}
+            }
+            // Read whole from here on: bounded (the raw list, streamed above, is not).
+            if size > MAX_FIELD {
+                return Err(ProtobufError::Malformed(at));
             }
             if rest.len() < whole {
                 return Ok(());

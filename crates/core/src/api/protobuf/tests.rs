@@ -444,6 +444,22 @@ fn a_list_whose_kind_comes_after_it_or_that_ends_early_is_refused() {
     ));
 }
 
+#[test]
+fn a_page_larger_than_any_field_read_whole_is_read() {
+    // Pods of 1 MiB each (an annotation nobody keeps): the page is past MAX_FIELD, each pod
+    // under it.
+    let blob = vec![b'b'; 1 << 20];
+    let pods: Vec<Vec<u8>> = (0..MAX_FIELD / blob.len() + 2)
+        .map(|i| wire_pod(&format!("p-{i}"), &[("blob", &blob)], "Running", "n"))
+        .collect();
+    let body = wire_list(&pods, "", None);
+    assert!(body.len() > MAX_FIELD);
+    let (json, most) = read_in_chunks(&body, 16 * 1024);
+    let list: ObjectList<PodView> = serde_json::from_slice(&json.unwrap()).unwrap();
+    assert_eq!(list.items.len(), pods.len());
+    assert!(most < 2 * blob.len(), "held {most} bytes");
+}
+
 proptest! {
     /// A list cut anywhere into parts reads as it reads whole.
     #[test]
