@@ -12,6 +12,7 @@ pub mod node;
 pub mod paged;
 pub mod protobuf_lists;
 pub mod release;
+pub mod request_deadline;
 pub mod scan;
 pub mod telemetry;
 pub mod watch_retry;

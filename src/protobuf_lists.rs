@@ -19,6 +19,8 @@ use futures::future::BoxFuture;
 use http::{HeaderValue, Request, Response, header};
 use http_body_util::BodyExt;
 use ipreclaim_core::api::protobuf::{PROTOBUF, PodListReader, ProtobufError};
+
+use crate::request_deadline::REQUEST_DEADLINE;
 use kube::client::Body;
 
 /// What a pod list asks for: protobuf, or JSON from a server that has no protobuf.
@@ -94,7 +96,17 @@ impl ProtobufPodLists {
             return Ok(response);
         }
         let (mut head, body) = response.into_parts();
-        match read_as_it_arrives(body).await? {
+        let read = tokio::time::timeout(REQUEST_DEADLINE, read_as_it_arrives(body))
+            .await
+            .map_err(|_| {
+                kube::Error::Service(
+                    format!(
+                        "reading a pod list page: not complete within {REQUEST_DEADLINE:?} (a dead connection?)"
+                    )
+                    .into(),
+                )
+            })?;
+        match read? {
             Ok(json) => {
                 head.headers
                     .insert(header::CONTENT_TYPE, HeaderValue::from_static(JSON));
@@ -144,20 +156,13 @@ fn is_pod_list<B>(request: &Request<B>) -> bool {
         return false;
     }
     let uri = request.uri();
-    let is_watch = uri.query().is_some_and(|q| {
-        // As the apiserver parses it (Go's strconv.ParseBool).
-        q.split('&').any(|p| {
-            p.strip_prefix("watch=")
-                .is_some_and(|v| matches!(v, "1" | "t" | "T" | "true" | "TRUE" | "True"))
-        })
-    });
     let segments: Vec<&str> = uri.path().trim_end_matches('/').split('/').collect();
     let pods = match segments.as_slice() {
         ["", "api", "v1", "pods"] => true,
         ["", "api", "v1", "namespaces", ns, "pods"] => !ns.is_empty(),
         _ => false,
     };
-    pods && !is_watch
+    pods && !crate::request_deadline::is_watch(request)
 }
 
 #[cfg(test)]

@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
+use ipreclaim::request_deadline::{REQUEST_DEADLINE, with_deadline};
+
 /// `--kubeconfig` and `--context`, for commands a person runs (flatten into their args).
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct KubeArgs {
@@ -43,11 +45,13 @@ impl KubeArgs {
     }
 
     /// A client with [`config`](Self::config); `retry`: kube's own retry of failed requests.
+    /// Each request that is not a watch has [`REQUEST_DEADLINE`].
     pub async fn client(&self, retry: bool) -> anyhow::Result<kube::Client> {
         let mut config = self.config().await?;
         if !retry {
             config.default_retry = false;
         }
-        kube::Client::try_from(config).context("building the Kubernetes client")
+        let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
+        Ok(with_deadline(client, REQUEST_DEADLINE))
     }
 }
