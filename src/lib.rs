@@ -6,6 +6,7 @@
 
 pub use ipreclaim_core::{api, clock, index, ipam, lifts, rules, seen};
 
+mod client_layer;
 pub mod controller;
 pub mod flags;
 pub mod node;

@@ -13,9 +13,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::{Context, Poll};
 
-use futures::future::BoxFuture;
 use http::{HeaderValue, Request, Response, header};
 use http_body_util::BodyExt;
 use ipreclaim_core::api::protobuf::{PROTOBUF, PodListReader, ProtobufError};
@@ -29,14 +27,11 @@ const JSON: &str = "application/json";
 
 /// `client`, with its pod lists read in protobuf. It shares `client`'s connections.
 pub fn pod_list_client(client: kube::Client) -> kube::Client {
-    let namespace = client.default_namespace().to_owned();
-    kube::Client::new(
-        ProtobufPodLists {
-            client,
-            warned: Arc::default(),
-        },
-        namespace,
-    )
+    let layer = ProtobufPodLists {
+        client: client.clone(),
+        warned: Arc::default(),
+    };
+    crate::client_layer::client(&client, layer)
 }
 
 /// Marks a response read from protobuf (in its extensions), for tests and traces to tell.
@@ -51,23 +46,7 @@ struct ProtobufPodLists {
     warned: Arc<AtomicBool>,
 }
 
-impl tower::Service<Request<Body>> for ProtobufPodLists {
-    type Response = Response<Body>;
-    type Error = kube::Error;
-    type Future = BoxFuture<'static, Result<Response<Body>, kube::Error>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), kube::Error>> {
-        // The inner client has its own buffer and waits for readiness itself.
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: Request<Body>) -> Self::Future {
-        let this = self.clone();
-        Box::pin(async move { this.send(request).await })
-    }
-}
-
-impl ProtobufPodLists {
+impl crate::client_layer::Layer for ProtobufPodLists {
     async fn send(&self, request: Request<Body>) -> Result<Response<Body>, kube::Error> {
         if !is_pod_list(&request) {
             return self.client.send(request).await;

@@ -10,10 +10,8 @@
 //! anyway); a body read as it arrives by a layer above (a pod list in protobuf,
 //! `protobuf_lists`) is left to that layer, which reads it under the same deadline.
 
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use http::{Request, Response, header};
 use kube::client::Body;
 
@@ -31,8 +29,11 @@ pub struct DeadlinePassed {
 
 /// `client`, with `deadline` on each request that is not a watch.
 pub fn with_deadline(client: kube::Client, deadline: Duration) -> kube::Client {
-    let namespace = client.default_namespace().to_owned();
-    kube::Client::new(Deadline { client, deadline }, namespace)
+    let layer = Deadline {
+        client: client.clone(),
+        deadline,
+    };
+    crate::client_layer::client(&client, layer)
 }
 
 #[derive(Clone)]
@@ -41,23 +42,7 @@ struct Deadline {
     deadline: Duration,
 }
 
-impl tower::Service<Request<Body>> for Deadline {
-    type Response = Response<Body>;
-    type Error = kube::Error;
-    type Future = BoxFuture<'static, Result<Response<Body>, kube::Error>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), kube::Error>> {
-        // The inner client has its own buffer and waits for readiness itself.
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: Request<Body>) -> Self::Future {
-        let this = self.clone();
-        Box::pin(async move { this.send(request).await })
-    }
-}
-
-impl Deadline {
+impl crate::client_layer::Layer for Deadline {
     async fn send(&self, request: Request<Body>) -> Result<Response<Body>, kube::Error> {
         if is_watch(&request) {
             return self.client.send(request).await;
