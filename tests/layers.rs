@@ -22,6 +22,8 @@ const CORE_LAYERS: &[&[&str]] = &[
 const LAYERS: &[&[&str]] = &[
     &["flags"],
     &["telemetry"],
+    &["client_layer"],
+    &["request_deadline"],
     &["paged", "protobuf_lists", "watch_retry"],
     &["release"],
     &["controller", "node"],
