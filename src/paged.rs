@@ -11,9 +11,11 @@ use kube::api::{ListParams, ObjectList};
 /// each pod keeps (a Deployment's pod about 1 KB; one whose tenant filled its network-status
 /// 32 KiB, escaped up to twice that for its newlines): about 0.5 MB a page, 32 MB for a page of
 /// such pods, less than one page of 250 such pods cost when it was read whole (64 MB in
-/// protobuf, and their JSON). Each page costs the apiserver a walk of its cache's list: at
-/// 100,000 pods, pages of 250 took it twice as long as pages of 500 (docs/development.md,
-/// Benches).
+/// protobuf, and their JSON). An apiserver (or proxy) that answers in JSON sends the page
+/// whole, as the reader's fallback asks it: up to 500 pods' whole JSON (a tenant's 256 KiB of
+/// annotations each, escaped), as a JSON page always cost. Each page costs the apiserver a walk
+/// of its cache's list: at 100,000 pods, pages of 250 took it twice as long as pages of 500
+/// (docs/development.md, Benches).
 pub const POD_PAGE: u32 = 500;
 /// Pools per page: a pool of 5,000 entries is about 1.5 MB of text with its managedFields, and
 /// as much again while it is read (the controller reads the pod and reservation lists at the

@@ -15,10 +15,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use http::{HeaderValue, Request, Response, header};
-use http_body_util::BodyExt;
-use ipreclaim_core::api::protobuf::{PROTOBUF, PodListReader, ProtobufError};
+use ipreclaim_core::api::protobuf::PodListReader;
 
-use crate::request_deadline::REQUEST_DEADLINE;
+use crate::request_deadline::{REQUEST_DEADLINE, each_part, is_protobuf, silent_body};
 use kube::client::Body;
 
 /// What a pod list asks for: protobuf, or JSON from a server that has no protobuf.
@@ -65,27 +64,20 @@ impl crate::client_layer::Layer for ProtobufPodLists {
                 .insert(header::ACCEPT, HeaderValue::from_static(accept));
             request
         };
-        let response = self.client.send(ask(ACCEPT_PROTOBUF)).await?;
-        let is_protobuf = response
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|t| t.to_str().ok())
-            .is_some_and(|t| t.starts_with(PROTOBUF));
-        if !is_protobuf {
+        let first = ask(ACCEPT_PROTOBUF);
+        let silent = silent_body(&first, REQUEST_DEADLINE);
+        let response = self.client.send(first).await?;
+        if !is_protobuf(&response) {
+            // Read by the deadline layer below, as any answer that is not protobuf.
             return Ok(response);
         }
         let (mut head, body) = response.into_parts();
-        let read = tokio::time::timeout(REQUEST_DEADLINE, read_as_it_arrives(body))
+        let mut reader = PodListReader::default();
+        let read = each_part(body, REQUEST_DEADLINE, |part| reader.push(part))
             .await
-            .map_err(|_| {
-                kube::Error::Service(
-                    format!(
-                        "reading a pod list page: not complete within {REQUEST_DEADLINE:?} (a dead connection?)"
-                    )
-                    .into(),
-                )
-            })?;
-        match read? {
+            .map_err(|e| e.into_kube(silent))?
+            .and_then(|()| reader.finish());
+        match read {
             Ok(json) => {
                 head.headers
                     .insert(header::CONTENT_TYPE, HeaderValue::from_static(JSON));
@@ -104,20 +96,6 @@ impl crate::client_layer::Layer for ProtobufPodLists {
             }
         }
     }
-}
-
-/// A protobuf pod list's body read frame by frame into its JSON: a transport error fails the
-/// request, one in the bytes is the reader's.
-async fn read_as_it_arrives(mut body: Body) -> Result<Result<Vec<u8>, ProtobufError>, kube::Error> {
-    let mut reader = PodListReader::default();
-    while let Some(frame) = body.frame().await {
-        if let Ok(data) = frame?.into_data()
-            && let Err(e) = reader.push(&data)
-        {
-            return Ok(Err(e));
-        }
-    }
-    Ok(reader.finish())
 }
 
 /// A GET of the pods of the cluster or of one namespace, not a watch, asking for JSON (kube's

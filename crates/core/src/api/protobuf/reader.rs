@@ -206,7 +206,10 @@ impl PodListReader {
                 HeaderValue::Varint => 0,
                 HeaderValue::Fixed(n) | HeaderValue::Bytes(n) => n,
             };
-            let whole = h.len + size;
+            let whole = h
+                .len
+                .checked_add(size)
+                .ok_or(ProtobufError::Malformed(at))?;
             match self.place {
                 Place::Envelope if h.tag == 2 && matches!(h.value, HeaderValue::Bytes(_)) => {
                     // The raw object: a pod list is read as it comes, anything else whole.
@@ -244,6 +247,10 @@ impl PodListReader {
             let value = &rest[h.len..whole];
             match (self.place, h.tag, h.value) {
                 (Place::Envelope, 1, HeaderValue::Bytes(_)) => {
+                    if self.raw_seen {
+                        // The object was read as the kind named before it.
+                        return Err(ProtobufError::Unexpected("a kind after its object".into()));
+                    }
                     for f in Fields::of(value) {
                         if let (2, Value::Bytes(k)) = f? {
                             self.kind = Some(text(k).into_owned());

@@ -430,6 +430,36 @@ fn a_list_whose_kind_comes_after_it_or_that_ends_early_is_refused() {
             "cut at {end}"
         );
     }
+    // A second kind after the object it named.
+    let mut renamed = MAGIC.to_vec();
+    renamed.extend(message(&[
+        bytes_field(1, &message(&[bytes_field(2, b"PodList")])),
+        bytes_field(2, &raw),
+        bytes_field(1, &message(&[bytes_field(2, b"Status")])),
+    ]));
+    assert!(matches!(
+        pod_list_as_json(&renamed),
+        Err(ProtobufError::Unexpected(_))
+    ));
+    // A length as long as a varint goes, at the envelope and inside the list.
+    let mut endless = MAGIC.to_vec();
+    endless.extend([
+        0x2a, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01,
+    ]);
+    assert!(matches!(
+        pod_list_as_json(&endless),
+        Err(ProtobufError::Malformed(_))
+    ));
+    let mut endless_item = MAGIC.to_vec();
+    endless_item.extend(bytes_field(1, &message(&[bytes_field(2, b"PodList")])));
+    varint(2 << 3 | 2, &mut endless_item);
+    varint(u64::MAX, &mut endless_item);
+    varint(2 << 3 | 2, &mut endless_item);
+    varint(u64::MAX, &mut endless_item);
+    assert!(matches!(
+        pod_list_as_json(&endless_item),
+        Err(ProtobufError::Malformed(_))
+    ));
     // A pod said to be larger than any the reader takes whole is refused at its header.
     let mut huge = MAGIC.to_vec();
     huge.extend(bytes_field(1, &message(&[bytes_field(2, b"PodList")])));
