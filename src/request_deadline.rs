@@ -22,6 +22,9 @@ use kube::client::Body;
 /// next part of its body.
 pub const REQUEST_DEADLINE: Duration = Duration::from_secs(90);
 
+/// The most a body's announced length reserves ahead of its bytes.
+const MOST_RESERVED: usize = 64 * 1024 * 1024;
+
 /// A request whose answer did not come in time.
 #[derive(Debug, thiserror::Error)]
 #[error("{method} {path}: {what} within {deadline:?} (a dead connection?)")]
@@ -77,7 +80,9 @@ impl crate::client_layer::Layer for Deadline {
             return Ok(response);
         }
         let (head, body) = response.into_parts();
-        let mut bytes = Vec::new();
+        // As long as the answer says (a list's pages: one allocation, not doublings).
+        let said = usize::try_from(http_body::Body::size_hint(&body).lower()).unwrap_or(0);
+        let mut bytes = Vec::with_capacity(said.min(MOST_RESERVED));
         each_part(body, self.deadline, |part| {
             bytes.extend_from_slice(part);
             Ok::<(), std::convert::Infallible>(())
@@ -85,6 +90,8 @@ impl crate::client_layer::Layer for Deadline {
         .await
         .map_err(|e| e.into_kube(silent))?
         .unwrap_or_else(|never| match never {});
+        // kube copies it whole: no spare capacity held beside that copy.
+        bytes.shrink_to_fit();
         Ok(Response::from_parts(head, Body::from(bytes)))
     }
 }

@@ -161,6 +161,8 @@ impl PodListReader {
                     .extend_from_slice(br#"],"apiVersion":"v1","kind":"PodList","metadata":"#);
                 self.items.extend_from_slice(&self.meta);
                 self.items.push(b'}');
+                // Copied whole by its reader: no spare capacity held beside that copy.
+                self.items.shrink_to_fit();
                 Ok(self.items)
             }
             "Status" => self.status.map_or_else(|| status(&[]), Ok),
