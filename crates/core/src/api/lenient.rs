@@ -51,8 +51,12 @@ impl<'de, K: DeserializeOwned + Defaults + Resource> Deserialize<'de> for Lenien
 impl<K: DeserializeOwned + Defaults + Resource> Lenient<K> {
     /// Reads one object's JSON text. The common case goes straight into the type: a pool of
     /// thousands of entries would cost several times its size as an intermediate tree.
-    /// `managedFields` is dropped: nothing here uses it, and a pool's lists every entry.
+    /// `managedFields` is dropped unread where it can be cut from the text (nothing here uses
+    /// it, and a pool's lists every entry: read, it is a tree of thousands of small
+    /// allocations, freed at once), else dropped after.
     fn read(text: &str) -> Self {
+        let cut = without_managed_fields(text);
+        let text = cut.as_deref().unwrap_or(text);
         if let Ok(mut k) = serde_json::from_str::<K>(text) {
             k.meta_mut().managed_fields = None;
             return Lenient::Valid(k);
@@ -83,6 +87,47 @@ impl<K: DeserializeOwned + Defaults + Resource> Lenient<K> {
             },
         }
     }
+}
+
+/// `text` (an object) without its `metadata.managedFields`, cut from the text unread; `None`
+/// when it has none, or when a key of the object or its metadata has an escape (then it is read
+/// and dropped).
+fn without_managed_fields(text: &str) -> Option<String> {
+    use std::collections::BTreeMap;
+    let top: Vec<(&str, &RawValue)> = serde_json::from_str::<BTreeMap<&str, &RawValue>>(text)
+        .ok()?
+        .into_iter()
+        .collect();
+    let metadata = top.iter().find(|(k, _)| *k == "metadata")?.1;
+    let meta: BTreeMap<&str, &RawValue> = serde_json::from_str(metadata.get()).ok()?;
+    if !meta.contains_key("managedFields") {
+        return None;
+    }
+    let mut out = String::with_capacity(text.len());
+    let field = |out: &mut String, key: &str, value: &str| {
+        if !out.ends_with('{') {
+            out.push(',');
+        }
+        out.push('"');
+        out.push_str(key);
+        out.push_str("\":");
+        out.push_str(value);
+    };
+    out.push('{');
+    for (key, value) in &top {
+        if *key != "metadata" {
+            field(&mut out, key, value.get());
+            continue;
+        }
+        let mut m = String::from("{");
+        for (k, v) in meta.iter().filter(|(k, _)| **k != "managedFields") {
+            field(&mut m, k, v.get());
+        }
+        m.push('}');
+        field(&mut out, key, &m);
+    }
+    out.push('}');
+    Some(out)
 }
 
 impl<K: Resource<DynamicType = ()>> Resource for Lenient<K> {
@@ -211,6 +256,27 @@ mod tests {
         for r in &read {
             assert_eq!(r.meta().managed_fields, None);
         }
+    }
+
+    #[test]
+    fn managed_fields_are_cut_from_the_text_and_the_rest_kept_as_it_was() {
+        let text = r#"{"apiVersion":"v1","kind":"IPPool","metadata":{"name":"p","managedFields":[{"manager":"w","fieldsV1":{"f:spec":{}}}],"labels":{"a":"b"}},"spec":{"range":"192.0.2.0/24"}}"#;
+        let cut: serde_json::Value =
+            serde_json::from_str(&without_managed_fields(text).expect("cut")).unwrap();
+        let mut expected: serde_json::Value = serde_json::from_str(text).unwrap();
+        expected["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("managedFields");
+        assert_eq!(cut, expected);
+        // None to cut, an escaped key, not an object: left to the typed read.
+        assert_eq!(without_managed_fields(r#"{"metadata":{"name":"p"}}"#), None);
+        assert_eq!(
+            without_managed_fields(r#"{"metadata":{"na\u006de":"p","managedFields":[]}}"#),
+            None
+        );
+        assert_eq!(without_managed_fields("[5]"), None);
+        assert_eq!(without_managed_fields(r#"{"metadata":5}"#), None);
     }
 
     #[test]
