@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use http::{HeaderValue, Request, Response, header};
 use ipreclaim_core::api::protobuf::PodListReader;
 
-use crate::request_deadline::{REQUEST_DEADLINE, each_part, is_protobuf, silent_body};
+use crate::request_deadline::{Asked, REQUEST_DEADLINE, each_part, is_protobuf};
 use kube::client::Body;
 
 /// What a pod list asks for: protobuf, or JSON from a server that has no protobuf.
@@ -65,7 +65,7 @@ impl crate::client_layer::Layer for ProtobufPodLists {
             request
         };
         let first = ask(ACCEPT_PROTOBUF);
-        let silent = silent_body(&first, REQUEST_DEADLINE);
+        let asked = Asked::of(&first);
         let response = self.client.send(first).await?;
         if !is_protobuf(&response) {
             // Read by the deadline layer below, as any answer that is not protobuf.
@@ -75,7 +75,7 @@ impl crate::client_layer::Layer for ProtobufPodLists {
         let mut reader = PodListReader::default();
         let read = each_part(body, REQUEST_DEADLINE, |part| reader.push(part))
             .await
-            .map_err(|e| e.into_kube(silent))?
+            .map_err(|e| e.into_kube(&asked, REQUEST_DEADLINE))?
             .and_then(|()| reader.finish());
         match read {
             Ok(json) => {

@@ -35,18 +35,32 @@ pub struct DeadlinePassed {
     deadline: Duration,
 }
 
-impl DeadlinePassed {
-    fn of<B>(request: &Request<B>, what: &'static str, deadline: Duration) -> DeadlinePassed {
-        DeadlinePassed {
+/// The request a passed deadline names, taken once per request.
+pub(crate) struct Asked {
+    method: http::Method,
+    path: String,
+}
+
+impl Asked {
+    pub(crate) fn of<B>(request: &Request<B>) -> Asked {
+        Asked {
             method: request.method().clone(),
             path: request.uri().path().to_owned(),
-            what,
-            deadline,
         }
     }
 
-    fn error(self) -> kube::Error {
-        kube::Error::Service(Box::new(self))
+    /// Its answer did not begin within `deadline`.
+    fn unanswered(&self, deadline: Duration) -> kube::Error {
+        self.passed("no answer", deadline)
+    }
+
+    fn passed(&self, what: &'static str, deadline: Duration) -> kube::Error {
+        kube::Error::Service(Box::new(DeadlinePassed {
+            method: self.method.clone(),
+            path: self.path.clone(),
+            what,
+            deadline,
+        }))
     }
 }
 
@@ -71,11 +85,10 @@ impl crate::client_layer::Layer for Deadline {
             return self.client.send(request).await;
         }
         let asked_protobuf = asks_protobuf(&request);
-        let silent = DeadlinePassed::of(&request, "no further answer", self.deadline);
-        let late = DeadlinePassed::of(&request, "no answer", self.deadline);
+        let asked = Asked::of(&request);
         let response = tokio::time::timeout(self.deadline, self.client.send(request))
             .await
-            .map_err(|_| late.error())??;
+            .map_err(|_| asked.unanswered(self.deadline))??;
         if asked_protobuf && is_protobuf(&response) {
             return Ok(response);
         }
@@ -88,7 +101,7 @@ impl crate::client_layer::Layer for Deadline {
             Ok::<(), std::convert::Infallible>(())
         })
         .await
-        .map_err(|e| e.into_kube(silent))?
+        .map_err(|e| e.into_kube(&asked, self.deadline))?
         .unwrap_or_else(|never| match never {});
         // kube copies it whole: no spare capacity held beside that copy.
         bytes.shrink_to_fit();
@@ -105,9 +118,10 @@ pub(crate) enum BodyError {
 }
 
 impl BodyError {
-    pub(crate) fn into_kube(self, silent: DeadlinePassed) -> kube::Error {
+    /// The error of `asked`, whose body was read with `silence`.
+    pub(crate) fn into_kube(self, asked: &Asked, silence: Duration) -> kube::Error {
         match self {
-            BodyError::Silent => silent.error(),
+            BodyError::Silent => asked.passed("no further answer", silence),
             BodyError::Transport(e) => e,
         }
     }
@@ -136,11 +150,6 @@ where
             return Ok(Err(e));
         }
     }
-}
-
-/// The error for a body that went silent, for a layer reading one itself.
-pub(crate) fn silent_body<B>(request: &Request<B>, silence: Duration) -> DeadlinePassed {
-    DeadlinePassed::of(request, "no further answer", silence)
 }
 
 /// A watch: its stream stays open, guarded by the watcher's idle timeout. As the apiserver

@@ -94,12 +94,8 @@ impl<K: DeserializeOwned + Defaults + Resource> Lenient<K> {
 /// and dropped).
 fn without_managed_fields(text: &str) -> Option<String> {
     use std::collections::BTreeMap;
-    let top: Vec<(&str, &RawValue)> = serde_json::from_str::<BTreeMap<&str, &RawValue>>(text)
-        .ok()?
-        .into_iter()
-        .collect();
-    let metadata = top.iter().find(|(k, _)| *k == "metadata")?.1;
-    let meta: BTreeMap<&str, &RawValue> = serde_json::from_str(metadata.get()).ok()?;
+    let top: BTreeMap<&str, &RawValue> = serde_json::from_str(text).ok()?;
+    let meta: BTreeMap<&str, &RawValue> = serde_json::from_str(top.get("metadata")?.get()).ok()?;
     if !meta.contains_key("managedFields") {
         return None;
     }

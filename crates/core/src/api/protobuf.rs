@@ -165,7 +165,9 @@ fn non_empty(bytes: &[u8]) -> Option<Cow<'_, str>> {
 /// [`PodView`](super::slim::PodView) and kube's `Status` read: a `PodList` or a `Status`.
 /// Read as it arrives with [`PodListReader`].
 pub fn pod_list_as_json(body: &[u8]) -> Result<Vec<u8>, ProtobufError> {
-    reader::read_whole(body)
+    let mut reader = PodListReader::default();
+    reader.push(body)?;
+    reader.finish()
 }
 
 #[derive(Serialize, Default)]

@@ -287,10 +287,3 @@ impl PodListReader {
         }
     }
 }
-
-/// The JSON of a whole response at once (see [`PodListReader`]).
-pub(super) fn read_whole(body: &[u8]) -> Result<Vec<u8>, ProtobufError> {
-    let mut reader = PodListReader::default();
-    reader.push(body)?;
-    reader.finish()
-}
