@@ -6,6 +6,7 @@ use std::sync::{Arc, RwLock};
 use kube::Client;
 use podlife::queue::WorkQueue;
 
+use super::fresh_node::NodeReads;
 use crate::index::{NodeIndex, SharedIndex};
 use crate::release::{Events, writer};
 use crate::telemetry::ControllerMetrics;
@@ -21,6 +22,8 @@ pub struct Ctx {
     pub(crate) metrics: ControllerMetrics,
     /// Nodes' readiness (`None`: fencing is off).
     pub(crate) nodes: Option<Arc<RwLock<NodeIndex>>>,
+    /// Fresh node reads in flight, shared by the deletions they serve.
+    pub(crate) node_reads: Arc<NodeReads>,
 }
 
 impl Ctx {
@@ -42,6 +45,7 @@ impl Ctx {
             events,
             metrics,
             nodes: None,
+            node_reads: Arc::default(),
         }
     }
 }

@@ -219,23 +219,26 @@ impl Worker {
             let seen = st.pods().tombstones(podref).iter().map(|t| t.seen_at).max();
             ((!blind).then(|| self.decide(&st, podref)), seen, none_live)
         };
-        let mut releases = match decided {
+        let seen = seen.unwrap_or(started);
+        let (mut releases, distrusted) = match decided {
             // With no pod of the name known, the address a tombstone listed may already be a
             // replacement's (same name, the address given back, our pod watch behind the pool
             // watch): a pod must exist before an allocation is made for it, so a fresh read
             // now finds any replacement whose entry we judged.
-            Some(releases) if none_live && releases.iter().any(removes) => {
-                self.confirm_no_replacement(podref, releases, started)
+            Some(judged) if none_live && judged.iter().any(removes) => {
+                self.confirm_no_replacement(podref, judged, started, seen)
                     .await?
             }
-            Some(releases) => releases,
-            None => self.decide_blind(podref, started).await?,
+            Some(releases) => {
+                let distrusted = self.nodes_distrusted(podref, &releases, seen).await?;
+                (releases, distrusted)
+            }
+            None => {
+                let releases = self.decide_blind(podref, started).await?;
+                let distrusted = self.nodes_distrusted(podref, &releases, seen).await?;
+                (releases, distrusted)
+            }
         };
-        let seen = seen.unwrap_or(started);
-        let distrusted =
-            super::fresh_node::distrusted_when_read(&self.ctx, podref, &releases, seen)
-                .await
-                .map_err(|e| Failure::new(e.into()))?;
         if distrusted {
             let st = self.ctx.index.read().expect("index lock");
             releases = self.decide(&st, podref);
@@ -294,19 +297,45 @@ impl Worker {
 
     /// `judged` (releases that remove entries, with no pod of the name known) unless a pod of
     /// that name exists now: then it is judged again, live. Not judged again when there is
-    /// none: entries newer than the read could be a pod's made after it.
+    /// none: entries newer than the read could be a pod's made after it. The nodes of `judged`
+    /// are read fresh meanwhile (see [`nodes_distrusted`](Self::nodes_distrusted)), and those
+    /// of a new judgement after; whether one is distrusted.
     async fn confirm_no_replacement(
         &self,
         podref: &str,
         judged: Vec<ReleaseRequest>,
         started: Instant,
-    ) -> Result<Vec<ReleaseRequest>, Failure> {
-        if !self.read_pod(podref, started).await? {
-            return Ok(judged);
+        seen: Instant,
+    ) -> Result<(Vec<ReleaseRequest>, bool), Failure> {
+        let (replaced, distrusted) = tokio::join!(
+            self.read_pod(podref, started),
+            self.nodes_distrusted(podref, &judged, seen)
+        );
+        // The pod read's failure first, as when the node was read after it.
+        if !replaced? {
+            return Ok((judged, distrusted?));
         }
         tracing::info!(%podref, "a pod of the deleted pod's name exists: judged again with it");
-        let st = self.ctx.index.read().expect("index lock");
-        Ok(self.decide(&st, podref))
+        let releases = {
+            let st = self.ctx.index.read().expect("index lock");
+            self.decide(&st, podref)
+        };
+        // Nodes read Ready since the deletion are not read again.
+        let again = self.nodes_distrusted(podref, &releases, seen).await?;
+        Ok((releases, distrusted? || again))
+    }
+
+    /// Whether a node whose allocations `releases` would remove turns out not Ready when read
+    /// fresh (see [`super::fresh_node`]).
+    async fn nodes_distrusted(
+        &self,
+        podref: &str,
+        releases: &[ReleaseRequest],
+        seen: Instant,
+    ) -> Result<bool, Failure> {
+        super::fresh_node::distrusted_when_read(&self.ctx, podref, releases, seen)
+            .await
+            .map_err(|e| Failure::new(e.into()))
     }
 
     /// Reads the pod of `podref` fresh and puts it in the index if there is one; whether there

@@ -450,6 +450,7 @@ pub async fn run(
         events,
         metrics: metrics.clone(),
         nodes: nodes.clone(),
+        node_reads: Arc::default(),
     };
     let synced = spawn_watches(&ctx, &args.whereabouts_namespace, &leader, &mut tasks);
 

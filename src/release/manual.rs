@@ -528,6 +528,7 @@ pub fn node_holds(
         ready_seen: None,
         out_of_service: node.out_of_service,
         ready_again: None,
+        ready_stamp: None,
     };
     if let Some(why) = distrust(Some(&readiness), std::time::Instant::now(), Duration::ZERO) {
         return Some(format!(

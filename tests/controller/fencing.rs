@@ -430,6 +430,37 @@ async fn a_deletion_seen_before_its_nodes_not_ready_update_is_still_fenced() {
     env.finish(&node).await;
 }
 
+/// The Node watch misses a whole NotReady spell (a fault proxy holds its events): the cache
+/// still has the node Ready since before. A pod stopped and deleted right after the node is
+/// Ready again is read fresh: its Ready condition has a newer transition time than the cache's,
+/// so the node went down and came back meanwhile, and its kubelet may still be stopping pods
+/// deleted while it was away. It is fenced as settling, then lifts once settled. (Before, the
+/// fresh read's Ready released it at once.)
+#[tokio::test]
+async fn a_not_ready_spell_the_node_watch_missed_still_fences_a_deletion_right_after_it() {
+    let mut env = Env::new("ctl-fence-missed-spell").await;
+    let (node, uid) = web_0_and_db_0_on_a_ready_node(&env).await;
+    let held = Action::DelayEvents(Duration::from_secs(300));
+    let proxy = start_with_faulty_nodes(&mut env, "watch", held, &["--fence-settle=6s"]).await;
+    // Transition times are whole seconds: the spell ends in a later one than the node began.
+    let now = jiff::Timestamp::now();
+    env.set_ready_at(&node, "Unknown", now + jiff::SignedDuration::from_secs(2))
+        .await;
+    env.set_ready_at(&node, "True", now + jiff::SignedDuration::from_secs(4))
+        .await;
+    env.delete_stopped_pod("web-0").await;
+    let message = env.wait_one_event(FENCED, "web-0", &uid).await;
+    assert!(message.contains("settling"), "{message}");
+    assert!(
+        proxy.injected().values().sum::<u64>() > 0,
+        "the Node watch's events were held: {:?}",
+        proxy.injected()
+    );
+    env.assert_web_0_fenced(&node).await;
+    env.wait_web_0_released(&uid).await;
+    env.finish(&node).await;
+}
+
 /// A deletion whose node cannot be read fresh is never released on the Node cache's word: the
 /// address stays, also through the sweeps, a Warning names the failed read, and once reads
 /// work again it is released. (Before, the item was given up after its retries and the sweep

@@ -136,7 +136,9 @@ impl NodeIndex {
                 node: name.clone(),
                 status: now.status.clone(),
             })
-        } else if was == Some(false) && now.is_ready() {
+        } else if now.ready_again.is_some() && now.ready_again != before.and_then(|b| b.ready_again)
+        {
+            // Seen not Ready before, or through a NotReady this process never saw.
             Some(Transition::ReadyAgain { node: name.clone() })
         } else {
             None
@@ -175,7 +177,10 @@ impl NodeIndex {
 /// The Ready condition of a Node (`missing` when it has none yet), given what was known of it
 /// before and when this observation was made. Ready counts from our own first observation of
 /// it (the node's `lastTransitionTime` is the node's clock, which may lag); a node seen not
-/// Ready before is Ready again from that observation.
+/// Ready before is Ready again from that observation. So is a node seen Ready twice whose
+/// Ready condition changed its `lastTransitionTime` in between: it went through a NotReady
+/// this process never saw (a watch gap and a re-list, a watch that lagged behind a fresh
+/// read), and its kubelet may still be stopping pods deleted while it was away.
 pub fn readiness_of(
     node: &NodeReadyView,
     before: Option<&NodeReadiness>,
@@ -186,9 +191,20 @@ pub fn readiness_of(
         None => ("missing".into(), None),
     };
     let ready = status == "True";
+    let stamp = node
+        .ready
+        .as_ref()
+        .and_then(|c| c.last_transition_time.as_ref())
+        .map(|t| t.0);
+    let missed_cycle = ready
+        && before.is_some_and(|b| {
+            b.is_ready() && b.ready_stamp.is_some() && stamp.is_some() && b.ready_stamp != stamp
+        });
+    let before = before.filter(|_| !missed_cycle);
     let ready_seen = ready.then(|| before.and_then(|b| b.ready_seen).unwrap_or(seen));
     let ready_again = match before {
         _ if !ready => None,
+        _ if missed_cycle => Some(seen),
         Some(b) if !b.is_ready() => Some(seen),
         Some(b) => b.ready_again,
         None => None,
@@ -199,5 +215,8 @@ pub fn readiness_of(
         ready_seen,
         out_of_service: node.out_of_service,
         ready_again,
+        ready_stamp: stamp
+            .or_else(|| before.and_then(|b| b.ready_stamp))
+            .filter(|_| ready),
     }
 }

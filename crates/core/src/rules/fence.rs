@@ -25,6 +25,10 @@ pub struct NodeReadiness {
     /// first seen, or not Ready): for a while after, its kubelet may still be stopping pods
     /// deleted while it was away, so a deletion seen then counts as one from a node not Ready.
     pub ready_again: Option<Instant>,
+    /// The Ready condition's `lastTransitionTime` when last seen Ready (the node's clock, so
+    /// only ever compared for a change): one that changed between two Ready sightings went
+    /// through a NotReady the watch never delivered.
+    pub ready_stamp: Option<jiff::Timestamp>,
 }
 
 impl NodeReadiness {
@@ -453,6 +457,7 @@ mod tests {
             ready_seen,
             out_of_service: false,
             ready_again: None,
+            ready_stamp: None,
         }
     }
 
@@ -545,6 +550,7 @@ mod tests {
             ready_seen: None,
             out_of_service: false,
             ready_again: None,
+            ready_stamp: None,
         };
         assert_eq!(
             distrust(Some(&missing), Instant::now(), W).as_deref(),

@@ -118,6 +118,7 @@ mod tests {
             ready_seen: None,
             out_of_service: false,
             ready_again: None,
+            ready_stamp: None,
         }
     }
 

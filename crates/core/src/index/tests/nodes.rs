@@ -6,7 +6,7 @@ use super::*;
 use crate::index::NodeIndex;
 use crate::index::kinds::Nodes;
 use crate::index::nodes::Transition;
-use crate::rules::fence::{FenceClock, FencePolicy, Lift, Moment, lift};
+use crate::rules::fence::{FenceClock, FencePolicy, Lift, Moment, distrust, lift};
 
 #[test]
 fn a_pod_of_a_node_that_is_not_ready_is_distrusted_from_the_moment_the_node_is_seen() {
@@ -196,4 +196,75 @@ fn a_pod_deleted_from_a_ready_node_before_its_kubelet_stopped_it_is_distrusted()
     tainted.out_of_service = true;
     feed(&mut r, &mut v, [Step::Changed(tainted)]);
     assert_eq!(v.distrust_deleted(&deleted(Some("a"), false)), None);
+}
+
+/// `node` Ready with its Ready condition's transition stamped `stamp` (the node's clock).
+fn ready_since(name: &str, stamp: &str) -> NodeReadyView {
+    let mut n = node(name, Some("True"));
+    n.ready.as_mut().unwrap().last_transition_time = Some(
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(stamp.parse().unwrap()),
+    );
+    n
+}
+
+#[test]
+fn a_not_ready_spell_the_watch_never_delivered_still_starts_the_settle() {
+    let mut v = NodeIndex::default();
+    let mut r = Relist::<Nodes>::default();
+    let t0 = Instant::now();
+    let window = Duration::from_secs(30);
+    for s in [
+        Step::Begin,
+        Step::Listed(ready_since("a", "2026-11-30T10:00:00Z")),
+        Step::Done,
+    ] {
+        r.step(&mut v, s, t0);
+    }
+    assert_eq!(
+        v.node("a").unwrap().ready_again,
+        None,
+        "Ready since first seen"
+    );
+    // Heartbeats keep the stamp: nothing happened.
+    let t1 = t0 + Duration::from_secs(60);
+    let same = r.step(
+        &mut v,
+        Step::Changed(ready_since("a", "2026-11-30T10:00:00Z")),
+        t1,
+    );
+    assert!(same.effects.is_empty());
+    assert_eq!(v.node("a").unwrap().ready_seen, Some(t0));
+    assert_eq!(distrust(v.node("a"), t1, window), None);
+
+    // The watch was down while the node went NotReady and came back: a re-list sees it Ready
+    // with a new transition stamp. It is Ready again from now, as if the NotReady was seen.
+    let t2 = t1 + Duration::from_secs(60);
+    let mut back = Vec::new();
+    for s in [
+        Step::Begin,
+        Step::Listed(ready_since("a", "2026-11-30T10:01:30Z")),
+        Step::Done,
+    ] {
+        back.extend(r.step(&mut v, s, t2).effects);
+    }
+    assert_eq!(back, [Transition::ReadyAgain { node: "a".into() }]);
+    let a = v.node("a").unwrap();
+    assert_eq!((a.ready_again, a.ready_seen), (Some(t2), Some(t2)));
+    assert!(
+        distrust(v.node("a"), t2 + Duration::from_secs(29), window).is_some(),
+        "a deletion seen in the settle is fenced"
+    );
+    assert_eq!(distrust(v.node("a"), t2 + window, window), None);
+
+    // A later heartbeat with that stamp keeps the moment; a Ready condition without a stamp
+    // tells nothing.
+    let t3 = t2 + Duration::from_secs(5);
+    r.step(
+        &mut v,
+        Step::Changed(ready_since("a", "2026-11-30T10:01:30Z")),
+        t3,
+    );
+    r.step(&mut v, Step::Changed(node("a", Some("True"))), t3);
+    let a = v.node("a").unwrap();
+    assert_eq!((a.ready_again, a.ready_seen), (Some(t2), Some(t2)));
 }
