@@ -91,10 +91,23 @@ pub struct Lifter {
     pub(crate) fences: kube::Api<Lenient<IPFence>>,
     /// Fences (object uid) whose settle lift a fresh read holds on the agent's word: said once.
     pub(crate) held_on_read: Once<String>,
+    /// Fences (object uid) whose settle lift a fresh read found deleted: said once.
+    pub(crate) deleted_on_read: Once<String>,
 }
 
 /// First and longest wait before a failed fence write (lift or completion) is tried again.
 pub const WRITE_BACKOFF: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(30));
+
+/// What a fresh read of a fence to lift on the settle says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FreshFence {
+    /// No valid "still present" from the node agent: the lift goes.
+    Silent,
+    /// The node agent's "still present": the fence stays.
+    Present,
+    /// Deleted, not by this controller: the lift waits for the fence watch.
+    Deleted,
+}
 
 /// What one pass found in the index.
 struct Found {
@@ -388,8 +401,10 @@ impl Lifter {
     /// present" from the node agent: the fence watch may have missed it (a connection lost
     /// without a word is noticed only by the watch's idle check). A fence that cannot be read,
     /// or was replaced by another object since the index read it (a report on the new one is
-    /// not bound to this fence), keeps its lift for the next pass; one deleted since holds no
-    /// report. Returns the lifts that go and how many the agent's word held.
+    /// not bound to this fence), keeps its lift for the next pass; so does one deleted since:
+    /// this controller removes a fenced entry before its record, so someone else deleted it,
+    /// and once the fence watch shows that, the marked entry is left alone as a record deleted
+    /// by hand is. Returns the lifts that go and how many the agent's word held.
     async fn confirm_agent_silent(
         &mut self,
         writes: Vec<ReleaseRequest>,
@@ -409,37 +424,52 @@ impl Lifter {
                 if !settled(&r) {
                     return Some(Ok(r));
                 }
-                let silent = this.agent_silent(record, object, r.judged.entry.ip).await?;
-                let uid = object.uid.clone();
-                Some(if silent { Ok(r) } else { Err(uid) })
+                let read = this.fresh_fence(record, object, r.judged.entry.ip).await?;
+                Some(match read {
+                    FreshFence::Silent => Ok(r),
+                    _ => Err((read, r)),
+                })
             })
             .buffer_unordered(LIFT_READS)
             .collect::<Vec<_>>()
             .await;
-        let (mut go, mut held) = (Vec::new(), Vec::new());
+        let (mut go, mut held, mut deleted) = (Vec::new(), Vec::new(), Vec::new());
         for c in checked.into_iter().flatten() {
             match c {
                 Ok(r) => go.push(r),
-                Err(uid) => held.push(uid),
+                Err((FreshFence::Deleted, r)) => deleted.push(r),
+                Err((_, r)) => held.push(r),
             }
         }
-        for uid in &held {
-            if self.held_on_read.first(uid.clone()) {
-                tracing::info!(fence_uid = %uid, "fence held: a fresh read shows the node agent on its node still sees a sandbox of the deleted pod (the fence watch had not shown it)");
+        let uid = |r: &ReleaseRequest| match &r.write {
+            EntryWrite::Unfence(_, object) => object.uid.clone(),
+            _ => String::new(),
+        };
+        for r in &held {
+            if self.held_on_read.first(uid(r)) {
+                tracing::info!(fence_uid = %uid(r), ip = %r.judged.entry.ip, "fence held: a fresh read shows the node agent on its node still sees a sandbox of the deleted pod (the fence watch had not shown it)");
             }
         }
+        for r in &deleted {
+            if self.deleted_on_read.first(uid(r)) {
+                tracing::warn!(fence_uid = %uid(r), ip = %r.judged.entry.ip, podref = %r.judged.entry.podref, "the fence to lift on the settle was deleted, not by this controller (it removes a fenced entry before its record): the lift waits for the fence watch, and the marked entry is then left alone");
+            }
+        }
+        let held: Vec<String> = held.iter().map(uid).collect();
+        let deleted: Vec<String> = deleted.iter().map(uid).collect();
         self.held_on_read.keep_only(|uid| held.contains(uid));
+        self.deleted_on_read.keep_only(|uid| deleted.contains(uid));
         (go, held.len())
     }
 
-    /// Whether the fence `object` of `record` (address `ip`), read fresh, holds no valid "still
-    /// present" (`None`: it cannot tell now; the lift waits).
-    async fn agent_silent(
+    /// What the fence `object` of `record` (address `ip`), read fresh, says of its lift on the
+    /// settle (`None`: it cannot tell now; the lift waits).
+    async fn fresh_fence(
         &self,
         record: &FenceRecord,
         object: &ObjectId,
         ip: std::net::IpAddr,
-    ) -> Option<bool> {
+    ) -> Option<FreshFence> {
         let read = match self.fences.get_opt(&object.name).await {
             Ok(read) => read,
             Err(e) => {
@@ -448,7 +478,7 @@ impl Lifter {
             }
         };
         let status = match read {
-            None => return Some(true),
+            None => return Some(FreshFence::Deleted),
             Some(Lenient::Valid(f)) if f.metadata.uid.as_deref() != Some(object.uid.as_str()) => {
                 tracing::info!(%ip, podref = %record.podref, fence = %object.name, "the fence to lift on the settle is another object now; the lift waits for the fence watch");
                 return None;
@@ -464,7 +494,13 @@ impl Lifter {
             pod_uid: &record.uid,
             fence_uid: &object.uid,
         };
-        Some(!agent_says(identity, &AgentReports::from(&status)).present)
+        Some(
+            if agent_says(identity, &AgentReports::from(&status)).present {
+                FreshFence::Present
+            } else {
+                FreshFence::Silent
+            },
+        )
     }
 
     /// A lift is a release no deletion just triggered: the fenced podref is read fresh first

@@ -241,6 +241,7 @@ fn spawn_lifting(
         server_clock: server_clock.clone(),
         fences: kube::Api::namespaced(ctx.client.clone(), &args.whereabouts_namespace),
         held_on_read: Default::default(),
+        deleted_on_read: Default::default(),
     };
     let mut cooler = cooldown::Cooler {
         ctx: ctx.clone(),

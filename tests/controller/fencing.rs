@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, PostParams};
 use testenv::ControlPlane;
 use testenv::faultproxy::{Action, FaultProxy, Rule};
-use testenv::poll::{metric_value, wait_for};
+use testenv::poll::{metric_value, wait_for, wait_for_within};
 
 use crate::harness::{Env, FENCED, PoolRefusal};
 
@@ -867,6 +867,68 @@ async fn a_still_present_report_a_dead_fence_watch_missed_still_holds_the_settle
     env.assert_web_0_fenced(&node).await;
     env.report_gone(&name, report).await;
     env.wait_web_0_released(&uid).await;
+    env.finish(&node).await;
+}
+
+/// The controller's fence watch dies without a word, and someone deletes web-0's IPFence by
+/// hand meanwhile; the node comes back. A lift on the settle reads the fence fresh first and
+/// finds it gone: the lift waits for the fence watch (this controller removes a fenced entry
+/// before its record, so the record went by another hand), whose re-list then leaves the marked
+/// entry alone, as a record deleted by hand is. (Before, the settle lifted it: no agent report
+/// can be on a deleted fence.)
+#[tokio::test]
+async fn a_fence_deleted_by_hand_while_the_fence_watch_is_dead_does_not_lift_on_the_settle() {
+    let mut env = Env::new("ctl-fence-deleted-unseen").await;
+    let node = env.fence_node("Unknown").await;
+    let proxy = FaultProxy::start(env.client.clone(), 8).await.unwrap();
+    env.through = Some(ControlPlane::shared().client_through_faults(&proxy).await);
+    env.fenced_web_0(&node, &["--fence-settle=1s"]).await;
+    env.assert_web_0_fenced(&node).await;
+    proxy.silence_watches(Some("ipfences"));
+    wait_for("the fence watch silenced", || async {
+        proxy.silenced() >= 1
+    })
+    .await;
+    let name = ipreclaim::ipam::fence::fence_object_name("192.0.2.0-24", "10");
+    Api::<ipreclaim::api::IPFence>::namespaced(env.client.clone(), &env.ns)
+        .delete(&name, &Default::default())
+        .await
+        .unwrap();
+    env.set_ready(&node, "True").await;
+    // Passes past the settle read the fence fresh, find it gone and wait.
+    let reads = || proxy.requests().get("get ipfences").copied().unwrap_or(0);
+    wait_for("two lifts waiting on a fresh read of the fence", || async {
+        reads() >= 2
+    })
+    .await;
+    let marked = Some(format!("{}/web-0:fenced", env.ns));
+    assert_eq!(
+        env.entry_and_fence("192.0.2.0-24", "10").await,
+        (marked.clone(), None)
+    );
+    assert!(
+        env.events("IPAddressGarbageCollected").await.is_empty(),
+        "lifted on the settle"
+    );
+    // The fence watch is made again (every 60 s): the entry without its record is reported
+    // and left alone.
+    let report = "the marked entry reported without its record";
+    wait_for_within(
+        report,
+        Duration::from_secs(90),
+        Duration::from_secs(1),
+        || async {
+            crate::harness::warnings(&env, "UnreadablePoolEntries")
+                .await
+                .iter()
+                .any(|(o, m, _)| o == "192.0.2.0-24" && m.contains("has no fence record"))
+        },
+    )
+    .await;
+    assert_eq!(
+        env.entry_and_fence("192.0.2.0-24", "10").await,
+        (marked, None)
+    );
     env.finish(&node).await;
 }
 
