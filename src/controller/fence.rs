@@ -126,15 +126,23 @@ struct Lifts {
     lifted: Vec<ReleaseRequest>,
     /// Of those, the ones the node agent's report lifted (their Events say so).
     by_agent: HashSet<Slot>,
-    /// Of those, the ones lifted on the Node cache's word, with the node and why: each node is
-    /// read fresh before they go.
-    by_node: HashMap<Slot, (String, Lift)>,
+    /// Of those, the ones lifted on the Node cache's word: each node is read fresh before
+    /// they go.
+    by_node: HashMap<Slot, NodeLift>,
     /// Fences (and pending fences) that stay.
     staying: i64,
     /// The age of the oldest fence that stays.
     oldest: Duration,
     /// Fences whose lift the node agent's "still present" keeps back.
     kept_by_agent: i64,
+}
+
+/// A lift on the Node cache's word: the node, why, and when the cache had seen it Ready (the
+/// settle's start) when the lift was judged.
+struct NodeLift {
+    node: String,
+    why: Lift,
+    ready_seen: Option<Instant>,
 }
 
 /// The fenced entries whose address a replacement lists (see [`replacement_lists`]).
@@ -194,18 +202,28 @@ impl Lifter {
         let oldest = lifts.oldest.as_secs() as i64;
         self.ctx.metrics.oldest_fence_seconds.set(oldest);
         let (complete, stale) = self.due_records(&found, now.mono);
-        // Lifts a fresh read of their fence held: they stay, on the agent's word.
-        let mut held = 0;
+        // Lifts that do not go this pass are still fences: held by a fresh read of the
+        // agent's word (`held`), in backoff, or waiting for a node or the fence watch.
+        let (mut held, mut not_going) = (0, 0);
         if leader {
+            let lifting = lifts.lifted.len();
             let mut writes = lifts.lifted;
             writes.extend(complete);
             let writes = self.not_in_backoff(writes, now.mono);
             let writes = self.confirm_nodes(writes, &lifts.by_node).await;
             let (writes, h) = self.confirm_agent_silent(writes, &lifts.by_node).await;
             held = h as i64;
+            let going = writes
+                .iter()
+                .filter(|w| matches!(w.write, EntryWrite::Unfence(..)))
+                .count();
+            not_going = lifting.saturating_sub(going) as i64;
             self.write(writes, &lifts.by_agent).await;
         }
-        self.ctx.metrics.fenced_addresses.set(lifts.staying + held);
+        self.ctx
+            .metrics
+            .fenced_addresses
+            .set(lifts.staying + not_going);
         self.ctx
             .metrics
             .fences_held_by_node_agent
@@ -225,17 +243,25 @@ impl Lifter {
             timeout: p.timeout.filter(|_| timeouts),
             ..p
         });
-        let decided = {
+        let (decided, ready_seen) = {
             let v = self.view.read().expect("node view lock");
             self.ctx.metrics.unready_nodes.set(v.unready() as i64);
-            self.book.judge(
+            let decided = self.book.judge(
                 &found.fenced,
                 &found.listed_by_replacement,
                 &v,
                 policy.as_ref(),
                 leader,
                 now,
-            )
+            );
+            // What the settles were judged on, for the fresh reads to compare.
+            let ready_seen: HashMap<String, Option<Instant>> = decided
+                .lifts
+                .iter()
+                .map(|(i, _)| &found.fenced[*i].record.node)
+                .map(|n| (n.clone(), v.node(n).and_then(|r| r.ready_seen)))
+                .collect();
+            (decided, ready_seen)
         };
         let fenced = &found.fenced;
         for (i, why) in decided.newly_rejected {
@@ -265,7 +291,16 @@ impl Lifter {
                     out.by_agent.insert(slot);
                 }
                 Lift::NodeSettled | Lift::NodeDeleted | Lift::OutOfService => {
-                    out.by_node.insert(slot, (f.record.node.clone(), why));
+                    let node = f.record.node.clone();
+                    let ready_seen = ready_seen.get(&node).copied().flatten();
+                    out.by_node.insert(
+                        slot,
+                        NodeLift {
+                            node,
+                            why,
+                            ready_seen,
+                        },
+                    );
                 }
                 Lift::TimedOut | Lift::FencingOff => {}
             }
@@ -342,18 +377,19 @@ impl Lifter {
     /// Lifts on the Node cache's word (settled, deleted, tainted out-of-service) go only if a
     /// fresh read of the node says the same: the Node watch may lag (the node went NotReady
     /// again, or its Node was created again). The read is recorded in the cache, so a node found
-    /// not Ready starts its settle again; a node that cannot be read keeps its lifts for the
-    /// next pass.
+    /// not Ready starts its settle again, and so does one found Ready again after a NotReady
+    /// the watch never delivered (a settle lift then waits for the new settle); a node that
+    /// cannot be read keeps its lifts for the next pass.
     async fn confirm_nodes(
         &self,
         mut writes: Vec<ReleaseRequest>,
-        by_node: &HashMap<Slot, (String, Lift)>,
+        by_node: &HashMap<Slot, NodeLift>,
     ) -> Vec<ReleaseRequest> {
         let key = |r: &ReleaseRequest| Slot::new(&r.judged.pool, &r.judged.entry.key);
         let mut nodes: Vec<&str> = writes
             .iter()
             .filter_map(|r| by_node.get(&key(r)))
-            .map(|(n, _)| n.as_str())
+            .map(|l| l.node.as_str())
             .collect();
         nodes.sort_unstable();
         nodes.dedup();
@@ -377,7 +413,12 @@ impl Lifter {
             fresh.insert(node.to_owned(), now);
         }
         writes.retain(|r| {
-            let Some((node, why)) = by_node.get(&key(r)) else {
+            let Some(NodeLift {
+                node,
+                why,
+                ready_seen,
+            }) = by_node.get(&key(r))
+            else {
                 return true;
             };
             let Some(Some(now)) = fresh.get(node) else {
@@ -386,7 +427,10 @@ impl Lifter {
             let holds = match (why, now) {
                 (_, None) => true,
                 (Lift::OutOfService, Some(n)) => n.out_of_service,
-                (Lift::NodeSettled, Some(n)) => n.out_of_service || n.is_ready(),
+                // Ready since no later than the settle was judged on.
+                (Lift::NodeSettled, Some(n)) => {
+                    n.out_of_service || (n.is_ready() && n.ready_seen <= *ready_seen)
+                }
                 _ => false,
             };
             if !holds {
@@ -408,12 +452,14 @@ impl Lifter {
     async fn confirm_agent_silent(
         &mut self,
         writes: Vec<ReleaseRequest>,
-        by_node: &HashMap<Slot, (String, Lift)>,
+        by_node: &HashMap<Slot, NodeLift>,
     ) -> (Vec<ReleaseRequest>, usize) {
         use futures::StreamExt;
         let settled = |r: &ReleaseRequest| {
             let slot = Slot::new(&r.judged.pool, &r.judged.entry.key);
-            matches!(by_node.get(&slot), Some((_, Lift::NodeSettled)))
+            by_node
+                .get(&slot)
+                .is_some_and(|l| l.why == Lift::NodeSettled)
         };
         let this = &*self;
         let checked = futures::stream::iter(writes)
@@ -423,6 +469,11 @@ impl Lifter {
                 };
                 if !settled(&r) {
                     return Some(Ok(r));
+                }
+                // Found deleted on an earlier pass: gone for good, so not read again (the
+                // fence watch's re-list ends the wait).
+                if this.deleted_on_read.contains(&object.uid) {
+                    return Some(Err((FreshFence::Deleted, r)));
                 }
                 let read = this.fresh_fence(record, object, r.judged.entry.ip).await?;
                 Some(match read {

@@ -870,6 +870,45 @@ async fn a_still_present_report_a_dead_fence_watch_missed_still_holds_the_settle
     env.finish(&node).await;
 }
 
+/// web-0 is fenced while its node is down; the node comes back and the Node watch sees it, so
+/// the settle (10 s) begins. The watch then lags (a fault proxy holds its events) while the
+/// node goes down and comes back again. When the cached settle has passed, the lift reads the
+/// node fresh: Ready, but its Ready condition has a newer transition time, so the settle starts
+/// again from that read and the lift waits for it. (Before, the fresh read's Ready lifted it
+/// then, moments after the kubelet came back the second time.)
+#[tokio::test]
+async fn a_second_not_ready_spell_the_node_watch_missed_restarts_a_fences_settle() {
+    let (cp, mut env) = Env::private("ctl-fence-second-spell").await;
+    let node = env.fence_node("Unknown").await;
+    let proxy = FaultProxy::start(env.client.clone(), 8).await.unwrap();
+    env.through = Some(cp.client_through_faults(&proxy).await);
+    let uid = env.fenced_web_0(&node, &["--fence-settle=10s"]).await;
+    env.set_ready(&node, "True").await;
+    env.wait_metric("ipreclaim_unready_nodes 0").await;
+    // The Node watch is made again through a rule holding its events.
+    let held = Action::DelayEvents(Duration::from_secs(300));
+    proxy.set_rules(vec![Rule::new(Some("watch"), Some("nodes"), held)]);
+    let watches = || proxy.requests().get("watch nodes").copied().unwrap_or(0);
+    let before = watches();
+    proxy.cut_watches();
+    wait_for("the Node watch made again", || async { watches() > before }).await;
+    let now = jiff::Timestamp::now();
+    env.set_ready_at(&node, "Unknown", now + jiff::SignedDuration::from_secs(2))
+        .await;
+    env.set_ready_at(&node, "True", now + jiff::SignedDuration::from_secs(4))
+        .await;
+    let back = std::time::Instant::now();
+    env.wait_web_0_released(&uid).await;
+    // The first settle ends less than 10 s after `back`; the one from the lift's read, 10 s
+    // after that read.
+    let after = back.elapsed();
+    assert!(
+        after >= Duration::from_secs(15),
+        "lifted {after:?} after the node came back the second time"
+    );
+    env.finish(&node).await;
+}
+
 /// The controller's fence watch dies without a word, and someone deletes web-0's IPFence by
 /// hand meanwhile; the node comes back. A lift on the settle reads the fence fresh first and
 /// finds it gone: the lift waits for the fence watch (this controller removes a fenced entry
@@ -895,12 +934,18 @@ async fn a_fence_deleted_by_hand_while_the_fence_watch_is_dead_does_not_lift_on_
         .await
         .unwrap();
     env.set_ready(&node, "True").await;
-    // Passes past the settle read the fence fresh, find it gone and wait.
-    let reads = || proxy.requests().get("get ipfences").copied().unwrap_or(0);
-    wait_for("two lifts waiting on a fresh read of the fence", || async {
-        reads() >= 2
+    // Passes past the settle read the node and the fence fresh, find the fence gone and wait;
+    // the fence is not read again.
+    let reads = |what: &str| proxy.requests().get(what).copied().unwrap_or(0);
+    wait_for("three lifts waiting on a fresh read", || async {
+        reads("get ipfences") >= 1 && reads("get nodes") >= 3
     })
     .await;
+    assert_eq!(
+        reads("get ipfences"),
+        1,
+        "a fence found deleted is read again"
+    );
     let marked = Some(format!("{}/web-0:fenced", env.ns));
     assert_eq!(
         env.entry_and_fence("192.0.2.0-24", "10").await,

@@ -138,6 +138,15 @@ impl<K: Hash + Eq> Once<K> {
         self.reported.remove(k);
     }
 
+    /// Whether `k` is in an episode (reported, not yet ended).
+    pub fn contains<Q>(&self, k: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.reported.contains(k)
+    }
+
     /// How many keys are in an episode.
     pub fn len(&self) -> usize {
         self.reported.len()
