@@ -204,14 +204,18 @@ mod tests {
         send.send_response(node(ready));
     }
 
+    /// A client to a mock apiserver, its handle, no reads in flight and an empty view.
+    fn setup() -> (kube::Client, Handle, Arc<NodeReads>, Arc<RwLock<NodeIndex>>) {
+        let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let client = kube::Client::new(service, "default");
+        (client, handle, Arc::default(), Arc::default())
+    }
+
     /// Deletions seen before a read of their node began share it while it is in flight, and
     /// its verdict; a deletion seen after it began reads again.
     #[tokio::test]
     async fn deletions_seen_before_a_read_began_share_it_and_one_seen_after_reads_again() {
-        let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
-        let client = kube::Client::new(service, "default");
-        let reads = Arc::new(NodeReads::default());
-        let view = Arc::new(RwLock::new(NodeIndex::default()));
+        let (client, mut handle, reads, view) = setup();
         view.write().unwrap().upsert(
             &ipreclaim_core::fixtures::node("n1", Some("True")),
             Instant::now(),
@@ -252,10 +256,7 @@ mod tests {
     /// themselves, and nothing stale in flight.
     #[tokio::test]
     async fn a_read_abandoned_in_flight_leaves_its_waiters_to_read() {
-        let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
-        let client = kube::Client::new(service, "default");
-        let reads = Arc::new(NodeReads::default());
-        let view = Arc::new(RwLock::new(NodeIndex::default()));
+        let (client, mut handle, reads, view) = setup();
         let seen = Instant::now();
         let spawn_read = || {
             let (reads, view, client) = (reads.clone(), view.clone(), client.clone());

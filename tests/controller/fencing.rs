@@ -389,6 +389,20 @@ async fn a_pod_deleted_right_after_its_node_goes_down_is_fenced() {
     env.finish(&node).await;
 }
 
+/// web-0 fenced on a node that is not Ready (see [`Env::fenced_web_0`]), the controller
+/// running with `flags` through a fault proxy to `cp`: the node, the proxy and web-0's uid.
+async fn web_0_fenced_through_a_proxy(
+    env: &mut Env,
+    cp: &ControlPlane,
+    flags: &[&str],
+) -> (String, FaultProxy, String) {
+    let node = env.fence_node("Unknown").await;
+    let proxy = FaultProxy::start(env.client.clone(), 8).await.unwrap();
+    env.through = Some(cp.client_through_faults(&proxy).await);
+    let uid = env.fenced_web_0(&node, flags).await;
+    (node, proxy, uid)
+}
+
 /// Starts the controller through a fault proxy that applies `action` to its `verb` requests
 /// on Nodes.
 async fn start_with_faulty_nodes(
@@ -847,10 +861,9 @@ async fn the_node_agents_still_present_report_holds_a_fence_past_the_settle() {
 #[tokio::test]
 async fn a_still_present_report_a_dead_fence_watch_missed_still_holds_the_settle() {
     let mut env = Env::new("ctl-fence-present-unseen").await;
-    let node = env.fence_node("Unknown").await;
-    let proxy = FaultProxy::start(env.client.clone(), 8).await.unwrap();
-    env.through = Some(ControlPlane::shared().client_through_faults(&proxy).await);
-    let uid = env.fenced_web_0(&node, &["--fence-settle=1s"]).await;
+    let (node, proxy, uid) =
+        web_0_fenced_through_a_proxy(&mut env, ControlPlane::shared(), &["--fence-settle=1s"])
+            .await;
     env.assert_web_0_fenced(&node).await;
     proxy.silence_watches(Some("ipfences"));
     wait_for("the fence watch silenced", || async {
@@ -879,10 +892,8 @@ async fn a_still_present_report_a_dead_fence_watch_missed_still_holds_the_settle
 #[tokio::test]
 async fn a_second_not_ready_spell_the_node_watch_missed_restarts_a_fences_settle() {
     let (cp, mut env) = Env::private("ctl-fence-second-spell").await;
-    let node = env.fence_node("Unknown").await;
-    let proxy = FaultProxy::start(env.client.clone(), 8).await.unwrap();
-    env.through = Some(cp.client_through_faults(&proxy).await);
-    let uid = env.fenced_web_0(&node, &["--fence-settle=10s"]).await;
+    let (node, proxy, uid) =
+        web_0_fenced_through_a_proxy(&mut env, &cp, &["--fence-settle=10s"]).await;
     env.set_ready(&node, "True").await;
     env.wait_metric("ipreclaim_unready_nodes 0").await;
     // The Node watch is made again through a rule holding its events.
@@ -918,10 +929,9 @@ async fn a_second_not_ready_spell_the_node_watch_missed_restarts_a_fences_settle
 #[tokio::test]
 async fn a_fence_deleted_by_hand_while_the_fence_watch_is_dead_does_not_lift_on_the_settle() {
     let mut env = Env::new("ctl-fence-deleted-unseen").await;
-    let node = env.fence_node("Unknown").await;
-    let proxy = FaultProxy::start(env.client.clone(), 8).await.unwrap();
-    env.through = Some(ControlPlane::shared().client_through_faults(&proxy).await);
-    env.fenced_web_0(&node, &["--fence-settle=1s"]).await;
+    let (node, proxy, _) =
+        web_0_fenced_through_a_proxy(&mut env, ControlPlane::shared(), &["--fence-settle=1s"])
+            .await;
     env.assert_web_0_fenced(&node).await;
     proxy.silence_watches(Some("ipfences"));
     wait_for("the fence watch silenced", || async {
