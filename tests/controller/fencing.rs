@@ -403,6 +403,21 @@ async fn web_0_fenced_through_a_proxy(
     (node, proxy, uid)
 }
 
+/// [`web_0_fenced_through_a_proxy`] (settle 1 s, the shared control plane), then the
+/// controller's fence watch silenced: dead without a word.
+async fn web_0_fenced_and_its_fence_watch_silenced(env: &mut Env) -> (String, FaultProxy, String) {
+    let shared = ControlPlane::shared();
+    let (node, proxy, uid) =
+        web_0_fenced_through_a_proxy(env, shared, &["--fence-settle=1s"]).await;
+    env.assert_web_0_fenced(&node).await;
+    proxy.silence_watches(Some("ipfences"));
+    wait_for("the fence watch silenced", || async {
+        proxy.silenced() >= 1
+    })
+    .await;
+    (node, proxy, uid)
+}
+
 /// Starts the controller through a fault proxy that applies `action` to its `verb` requests
 /// on Nodes.
 async fn start_with_faulty_nodes(
@@ -861,15 +876,7 @@ async fn the_node_agents_still_present_report_holds_a_fence_past_the_settle() {
 #[tokio::test]
 async fn a_still_present_report_a_dead_fence_watch_missed_still_holds_the_settle() {
     let mut env = Env::new("ctl-fence-present-unseen").await;
-    let (node, proxy, uid) =
-        web_0_fenced_through_a_proxy(&mut env, ControlPlane::shared(), &["--fence-settle=1s"])
-            .await;
-    env.assert_web_0_fenced(&node).await;
-    proxy.silence_watches(Some("ipfences"));
-    wait_for("the fence watch silenced", || async {
-        proxy.silenced() >= 1
-    })
-    .await;
+    let (node, proxy, uid) = web_0_fenced_and_its_fence_watch_silenced(&mut env).await;
     let (name, report) = env.web_0_present_then_ready(&node, &uid).await;
     // Passes past the settle read the fence fresh, find the agent's word and keep it.
     let reads = || proxy.requests().get("get ipfences").copied().unwrap_or(0);
@@ -929,15 +936,7 @@ async fn a_second_not_ready_spell_the_node_watch_missed_restarts_a_fences_settle
 #[tokio::test]
 async fn a_fence_deleted_by_hand_while_the_fence_watch_is_dead_does_not_lift_on_the_settle() {
     let mut env = Env::new("ctl-fence-deleted-unseen").await;
-    let (node, proxy, _) =
-        web_0_fenced_through_a_proxy(&mut env, ControlPlane::shared(), &["--fence-settle=1s"])
-            .await;
-    env.assert_web_0_fenced(&node).await;
-    proxy.silence_watches(Some("ipfences"));
-    wait_for("the fence watch silenced", || async {
-        proxy.silenced() >= 1
-    })
-    .await;
+    let (node, proxy, _) = web_0_fenced_and_its_fence_watch_silenced(&mut env).await;
     let name = ipreclaim::ipam::fence::fence_object_name("192.0.2.0-24", "10");
     Api::<ipreclaim::api::IPFence>::namespaced(env.client.clone(), &env.ns)
         .delete(&name, &Default::default())
