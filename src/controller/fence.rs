@@ -109,6 +109,14 @@ enum FreshFence {
     Deleted,
 }
 
+/// A settle lift a fresh read of its fence keeps back: what the read said, and whose.
+struct Kept {
+    read: FreshFence,
+    uid: String,
+    ip: std::net::IpAddr,
+    podref: String,
+}
+
 /// What one pass found in the index.
 struct Found {
     fenced: Vec<FencedEntry>,
@@ -258,6 +266,7 @@ impl Lifter {
             let ready_seen: HashMap<String, Option<Instant>> = decided
                 .lifts
                 .iter()
+                .filter(|(_, why)| *why == Lift::NodeSettled)
                 .map(|(i, _)| &found.fenced[*i].record.node)
                 .map(|n| (n.clone(), v.node(n).and_then(|r| r.ready_seen)))
                 .collect();
@@ -470,15 +479,21 @@ impl Lifter {
                 if !settled(&r) {
                     return Some(Ok(r));
                 }
+                let kept = |read| Kept {
+                    read,
+                    uid: object.uid.clone(),
+                    ip: r.judged.entry.ip,
+                    podref: record.podref.clone(),
+                };
                 // Found deleted on an earlier pass: gone for good, so not read again (the
                 // fence watch's re-list ends the wait).
                 if this.deleted_on_read.contains(&object.uid) {
-                    return Some(Err((FreshFence::Deleted, r)));
+                    return Some(Err(kept(FreshFence::Deleted)));
                 }
                 let read = this.fresh_fence(record, object, r.judged.entry.ip).await?;
                 Some(match read {
                     FreshFence::Silent => Ok(r),
-                    _ => Err((read, r)),
+                    _ => Err(kept(read)),
                 })
             })
             .buffer_unordered(LIFT_READS)
@@ -488,28 +503,24 @@ impl Lifter {
         for c in checked.into_iter().flatten() {
             match c {
                 Ok(r) => go.push(r),
-                Err((FreshFence::Deleted, r)) => deleted.push(r),
-                Err((_, r)) => held.push(r),
+                Err(k) if k.read == FreshFence::Deleted => deleted.push(k),
+                Err(k) => held.push(k),
             }
         }
-        let uid = |r: &ReleaseRequest| match &r.write {
-            EntryWrite::Unfence(_, object) => object.uid.clone(),
-            _ => String::new(),
-        };
-        for r in &held {
-            if self.held_on_read.first(uid(r)) {
-                tracing::info!(fence_uid = %uid(r), ip = %r.judged.entry.ip, "fence held: a fresh read shows the node agent on its node still sees a sandbox of the deleted pod (the fence watch had not shown it)");
+        for k in &held {
+            if self.held_on_read.first(k.uid.clone()) {
+                tracing::info!(fence_uid = %k.uid, ip = %k.ip, podref = %k.podref, "fence held: a fresh read shows the node agent on its node still sees a sandbox of the deleted pod (the fence watch had not shown it)");
             }
         }
-        for r in &deleted {
-            if self.deleted_on_read.first(uid(r)) {
-                tracing::warn!(fence_uid = %uid(r), ip = %r.judged.entry.ip, podref = %r.judged.entry.podref, "the fence to lift on the settle was deleted, not by this controller (it removes a fenced entry before its record): the lift waits for the fence watch, and the marked entry is then left alone");
+        for k in &deleted {
+            if self.deleted_on_read.first(k.uid.clone()) {
+                tracing::warn!(fence_uid = %k.uid, ip = %k.ip, podref = %k.podref, "the fence to lift on the settle was deleted, not by this controller (it removes a fenced entry before its record): the lift waits for the fence watch, and the marked entry is then left alone");
             }
         }
-        let held: Vec<String> = held.iter().map(uid).collect();
-        let deleted: Vec<String> = deleted.iter().map(uid).collect();
-        self.held_on_read.keep_only(|uid| held.contains(uid));
-        self.deleted_on_read.keep_only(|uid| deleted.contains(uid));
+        self.held_on_read
+            .keep_only(|uid| held.iter().any(|k| k.uid == *uid));
+        self.deleted_on_read
+            .keep_only(|uid| deleted.iter().any(|k| k.uid == *uid));
         (go, held.len())
     }
 

@@ -418,6 +418,17 @@ async fn web_0_fenced_and_its_fence_watch_silenced(env: &mut Env) -> (String, Fa
     (node, proxy, uid)
 }
 
+/// `node` goes Unknown and comes back Ready, its Ready condition stamped by a clock 2 and 4 s
+/// ahead: transition times are whole seconds, so the spell ends in a later one than any stamp
+/// before it.
+async fn not_ready_spell(env: &Env, node: &str) {
+    let now = jiff::Timestamp::now();
+    env.set_ready_at(node, "Unknown", now + jiff::SignedDuration::from_secs(2))
+        .await;
+    env.set_ready_at(node, "True", now + jiff::SignedDuration::from_secs(4))
+        .await;
+}
+
 /// Starts the controller through a fault proxy that applies `action` to its `verb` requests
 /// on Nodes.
 async fn start_with_faulty_nodes(
@@ -471,12 +482,7 @@ async fn a_not_ready_spell_the_node_watch_missed_still_fences_a_deletion_right_a
     let (node, uid) = web_0_and_db_0_on_a_ready_node(&env).await;
     let held = Action::DelayEvents(Duration::from_secs(300));
     let proxy = start_with_faulty_nodes(&mut env, "watch", held, &["--fence-settle=6s"]).await;
-    // Transition times are whole seconds: the spell ends in a later one than the node began.
-    let now = jiff::Timestamp::now();
-    env.set_ready_at(&node, "Unknown", now + jiff::SignedDuration::from_secs(2))
-        .await;
-    env.set_ready_at(&node, "True", now + jiff::SignedDuration::from_secs(4))
-        .await;
+    not_ready_spell(&env, &node).await;
     env.delete_stopped_pod("web-0").await;
     let message = env.wait_one_event(FENCED, "web-0", &uid).await;
     assert!(message.contains("settling"), "{message}");
@@ -910,11 +916,7 @@ async fn a_second_not_ready_spell_the_node_watch_missed_restarts_a_fences_settle
     let before = watches();
     proxy.cut_watches();
     wait_for("the Node watch made again", || async { watches() > before }).await;
-    let now = jiff::Timestamp::now();
-    env.set_ready_at(&node, "Unknown", now + jiff::SignedDuration::from_secs(2))
-        .await;
-    env.set_ready_at(&node, "True", now + jiff::SignedDuration::from_secs(4))
-        .await;
+    not_ready_spell(&env, &node).await;
     let back = std::time::Instant::now();
     env.wait_web_0_released(&uid).await;
     // The first settle ends less than 10 s after `back`; the one from the lift's read, 10 s
