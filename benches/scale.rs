@@ -788,8 +788,9 @@ async fn writes(addr: std::net::SocketAddr) -> (f64, f64, f64, f64) {
     )
 }
 
-/// The apiserver's requests so far by "VERB resource" (its `apiserver_request_total`), for the
-/// resources ipreclaim reads and writes: where the apiserver's time goes.
+/// The apiserver's requests so far, for the resources ipreclaim reads and writes: where the
+/// apiserver's time goes. By "VERB resource" (its `apiserver_request_total`), and by "VERB
+/// resource le" (its own time on them, `apiserver_request_duration_seconds`, cumulative).
 async fn apiserver_requests(client: &Client) -> BTreeMap<String, f64> {
     let mut counts = BTreeMap::new();
     let Ok(request) = http::Request::get("/metrics").body(Vec::new()) else {
@@ -798,13 +799,19 @@ async fn apiserver_requests(client: &Client) -> BTreeMap<String, f64> {
     let Ok(text) = client.request_text(request).await else {
         return counts;
     };
-    for line in text
-        .lines()
-        .filter(|l| l.starts_with("apiserver_request_total{"))
-    {
+    let series = [
+        ("apiserver_request_total{", false),
+        ("apiserver_request_duration_seconds_bucket{", true),
+    ];
+    for (line, bucket) in text.lines().filter_map(|l| {
+        let (_, bucket) = series.iter().find(|(p, _)| l.starts_with(p))?;
+        Some((l, *bucket))
+    }) {
         let label = |name: &str| {
-            let start = line.find(&format!("{name}=\""))? + name.len() + 2;
-            line[start..].split('"').next()
+            let at = [format!("{{{name}=\""), format!(",{name}=\"")]
+                .iter()
+                .find_map(|l| Some(line.find(l.as_str())? + l.len()))?;
+            line[at..].split('"').next()
         };
         let (Some(verb), Some(resource)) = (label("verb"), label("resource")) else {
             continue;
@@ -816,6 +823,7 @@ async fn apiserver_requests(client: &Client) -> BTreeMap<String, f64> {
             "events",
         ]
         .contains(&resource)
+            || label("subresource").is_some_and(|s| !s.is_empty())
         {
             continue;
         }
@@ -824,9 +832,49 @@ async fn apiserver_requests(client: &Client) -> BTreeMap<String, f64> {
             .next()
             .and_then(|v| v.parse().ok())
             .unwrap_or(0.0);
-        *counts.entry(format!("{verb} {resource}")).or_default() += n;
+        let key = match (bucket, label("le")) {
+            (false, _) => format!("{verb} {resource}"),
+            (true, Some(le)) => format!("{verb} {resource} {le}"),
+            (true, None) => continue,
+        };
+        *counts.entry(key).or_default() += n;
     }
     counts
+}
+
+/// The apiserver's own time on `what` ("VERB resource") between two [`apiserver_requests`]:
+/// the buckets its p50 and p99 fall in, as "p50 in (0.025, 0.05] s, p99 in (0.2, 0.4] s".
+fn apiserver_time(
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+    what: &str,
+) -> String {
+    let prefix = format!("{what} ");
+    let mut buckets: Vec<(f64, f64)> = after
+        .iter()
+        .filter_map(|(k, n)| {
+            let le = k.strip_prefix(&prefix)?;
+            let le: f64 = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((le, n - before.get(k).copied().unwrap_or(0.0)))
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let Some(&(_, total)) = buckets.last().filter(|(_, n)| *n > 0.0) else {
+        return format!("{what}: none");
+    };
+    let bucket = |q: f64| {
+        let i = buckets.iter().position(|(_, n)| *n >= q * total);
+        let upper = i.map_or(f64::INFINITY, |i| buckets[i].0);
+        let lower = i
+            .and_then(|i| i.checked_sub(1))
+            .map_or(0.0, |i| buckets[i].0);
+        format!("({lower}, {upper}]")
+    };
+    format!("{what} p50 in {} s, p99 in {} s", bucket(0.5), bucket(0.99))
 }
 
 /// What grew from `before` to `after`, as "VERB resource N" items.
@@ -1075,10 +1123,28 @@ async fn steady_with(
         let rows = timeline::stages(&log, &anchor, &traced);
         timeline::print("steady timeline", &rows, victims.len());
     }
+    let requests_after = apiserver_requests(&bench.client).await;
+    let counted: BTreeMap<String, f64> = requests_after
+        .iter()
+        .filter(|(k, _)| k.split(' ').count() == 2)
+        .map(|(k, n)| (k.clone(), *n))
+        .collect();
     println!(
         "steady: apiserver requests meanwhile (all clients): {}",
-        grown(&requests_before, &apiserver_requests(&bench.client).await)
+        grown(&requests_before, &counted)
     );
+    // Its own time, from its histogram's buckets: what no client can make shorter.
+    let own: Vec<String> = [
+        "PATCH ippools",
+        "DELETE pods",
+        "DELETE overlappingrangeipreservations",
+        "GET pods",
+        "POST events",
+    ]
+    .iter()
+    .map(|what| apiserver_time(&requests_before, &requests_after, what))
+    .collect();
+    println!("steady: the apiserver's own time: {}", own.join("; "));
     // Where the time went: the delete request itself, and the controller's own histogram
     // (observed deletion to pool patched).
     let text = common::metrics_text(addr).await;
