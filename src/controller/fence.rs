@@ -153,6 +153,23 @@ struct NodeLift {
     ready_seen: Option<Instant>,
 }
 
+/// The fence record and object of `r` if it is a lift on its node's settle.
+fn settle_lift<'a>(
+    r: &'a ReleaseRequest,
+    by_node: &HashMap<Slot, NodeLift>,
+) -> Option<(&'a FenceRecord, &'a ObjectId)> {
+    match &r.write {
+        EntryWrite::Unfence(record, object)
+            if by_node
+                .get(&Slot::new(&r.judged.pool, &r.judged.entry.key))
+                .is_some_and(|l| l.why == Lift::NodeSettled) =>
+        {
+            Some((record, object))
+        }
+        _ => None,
+    }
+}
+
 /// The fenced entries whose address a replacement lists (see [`replacement_lists`]).
 fn listed_by_replacement(st: &Index, fenced: &[FencedEntry]) -> HashSet<Slot> {
     fenced
@@ -178,8 +195,11 @@ fn replacement_lists(st: &Index, record: &FenceRecord, ip: std::net::IpAddr) -> 
     })
 }
 
-/// Reads fenced podrefs (and fence objects) at most this many at a time before their lifts.
+/// Reads fenced podrefs (and the fences of nodes) at most this many at a time before their
+/// lifts.
 const LIFT_READS: usize = 16;
+/// Fences per page of a node's list: one is under 2 KB of text.
+const FENCE_PAGE: u32 = 500;
 
 impl Lifter {
     /// One pass: updates the fence gauges and, on the leader, releases what lifts, completes
@@ -457,40 +477,56 @@ impl Lifter {
     /// not bound to this fence), keeps its lift for the next pass; so does one deleted since:
     /// this controller removes a fenced entry before its record, so someone else deleted it,
     /// and once the fence watch shows that, the marked entry is left alone as a record deleted
-    /// by hand is. Returns the lifts that go and how many the agent's word held.
+    /// by hand is. The fences of a node are read with one list by its label; one the list does
+    /// not show (its label changed) is read by name. Returns the lifts that go and how many
+    /// the agent's word held.
     async fn confirm_agent_silent(
         &mut self,
         writes: Vec<ReleaseRequest>,
         by_node: &HashMap<Slot, NodeLift>,
     ) -> (Vec<ReleaseRequest>, usize) {
         use futures::StreamExt;
-        let settled = |r: &ReleaseRequest| {
-            let slot = Slot::new(&r.judged.pool, &r.judged.entry.key);
-            by_node
-                .get(&slot)
-                .is_some_and(|l| l.why == Lift::NodeSettled)
-        };
+        // Found deleted on an earlier pass: gone for good, so not read again (the fence
+        // watch's re-list ends the wait).
+        let mut wanted: HashMap<String, HashSet<String>> = HashMap::new();
+        for (record, object) in writes.iter().filter_map(|r| settle_lift(r, by_node)) {
+            if !self.deleted_on_read.contains(&object.uid) {
+                let names = wanted.entry(record.node.clone()).or_default();
+                names.insert(object.name.clone());
+            }
+        }
         let this = &*self;
+        let listed: HashMap<String, Option<HashMap<String, Lenient<IPFence>>>> =
+            futures::stream::iter(wanted)
+                .map(|(node, names)| async move {
+                    let fences = this.fences_on(&node, &names).await;
+                    (node, fences)
+                })
+                .buffer_unordered(LIFT_READS)
+                .collect()
+                .await;
+        let listed = &listed;
         let checked = futures::stream::iter(writes)
             .map(|r| async move {
-                let EntryWrite::Unfence(record, object) = &r.write else {
+                let Some((record, object)) = settle_lift(&r, by_node) else {
                     return Some(Ok(r));
                 };
-                if !settled(&r) {
-                    return Some(Ok(r));
-                }
                 let kept = |read| Kept {
                     read,
                     uid: object.uid.clone(),
                     ip: r.judged.entry.ip,
                     podref: record.podref.clone(),
                 };
-                // Found deleted on an earlier pass: gone for good, so not read again (the
-                // fence watch's re-list ends the wait).
                 if this.deleted_on_read.contains(&object.uid) {
                     return Some(Err(kept(FreshFence::Deleted)));
                 }
-                let read = this.fresh_fence(record, object, r.judged.entry.ip).await?;
+                // The node's list failed: the lift waits (said where it failed).
+                let on_node = listed.get(&record.node)?.as_ref()?;
+                let read = match on_node.get(&object.name) {
+                    Some(fence) => Some(fence.clone()),
+                    None => this.read_fence(record, object).await?,
+                };
+                let read = this.fresh_fence(record, object, r.judged.entry.ip, read)?;
                 Some(match read {
                     FreshFence::Silent => Ok(r),
                     _ => Err(kept(read)),
@@ -524,21 +560,68 @@ impl Lifter {
         (go, held.len())
     }
 
-    /// What the fence `object` of `record` (address `ip`), read fresh, says of its lift on the
-    /// settle (`None`: it cannot tell now; the lift waits).
-    async fn fresh_fence(
+    /// The fences labelled for `node` now, of those named in `names` (`None`: the list
+    /// failed, and the lifts wait).
+    async fn fences_on(
+        &self,
+        node: &str,
+        names: &HashSet<String>,
+    ) -> Option<HashMap<String, Lenient<IPFence>>> {
+        use kube::ResourceExt;
+        let labels = format!(
+            "{}={}",
+            crate::ipam::fence::NODE_LABEL,
+            crate::ipam::fence::node_label_value(node)
+        );
+        let mut found = HashMap::new();
+        let listed = crate::paged::for_each_listed(
+            FENCE_PAGE,
+            |params| {
+                let params = params.labels(&labels);
+                async move { self.fences.list(&params).await }
+            },
+            |fence: Lenient<IPFence>| {
+                let name = fence.name_any();
+                if names.contains(&name) {
+                    found.insert(name, fence);
+                }
+            },
+        )
+        .await;
+        match listed {
+            Ok(()) => Some(found),
+            Err(e) => {
+                tracing::warn!(%node, fences = names.len(), error = %e, "the fences to lift on the node's settle could not be listed; the lifts wait");
+                None
+            }
+        }
+    }
+
+    /// The fence `object` of `record` read by name (`None`: it cannot tell now; the lift
+    /// waits); `Some(None)`: there is none.
+    async fn read_fence(
+        &self,
+        record: &FenceRecord,
+        object: &ObjectId,
+    ) -> Option<Option<Lenient<IPFence>>> {
+        match self.fences.get_opt(&object.name).await {
+            Ok(read) => Some(read),
+            Err(e) => {
+                tracing::warn!(podref = %record.podref, fence = %object.name, error = %e, "the fence to lift on the settle could not be read; the lift waits");
+                None
+            }
+        }
+    }
+
+    /// What the fence `object` of `record` (address `ip`), as `read` fresh, says of its lift
+    /// on the settle (`None`: it cannot tell now; the lift waits).
+    fn fresh_fence(
         &self,
         record: &FenceRecord,
         object: &ObjectId,
         ip: std::net::IpAddr,
+        read: Option<Lenient<IPFence>>,
     ) -> Option<FreshFence> {
-        let read = match self.fences.get_opt(&object.name).await {
-            Ok(read) => read,
-            Err(e) => {
-                tracing::warn!(%ip, podref = %record.podref, fence = %object.name, error = %e, "the fence to lift on the settle could not be read; the lift waits");
-                return None;
-            }
-        };
         let status = match read {
             None => return Some(FreshFence::Deleted),
             Some(Lenient::Valid(f)) if f.metadata.uid.as_deref() != Some(object.uid.as_str()) => {

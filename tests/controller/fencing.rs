@@ -883,13 +883,22 @@ async fn the_node_agents_still_present_report_holds_a_fence_past_the_settle() {
 async fn a_still_present_report_a_dead_fence_watch_missed_still_holds_the_settle() {
     let mut env = Env::new("ctl-fence-present-unseen").await;
     let (node, proxy, uid) = web_0_fenced_and_its_fence_watch_silenced(&mut env).await;
+    let requests = |what: &str| proxy.requests().get(what).copied().unwrap_or(0);
+    // The fence watch listed before it was silenced.
+    let listed_before = requests("list ipfences");
     let (name, report) = env.web_0_present_then_ready(&node, &uid).await;
-    // Passes past the settle read the fence fresh, find the agent's word and keep it.
-    let reads = || proxy.requests().get("get ipfences").copied().unwrap_or(0);
+    // Passes past the settle read the node's fences fresh (a list by its label), find the
+    // agent's word and keep it.
+    let reads = || requests("list ipfences") - listed_before;
     wait_for("two lifts held on a fresh read of the fence", || async {
         reads() >= 2
     })
     .await;
+    assert_eq!(
+        requests("get ipfences"),
+        0,
+        "the fence the list showed read again"
+    );
     env.assert_web_0_fenced(&node).await;
     env.report_gone(&name, report).await;
     env.wait_web_0_released(&uid).await;

@@ -12,8 +12,8 @@ use crate::harness::Env;
 /// (operators force-delete what ran in the zone). Nothing of the zone's is freed while its
 /// nodes are down (2,000 fences; the pool no longer grows with them: the records are objects);
 /// the Ready node's pods in both pools are released meanwhile; once the nodes are back, every
-/// fenced address is freed within the settle plus seconds. Prints the figures and what the
-/// controller wrote. Stand-in Nodes on a private control plane (its own metrics and load).
+/// fenced address is freed within the settle plus seconds, the fences read fresh with a list
+/// per node (not a GET each). Prints the figures and what the controller wrote. Stand-in Nodes on a private control plane (its own metrics and load).
 #[tokio::test]
 async fn a_zone_outage_fences_thousands_in_one_pool_and_frees_them_when_the_zone_returns() {
     use futures::StreamExt;
@@ -168,6 +168,7 @@ async fn a_zone_outage_fences_thousands_in_one_pool_and_frees_them_when_the_zone
         "only the Ready node's released"
     );
 
+    let fence_reads_before = fence_reads(&env.client).await;
     let back = std::time::Instant::now();
     for node in &zone {
         env.set_ready(node, "True").await;
@@ -177,6 +178,11 @@ async fn a_zone_outage_fences_thousands_in_one_pool_and_frees_them_when_the_zone
     })
     .await;
     let freed_in = back.elapsed();
+    let fence_reads_after = fence_reads(&env.client).await;
+    let (gets, lists) = (
+        fence_reads_after.0 - fence_reads_before.0,
+        fence_reads_after.1 - fence_reads_before.1,
+    );
     let text = env.metrics_text().await;
     println!(
         "zone outage: {ZONE_PODS} pods of {ZONE_NODES} NotReady nodes + {} of a Ready node deleted in {deleted_in:.1?}; \
@@ -188,6 +194,13 @@ async fn a_zone_outage_fences_thousands_in_one_pool_and_frees_them_when_the_zone
         metric_value(&text, r#"ipreclaim_api_writes_total{verb="create"}"#),
         metric_value(&text, r#"ipreclaim_api_writes_total{verb="delete"}"#),
     );
+    println!("zone outage: the settle's fresh fence reads: {lists} lists, {gets} gets");
+    // Read with a list per node by its label, not a GET per fence.
+    assert!(
+        lists >= ZONE_NODES as f64,
+        "a list of each node's fences: {lists}"
+    );
+    assert_eq!(gets, 0.0, "fences read one by one");
     assert!(
         freed_in >= Duration::from_secs(3),
         "not before the settle: {freed_in:?}"
@@ -202,4 +215,20 @@ async fn a_zone_outage_fences_thousands_in_one_pool_and_frees_them_when_the_zone
     })
     .await;
     env.stop().await;
+}
+
+/// The apiserver's GETs and LISTs of IPFences so far (its `apiserver_request_total`).
+async fn fence_reads(client: &kube::Client) -> (f64, f64) {
+    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = client.request_text(request).await.unwrap();
+    let count = |verb: &str| {
+        text.lines()
+            .filter(|l| l.starts_with("apiserver_request_total{"))
+            .filter(|l| {
+                l.contains("resource=\"ipfences\"") && l.contains(&format!("verb=\"{verb}\""))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    (count("GET"), count("LIST"))
 }
