@@ -93,6 +93,63 @@ async fn an_ippool_written_like_the_whereabouts_cni_reads_back() {
     );
 }
 
+/// A node agent's report on a fence is bounded by the CRD: the agent writes the status of every
+/// fence of its node and the controller lists them a node at a time, so a report past its
+/// fields' lengths (here a 64 KiB node name) is refused by the apiserver; one that fits lands.
+#[tokio::test]
+async fn a_fence_report_past_its_fields_lengths_is_refused() {
+    use ipreclaim::api::{IPFence, IPFenceSpec};
+    let cp = ControlPlane::shared();
+    let (client, ns) = cp.client_crds_and_namespace("api-fence-report").await;
+    let fences = Api::<IPFence>::namespaced(client, &ns);
+    let spec = IPFenceSpec {
+        pool: "192.0.2.0-24".into(),
+        key: "10".into(),
+        address: "192.0.2.10".into(),
+        sandbox: "sb-web-0".into(),
+        podref: format!("{ns}/web-0"),
+        uid: "pod-uid".into(),
+        node: "node-a".into(),
+        why: "Ready=Unknown".into(),
+        network: String::new(),
+        since: "2026-11-30T00:00:00Z".into(),
+        grace_period_seconds: None,
+    };
+    let fence = fences
+        .create(
+            &PostParams::default(),
+            &IPFence::new("192.0.2.0-24-10", spec),
+        )
+        .await
+        .expect("create the fence");
+    let report = |node: &str| {
+        json!({"status": {"sandboxesPresent": {
+            "node": node, "podUid": "pod-uid",
+            "fenceUid": fence.metadata.uid.clone().unwrap(),
+            "observedAt": "2026-11-30T00:00:01Z",
+        }}})
+    };
+    let write = |patch: serde_json::Value| {
+        let fences = fences.clone();
+        async move {
+            fences
+                .patch_status(
+                    "192.0.2.0-24-10",
+                    &PatchParams::default(),
+                    &Patch::Merge(patch),
+                )
+                .await
+        }
+    };
+    match write(report(&"n".repeat(64 * 1024))).await {
+        Err(kube::Error::Api(s)) => assert_eq!(s.code, 422, "{s:?}"),
+        other => panic!("a 64 KiB node name written: {other:?}"),
+    }
+    let written = write(report("node-a")).await.expect("a report that fits");
+    let present = written.status.and_then(|s| s.sandboxes_present);
+    assert_eq!(present.map(|p| p.node).as_deref(), Some("node-a"));
+}
+
 /// A watch the apiserver refuses (a ServiceAccount without RBAC: 403 on every LIST) backs off:
 /// kube's watcher yields `Init` before each re-list, which must not reset the delay (it did:
 /// about five LISTs a second, forever, per watch and replica).

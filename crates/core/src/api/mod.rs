@@ -227,22 +227,27 @@ pub struct IPFenceStatus {
 }
 
 /// A node agent's report on a fenced pod's sandboxes. The controller trusts it only when
-/// `node`, `podUid` and `fenceUid` are this fence's own.
+/// `node`, `podUid` and `fenceUid` are this fence's own. Its fields are bounded in the schema:
+/// an agent writes the status of every fence of its node, and the controller lists them.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub struct SandboxReport {
     /// The node whose agent looked.
     #[serde(default)]
+    #[schemars(length(max = 253))]
     pub node: String,
     /// The pod whose sandboxes were looked for.
     #[serde(default, rename = "podUid")]
+    #[schemars(length(max = 128))]
     pub pod_uid: String,
     /// The uid of the IPFence the agent saw before the listing (binds the evidence to this
     /// fence: a later fence of the same address is another object).
     #[serde(default, rename = "fenceUid")]
+    #[schemars(length(max = 128))]
     pub fence_uid: String,
     /// When the listing it reports completed (RFC 3339, the node's clock; for people, not
     /// trusted).
     #[serde(default, rename = "observedAt")]
+    #[schemars(length(max = 64))]
     pub observed_at: String,
 }
 
