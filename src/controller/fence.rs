@@ -198,8 +198,11 @@ fn replacement_lists(st: &Index, record: &FenceRecord, ip: std::net::IpAddr) -> 
 /// Reads fenced podrefs (and the fences of nodes) at most this many at a time before their
 /// lifts.
 const LIFT_READS: usize = 16;
-/// Fences per page of a node's list: one is under 2 KB of text.
+/// Fences per page of a node's list: one is under 2 KB of text (the CRD bounds the agent's
+/// reports).
 const FENCE_PAGE: u32 = 500;
+/// A node's fences to read before a settle are listed from this many on, read by name below.
+const LIST_FROM: usize = 4;
 
 impl Lifter {
     /// One pass: updates the fence gauges and, on the leader, releases what lifts, completes
@@ -477,9 +480,9 @@ impl Lifter {
     /// not bound to this fence), keeps its lift for the next pass; so does one deleted since:
     /// this controller removes a fenced entry before its record, so someone else deleted it,
     /// and once the fence watch shows that, the marked entry is left alone as a record deleted
-    /// by hand is. The fences of a node are read with one list by its label; one the list does
-    /// not show (its label changed) is read by name. Returns the lifts that go and how many
-    /// the agent's word held.
+    /// by hand is. The fences of a node with [`LIST_FROM`] or more to read are read with one
+    /// list by its label, and one the list does not show (its label changed) by name; those of
+    /// other nodes by name. Returns the lifts that go and how many the agent's word held.
     async fn confirm_agent_silent(
         &mut self,
         writes: Vec<ReleaseRequest>,
@@ -495,6 +498,9 @@ impl Lifter {
                 names.insert(object.name.clone());
             }
         }
+        // A label selector is not indexed: a list costs the apiserver a look at every fence of
+        // the namespace, so a node with a few fences to read has them read by name.
+        wanted.retain(|_, names| names.len() >= LIST_FROM);
         let this = &*self;
         let listed: HashMap<String, Option<HashMap<String, Lenient<IPFence>>>> =
             futures::stream::iter(wanted)
@@ -521,8 +527,11 @@ impl Lifter {
                     return Some(Err(kept(FreshFence::Deleted)));
                 }
                 // The node's list failed: the lift waits (said where it failed).
-                let on_node = listed.get(&record.node)?.as_ref()?;
-                let read = match on_node.get(&object.name) {
+                let on_node = match listed.get(&record.node) {
+                    Some(list) => list.as_ref()?.get(&object.name),
+                    None => None,
+                };
+                let read = match on_node {
                     Some(fence) => Some(fence.clone()),
                     None => this.read_fence(record, object).await?,
                 };
