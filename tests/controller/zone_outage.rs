@@ -13,7 +13,8 @@ use crate::harness::Env;
 /// nodes are down (2,000 fences; the pool no longer grows with them: the records are objects);
 /// the Ready node's pods in both pools are released meanwhile; once the nodes are back, every
 /// fenced address is freed within the settle plus seconds, the fences read fresh with a list
-/// per node (not a GET each). Prints the figures and what the controller wrote. Stand-in Nodes on a private control plane (its own metrics and load).
+/// per node (not a GET each). Prints the figures and what the controller wrote. Stand-in Nodes
+/// on a private control plane (its own metrics and load).
 #[tokio::test]
 async fn a_zone_outage_fences_thousands_in_one_pool_and_frees_them_when_the_zone_returns() {
     use futures::StreamExt;
