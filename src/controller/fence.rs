@@ -170,6 +170,40 @@ fn settle_lift<'a>(
     }
 }
 
+/// What the fence `object` of `record` (address `ip`), as `read` fresh, says of its lift
+/// on the settle (`None`: it cannot tell now; the lift waits).
+fn fresh_fence(
+    record: &FenceRecord,
+    object: &ObjectId,
+    ip: std::net::IpAddr,
+    read: Option<Lenient<IPFence>>,
+) -> Option<FreshFence> {
+    let status = match read {
+        None => return Some(FreshFence::Deleted),
+        Some(Lenient::Valid(f)) if f.metadata.uid.as_deref() != Some(object.uid.as_str()) => {
+            tracing::info!(%ip, podref = %record.podref, fence = %object.name, "the fence to lift on the settle is another object now; the lift waits for the fence watch");
+            return None;
+        }
+        Some(Lenient::Valid(f)) => f.status.unwrap_or_default(),
+        Some(Lenient::Invalid { error, .. }) => {
+            tracing::warn!(%ip, podref = %record.podref, fence = %object.name, %error, "the fence to lift on the settle cannot be read; the lift waits");
+            return None;
+        }
+    };
+    let identity = FenceIdentity {
+        node: &record.node,
+        pod_uid: &record.uid,
+        fence_uid: &object.uid,
+    };
+    Some(
+        if agent_says(identity, &AgentReports::from(&status)).present {
+            FreshFence::Present
+        } else {
+            FreshFence::Silent
+        },
+    )
+}
+
 /// The fenced entries whose address a replacement lists (see [`replacement_lists`]).
 fn listed_by_replacement(st: &Index, fenced: &[FencedEntry]) -> HashSet<Slot> {
     fenced
@@ -535,7 +569,7 @@ impl Lifter {
                     Some(fence) => Some(fence.clone()),
                     None => this.read_fence(record, object).await?,
                 };
-                let read = this.fresh_fence(record, object, r.judged.entry.ip, read)?;
+                let read = fresh_fence(record, object, r.judged.entry.ip, read)?;
                 Some(match read {
                     FreshFence::Silent => Ok(r),
                     _ => Err(kept(read)),
@@ -620,41 +654,6 @@ impl Lifter {
                 None
             }
         }
-    }
-
-    /// What the fence `object` of `record` (address `ip`), as `read` fresh, says of its lift
-    /// on the settle (`None`: it cannot tell now; the lift waits).
-    fn fresh_fence(
-        &self,
-        record: &FenceRecord,
-        object: &ObjectId,
-        ip: std::net::IpAddr,
-        read: Option<Lenient<IPFence>>,
-    ) -> Option<FreshFence> {
-        let status = match read {
-            None => return Some(FreshFence::Deleted),
-            Some(Lenient::Valid(f)) if f.metadata.uid.as_deref() != Some(object.uid.as_str()) => {
-                tracing::info!(%ip, podref = %record.podref, fence = %object.name, "the fence to lift on the settle is another object now; the lift waits for the fence watch");
-                return None;
-            }
-            Some(Lenient::Valid(f)) => f.status.unwrap_or_default(),
-            Some(Lenient::Invalid { error, .. }) => {
-                tracing::warn!(%ip, podref = %record.podref, fence = %object.name, %error, "the fence to lift on the settle cannot be read; the lift waits");
-                return None;
-            }
-        };
-        let identity = FenceIdentity {
-            node: &record.node,
-            pod_uid: &record.uid,
-            fence_uid: &object.uid,
-        };
-        Some(
-            if agent_says(identity, &AgentReports::from(&status)).present {
-                FreshFence::Present
-            } else {
-                FreshFence::Silent
-            },
-        )
     }
 
     /// A lift is a release no deletion just triggered: the fenced podref is read fresh first

@@ -910,11 +910,7 @@ async fn a_still_present_report_read_in_a_list_of_the_nodes_fences_holds_the_set
     let pods: Vec<(u32, String, String)> = (0..6)
         .map(|i| (10 + i, format!("sb-web-{i}"), format!("web-{i}")))
         .collect();
-    let entries: Vec<(u32, &str, &str)> = pods
-        .iter()
-        .map(|(o, sb, name)| (*o, sb.as_str(), name.as_str()))
-        .collect();
-    env.pool("192.0.2.0-24", "192.0.2.0/24", &entries).await;
+    env.pool("192.0.2.0-24", "192.0.2.0/24", &pods).await;
     let mut uids = Vec::new();
     for (offset, _, name) in &pods {
         let ip = format!("192.0.2.{offset}");

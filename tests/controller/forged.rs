@@ -76,11 +76,7 @@ async fn hundreds_of_forged_pods_stop_no_release_and_stay_far_from_the_memory_li
             })
         })
         .collect();
-    let entries: Vec<(u32, &str, &str)> = kept
-        .iter()
-        .map(|(o, s, p)| (*o, s.as_str(), p.as_str()))
-        .collect();
-    env.pool("198.18.0.0-16", "198.18.0.0/16", &entries).await;
+    env.pool("198.18.0.0-16", "198.18.0.0/16", &kept).await;
     let pods = env.pods();
     let made: Vec<(String, usize)> = testenv::fixtures::FORGED_KINDS
         .iter()

@@ -136,10 +136,18 @@ impl Env {
     }
 
     /// A pool holding (offset, sandbox, pod name) allocations.
-    pub async fn pool(&self, name: &str, range: &str, allocations: &[(u32, &str, &str)]) {
+    pub async fn pool<S: AsRef<str>, P: AsRef<str>>(
+        &self,
+        name: &str,
+        range: &str,
+        allocations: &[(u32, S, P)],
+    ) {
         let allocations = allocations
             .iter()
-            .map(|(offset, id, pod)| (offset.to_string(), allocation(&self.ns, pod, id)))
+            .map(|(offset, id, pod)| {
+                let entry = allocation(&self.ns, pod.as_ref(), id.as_ref());
+                (offset.to_string(), entry)
+            })
             .collect();
         support::create_pool(&self.client, &self.ns, name, range, allocations).await;
     }

@@ -357,7 +357,8 @@ async fn other_network(env: &Env) {
         r#"{"cniVersion":"0.3.1","type":"macvlan","master":"eth0","ipam":{"type":"whereabouts","range":"192.0.2.0/24","network_name":"other"}}"#,
     )
     .await;
-    env.pool("other-192.0.2.0-24", "192.0.2.0/24", &[]).await;
+    let none: [(u32, &str, &str); 0] = [];
+    env.pool("other-192.0.2.0-24", "192.0.2.0/24", &none).await;
 }
 
 /// web-0's reservation of 192.0.2.10 was left behind (its delete failed once); web-0 lives on

@@ -75,17 +75,12 @@ async fn a_zone_outage_fences_thousands_in_one_pool_and_frees_them_when_the_zone
             .collect()
     };
     for (pool, range) in [("198.18.0.0-20", "big"), ("198.19.0.0-24", "small")] {
-        let e = entries(range);
-        let refs: Vec<(u32, &str, &str)> = e
-            .iter()
-            .map(|(o, sb, n)| (*o, sb.as_str(), n.as_str()))
-            .collect();
         let cidr = if range == "big" {
             "198.18.0.0/20"
         } else {
             "198.19.0.0/24"
         };
-        env.pool(pool, cidr, &refs).await;
+        env.pool(pool, cidr, &entries(range)).await;
     }
     futures::stream::iter(&pods)
         .for_each_concurrent(32, |(name, node, ip, nad)| {
